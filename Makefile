@@ -1,0 +1,40 @@
+# Two commands for a fresh machine:  `make bench`  and  `make test`.
+# Both create a local virtualenv (.venv), install loaderlib editable with its
+# dependencies, build the Cython extensions, and run.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.loaderlib-installed
+NATIVE := $(wildcard pyx/*.pyx pyx/*.pxd pyx/include/*.h) setup.py
+
+.PHONY: all install build test test-fast bench clean
+
+all: build
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Dependencies change rarely: reinstall only when the packaging files change.
+$(STAMP): $(BIN)/python pyproject.toml setup.py
+	$(BIN)/python -m pip install --upgrade "pip>=23" "setuptools>=68" wheel "cython>=3.0" "numpy>=1.24"
+	$(BIN)/python -m pip install --no-build-isolation -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Rebuild the extensions in place whenever a .pyx/.pxd/.h changed (a no-op otherwise).
+build: $(STAMP)
+	$(BIN)/python setup.py -q build_ext --inplace
+
+test: build
+	$(BIN)/python -m pytest -q tests
+
+test-fast: build
+	$(BIN)/python -m pytest -q tests -m "not slow"
+
+bench: build
+	$(BIN)/python benchmarks/decode.py
+
+clean:
+	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info

@@ -1,0 +1,24 @@
+"""What this installation of loaderlib was built with."""
+
+from __future__ import annotations
+
+from . import _threads
+from ._ext import _jpeg
+
+
+def build_info() -> dict:
+    """Report how the native extensions were built and what they will use.
+
+    Returns
+    -------
+    dict
+        ``openmp`` (bool): kernels were compiled with OpenMP (False: serial build).
+        ``max_threads`` (int): threads a kernel uses by default here.
+        ``omp_max_threads`` (int): OpenMP's own default team size.
+        ``libjpeg_turbo_version`` (str or None): the libjpeg-turbo the kernels link.
+        ``libjpeg_api_version`` (int): libjpeg API level (62, 70 or 80).
+        ``simd`` (bool): libjpeg-turbo was built with its SIMD routines.
+    """
+    facts = dict(_jpeg.build_facts())
+    facts["max_threads"] = _threads.default_num_threads() if facts["openmp"] else 1
+    return facts

@@ -1,0 +1,1 @@
+"""Compiled kernels. Private: each module here has one owner module in loaderlib."""

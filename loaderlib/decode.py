@@ -1,0 +1,478 @@
+"""Image decoding: libjpeg-turbo kernels for JPEG, OpenCV for everything else.
+
+This module owns ``loaderlib._ext._jpeg``: it validates arguments, resolves the thread
+count, owns the output buffers and the decoder pools, and turns per-item status codes
+into :class:`~loaderlib.errors.DecodeError` (naming the item and its source) or
+:class:`~loaderlib.errors.DecodeWarning`.
+
+Output convention for every decoder: a C-contiguous ``uint8`` array of shape
+``(H, W, 3)`` for ``mode="RGB"`` / ``"BGR"`` and ``(H, W, 1)`` for ``mode="GRAY"``.
+JPEG output is bitwise equal to ``cv2.imdecode(buf, IMREAD_COLOR | IMREAD_IGNORE_ORIENTATION)``
+(converted to RGB); EXIF orientation is not applied.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Union
+
+import numpy as np
+
+from . import _threads
+from ._ext import _jpeg
+from .errors import DecodeError, DecodeWarning
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "JpegInfo",
+    "BatchDecodeResult",
+    "jpeg_info",
+    "decode",
+    "decode_batch",
+    "scale_denominator",
+]
+
+#: Images declaring more pixels than this are refused before any pixel is decoded.
+#: The same threshold at which Pillow raises DecompressionBombError (2 x its
+#: MAX_IMAGE_PIXELS of 89,478,485): about 179 megapixels, 537 MB as RGB.
+DEFAULT_MAX_PIXELS = 2 * 89_478_485
+
+_MODES = {"RGB": 0, "BGR": 1, "GRAY": 2}
+_SUBSAMPLING = {444: "4:4:4", 422: "4:2:2", 420: "4:2:0", 440: "4:4:0", 411: "4:1:1", 410: "4:1:0", 0: "gray"}
+_INFO_COL = {name: k for k, name in enumerate(_jpeg.INFO_FIELDS)}
+_MSG_LEN = 200
+
+# Status codes (pyx/include/ll_common.h).
+OK, WARNED = 0, 1
+ERR_DECODE, ERR_EMPTY, ERR_NOT_JPEG, ERR_TOO_LARGE, ERR_SHAPE, ERR_CROP, ERR_STRICT = -1, -2, -3, -4, -5, -6, -7
+
+Crop = Union[tuple[int, int, int, int], None]
+
+
+@dataclass(frozen=True)
+class JpegInfo:
+    """What a JPEG's headers say, read without decoding any pixel."""
+
+    width: int
+    height: int
+    channels: int
+    color_space: str
+    subsampling: str
+    progressive: bool
+    arithmetic: bool
+    precision: int
+
+
+@dataclass
+class BatchDecodeResult:
+    """What :func:`decode_batch` returns.
+
+    Attributes
+    ----------
+    images : list of numpy.ndarray or None
+        One HWC uint8 array per item (views of ``out`` when it was given); ``None`` for
+        items that failed.
+    status : numpy.ndarray
+        int32 status code per item: 0 decoded, 1 decoded after libjpeg recovered from
+        corrupt data (a :class:`DecodeWarning` was issued), negative: failed.
+    errors : dict
+        ``{index: DecodeError}`` for the failed items.
+    """
+
+    images: list
+    status: np.ndarray
+    errors: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> np.ndarray:
+        """Boolean mask of the items that were decoded."""
+        return self.status >= 0
+
+    def raise_first(self) -> None:
+        """Raise the error of the first failed item, if any."""
+        if self.errors:
+            raise self.errors[min(self.errors)]
+
+
+def scale_denominator(scale: Any) -> int:
+    """Map ``scale`` (1, 1/2, 1/4 or 1/8, as a number or Fraction) to libjpeg's denominator."""
+    try:
+        f = Fraction(scale).limit_denominator(64)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale must be 1, 1/2, 1/4 or 1/8, got {scale!r}") from None
+    if f.numerator != 1 or f.denominator not in (1, 2, 4, 8):
+        raise ValueError(f"scale must be 1, 1/2, 1/4 or 1/8, got {scale!r}")
+    return f.denominator
+
+
+def _mode_code(mode: str) -> int:
+    try:
+        return _MODES[mode.upper()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}") from None
+
+
+def _crop_row(crop: Any, what: str = "crop") -> tuple[int, int, int, int]:
+    if crop is None:
+        return (0, 0, 0, 0)
+    try:
+        x, y, w, h = (int(v) for v in crop)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be None or (x, y, w, h), got {crop!r}") from None
+    if x < 0 or y < 0 or w <= 0 or h <= 0:
+        raise ValueError(f"{what} must have x, y >= 0 and w, h > 0, got {crop!r}")
+    return (x, y, w, h)
+
+
+_pool_lock = threading.Lock()
+_free_pools: list = []
+_MAX_FREE_POOLS = 16
+
+
+@contextmanager
+def _borrow_pool(size: int):
+    """A decoder pool with at least ``size`` decompressors, used by one call at a time."""
+    pool = None
+    with _pool_lock:
+        for k, p in enumerate(_free_pools):
+            if p.size >= size:
+                pool = _free_pools.pop(k)
+                break
+    if pool is None:
+        pool = _jpeg.DecoderPool(size)
+    try:
+        yield pool
+    finally:
+        with _pool_lock:
+            if len(_free_pools) < _MAX_FREE_POOLS:
+                _free_pools.append(pool)
+
+
+def _as_bytes_like(data: Any, index: int | None = None):
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return data
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8:
+            raise TypeError(f"{_item(index)}numpy input must be uint8, got {data.dtype}")
+        if not data.flags.c_contiguous:
+            raise TypeError(f"{_item(index)}numpy input must be C-contiguous")
+        return data
+    try:
+        return memoryview(data)
+    except TypeError:
+        raise TypeError(
+            f"{_item(index)}expected bytes, bytearray, memoryview, mmap or a uint8 numpy array, "
+            f"got {type(data).__name__}"
+        ) from None
+
+
+def _item(index: int | None) -> str:
+    return "" if index is None else f"item {index}: "
+
+
+def _msg(msgs: np.ndarray, i: int) -> str:
+    raw = msgs[i].tobytes()
+    return raw[: raw.find(b"\0")].decode("utf-8", "replace") if b"\0" in raw else raw.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------- OpenCV path
+
+_OPENCV_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"BM", "BMP"),
+    (b"RIFF", "WebP"),
+    (b"GIF8", "GIF"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+
+
+def _png_pixels(buf: memoryview) -> int | None:
+    if len(buf) >= 24 and bytes(buf[12:16]) == b"IHDR":
+        return int.from_bytes(buf[16:20], "big") * int.from_bytes(buf[20:24], "big")
+    return None
+
+
+def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: int) -> np.ndarray:
+    """Decode a non-JPEG image with OpenCV (which releases the GIL) to the same convention.
+
+    Scaling matches the JPEG path's geometry: the full image is resized with INTER_AREA to
+    ``ceil(W/denom) x ceil(H/denom)`` and the crop box's scaled region is sliced from it.
+    Raises DecodeError (without index/source; the caller adds them).
+    """
+    import cv2
+
+    buf = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data.reshape(-1)
+    head = bytes(buf[:12])
+    kind = next((name for magic, name in _OPENCV_MAGIC if head.startswith(magic)), None)
+    if kind == "WebP" and head[8:12] != b"WEBP":
+        kind = None
+    if kind is None:
+        raise DecodeError(f"not a recognised image format (first bytes {head[:8]!r})")
+    if kind == "PNG" and max_pixels and (_png_pixels(buf) or 0) > max_pixels:
+        raise DecodeError(f"PNG declares {_png_pixels(buf)} pixels, more than max_pixels={max_pixels}")
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    flags = cv2.IMREAD_IGNORE_ORIENTATION | (cv2.IMREAD_GRAYSCALE if mode == 2 else cv2.IMREAD_COLOR)
+    try:
+        img = cv2.imdecode(arr, flags)
+    except cv2.error as e:
+        raise DecodeError(f"OpenCV could not decode this {kind}: {str(e).strip()}") from None
+    if img is None:
+        raise DecodeError(f"OpenCV could not decode this {kind} (corrupt or truncated)")
+    if max_pixels and img.shape[0] * img.shape[1] > max_pixels:
+        raise DecodeError(f"{kind} has {img.shape[0] * img.shape[1]} pixels, more than max_pixels={max_pixels}")
+    if img.ndim == 2:
+        img = img[:, :, None]
+    elif mode == 0:
+        img = img[:, :, ::-1]
+    H, W = img.shape[:2]
+    if denom > 1:
+        sw, sh = math.ceil(W / denom), math.ceil(H / denom)
+        img = cv2.resize(np.ascontiguousarray(img), (sw, sh), interpolation=cv2.INTER_AREA)
+        if img.ndim == 2:
+            img = img[:, :, None]
+    x, y, w, h = crop
+    if w > 0:
+        if x + w > W or y + h > H:
+            raise ValueError(f"crop box (x={x}, y={y}, w={w}, h={h}) is outside the {W}x{H} image")
+        x0, y0 = x // denom, y // denom
+        img = img[y0 : -(-(y + h) // denom), x0 : -(-(x + w) // denom)]
+    return np.ascontiguousarray(img)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def jpeg_info(data: Any) -> JpegInfo:
+    """Read a JPEG's dimensions and coding facts from its headers only.
+
+    Parameters
+    ----------
+    data : bytes-like
+        The complete file (bytes, bytearray, memoryview, mmap slice or uint8 array).
+
+    Raises
+    ------
+    DecodeError
+        If the data is empty, not a JPEG or the headers are corrupt.
+    """
+    buf = _as_bytes_like(data)
+    info = np.zeros((1, len(_jpeg.INFO_FIELDS)), np.int64)
+    status = np.zeros(1, np.int32)
+    msgs = np.zeros((1, _MSG_LEN), np.uint8)
+    with _borrow_pool(1) as pool:
+        _jpeg.read_headers_into([buf], 0, 1, np.zeros((1, 4), np.int32), 0, info, status, msgs, 1, pool)
+    if status[0] < 0:
+        raise DecodeError(_msg(msgs, 0))
+    row = info[0]
+    return JpegInfo(
+        width=int(row[_INFO_COL["width"]]),
+        height=int(row[_INFO_COL["height"]]),
+        channels=int(row[_INFO_COL["components"]]),
+        color_space=_jpeg.JPEG_COLOR_SPACES.get(int(row[_INFO_COL["color_space"]]), "unknown"),
+        subsampling=_SUBSAMPLING.get(int(row[_INFO_COL["subsampling"]]), "other"),
+        progressive=bool(row[_INFO_COL["progressive"]]),
+        arithmetic=bool(row[_INFO_COL["arithmetic"]]),
+        precision=int(row[_INFO_COL["precision"]]),
+    )
+
+
+def decode(
+    data: Any,
+    mode: str = "RGB",
+    scale: Any = 1,
+    crop: Crop = None,
+    *,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    strict: bool = False,
+    source: str | None = None,
+) -> np.ndarray:
+    """Decode one image to a HWC uint8 array.
+
+    Parameters
+    ----------
+    data : bytes-like
+        The encoded file: bytes, bytearray, memoryview, an mmap slice or a uint8 numpy
+        array (never copied). JPEGs use libjpeg-turbo; PNG, BMP, WebP, GIF and TIFF go
+        through OpenCV.
+    mode : {"RGB", "BGR", "GRAY"}
+        Channel order; GRAY gives shape (H, W, 1).
+    scale : {1, 1/2, 1/4, 1/8}
+        Decode at reduced size with libjpeg's DCT scaling (much cheaper than decoding
+        then resizing). The result is ``ceil(W*scale) x ceil(H*scale)``, equal to OpenCV's
+        ``IMREAD_REDUCED_COLOR_{2,4,8}``.
+    crop : (x, y, w, h) or None
+        Box in full-resolution pixels. Only the region covering it is decoded
+        (``jpeg_crop_scanline`` + ``jpeg_skip_scanlines``). With ``scale`` the result is
+        the slice ``[floor(y*s):ceil((y+h)*s), floor(x*s):ceil((x+w)*s)]`` of the scaled
+        image, bitwise equal to slicing a full decode.
+    max_pixels : int or None
+        Refuse images whose header declares more pixels (decompression-bomb guard);
+        None disables the guard.
+    strict : bool
+        If True, corrupt data that libjpeg can recover from (e.g. a truncated file, which
+        it pads with grey) raises DecodeError; if False it decodes and warns with
+        :class:`DecodeWarning`.
+    source : str, optional
+        Name used in error messages (e.g. the file path).
+
+    Returns
+    -------
+    numpy.ndarray
+        C-contiguous uint8 array, (H, W, 3) or (H, W, 1).
+
+    Raises
+    ------
+    DecodeError
+        The data is empty, corrupt, truncated (strict), too large, or not an image.
+    """
+    res = decode_batch(
+        [data], mode=mode, scale=scale, crop=[crop], num_threads=1, max_pixels=max_pixels,
+        strict=strict, sources=None if source is None else [source], _single=True,
+    )
+    if res.errors:
+        err = res.errors[0]
+        raise DecodeError(err.reason, None, source) from None
+    return res.images[0]
+
+
+def decode_batch(
+    buffers: Sequence[Any],
+    mode: str = "RGB",
+    scale: Any = 1,
+    crop: Crop | Sequence[Crop] = None,
+    *,
+    num_threads: int | None = None,
+    out: Any = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    strict: bool = False,
+    sources: Sequence[str] | None = None,
+    on_error: str = "raise",
+    _single: bool = False,
+) -> BatchDecodeResult:
+    """Decode many images in one parallel pass over the OpenMP thread pool.
+
+    JPEG items are decoded without the GIL, one item per task (dynamic schedule), by
+    per-thread libjpeg decompressors that are created once and reused. Other formats
+    are decoded with OpenCV afterwards.
+
+    Parameters
+    ----------
+    buffers : sequence of bytes-like
+        Encoded images (bytes, bytearray, memoryview, mmap slices, uint8 arrays; no copy).
+    mode, scale, max_pixels, strict
+        As in :func:`decode`, for every item.
+    crop : (x, y, w, h), None, or a sequence of those (one per item)
+        As in :func:`decode`. A single box applies to every item.
+    num_threads : int, optional
+        Threads to use (default: ``LOADERLIB_NUM_THREADS`` or the available CPUs).
+        The output does not depend on it.
+    out : list of arrays or an (N, H, W, C) uint8 array, optional
+        Caller-owned outputs, C-contiguous, each exactly the item's decoded shape
+        (otherwise that item fails with a shape error). Without ``out`` each item gets a
+        new array.
+    sources : sequence of str, optional
+        Names for error messages (e.g. file paths), one per item.
+    on_error : {"raise", "return"}
+        "raise": after the whole batch is processed, raise the first item's
+        DecodeError. "return": record failures in the result and return.
+
+    Returns
+    -------
+    BatchDecodeResult
+        ``images``, per-item ``status`` codes and ``errors``.
+    """
+    if on_error not in ("raise", "return"):
+        raise ValueError(f"on_error must be 'raise' or 'return', got {on_error!r}")
+    bufs = [_as_bytes_like(b, i) for i, b in enumerate(buffers)]
+    n = len(bufs)
+    mode_c = _mode_code(mode)
+    denom = scale_denominator(scale)
+    if sources is not None and len(sources) != n:
+        raise ValueError(f"sources has {len(sources)} entries for {n} buffers")
+    crops = np.zeros((n, 4), np.int32)
+    if crop is not None:
+        is_box = len(crop) == 4 and all(isinstance(v, (int, np.integer)) for v in crop)
+        if is_box:
+            crops[:] = _crop_row(crop)
+        else:
+            if len(crop) != n:
+                raise ValueError(f"crop has {len(crop)} entries for {n} buffers")
+            for i, c in enumerate(crop):
+                crops[i] = _crop_row(c, f"crop[{i}]")
+    max_px = 0 if max_pixels is None else int(max_pixels)
+    if max_px < 0:
+        raise ValueError("max_pixels must be positive or None")
+    nthreads = 1 if _single else min(_threads.resolve_num_threads(num_threads), max(n, 1))
+
+    status = np.zeros(n, np.int32)
+    msgs = np.zeros((n, _MSG_LEN), np.uint8)
+    if out is not None:
+        outs = list(out)
+        if len(outs) != n:
+            raise ValueError(f"out has {len(outs)} entries for {n} buffers")
+    else:
+        outs = [None] * n
+
+    with _borrow_pool(nthreads) as pool:
+        if out is None:
+            info = np.zeros((n, len(_jpeg.INFO_FIELDS)), np.int64)
+            _jpeg.read_headers_into(bufs, mode_c, denom, crops, max_px, info, status, msgs, nthreads, pool)
+            oh, ow, oc = _INFO_COL["out_h"], _INFO_COL["out_w"], _INFO_COL["out_c"]
+            for i in range(n):
+                if status[i] == OK:
+                    outs[i] = np.empty((int(info[i, oh]), int(info[i, ow]), int(info[i, oc])), np.uint8)
+        _jpeg.decode_into(bufs, outs, mode_c, denom, crops, max_px, int(bool(strict)), status, msgs, nthreads, pool)
+
+    errors: dict[int, DecodeError] = {}
+    images: list = list(outs)
+    for i in np.flatnonzero(status != OK):
+        i = int(i)
+        st = int(status[i])
+        src = None if sources is None else str(sources[i])
+        index = None if _single else i
+        if st == WARNED:
+            warnings.warn(
+                f"{'' if _single else f'item {i} '}{'' if src is None else repr(src) + ' '}"
+                f"decoded from corrupt data ({_msg(msgs, i)}); pass strict=True to refuse such images",
+                DecodeWarning,
+                stacklevel=3 if _single else 2,
+            )
+            continue
+        if st == ERR_NOT_JPEG:
+            try:
+                img = _decode_opencv(bufs[i], mode_c, denom, tuple(int(v) for v in crops[i]), max_px)
+            except DecodeError as e:
+                errors[i] = DecodeError(e.reason, index, src)
+            else:
+                if out is None:
+                    images[i] = img
+                    status[i] = OK
+                elif outs[i].shape == img.shape:
+                    outs[i][...] = img
+                    status[i] = OK
+                else:
+                    status[i] = ERR_SHAPE
+                    errors[i] = DecodeError(
+                        f"output buffer is {'x'.join(map(str, outs[i].shape))} but the decoded image is "
+                        f"{'x'.join(map(str, img.shape))}", index, src)
+            if status[i] != OK:
+                images[i] = None
+            continue
+        if st == ERR_CROP and _single:
+            raise ValueError(_msg(msgs, i))
+        reason = _msg(msgs, i) or f"decoder status {st}"
+        if st == ERR_STRICT:
+            reason = f"corrupt data ({reason}); refused because strict=True"
+        errors[i] = DecodeError(reason, index, src)
+        images[i] = None
+    result = BatchDecodeResult(images=images, status=status, errors=errors)
+    if on_error == "raise" and not _single:
+        result.raise_first()
+    return result

@@ -1,0 +1,356 @@
+/* libjpeg(-turbo) decode helpers with a setjmp-guarded error exit.
+ *
+ * NOTE [ Why libjpeg is wrapped in C ]
+ * libjpeg reports fatal errors by calling error_exit(), which must not return. The only
+ * safe way to recover is longjmp() back to a setjmp() in the frame that called libjpeg.
+ * Cython cannot place a setjmp() safely (it may keep locals in registers that longjmp
+ * clobbers, and a longjmp across Python frames or Cython cleanup code leaks references),
+ * so every libjpeg call goes through the small functions below. Each one sets its own
+ * jump buffer, touches no Python object and needs no GIL, and on error aborts the
+ * decompressor (which stays reusable) and returns a status code from ll_common.h with
+ * libjpeg's own message in dec->err.msg. Nothing here prints: warnings are counted and
+ * the first one is kept in dec->err.warn.
+ *
+ * One ll_jpeg_dec is used by one thread at a time; different decoders are independent.
+ */
+#ifndef LL_JPEG_H
+#define LL_JPEG_H
+
+#include <setjmp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+#include <jerror.h>
+
+#include "ll_common.h"
+
+#ifndef LIBJPEG_TURBO_VERSION_NUMBER
+#define LIBJPEG_TURBO_VERSION_NUMBER 0
+#endif
+#ifdef WITH_SIMD
+#define LL_JPEG_SIMD 1
+#else
+#define LL_JPEG_SIMD 0
+#endif
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    char msg[JMSG_LENGTH_MAX];  /* fatal error message */
+    char warn[JMSG_LENGTH_MAX]; /* first warning of the current image */
+    int nwarn;
+} ll_jpeg_err;
+
+typedef struct {
+    struct jpeg_decompress_struct cinfo;
+    ll_jpeg_err err;
+    int created;
+    int have_header;
+    unsigned char *scratch; /* one output row (crop margins, CMYK conversion); grows, reused */
+    size_t scratch_size;
+} ll_jpeg_dec;
+
+/* Header facts. subsampling: 444, 422, 420, 440, 411, 410, 0 (grayscale), -1 (other). */
+typedef struct {
+    int width, height, components, color_space, subsampling;
+    int progressive, arithmetic, precision, adobe;
+    /* iMCU size in full-resolution pixels (8 for grayscale, 16x16 for 4:2:0). */
+    int imcu_w, imcu_h;
+} ll_jpeg_info;
+
+static void ll_jpeg_error_exit(j_common_ptr cinfo) {
+    ll_jpeg_err *err = (ll_jpeg_err *)cinfo->err;
+    err->pub.format_message(cinfo, err->msg);
+    longjmp(err->jb, 1);
+}
+
+static void ll_jpeg_emit_message(j_common_ptr cinfo, int msg_level) {
+    ll_jpeg_err *err = (ll_jpeg_err *)cinfo->err;
+    if (msg_level < 0) { /* a warning: corrupt data libjpeg recovered from */
+        if (err->nwarn == 0) err->pub.format_message(cinfo, err->warn);
+        err->nwarn++;
+        err->pub.num_warnings++;
+    }
+}
+
+static void ll_jpeg_output_message(j_common_ptr cinfo) { (void)cinfo; }
+
+static void ll_jpeg_destroy(ll_jpeg_dec *d) {
+    if (d == NULL) return;
+    if (d->created) jpeg_destroy_decompress(&d->cinfo);
+    d->created = 0;
+    free(d->scratch);
+    d->scratch = NULL;
+    d->scratch_size = 0;
+}
+
+/* Returns LL_OK, or LL_ERR_NOMEM when libjpeg could not allocate its state. */
+static int ll_jpeg_create(ll_jpeg_dec *d) {
+    memset(d, 0, sizeof(*d));
+    d->cinfo.err = jpeg_std_error(&d->err.pub);
+    d->err.pub.error_exit = ll_jpeg_error_exit;
+    d->err.pub.emit_message = ll_jpeg_emit_message;
+    d->err.pub.output_message = ll_jpeg_output_message;
+    if (setjmp(d->err.jb)) return LL_ERR_NOMEM;
+    jpeg_create_decompress(&d->cinfo);
+    d->created = 1;
+    return LL_OK;
+}
+
+static int ll_jpeg_scratch(ll_jpeg_dec *d, size_t need) {
+    if (need <= d->scratch_size) return LL_OK;
+    size_t size = d->scratch_size ? d->scratch_size : 4096;
+    while (size < need) size *= 2; /* geometric growth: a handful of reallocations per thread */
+    unsigned char *p = (unsigned char *)realloc(d->scratch, size);
+    if (p == NULL) return LL_ERR_NOMEM;
+    d->scratch = p;
+    d->scratch_size = size;
+    return LL_OK;
+}
+
+static int ll_jpeg_subsampling(const struct jpeg_decompress_struct *c) {
+    if (c->num_components == 1) return 0;
+    if (c->num_components != 3) return -1;
+    const jpeg_component_info *k = c->comp_info;
+    if (k[1].h_samp_factor != 1 || k[1].v_samp_factor != 1 || k[2].h_samp_factor != 1 ||
+        k[2].v_samp_factor != 1)
+        return -1;
+    int h = k[0].h_samp_factor, v = k[0].v_samp_factor;
+    if (h == 1 && v == 1) return 444;
+    if (h == 2 && v == 1) return 422;
+    if (h == 2 && v == 2) return 420;
+    if (h == 1 && v == 2) return 440;
+    if (h == 4 && v == 1) return 411;
+    if (h == 4 && v == 2) return 410;
+    return -1;
+}
+
+/* Parses the headers of buf[0:size] (never reads outside it). On LL_OK, info is filled
+ * and the decoder is ready for ll_jpeg_decode on the same buffer. */
+static int ll_jpeg_header(ll_jpeg_dec *d, const unsigned char *buf, size_t size, ll_jpeg_info *info) {
+    struct jpeg_decompress_struct *c = &d->cinfo;
+    d->have_header = 0;
+    d->err.nwarn = 0;
+    d->err.msg[0] = 0;
+    d->err.warn[0] = 0;
+    if (size == 0 || buf == NULL) return LL_ERR_EMPTY;
+    if (size < 3 || buf[0] != 0xFF || buf[1] != 0xD8 || buf[2] != 0xFF) return LL_ERR_NOT_JPEG;
+    if (setjmp(d->err.jb)) {
+        jpeg_abort_decompress(c);
+        return LL_ERR_DECODE;
+    }
+    jpeg_abort_decompress(c);
+    jpeg_mem_src(c, buf, (unsigned long)size);
+    jpeg_read_header(c, TRUE);
+    info->width = (int)c->image_width;
+    info->height = (int)c->image_height;
+    info->components = c->num_components;
+    info->color_space = (int)c->jpeg_color_space;
+    info->subsampling = ll_jpeg_subsampling(c);
+    info->progressive = c->progressive_mode ? 1 : 0;
+    info->arithmetic = c->arith_code ? 1 : 0;
+    info->precision = c->data_precision;
+    info->adobe = c->saw_Adobe_marker ? 1 : 0;
+    info->imcu_w = 8 * (c->num_components == 1 ? 1 : c->max_h_samp_factor);
+    info->imcu_h = 8 * (c->num_components == 1 ? 1 : c->max_v_samp_factor);
+    d->have_header = 1;
+    return LL_OK;
+}
+
+static inline int ll_ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
+
+/* The output region for a decode at 1/denom scale of the crop box (cx, cy, cw, ch) given
+ * in full-resolution pixels (cw <= 0: the whole image). The region, in scaled pixels, is
+ * [floor(cx/denom), ceil((cx+cw)/denom)) x [floor(cy/denom), ceil((cy+ch)/denom)), which
+ * is exactly the slice of a full decode at that scale that covers the box. */
+static int ll_jpeg_region(const ll_jpeg_info *info, int denom, int cx, int cy, int cw, int ch,
+                          int *x0, int *y0, int *w, int *h) {
+    int sw = ll_ceil_div(info->width, denom), sh = ll_ceil_div(info->height, denom);
+    if (cw <= 0 || ch <= 0) {
+        *x0 = 0; *y0 = 0; *w = sw; *h = sh;
+        return LL_OK;
+    }
+    if (cx < 0 || cy < 0 || (long)cx + cw > info->width || (long)cy + ch > info->height)
+        return LL_ERR_CROP;
+    *x0 = cx / denom;
+    *y0 = cy / denom;
+    *w = ll_ceil_div((long)cx + cw, denom) - *x0;
+    *h = ll_ceil_div((long)cy + ch, denom) - *y0;
+    return LL_OK;
+}
+
+/* CMYK (as stored by Adobe: inverted) to RGB/BGR/GRAY, the conversion OpenCV uses. */
+static void ll_cmyk_row(const unsigned char *src, unsigned char *dst, int n, int mode) {
+    for (int i = 0; i < n; i++, src += 4) {
+        int k = src[3];
+        int c = k - ((255 - src[0]) * k >> 8);
+        int m = k - ((255 - src[1]) * k >> 8);
+        int y = k - ((255 - src[2]) * k >> 8);
+        if (mode == LL_MODE_RGB) {
+            dst[0] = (unsigned char)c; dst[1] = (unsigned char)m; dst[2] = (unsigned char)y; dst += 3;
+        } else if (mode == LL_MODE_BGR) {
+            dst[0] = (unsigned char)y; dst[1] = (unsigned char)m; dst[2] = (unsigned char)c; dst += 3;
+        } else { /* ITU-R BT.601 luma in 14-bit fixed point, rounded */
+            *dst++ = (unsigned char)((c * 4899 + m * 9617 + y * 1868 + (1 << 13)) >> 14);
+        }
+    }
+}
+
+/* Decodes the region (x0, y0, w, h) -- in scaled pixels, as given by ll_jpeg_region -- of
+ * the image whose header was just read, at scale 1/denom (1, 2, 4 or 8), into out
+ * (h rows of w*channels bytes, row stride out_stride). Must follow ll_jpeg_header on the
+ * same buffer. Returns LL_OK, LL_WARNED (libjpeg recovered from corrupt data; in strict
+ * mode LL_ERR_STRICT instead), or an error code.
+ *
+ * NOTE [ Exact crop decode ]
+ * Decoding only a region (jpeg_crop_scanline + jpeg_skip_scanlines) would change pixels
+ * at the region's edges: the fancy (smooth) chroma upsampler treats the region's borders
+ * as image borders, and a skip loses the context row above. We therefore decode one iMCU
+ * more on each side (clipped to the image) and drop it, so the result is bitwise equal to
+ * slicing a full decode at the same scale, for every subsampling, at a cost of one iMCU
+ * column on each side and one iMCU row above. */
+static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
+                          unsigned char *out, ptrdiff_t out_stride, int strict) {
+    struct jpeg_decompress_struct *c = &d->cinfo;
+    if (!d->have_header) return LL_ERR_STATE;
+    d->have_header = 0;
+    if (setjmp(d->err.jb)) {
+        jpeg_abort_decompress(c);
+        return LL_ERR_DECODE;
+    }
+    int cmyk = (c->jpeg_color_space == JCS_CMYK || c->jpeg_color_space == JCS_YCCK);
+    int nch = (mode == LL_MODE_GRAY) ? 1 : 3;
+    if (cmyk) {
+        c->out_color_space = JCS_CMYK;
+    } else if (c->num_components != 1 && c->num_components != 3) {
+        jpeg_abort_decompress(c);
+        snprintf(d->err.msg, sizeof(d->err.msg), "unsupported JPEG with %d components", c->num_components);
+        return LL_ERR_UNSUPPORTED;
+    } else {
+        c->out_color_space = mode == LL_MODE_GRAY ? JCS_GRAYSCALE : (mode == LL_MODE_BGR ? JCS_EXT_BGR : JCS_EXT_RGB);
+    }
+    c->scale_num = 1;
+    c->scale_denom = (unsigned int)denom;
+    c->dct_method = JDCT_ISLOW;
+    c->do_fancy_upsampling = TRUE;
+    c->do_block_smoothing = TRUE;
+    jpeg_start_decompress(c);
+
+    int full_w = (int)c->output_width, full_h = (int)c->output_height;
+    if (x0 < 0 || y0 < 0 || w <= 0 || h <= 0 || x0 + w > full_w || y0 + h > full_h) {
+        jpeg_abort_decompress(c);
+        return LL_ERR_SHAPE;
+    }
+    /* iMCU size in output pixels (see NOTE [ Exact crop decode ]). */
+    int mw = (c->num_components == 1 ? 1 : c->max_h_samp_factor) * c->min_DCT_scaled_size;
+    int mh = (c->num_components == 1 ? 1 : c->max_v_samp_factor) * c->min_DCT_scaled_size;
+    int in_ch = c->output_components; /* 1, 3 or 4 (CMYK) */
+
+    JDIMENSION xoff = 0, xw = (JDIMENSION)full_w;
+    if (w < full_w) {
+        int xs = x0 - mw < 0 ? 0 : x0 - mw;
+        int xe = x0 + w + mw > full_w ? full_w : x0 + w + mw;
+        xoff = (JDIMENSION)xs;
+        xw = (JDIMENSION)(xe - xs);
+        jpeg_crop_scanline(c, &xoff, &xw); /* moves xoff left to an iMCU boundary */
+    }
+    int skip_cols = x0 - (int)xoff;
+    int direct = (!cmyk && xoff == 0 && (int)c->output_width == w);
+    if (!direct && ll_jpeg_scratch(d, (size_t)c->output_width * (size_t)in_ch) != LL_OK) {
+        jpeg_abort_decompress(c);
+        return LL_ERR_NOMEM;
+    }
+    int ys = y0 - mh < 0 ? 0 : y0 - mh;
+    if (ys > 0) jpeg_skip_scanlines(c, (JDIMENSION)ys);
+    while ((int)c->output_scanline < y0) { /* the margin rows: decoded for context, dropped */
+        JSAMPROW row = d->scratch;
+        if (direct) row = out; /* full-width rows: output row 0 is free until y0 */
+        if (jpeg_read_scanlines(c, &row, 1) != 1) goto stalled;
+    }
+    while ((int)c->output_scanline < y0 + h) {
+        int r = (int)c->output_scanline - y0;
+        unsigned char *dst = out + (ptrdiff_t)r * out_stride;
+        if (direct) {
+            JSAMPROW rows[4];
+            int n = 0;
+            while (n < 4 && r + n < h) { rows[n] = dst + (ptrdiff_t)n * out_stride; n++; }
+            if (jpeg_read_scanlines(c, rows, (JDIMENSION)n) == 0) goto stalled;
+        } else {
+            JSAMPROW row = d->scratch;
+            if (jpeg_read_scanlines(c, &row, 1) != 1) goto stalled;
+            const unsigned char *src = d->scratch + (size_t)skip_cols * in_ch;
+            if (cmyk) ll_cmyk_row(src, dst, w, mode);
+            else memcpy(dst, src, (size_t)w * nch);
+        }
+    }
+    jpeg_abort_decompress(c); /* cheaper than finish_decompress, and allowed mid-image */
+    if (d->err.nwarn > 0) return strict ? LL_ERR_STRICT : LL_WARNED;
+    return LL_OK;
+stalled: /* cannot happen with a memory source; never loop forever if it does */
+    snprintf(d->err.msg, sizeof(d->err.msg), "decoder stopped at scanline %u", c->output_scanline);
+    jpeg_abort_decompress(c);
+    return LL_ERR_DECODE;
+}
+
+static void ll_copy_msg(char *dst, const char *src) {
+    if (dst == NULL) return;
+    strncpy(dst, src, LL_MSG_LEN - 1);
+    dst[LL_MSG_LEN - 1] = 0;
+}
+
+/* Header phase of one item: parse, apply the max_pixels guard, and compute the output
+ * shape (*oh, *ow, *oc) of a decode with these parameters. msg (LL_MSG_LEN bytes) gets
+ * the reason for any non-zero code. */
+static int ll_jpeg_plan_item(ll_jpeg_dec *d, const unsigned char *buf, size_t size, int mode, int denom,
+                             int cx, int cy, int cw, int ch, long long max_pixels, ll_jpeg_info *info,
+                             int *x0, int *y0, int *oh, int *ow, int *oc, char *msg) {
+    int st = ll_jpeg_header(d, buf, size, info);
+    if (st == LL_ERR_DECODE) { ll_copy_msg(msg, d->err.msg); return st; }
+    if (st == LL_ERR_EMPTY) { ll_copy_msg(msg, "empty input (0 bytes)"); return st; }
+    if (st == LL_ERR_NOT_JPEG) { ll_copy_msg(msg, "not a JPEG (no SOI marker)"); return st; }
+    if (max_pixels > 0 && (long long)info->width * (long long)info->height > max_pixels) {
+        d->have_header = 0;
+        if (msg) snprintf(msg, LL_MSG_LEN, "image declares %dx%d = %lld pixels, more than max_pixels=%lld "
+                          "(decompression bomb guard)", info->width, info->height,
+                          (long long)info->width * info->height, max_pixels);
+        return LL_ERR_TOO_LARGE;
+    }
+    st = ll_jpeg_region(info, denom, cx, cy, cw, ch, x0, y0, ow, oh);
+    if (st != LL_OK) {
+        d->have_header = 0;
+        if (msg) snprintf(msg, LL_MSG_LEN, "crop box (x=%d, y=%d, w=%d, h=%d) is outside the %dx%d image",
+                          cx, cy, cw, ch, info->width, info->height);
+        return st;
+    }
+    *oc = (mode == LL_MODE_GRAY) ? 1 : 3;
+    return LL_OK;
+}
+
+/* One item, bytes to pixels, into out (out_h x out_w x out_c, row stride out_stride), which
+ * must have exactly the planned shape. Thread-safe for distinct decoders. */
+static int ll_jpeg_decode_item(ll_jpeg_dec *d, const unsigned char *buf, size_t size, int mode, int denom,
+                               int cx, int cy, int cw, int ch, long long max_pixels, int strict,
+                               unsigned char *out, ptrdiff_t out_stride, int out_h, int out_w, int out_c,
+                               char *msg) {
+    ll_jpeg_info info;
+    int x0, y0, oh, ow, oc;
+    int st = ll_jpeg_plan_item(d, buf, size, mode, denom, cx, cy, cw, ch, max_pixels, &info, &x0, &y0, &oh, &ow,
+                               &oc, msg);
+    if (st != LL_OK) return st;
+    if (oh != out_h || ow != out_w || oc != out_c) {
+        d->have_header = 0;
+        if (msg) snprintf(msg, LL_MSG_LEN, "output buffer is %dx%dx%d but the decoded image is %dx%dx%d",
+                          out_h, out_w, out_c, oh, ow, oc);
+        return LL_ERR_SHAPE;
+    }
+    st = ll_jpeg_decode(d, mode, denom, x0, y0, ow, oh, out, out_stride, strict);
+    if (st == LL_WARNED || st == LL_ERR_STRICT) ll_copy_msg(msg, d->err.warn);
+    else if (st != LL_OK) ll_copy_msg(msg, d->err.msg[0] ? d->err.msg : "decode failed");
+    return st;
+}
+
+#endif
