@@ -14,6 +14,7 @@ any Python call in between (no GIL switch point), so acquire and release need no
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+cimport cython
 from libc.stdint cimport uint8_t
 from libc.stdlib cimport free
 from libc.string cimport memset
@@ -103,8 +104,8 @@ cdef enum:
 cdef class SlotRing:
     """A growable ring of slot buffers; a slot is lent out as one :class:`SlotLease`.
 
-    ``allocator(nbytes)`` makes a slot's buffer (any writable buffer-protocol object,
-    e.g. an AlignedBuffer or a shared-memory block). Slots are created once and reused;
+    ``allocator(nbytes)`` makes a slot's buffer (a writable buffer-protocol object such as
+    an AlignedBuffer, or an object whose ``buf`` attribute is one, e.g. a shared-memory block). Slots are created once and reused;
     a slot whose buffer is too small for a request is reallocated with geometric growth,
     and a new slot is added only when every slot is leased. See NOTE [ Slot leases ].
     """
@@ -202,9 +203,16 @@ cdef Py_ssize_t _nbytes(object buf):
         return -1
     if isinstance(buf, AlignedBuffer):
         return (<AlignedBuffer>buf).nbytes
-    return len(memoryview(buf).cast("B"))
+    return memoryview(_exporter(buf)).nbytes
 
 
+cdef object _exporter(object source):
+    # Slot buffers are buffer-protocol objects, or objects whose ``buf`` attribute is one
+    # (a shared-memory block, which Python < 3.12 classes cannot export directly).
+    return source if isinstance(source, AlignedBuffer) or not hasattr(source, "buf") else source.buf
+
+
+@cython.no_gc_clear
 cdef class SlotLease:
     """One lent slot: exposes the slot's memory (writable bytes) and frees it on release.
 
@@ -220,7 +228,7 @@ cdef class SlotLease:
 
     def __cinit__(self, SlotRing ring, Py_ssize_t slot, object source):
         self.has_view = False
-        PyObject_GetBuffer(source, &self.view, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        PyObject_GetBuffer(_exporter(source), &self.view, PyBUF_SIMPLE | PyBUF_WRITABLE)
         self.has_view = True
         self.ring = ring
         self.slot = slot
