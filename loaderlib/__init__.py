@@ -1,5 +1,6 @@
 """loaderlib: a data loader whose common path runs in nogil kernels on an OpenMP pool."""
 
+from . import transforms
 from ._build import build_info
 from .decode import DecodeError, decode, decode_batch, jpeg_info
 from .errors import DecodeWarning, LoaderError
@@ -14,4 +15,5 @@ __all__ = [
     "DecodeError",
     "DecodeWarning",
     "LoaderError",
+    "transforms",
 ]
