@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ._engine_base import LoaderTimeoutError, SampleFailure, WorkerError, _clock, _Task
-from ._engine_local import annotate
+from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
 from .arena import BatchArena
 from .batchify import Shards
@@ -159,11 +159,13 @@ class WorkerPool:
                            f"while {what}; the batch is lost. A worker dies when its process is killed "
                            "(e.g. out of memory) or crashes in native code.")
 
-    def recv(self, wid: int, tid: int, timeout: float | None, what: str) -> tuple:
+    def recv(self, wid: int, tid: int, timeout: float | None, what: str, stop: Any = None) -> tuple:
         """The result message of task ``tid`` (discarding results of abandoned tasks)."""
         w = self.workers[wid]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if stop is not None and stop.is_set():
+                raise _Stopped()
             if w.dead is not None:
                 raise WorkerError(f"loaderlib worker {w.wid} (pid {w.proc.pid}) {w.dead}; cannot load {what}")
             try:
@@ -278,7 +280,7 @@ class ProcessesProducer:
 
     def _result(self, task: _Task, tid: int, wid: int) -> tuple[Any, int]:
         what = f"batch {task.number} of epoch {self.info['epoch']}"
-        msg, lease = self.pool.recv(wid, tid, self.timeout, what)
+        msg, lease = self.pool.recv(wid, tid, self.timeout, what, self.info.get("stop"))
         if msg[0] == "error":
             _, _, index, source, text, tb, payload = msg
             exc = None
@@ -314,13 +316,13 @@ class ProcessesProducer:
         task, tid, wid, t0 = handle
         self._stage_ns = [0, 0]
         batch, n = self._result(task, tid, wid)
-        want = task.indices.size
+        want = task.target
         while self.on_error == "skip" and n < want:
             more = self.info["plan"].borrow(want - n)
             if not more.size:
                 break
             t2, w2 = self.pool.submit(more)
-            extra, m = self._result(_Task(task.number, more), t2, w2)
+            extra, m = self._result(_Task(task.number, more, more.size), t2, w2)
             if extra is not None:
                 batch = extra if batch is None else _concat(batch, extra)
                 n += m
@@ -331,5 +333,5 @@ class ProcessesProducer:
                                 len(self.pool.workers))
         return batch
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass  # workers persist with the loader

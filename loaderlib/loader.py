@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -418,12 +419,13 @@ class DataLoader:
         producer = self._make_producer(info)
         run = _Run(epoch=epoch, seed=self.seed, plan=plan, producer=producer, knobs=self._knobs,
                    recorder=self.recorder, timeout=self.timeout, total=len(batches))
+        info["stop"] = run.stop
         if self.recorder.enabled:
             self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,
                                         self._batch_size)
         run.start()
         it = LoaderIterator(run)
-        self._current = it
+        self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         return it
 
     def _arena(self) -> BatchArena:
@@ -457,16 +459,19 @@ class DataLoader:
                 self._workers.close()
             self._workers = WorkerPool(self.num_workers, self.dataset, self.batchify_fn, self.worker_init_fn,
                                        self.on_error, self.seed)
-        elif self._current is not None:
+        else:
             # Workers are shared by the loader's iterators: only one may run at a time.
-            self._current.close()
+            current = self._current() if self._current is not None else None
+            if current is not None:
+                current.close()
         return ProcessesProducer(pool=self._workers, timeout=self.timeout, **common)
 
     def close(self) -> None:
         """Stop threads and workers and free arena slots. Idempotent."""
-        if self._current is not None:
-            self._current.close()
-            self._current = None
+        current = self._current() if self._current is not None else None
+        if current is not None:
+            current.close()
+        self._current = None
         if self._workers is not None:
             self._workers.close()
             self._workers = None
