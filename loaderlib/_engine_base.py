@@ -307,7 +307,13 @@ class LoaderIterator:
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
-            raise item.exc
+            exc = item.exc
+            try:
+                raise exc
+            finally:
+                # The traceback holds this frame: drop the locals that would close a cycle
+                # (exception -> traceback -> frame -> exception) and keep slots alive.
+                exc = item = None
         run.delivered += 1
         return item
 

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from multiprocessing import Pipe
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -56,8 +57,19 @@ class _ShmBlock:
         self.shm = SharedMemory(create=True, size=max(int(nbytes), 1))
         self.name = self.shm.name
         self.buf = self.shm.buf
+        self._unlinked = False
+
+    def unlink(self) -> None:
+        """Remove the name now; the memory lives on while any process still maps it."""
+        if not self._unlinked and self.shm is not None:
+            self._unlinked = True
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
 
     def release(self) -> None:
+        self.unlink()
         shm, self.shm = self.shm, None
         if shm is None:
             return
@@ -65,11 +77,7 @@ class _ShmBlock:
         try:
             shm.close()
         except BufferError:
-            pass  # a view is still alive somewhere; unlinking below still frees the name
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
+            pass  # a view is still alive somewhere: the mapping goes with it
 
     def __del__(self) -> None:
         try:
@@ -126,12 +134,20 @@ class WorkerPool:
             raise LoaderError(f"the dataset or batchify function cannot be sent to worker processes: "
                               f"{type(e).__name__}: {e}") from e
         self.workers = [_Worker(k, payload) for k in range(num_workers)]
-        self.arena = BatchArena(0, allocator=_ShmBlock)
+        self._blocks: weakref.WeakSet = weakref.WeakSet()
+        self.arena = BatchArena(0, allocator=self._new_block)
         self.slot_bytes = _DEFAULT_SLOT
         self.inflight: dict[int, tuple] = {}   # task id -> (lease, worker id)
+        self.ready: dict[int, tuple] = {}      # task id -> (message, lease) received out of turn
+        self.abandoned: set[int] = set()       # tasks whose results nobody will ask for
         self._ids = itertools.count()
         self._rr = 0
         self.closed = False
+
+    def _new_block(self, nbytes: int) -> _ShmBlock:
+        block = _ShmBlock(nbytes)
+        self._blocks.add(block)
+        return block
 
     def alive(self) -> bool:
         return not self.closed and all(w.alive() for w in self.workers)
@@ -156,7 +172,7 @@ class WorkerPool:
             code = None
         w.dead = _exit_status(code)
         return WorkerError(f"loaderlib worker {w.wid} (pid {w.proc.pid}) {w.dead if code is not None else 'closed its connection'} "
-                           f"while {what}; the batch is lost. A worker dies when its process is killed "
+                           f"while loading {what}; the batch is lost. A worker dies when its process is killed "
                            "(e.g. out of memory) or crashes in native code.")
 
     def recv(self, wid: int, tid: int, timeout: float | None, what: str, stop: Any = None) -> tuple:
@@ -164,6 +180,8 @@ class WorkerPool:
         w = self.workers[wid]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if tid in self.ready:
+                return self.ready.pop(tid)
             if stop is not None and stop.is_set():
                 raise _Stopped()
             if w.dead is not None:
@@ -194,9 +212,18 @@ class WorkerPool:
                 raise err
             mid = msg[1]
             entry = self.inflight.pop(mid, None)
+            lease = entry[0] if entry else None
             if mid == tid:
-                return msg, (entry[0] if entry else None)
-            # A result of an abandoned task: its slot is free again now.
+                return msg, lease
+            if mid in self.abandoned:
+                self.abandoned.discard(mid)   # its slot is free again now
+            else:
+                self.ready[mid] = (msg, lease)  # a later batch's result (the skip fill path)
+
+    def abandon(self, tid: int) -> None:
+        """Nobody will ask for task ``tid``: drop its result (and free its slot) on arrival."""
+        if self.ready.pop(tid, None) is None and tid in self.inflight:
+            self.abandoned.add(tid)
 
     def close(self) -> None:
         if self.closed:
@@ -217,7 +244,11 @@ class WorkerPool:
             w.conn.close()
         # No worker can write any more: every slot may go.
         self.inflight.clear()
+        self.ready.clear()
         self.arena.clear()
+        # Batches the user still holds keep their memory, but no name outlives the pool.
+        for block in list(self._blocks):
+            block.unlink()
 
     def __del__(self) -> None:
         try:
@@ -276,7 +307,7 @@ class ProcessesProducer:
         return task, tid, wid, _clock()
 
     def cancel(self, handle: tuple) -> None:
-        pass  # the pool keeps the slot until the worker's result arrives
+        self.pool.abandon(handle[1])  # the pool keeps the slot until the worker's result arrives
 
     def _result(self, task: _Task, tid: int, wid: int) -> tuple[Any, int]:
         what = f"batch {task.number} of epoch {self.info['epoch']}"

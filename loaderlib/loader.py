@@ -337,6 +337,7 @@ class DataLoader:
         self._lock = threading.Lock()
         self._analysis = _analyze(self.dataset, batchify_fn, num_workers)
         self._workers = None      # processes engine: the worker pool, created on first use
+        self._arena_ring: BatchArena | None = None
         self._current: Any = None
         self._closed = False
         if self.pin_memory:
@@ -429,7 +430,11 @@ class DataLoader:
         return it
 
     def _arena(self) -> BatchArena:
-        return BatchArena(self._knobs.prefetch + 2)
+        # One ring per loader, reused by every epoch: slots are allocated once.
+        if self._arena_ring is None:
+            self._arena_ring = BatchArena(self._knobs.prefetch + 2)
+        self._arena_ring.num_slots = self._knobs.prefetch + 2
+        return self._arena_ring
 
     def _make_producer(self, info: dict) -> Any:
         a = self._analysis
@@ -475,6 +480,8 @@ class DataLoader:
         if self._workers is not None:
             self._workers.close()
             self._workers = None
+        if self._arena_ring is not None:
+            self._arena_ring.clear()
         self._closed = True
 
     def __enter__(self) -> "DataLoader":
