@@ -258,13 +258,13 @@ def _drive(run: _Run) -> None:
             if not run.queue.put(batch):
                 break
         run.queue.put(_END, force=True)
-    except BaseException as e:  # delivered to the consumer, who raises it
+    except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
         run.queue.put(_Failure(e), force=True)
     finally:
         for h in pending:
             try:
                 run.producer.cancel(h)
-            except Exception:
+            except Exception:  # noqa: BLE001, S110
                 pass
 
 
@@ -275,7 +275,7 @@ class LoaderIterator:
         self._run = run
         self._finalizer = weakref.finalize(self, _Run.close, run)
 
-    def __iter__(self) -> "LoaderIterator":
+    def __iter__(self) -> LoaderIterator:
         return self
 
     def __len__(self) -> int:

@@ -93,7 +93,7 @@ def _source(dataset: Any, i: int) -> str | None:
     if callable(src):
         try:
             return src(int(i))
-        except Exception:
+        except Exception:  # noqa: BLE001
             return None
     return None
 
@@ -365,7 +365,7 @@ class ThreadsProducer:
                 item, dt = self._result(f)
             except _Stopped:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001
                 if self.on_error == "raise":
                     self.cancel(None)
                     raise annotate(e, i, _source(self.dataset, i), "threads")

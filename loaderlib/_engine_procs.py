@@ -82,7 +82,7 @@ class _ShmBlock:
     def __del__(self) -> None:
         try:
             self.release()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
 
 
@@ -205,7 +205,7 @@ class WorkerPool:
                 w.ready = True
                 continue
             if kind == "init_error":
-                _, text, tb, payload = msg
+                _, text, tb, _payload = msg
                 w.dead = "failed to start"
                 err = WorkerError(f"loaderlib worker {w.wid} could not load the dataset / batchify function: "
                                   f"{text}\n{tb}")
@@ -232,7 +232,7 @@ class WorkerPool:
         for w in self.workers:
             try:
                 w.conn.send_bytes(pickle.dumps(("stop",)))
-            except Exception:
+            except Exception:  # noqa: BLE001, S110
                 pass
         t_end = time.monotonic() + 2.0
         for w in self.workers:
@@ -253,7 +253,7 @@ class WorkerPool:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
 
 
@@ -318,7 +318,7 @@ class ProcessesProducer:
             if payload is not None:
                 try:
                     exc = pickle.loads(payload)
-                except Exception:
+                except Exception:  # noqa: BLE001
                     exc = None
             if exc is None:
                 exc = LoaderError(f"{text} (in worker {wid})")

@@ -44,9 +44,16 @@ from .datasets import (
     SimpleDataset,
     _TransformDataset,
 )
-from .sampler import LAST_BATCH_MODES, BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, draw_seed
+from .sampler import (
+    LAST_BATCH_MODES,
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    ShardedSampler,
+    draw_seed,
+)
 
-__all__ = ["DataLoader", "LoaderIterator", "LoaderTimeoutError", "WorkerError", "SampleFailure"]
+__all__ = ["DataLoader", "LoaderIterator", "LoaderTimeoutError", "SampleFailure", "WorkerError"]
 
 ENGINES = ("native", "threads", "processes")
 
@@ -438,8 +445,8 @@ class DataLoader:
 
     def _make_producer(self, info: dict) -> Any:
         a = self._analysis
-        common = dict(knobs=self._knobs, recorder=self.recorder, on_error=self.on_error, errors=self.errors,
-                      run_info=info)
+        common = {"knobs": self._knobs, "recorder": self.recorder, "on_error": self.on_error,
+                  "errors": self.errors, "run_info": info}
         if a.engine == "native":
             plan = None
             if a.native_source.kind != "arrays":
@@ -484,17 +491,17 @@ class DataLoader:
             self._arena_ring.clear()
         self._closed = True
 
-    def __enter__(self) -> "DataLoader":
+    def __enter__(self) -> DataLoader:  # noqa: PYI034 - DataLoader is not meant to be subclassed
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
         try:
             if self._workers is not None:
                 self._workers.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
 
     def _check_pin(self) -> None:

@@ -116,7 +116,7 @@ def test_collate_fn_alias_and_plain_sequences():
 def test_pad_and_tuple_batchify_threads():
     data = SimpleDataset([(np.arange(n), n) for n in (1, 3, 2, 5)])
     loader = DataLoader(data, batch_size=2, batchify_fn=Tuple(Pad(val=-1), Stack()))
-    (a0, l0), (a1, l1) = list(loader)
+    (a0, _l0), (a1, l1) = list(loader)
     np.testing.assert_array_equal(a0, [[0, -1, -1], [0, 1, 2]])
     np.testing.assert_array_equal(a1, [[0, 1, -1, -1, -1], [0, 1, 2, 3, 4]])
     assert l1.tolist() == [2, 5]
@@ -126,7 +126,7 @@ def test_stack_num_shards_native():
     x, y = _xy(12)
     loader = DataLoader(ArrayDataset(x, y), batch_size=6, batchify_fn=Tuple(Stack(num_shards=2), Stack()))
     assert loader.engine == "native"
-    shards, labels = next(iter(loader))
+    shards, _labels = next(iter(loader))
     assert len(shards) == 2 and [len(s) for s in shards] == [3, 3]
     np.testing.assert_array_equal(np.concatenate(shards), x[:6])
     assert all(np.shares_memory(s, shards.batch) for s in shards)
