@@ -163,6 +163,8 @@ class NativeProducer:
             if src.labels is not None:
                 parts.append(((batch_size,), np.int64))
         self._part_specs = [(shape[1:], dtype) for shape, dtype in parts]
+        # The whole ring now: mapping a slot costs microseconds, its pages are faulted in by
+        # the first batch written to it (NOTE [ Large slots come from mmap ]).
         arena.reserve(self._layout(batch_size))
 
     def _layout(self, n: int) -> BatchLayout:
