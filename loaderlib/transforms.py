@@ -367,7 +367,8 @@ class Resize(Transform):
     size : int or (height, width)
     interpolation : {"bilinear", "area", "nearest"}
         Bilinear and area agree with ``cv2.INTER_LINEAR`` / ``cv2.INTER_AREA`` within +-1;
-        nearest takes the pixel under each output pixel's centre (``cv2.INTER_NEAREST_EXACT``).
+        nearest takes the pixel under each output pixel's centre, index
+        ``floor((o + 0.5) * in / out)`` (torchvision's "nearest-exact").
     antialias : bool
         As in :class:`RandomResizedCrop` (off by default, for the same reason).
     """
