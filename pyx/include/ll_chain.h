@@ -261,17 +261,19 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     int ow = tx->n, oh = ty->n, K = ty->maxt;
     size_t hrow = (size_t)ow * C;
     (void)rh;
-    if (ll_buf_reserve(&wk->hbuf, (size_t)K * hrow * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
-    size_t misc = hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) +
+    size_t hstride = hrow + 8; /* spare int16 for the SIMD pass's overlapping stores */
+    if (ll_buf_reserve(&wk->hbuf, (size_t)K * hstride * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
+    size_t misc = 16 * (size_t)ow + 16 + hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) +
                   (size_t)K * (sizeof(void *) + sizeof(int)) + hrow + 64;
     if (ll_buf_reserve(&wk->misc, misc) != 0) return LL_ERR_NOMEM;
     int16_t *hbuf = (int16_t *)wk->hbuf.p;
-    int32_t *acc = (int32_t *)wk->misc.p;
     ll_pairs pairs, *pr = NULL;
+    pairs.wv = (int16_t *)(((uintptr_t)wk->misc.p + 15) & ~(uintptr_t)15);
+    int32_t *acc = (int32_t *)(pairs.wv + 8 * (size_t)ow);
     pairs.off = acc + hrow;
     pairs.w = pairs.off + 2 * (size_t)ow;
     if (tx->maxt <= 2) {
-        ll_pairs_build(tx, C, &pairs);
+        ll_pairs_build(tx, C, (int)(stride > 0 ? stride : 0), &pairs);
         pr = &pairs;
     }
     const int16_t **rows = (const int16_t **)(pairs.w + 2 * (size_t)ow);
@@ -283,7 +285,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
         int nt = ty->ntap[oy], s = ty->start[oy];
         for (int t = 0; t < nt; t++) {
             int r = s + t, k = r % K;
-            int16_t *h = hbuf + (size_t)k * hrow;
+            int16_t *h = hbuf + (size_t)k * hstride;
             if (slot_row[k] != r) {
                 ll_hpass_any(src + (ptrdiff_t)r * stride, tx, pr, h, C);
                 slot_row[k] = r;
