@@ -261,24 +261,29 @@ static void ll_pairs_build(const ll_taps *tx, int C, int row_len, ll_pairs *pr) 
 #include <emmintrin.h>
 /* Two-tap horizontal pass for 3 channels, one output pixel per iteration: load the 8
  * bytes at the first tap (pixel a, pixel b, 2 spare), pair them up as (a_c, b_c) int16
- * lanes and let pmaddwd form a_c*w0 + b_c*w1 for the 3 channels at once. Outputs whose
- * 8-byte load would leave the source row fall back to scalar code. Each store writes 4
- * int16; the 4th is overwritten by the next pixel, and the row has 4 spare int16. */
-static int ll_hpass3_sse2(const uint8_t *src, const ll_pairs *pr, int n, int16_t *dst) {
+ * lanes and let pmaddwd form a_c*w0 + b_c*w1 for the 3 channels at once. An output whose
+ * 8-byte load would leave the source row (the last pixels; the first ones when the row
+ * is mirrored) is computed in scalar code. Each store writes 4 int16; the 4th is
+ * overwritten by the next pixel, and the row has 4 spare int16 after its end. */
+static void ll_hpass3_sse2(const uint8_t *src, const ll_pairs *pr, int n, int16_t *dst) {
     const __m128i zero = _mm_setzero_si128(), round = _mm_set1_epi32(64);
     const int32_t *off = pr->off;
-    int o = 0;
-    for (; o < n; o++) {
+    const int lim = pr->row_len - 8;
+    for (int o = 0; o < n; o++) {
         int e = off[2 * o];
-        if (e + 8 > pr->row_len) break;
-        __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(src + e)), zero);
-        __m128i b = _mm_srli_si128(a, 6); /* pixel b's channels in lanes 0-2 */
-        __m128i ab = _mm_unpacklo_epi16(a, b);
-        __m128i r = _mm_madd_epi16(ab, _mm_load_si128((const __m128i *)(pr->wv + 8 * (size_t)o)));
-        r = _mm_srai_epi32(_mm_add_epi32(r, round), 7);
-        _mm_storel_epi64((__m128i *)(dst + 3 * o), _mm_packs_epi32(r, r));
+        if (e <= lim) {
+            __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(src + e)), zero);
+            __m128i b = _mm_srli_si128(a, 6); /* pixel b's channels in lanes 0-2 */
+            __m128i ab = _mm_unpacklo_epi16(a, b);
+            __m128i r = _mm_madd_epi16(ab, _mm_load_si128((const __m128i *)(pr->wv + 8 * (size_t)o)));
+            r = _mm_srai_epi32(_mm_add_epi32(r, round), 7);
+            _mm_storel_epi64((__m128i *)(dst + 3 * o), _mm_packs_epi32(r, r));
+        } else {
+            const uint8_t *p0 = src + e, *p1 = src + off[2 * o + 1];
+            const int32_t w0 = pr->w[2 * o], w1 = pr->w[2 * o + 1];
+            for (int c = 0; c < 3; c++) dst[3 * o + c] = (int16_t)((w0 * p0[c] + w1 * p1[c] + 64) >> 7);
+        }
     }
-    return o;
 }
 #endif
 
@@ -289,11 +294,13 @@ static inline __attribute__((always_inline)) void ll_hpass(const uint8_t *restri
     const int n = tx->n;
     if (pr != NULL) {
         const int32_t *restrict off = pr->off, *restrict pw = pr->w;
-        int o = 0;
 #if defined(__SSE2__)
-        if (C == 3 && pr->wv != NULL) o = ll_hpass3_sse2(src, pr, n, dst);
+        if (C == 3 && pr->wv != NULL) {
+            ll_hpass3_sse2(src, pr, n, dst);
+            return;
+        }
 #endif
-        for (; o < n; o++) {
+        for (int o = 0; o < n; o++) {
             const uint8_t *p0 = src + off[2 * o], *p1 = src + off[2 * o + 1];
             const int32_t w0 = pw[2 * o], w1 = pw[2 * o + 1];
             for (int c = 0; c < C; c++) dst[o * C + c] = (int16_t)((w0 * p0[c] + w1 * p1[c] + 64) >> 7);
