@@ -25,9 +25,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import loaderlib as ll  # noqa: E402
-from _report import machine_summary, med, median_rate  # noqa: E402
-from loaderlib._synth import encode_jpeg, photo_like  # noqa: E402
+from _report import machine_summary, med, median_rate
+
+import loaderlib as ll
+from loaderlib._synth import encode_jpeg, photo_like
 
 # An ImageNet-like mix of sizes (ImageNet's median image is about 500x375).
 SIZES = [(500, 375), (375, 500), (500, 333), (500, 400), (640, 480), (800, 600), (1024, 768), (400, 300)]
@@ -49,8 +50,8 @@ def rrc_box(w: int, h: int, rng: np.random.Generator) -> tuple[int, int, int, in
     for _ in range(10):
         target = area * rng.uniform(0.08, 1.0)
         ar = math.exp(rng.uniform(*log_r))
-        cw = int(round(math.sqrt(target * ar)))
-        ch = int(round(math.sqrt(target / ar)))
+        cw = round(math.sqrt(target * ar))
+        ch = round(math.sqrt(target / ar))
         if 0 < cw <= w and 0 < ch <= h:
             return int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1)), cw, ch
     s = min(w, h)

@@ -9,7 +9,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["base_photo", "photo_like", "encode_jpeg", "SAMPLING_NAMES"]
+__all__ = ["SAMPLING_NAMES", "base_photo", "encode_jpeg", "photo_like"]
 
 SAMPLING_NAMES = ("420", "422", "444")
 
@@ -18,7 +18,7 @@ SAMPLING_NAMES = ("420", "422", "444")
 def base_photo() -> np.ndarray:
     """The sample photo as a read-only BGR uint8 array."""
     import cv2
-    import matplotlib.cbook as cbook
+    from matplotlib import cbook
 
     path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
     img = cv2.imread(str(path), cv2.IMREAD_COLOR)
