@@ -125,7 +125,7 @@ static void ll_taps_compute(ll_taps *tp, int interp, int antialias, double a, do
         if (interp == LL_INTERP_NEAREST) {
             /* the pixel under the centre: index floor((o + 0.5) * a + b), as Pillow's and
              * torchvision's "nearest-exact" */
-            int i = (int)floor(c);
+            int i = (int)floor(c + 1e-9); /* c is exact up to rounding: keep exact ties exact */
             if (i < d0) i = d0;
             if (i > d1 - 1) i = d1 - 1;
             first = i; n = 1; tmp[0] = 1.0;
