@@ -1,0 +1,380 @@
+"""In-process engines: native (one nogil kernel pass per batch) and threads (Python pool).
+
+Both follow NOTE [ Engine stages ] in ``_engine_base.py``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _threads
+from ._engine_base import SampleFailure, _clock, _Task
+from .arena import BatchArena, BatchLayout
+from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
+from .errors import DecodeError
+
+# --------------------------------------------------------------------------- collation
+
+
+def plan_collate(fn: Any, samples: Sequence[Any]) -> tuple[list, Callable] | None:
+    """Plan collating ``samples`` with ``fn`` into arena memory.
+
+    Returns ``(parts, build)``: the batch's arrays as ``(shape, dtype)`` parts, and
+    ``build(views)`` that writes the samples into views of those parts (an iterator, consumed
+    in order) and returns the batch. None when ``fn`` is a user function or the samples
+    hold something that is not an array; the caller then calls ``fn`` itself.
+    """
+    if fn is None or fn is default_batchify_fn:
+        first = samples[0]
+        if isinstance(first, (tuple, list)):
+            n = len(first)
+            if any(not isinstance(s, (tuple, list)) or len(s) != n for s in samples):
+                return None
+            subs = [plan_collate(None, [s[k] for s in samples]) for k in range(n)]
+            if any(p is None for p in subs):
+                return None
+            return [part for p in subs for part in p[0]], lambda views: tuple(p[1](views) for p in subs)
+        if isinstance(first, (np.ndarray, np.generic, int, float)) and not isinstance(first, bool):
+            fn = Stack()
+        else:
+            return None
+    if isinstance(fn, (Stack, Pad)):
+        try:
+            shape, dtype = fn.plan(samples)
+        except (ValueError, TypeError):
+            return None  # let fn itself raise its error
+        if dtype == object:
+            return None
+        return [(shape, dtype)], lambda views: fn.collate_into(samples, next(views))
+    if isinstance(fn, Tuple):
+        n = len(fn.fns)
+        if any(not isinstance(s, (tuple, list)) or len(s) != n for s in samples):
+            return None
+        subs = [plan_collate(f, [s[k] for s in samples]) for k, f in enumerate(fn.fns)]
+        if any(p is None for p in subs):
+            return None
+        return [part for p in subs for part in p[0]], lambda views: tuple(p[1](views) for p in subs)
+    return None
+
+
+def collate(fn: Any, samples: list, arena: BatchArena | None) -> Any:
+    planned = plan_collate(fn, samples) if arena is not None else None
+    if planned is None:
+        return (fn or default_batchify_fn)(samples)
+    parts, build = planned
+    _lease, views = arena.acquire(BatchLayout.of(parts))
+    return build(iter(views))
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def annotate(exc: BaseException, index: int, source: str | None, engine: str) -> BaseException:
+    """Attach the sample index and source to an exception raised by user code."""
+    where = f"sample {index}" + (f" ({source!r})" if source else "")
+    try:
+        exc.sample_index = index  # type: ignore[attr-defined]
+        exc.sample_source = source  # type: ignore[attr-defined]
+        exc.add_note(f"loaderlib: raised while loading {where} in the {engine} engine")
+    except (AttributeError, TypeError):
+        pass
+    return exc
+
+
+def _source(dataset: Any, i: int) -> str | None:
+    src = getattr(dataset, "source", None)
+    if callable(src):
+        try:
+            return src(int(i))
+        except Exception:
+            return None
+    return None
+
+
+# --------------------------------------------------------------------------- native
+
+
+class NativeSource:
+    """Where a native batch's bytes come from, and how its labels are collated.
+
+    ``kind`` is ``"files"`` (paths), ``"records"`` (one file, offsets and sizes) or
+    ``"arrays"`` (numpy arrays gathered with ``take``; no image pipeline).
+    """
+
+    def __init__(self, kind: str, *, paths: Sequence[str] | None = None, dataset: Any = None,
+                 labels: np.ndarray | None = None, arrays: Sequence[np.ndarray] | None = None,
+                 description: str = "") -> None:
+        self.kind = kind
+        self.paths = list(paths) if paths is not None else None
+        self.dataset = dataset
+        self.labels = labels
+        self.arrays = list(arrays) if arrays is not None else None
+        self.description = description
+
+    def source(self, i: int) -> str | None:
+        if self.kind == "files":
+            return self.paths[int(i)]
+        if self.kind == "records":
+            return self.dataset.keys[int(i)]
+        return None
+
+    def run(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int, num_threads: int,
+            timings: np.ndarray | None) -> Any:
+        if self.kind == "files":
+            paths = [self.paths[i] for i in idx.tolist()]
+            return plan.run_files_into(paths, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
+                                       timings=timings)
+        ds = self.dataset
+        return plan.run_records_into(ds.fileno(), np.ascontiguousarray(ds.offsets[idx]),
+                                     np.ascontiguousarray(ds.sizes[idx]), out, idx, seed=seed, epoch=epoch,
+                                     num_threads=num_threads, timings=timings,
+                                     sources=[ds.keys[i] for i in idx.tolist()])
+
+
+class NativeProducer:
+    """One kernel pass per batch straight into an arena slot; labels gathered with ``take``."""
+
+    lookahead = 1
+
+    def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, run_info: dict, arena: BatchArena,
+                 knobs: Any, recorder: Any, on_error: str, errors: list, batch_size: int) -> None:
+        self.src = src
+        self.plan = plan
+        self.shards = shards          # num_shards per output part (None: plain array)
+        self.info = run_info          # {"seed", "epoch", "plan" (the _EpochPlan)}
+        self.arena = arena
+        self.knobs = knobs
+        self.rec = recorder
+        self.on_error = on_error
+        self.errors = errors
+        self._layouts: dict[int, BatchLayout] = {}
+        self._timings: np.ndarray | None = None
+        if src.kind == "arrays":
+            parts = [((batch_size, *a.shape[1:]), a.dtype) for a in src.arrays]
+        else:
+            parts = [((batch_size, *plan.sample_shape), plan.dtype)]
+            if src.labels is not None:
+                parts.append(((batch_size,), np.int64))
+        self._part_specs = [(shape[1:], dtype) for shape, dtype in parts]
+        arena.reserve(self._layout(batch_size))
+
+    def _layout(self, n: int) -> BatchLayout:
+        lay = self._layouts.get(n)
+        if lay is None:
+            lay = self._layouts[n] = BatchLayout.of([((n, *s), d) for s, d in self._part_specs])
+        return lay
+
+    def submit(self, task: _Task) -> _Task:
+        return task
+
+    def cancel(self, handle: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        self._timings = None
+
+    def _finish_arrays(self, task: _Task) -> Any:
+        idx = task.indices
+        t0 = _clock()
+        _lease, views = self.arena.acquire(self._layout(idx.size))
+        for a, v in zip(self.src.arrays, views):
+            np.take(a, idx, axis=0, out=v)
+        if self.rec.enabled:
+            dt = _clock() - t0
+            self.rec.batch_done(idx.size, {"collate": dt}, dt, 1)
+        return self._structure(views)
+
+    def _structure(self, views: list) -> Any:
+        out = [_shard(v, k) for v, k in zip(views, self.shards)]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def finish(self, task: _Task) -> Any:
+        if self.src.kind == "arrays":
+            return self._finish_arrays(task)
+        idx = task.indices
+        n = idx.size
+        nthreads = _threads.resolve_num_threads(self.knobs.num_threads)
+        recording = self.rec.enabled
+        t_start = _clock()
+        _lease, views = self.arena.acquire(self._layout(n))
+        images = views[0]
+        if recording and (self._timings is None or self._timings.shape[0] < n):
+            self._timings = np.zeros((n, 3), np.int64)
+        stage = np.zeros(3, np.int64)
+        per_sample = []
+        final: list[np.ndarray] = []
+        filled = 0
+        todo = idx
+        seed, epoch = self.info["seed"], self.info["epoch"]
+        while todo.size:
+            k = todo.size
+            tim = self._timings[:k] if recording else None
+            st = self.src.run(self.plan, todo, images[filled:filled + k], seed=seed, epoch=epoch,
+                              num_threads=min(nthreads, k), timings=tim)
+            if recording:
+                stage += tim.sum(axis=0)
+                per_sample.append(tim.copy())
+            ok = np.asarray(st.ok, dtype=bool)
+            if ok.all():
+                final.append(todo)
+                filled += k
+            else:
+                bad = np.flatnonzero(~ok)
+                errs = st.errors
+                if self.on_error == "raise":
+                    j = int(bad[0])
+                    e = errs.get(j)
+                    reason = e.reason if isinstance(e, DecodeError) else str(e or f"status {st.status[j]}")
+                    raise DecodeError(reason, int(todo[j]), self.src.source(todo[j]))
+                for j in bad.tolist():
+                    e = errs.get(j)
+                    reason = e.reason if isinstance(e, DecodeError) else str(e or f"status {st.status[j]}")
+                    self.errors.append(SampleFailure(int(todo[j]), self.src.source(todo[j]), reason, epoch))
+                good = np.flatnonzero(ok)
+                if good.size:
+                    # Rare path (failures only): move the good samples up, closing the gaps.
+                    block = images[filled:filled + k]
+                    block[:good.size] = block[good]
+                final.append(todo[good])
+                filled += good.size
+            need = n - filled
+            todo = self.info["plan"].borrow(need) if need > 0 and self.on_error == "skip" else todo[:0]
+        if filled == 0:
+            return None
+        sel = np.concatenate(final) if len(final) > 1 else final[0]
+        out = [images[:filled]]
+        t_col = _clock()
+        if self.src.labels is not None:
+            lab = views[1][:filled]
+            np.take(self.src.labels, sel, out=lab)
+            out.append(lab)
+        if recording:
+            now = _clock()
+            stages = {"read": int(stage[0]), "decode": int(stage[1]), "transform": int(stage[2]),
+                      "collate": now - t_col}
+            rows = np.concatenate(per_sample)[:filled] if per_sample else None
+            self.rec.batch_done(filled, stages, now - t_start, nthreads, rows)
+        return self._structure(out)
+
+
+# --------------------------------------------------------------------------- threads
+
+
+def _load(dataset: Any, i: int, timed: bool) -> tuple[Any, int]:
+    if timed:
+        t0 = _clock()
+        item = dataset[i]
+        return item, _clock() - t0
+    return dataset[i], 0
+
+
+class ThreadsProducer:
+    """Samples loaded by ``dataset[i]`` on a Python thread pool; collation into the arena.
+
+    Good when the Python code releases the GIL (OpenCV, numpy, loaderlib's own decoder and
+    transforms called on one image). The pool is resized between batches when
+    ``loader.num_threads`` changes.
+    """
+
+    lookahead = 2
+
+    def __init__(self, *, dataset: Any, batchify_fn: Any, arena: BatchArena, knobs: Any, recorder: Any,
+                 on_error: str, errors: list, run_info: dict, worker_init_fn: Callable | None = None) -> None:
+        self.dataset = dataset
+        self.batchify_fn = batchify_fn
+        self.arena = arena
+        self.knobs = knobs
+        self.rec = recorder
+        self.on_error = on_error
+        self.errors = errors
+        self.info = run_info
+        self.worker_init_fn = worker_init_fn
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._pool_size = 0
+        self._old_pools: list = []
+
+    def _threads(self) -> int:
+        n = self.knobs.num_threads
+        return _threads.available_cpus() if n is None else max(1, int(n))
+
+    def _get_pool(self) -> cf.ThreadPoolExecutor:
+        n = self._threads()
+        if self._pool is None or n != self._pool_size:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)   # its queued samples still run
+                self._old_pools.append(self._pool)
+            counter = iter(range(1 << 30))
+            init = self.worker_init_fn
+
+            def initializer() -> None:
+                if init is not None:
+                    init(next(counter))
+
+            self._pool = cf.ThreadPoolExecutor(n, thread_name_prefix="loaderlib-python", initializer=initializer)
+            self._pool_size = n
+        return self._pool
+
+    def submit(self, task: _Task) -> tuple:
+        pool = self._get_pool()
+        timed = self.rec.enabled
+        futs = [pool.submit(_load, self.dataset, i, timed) for i in task.indices.tolist()]
+        return task, futs, _clock(), self._pool_size
+
+    def cancel(self, handle: tuple) -> None:
+        for f in handle[1]:
+            f.cancel()
+
+    def finish(self, handle: tuple) -> Any:
+        task, futs, t0, nthreads = handle
+        n = task.indices.size
+        samples: list = []
+        python_ns = 0
+        idx = task.indices.tolist()
+        while True:
+            for k, (i, f) in enumerate(zip(idx, futs)):
+                try:
+                    item, dt = f.result()
+                except Exception as e:
+                    if self.on_error == "raise":
+                        for g in futs[k + 1:]:
+                            g.cancel()
+                        raise annotate(e, i, _source(self.dataset, i), "threads")
+                    self.errors.append(SampleFailure(i, _source(self.dataset, i), describe_error(e),
+                                                     self.info["epoch"]))
+                    continue
+                samples.append(item)
+                python_ns += dt
+            need = n - len(samples)
+            if need <= 0 or self.on_error != "skip":
+                break
+            more = self.info["plan"].borrow(need)
+            if not more.size:
+                break
+            idx = more.tolist()
+            pool = self._get_pool()
+            futs = [pool.submit(_load, self.dataset, i, self.rec.enabled) for i in idx]
+        if not samples:
+            return None
+        t_col = _clock()
+        batch = collate(self.batchify_fn, samples, self.arena)
+        if self.rec.enabled:
+            now = _clock()
+            self.rec.batch_done(len(samples), {"python": python_ns, "collate": now - t_col}, now - t0, nthreads)
+        return batch
+
+    def close(self) -> None:
+        for p in [self._pool, *self._old_pools]:
+            if p is not None:
+                p.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+        self._old_pools = []
+
+
+def cpu_count() -> int:
+    return _threads.available_cpus() or os.cpu_count() or 1

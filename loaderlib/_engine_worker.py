@@ -1,0 +1,230 @@
+"""Body of a loaderlib worker process (``main()`` with the socket's file descriptor as argument).
+
+The process talks to its loader over one socket (``multiprocessing.connection`` framing).
+It receives the dataset, batchify function and init function serialised with cloudpickle
+(so lambdas, local functions and classes defined in a notebook work), then loads batches
+and writes them straight into the shared-memory slot each task names.
+See NOTE [ Worker processes ] in ``_engine_procs.py``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+ALIGN = 64
+_MAX_MAPS = 32
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class _Maps:
+    """Shared-memory blocks mapped in this process, by name (least recently used dropped)."""
+
+    def __init__(self) -> None:
+        self._maps: OrderedDict = OrderedDict()
+
+    def get(self, name: str, size: int) -> mmap.mmap:
+        m = self._maps.get(name)
+        if m is not None and len(m) >= size:
+            self._maps.move_to_end(name)
+            return m
+        fd = os.open("/dev/shm/" + name.lstrip("/"), os.O_RDWR)
+        try:
+            m = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._maps[name] = m
+        while len(self._maps) > _MAX_MAPS:
+            _, old = self._maps.popitem(last=False)
+            try:
+                old.close()
+            except BufferError:
+                pass
+        return m
+
+
+class _Ref:
+    """An array placed in the slot: offset, shape, dtype."""
+
+    __slots__ = ("offset", "shape", "dtype")
+
+    def __init__(self, offset: int, shape: tuple, dtype: str) -> None:
+        self.offset, self.shape, self.dtype = offset, shape, dtype
+
+    def __reduce__(self):
+        return (_Ref, (self.offset, self.shape, self.dtype))
+
+
+class _ShardsRef:
+    __slots__ = ("batch", "num_shards")
+
+    def __init__(self, batch: Any, num_shards: int) -> None:
+        self.batch, self.num_shards = batch, num_shards
+
+    def __reduce__(self):
+        return (_ShardsRef, (self.batch, self.num_shards))
+
+
+class _Encoder:
+    """Replace arrays in a batch by references into the slot, copying those not already there."""
+
+    def __init__(self, whole: np.ndarray, cursor: int) -> None:
+        self.whole = whole
+        self.base = whole.ctypes.data if whole.size else 0
+        self.size = whole.size
+        self.cursor = cursor
+        self.needed = cursor
+
+    def encode(self, obj: Any) -> Any:
+        from .batchify import Shards
+
+        if isinstance(obj, Shards):
+            return _ShardsRef(self.encode(obj.batch), len(obj))
+        if isinstance(obj, np.ndarray) and obj.dtype != object and obj.dtype.fields is None:
+            return self._array(obj)
+        if isinstance(obj, tuple):
+            return tuple(self.encode(x) for x in obj)
+        if isinstance(obj, list):
+            return [self.encode(x) for x in obj]
+        if isinstance(obj, dict):
+            return {k: self.encode(v) for k, v in obj.items()}
+        return obj
+
+    def _array(self, a: np.ndarray) -> Any:
+        addr = a.ctypes.data
+        if a.flags.c_contiguous and self.base <= addr and addr + a.nbytes <= self.base + self.size:
+            return _Ref(addr - self.base, a.shape, a.dtype.str)
+        off = _align(self.cursor)
+        self.needed = max(self.needed, off + a.nbytes)
+        if off + a.nbytes > self.size:
+            self.cursor = off + a.nbytes
+            return a  # does not fit: travels pickled; the loader grows its slots
+        dst = self.whole[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+        dst[...] = a
+        self.cursor = off + a.nbytes
+        return _Ref(off, a.shape, a.dtype.str)
+
+
+def _send(conn: Any, msg: tuple) -> None:
+    try:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        import cloudpickle
+
+        data = cloudpickle.dumps(msg)
+    conn.send_bytes(data)
+
+
+def _exc_payload(e: BaseException) -> bytes | None:
+    import cloudpickle
+
+    try:
+        data = cloudpickle.dumps(e)
+        pickle.loads(data)
+        return data
+    except Exception:
+        return None
+
+
+def _run(conn: Any) -> None:
+    import cloudpickle
+
+    from ._engine_local import plan_collate
+    from .arena import BatchLayout
+    from .batchify import default_batchify_fn
+
+    msg = pickle.loads(conn.recv_bytes())
+    assert msg[0] == "init"
+    _, paths, worker_id, payload = msg
+    for p in reversed(paths):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        dataset, batchify_fn, init_fn, on_error = cloudpickle.loads(payload)
+        if init_fn is not None:
+            init_fn(worker_id)
+    except BaseException as e:
+        _send(conn, ("init_error", f"{type(e).__name__}: {e}", traceback.format_exc(), _exc_payload(e)))
+        return
+    _send(conn, ("ready", os.getpid()))
+    maps = _Maps()
+    src_of = getattr(dataset, "source", None)
+    while True:
+        msg = pickle.loads(conn.recv_bytes())
+        if msg[0] == "stop":
+            return
+        _, task_id, indices, shm_name, shm_size = msg
+        samples, failures = [], []
+        failed = None
+        t0 = time.perf_counter_ns()
+        for i in indices.tolist():
+            try:
+                samples.append(dataset[i])
+            except Exception as e:
+                src = None
+                if callable(src_of):
+                    try:
+                        src = src_of(i)
+                    except Exception:
+                        src = None
+                if on_error == "raise":
+                    failed = (i, src, e)
+                    break
+                failures.append((i, src, f"{type(e).__name__}: {e}"))
+        if failed is not None:
+            i, src, e = failed
+            _send(conn, ("error", task_id, i, src, f"{type(e).__name__}: {e}",
+                         "".join(traceback.format_exception(e)), _exc_payload(e)))
+            continue
+        t1 = time.perf_counter_ns()
+        if not samples:
+            _send(conn, ("done", task_id, None, failures, 0, t1 - t0, 0))
+            continue
+        try:
+            whole = np.frombuffer(maps.get(shm_name, shm_size), np.uint8, count=shm_size)
+            planned = plan_collate(batchify_fn, samples)
+            cursor = 0
+            if planned is not None:
+                parts, build = planned
+                layout = BatchLayout.of(parts)
+                if layout.nbytes <= shm_size:
+                    batch = build(iter(layout.views(whole)))
+                    cursor = layout.nbytes
+                else:
+                    batch = (batchify_fn or default_batchify_fn)(samples)
+                    cursor = 0
+            else:
+                batch = (batchify_fn or default_batchify_fn)(samples)
+            enc = _Encoder(whole, cursor)
+            structure = enc.encode(batch)
+            del whole, batch
+        except Exception as e:
+            _send(conn, ("error", task_id, None, None, f"{type(e).__name__}: {e}",
+                         "".join(traceback.format_exception(e)), _exc_payload(e)))
+            continue
+        _send(conn, ("done", task_id, structure, failures, enc.needed, t1 - t0, time.perf_counter_ns() - t1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from multiprocessing.connection import Connection
+
+    argv = sys.argv[1:] if argv is None else argv
+    conn = Connection(int(argv[0]))
+    try:
+        _run(conn)
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        pass  # the loader went away: exit quietly
+    finally:
+        conn.close()
+

@@ -1,0 +1,216 @@
+"""Batchify functions: turn a list of samples into a batch (Gluon semantics).
+
+A batchify function is any callable ``fn(samples) -> batch``. The classes here are
+recognised by the DataLoader, which can run them natively (into a pre-planned arena slot)
+instead of calling them; a user's own function moves collation to the Python engines.
+
+Every class also has ``collate_into(samples, out)`` / ``plan(samples)`` used by the
+engines to write straight into caller-owned (arena) memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Stack", "Pad", "Tuple", "default_batchify_fn", "Shards"]
+
+
+def _as_array(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
+        return np.asarray(x)
+    if isinstance(x, (bool, int, float, complex, np.generic)):
+        return np.asarray(x)
+    return np.asarray(x)
+
+
+def _check_shards(num_shards: Any) -> int | None:
+    if num_shards is None:
+        return None
+    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
+        raise ValueError(f"num_shards must be a positive integer or None, got {num_shards!r}")
+    return int(num_shards)
+
+
+class Shards(list):
+    """The per-device shards of one batch: a list of views of one contiguous array.
+
+    ``shards.batch`` is that array; shard ``k`` is ``batch[starts[k]:starts[k+1]]`` (no copy;
+    each shard is itself C-contiguous, so it can be handed to a device copy directly).
+    Shard sizes differ by at most one.
+    """
+
+    def __init__(self, batch: np.ndarray, num_shards: int):
+        n = batch.shape[0]
+        bounds = [n * k // num_shards for k in range(num_shards + 1)]
+        super().__init__(batch[bounds[k]:bounds[k + 1]] for k in range(num_shards))
+        self.batch = batch
+        self.starts = bounds
+
+
+def _shard(batch: np.ndarray, num_shards: int | None) -> Any:
+    return batch if num_shards is None else Shards(batch, num_shards)
+
+
+class Stack:
+    """Stack samples along a new first axis: ``(N, *sample_shape)``.
+
+    Parameters
+    ----------
+    dtype : numpy dtype, optional
+        Output dtype (default: the samples' common dtype; Python ints become int64).
+    num_shards : int, optional
+        Return a :class:`Shards` list of ``num_shards`` per-device views of the one stacked
+        batch instead of the batch itself (split-aware collation: no second copy).
+    """
+
+    def __init__(self, dtype: Any = None, num_shards: int | None = None) -> None:
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        self.num_shards = _check_shards(num_shards)
+
+    def plan(self, samples: Sequence[Any]) -> tuple[tuple, np.dtype]:
+        """Shape and dtype of the batch of ``samples``; ValueError if shapes differ."""
+        arrs = [_as_array(s) for s in samples]
+        if not arrs:
+            raise ValueError("cannot stack an empty batch")
+        shape = arrs[0].shape
+        for i, a in enumerate(arrs):
+            if a.shape != shape:
+                raise ValueError(
+                    f"Stack: sample {i} has shape {a.shape} but sample 0 has {shape}; use Pad for "
+                    "variable shapes")
+        dtype = self.dtype or np.result_type(*arrs)
+        return (len(arrs), *shape), dtype
+
+    def collate_into(self, samples: Sequence[Any], out: np.ndarray) -> Any:
+        """Write the stacked samples into ``out`` (shape from :meth:`plan`); return the batch."""
+        for i, s in enumerate(samples):
+            out[i] = s
+        return _shard(out, self.num_shards)
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        shape, dtype = self.plan(samples)
+        out = np.empty(shape, dtype)
+        return self.collate_into(samples, out)
+
+    def __repr__(self) -> str:
+        return f"Stack(dtype={self.dtype}, num_shards={self.num_shards})"
+
+
+class Pad:
+    """Pad samples to the largest shape in the batch, then stack.
+
+    Parameters
+    ----------
+    axis : int or tuple of int, optional
+        Axes to pad (default: every axis that differs).
+    val : scalar
+        Fill value of the padding.
+    dtype : numpy dtype, optional
+        Output dtype.
+    ret_length : bool
+        Also return the int64 array of each sample's original size along the first
+        padded axis (as Gluon's ``Pad(ret_length=True)``).
+    num_shards : int, optional
+        As in :class:`Stack`.
+    """
+
+    def __init__(self, axis: Any = None, val: Any = 0, dtype: Any = None, ret_length: bool = False,
+                 num_shards: int | None = None, pad_val: Any = None) -> None:
+        self.axis = axis
+        self.val = val if pad_val is None else pad_val
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        self.ret_length = bool(ret_length)
+        self.num_shards = _check_shards(num_shards)
+
+    def plan(self, samples: Sequence[Any]) -> tuple[tuple, np.dtype]:
+        arrs = [_as_array(s) for s in samples]
+        if not arrs:
+            raise ValueError("cannot pad an empty batch")
+        ndim = arrs[0].ndim
+        for i, a in enumerate(arrs):
+            if a.ndim != ndim:
+                raise ValueError(f"Pad: sample {i} has {a.ndim} dimensions but sample 0 has {ndim}")
+        shape = tuple(max(a.shape[d] for a in arrs) for d in range(ndim))
+        if self.axis is not None:
+            axes = {self.axis % ndim} if isinstance(self.axis, int) else {a % ndim for a in self.axis}
+            for d in range(ndim):
+                if d not in axes and any(a.shape[d] != shape[d] for a in arrs):
+                    raise ValueError(f"Pad: samples differ along axis {d}, which is not padded")
+        dtype = self.dtype or np.result_type(*arrs)
+        return (len(arrs), *shape), dtype
+
+    def _lengths(self, samples: Sequence[Any]) -> np.ndarray:
+        ax = 0 if self.axis is None else (self.axis if isinstance(self.axis, int) else self.axis[0])
+        return np.array([_as_array(s).shape[ax] if _as_array(s).ndim else 1 for s in samples], np.int64)
+
+    def collate_into(self, samples: Sequence[Any], out: np.ndarray) -> Any:
+        out[...] = self.val
+        for i, s in enumerate(samples):
+            a = _as_array(s)
+            out[(i, *(slice(0, n) for n in a.shape))] = a
+        batch = _shard(out, self.num_shards)
+        return (batch, self._lengths(samples)) if self.ret_length else batch
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        shape, dtype = self.plan(samples)
+        return self.collate_into(samples, np.empty(shape, dtype))
+
+    def __repr__(self) -> str:
+        return f"Pad(axis={self.axis}, val={self.val!r}, ret_length={self.ret_length})"
+
+
+class Tuple:
+    """Apply one batchify function per field of tuple samples.
+
+    ``Tuple(Stack(), Pad(val=-1))`` collates ``[(img, seq), ...]`` into
+    ``(stacked images, padded sequences)``. Accepts the functions as separate arguments or
+    as one list.
+    """
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        fns = list(fn) if isinstance(fn, (list, tuple)) and not args else [fn, *args]
+        for f in fns:
+            if not callable(f):
+                raise TypeError(f"Tuple: every field needs a callable batchify function, got {f!r}")
+        self.fns = fns
+
+    def __call__(self, samples: Sequence[Any]) -> tuple:
+        if not samples:
+            raise ValueError("cannot batchify an empty batch")
+        n = len(self.fns)
+        for i, s in enumerate(samples):
+            if not isinstance(s, (tuple, list)) or len(s) != n:
+                raise ValueError(f"Tuple with {n} functions: sample {i} is not a {n}-tuple")
+        return tuple(f([s[k] for s in samples]) for k, f in enumerate(self.fns))
+
+    def __repr__(self) -> str:
+        return f"Tuple({', '.join(map(repr, self.fns))})"
+
+
+_STACK = Stack()
+
+
+def default_batchify_fn(samples: Sequence[Any]) -> Any:
+    """Gluon's default: stack arrays and numbers; collate tuples field by field.
+
+    Python ints become int64, floats float64; strings and other objects are returned as a list.
+    """
+    if not samples:
+        raise ValueError("cannot batchify an empty batch")
+    first = samples[0]
+    if isinstance(first, (tuple, list)):
+        n = len(first)
+        for i, s in enumerate(samples):
+            if not isinstance(s, (tuple, list)) or len(s) != n:
+                raise ValueError(f"default_batchify_fn: sample {i} has a different structure than sample 0")
+        return tuple(default_batchify_fn([s[k] for s in samples]) for k in range(n))
+    if isinstance(first, dict):
+        return {k: default_batchify_fn([s[k] for s in samples]) for k in first}
+    if isinstance(first, (str, bytes)):
+        return list(samples)
+    return _STACK(samples)

@@ -1,0 +1,501 @@
+"""Datasets (Gluon names): random access to samples, plus lazy per-sample transforms.
+
+Every dataset has ``len(ds)``, ``ds[i]``, ``ds.transform(fn)`` and ``ds.transform_first(fn)``.
+The image datasets (:class:`ImageFolderDataset`, :class:`ImageListDataset`,
+:class:`RecordFileDataset`) know where each sample's bytes live, so the DataLoader can read
+and decode them inside its native kernels; indexing them from Python reads and decodes one
+image with the same decoder.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .decode import decode
+
+__all__ = [
+    "Dataset",
+    "SimpleDataset",
+    "ArrayDataset",
+    "TupleDataset",
+    "ImageFolderDataset",
+    "ImageListDataset",
+    "RecordFileDataset",
+    "write_records",
+    "IMAGE_EXTENSIONS",
+]
+
+#: File extensions (lower case) that the image datasets treat as images; matching is
+#: case-insensitive (ImageNet ships ``.JPEG``).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+class Dataset:
+    """Base class: ``__len__``, ``__getitem__`` and lazy transforms."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, idx: int) -> Any:
+        raise NotImplementedError
+
+    def source(self, idx: int) -> str | None:
+        """Where sample ``idx`` comes from (a path or record key), for error messages."""
+        return None
+
+    def transform(self, fn: Callable, lazy: bool = True) -> "Dataset":
+        """A dataset whose items are ``fn(*item)`` for tuple items, ``fn(item)`` otherwise.
+
+        With ``lazy=False`` every item is transformed now and kept in memory.
+        """
+        if not callable(fn):
+            raise TypeError(f"transform needs a callable, got {fn!r}")
+        ds = _TransformDataset(self, fn, first=False)
+        return ds if lazy else SimpleDataset([ds[i] for i in range(len(ds))])
+
+    def transform_first(self, fn: Callable, lazy: bool = True) -> "Dataset":
+        """A dataset whose items have ``fn`` applied to their first element only.
+
+        For the image datasets, ``fn`` made of :mod:`loaderlib.transforms` specs lets the
+        DataLoader run the whole pipeline natively.
+        """
+        if not callable(fn):
+            raise TypeError(f"transform_first needs a callable, got {fn!r}")
+        ds = _TransformDataset(self, fn, first=True)
+        return ds if lazy else SimpleDataset([ds[i] for i in range(len(ds))])
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+def _check_index(idx: Any, n: int) -> int:
+    if isinstance(idx, (bool, np.bool_)) or not isinstance(idx, (int, np.integer)):
+        raise TypeError(f"dataset indices must be integers, got {type(idx).__name__}")
+    i = int(idx)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"index {idx} out of range for a dataset of {n} samples")
+    return i
+
+
+class _TransformDataset(Dataset):
+    def __init__(self, base: Any, fn: Callable, first: bool) -> None:
+        self.base = base
+        self.fn = fn
+        self.first = first
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def source(self, idx: int) -> str | None:
+        src = getattr(self.base, "source", None)
+        return src(idx) if callable(src) else None
+
+    def __getitem__(self, idx: int) -> Any:
+        item = self.base[idx]
+        if self.first:
+            if isinstance(item, tuple):
+                return (self.fn(item[0]), *item[1:])
+            return self.fn(item)
+        if isinstance(item, tuple):
+            return self.fn(*item)
+        return self.fn(item)
+
+    def __repr__(self) -> str:
+        kind = "transform_first" if self.first else "transform"
+        return f"{self.base!r}.{kind}({self.fn!r})"
+
+
+class SimpleDataset(Dataset):
+    """Wrap any sequence (list, array, object with ``__len__``/``__getitem__``)."""
+
+    def __init__(self, data: Any) -> None:
+        if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+            data = list(data)
+        self._data = data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getitem__(self, idx: int) -> Any:
+        return self._data[idx]
+
+    def source(self, idx: int) -> str | None:
+        src = getattr(self._data, "source", None)
+        return src(idx) if callable(src) else None
+
+
+class ArrayDataset(Dataset):
+    """Zip arrays (or sequences) of equal length: item ``i`` is ``(a[i], b[i], ...)``.
+
+    With a single array, item ``i`` is ``a[i]`` itself. Lists of numbers are converted to
+    numpy arrays; other lists are kept as they are.
+    """
+
+    def __init__(self, *arrays: Any) -> None:
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array")
+        data = []
+        for k, a in enumerate(arrays):
+            if isinstance(a, (list, tuple)):
+                try:
+                    arr = np.asarray(a)
+                    a = arr if arr.dtype != object else a
+                except ValueError:
+                    pass
+            if not hasattr(a, "__len__"):
+                raise TypeError(f"ArrayDataset: argument {k} has no length")
+            data.append(a)
+        n = len(data[0])
+        for k, a in enumerate(data):
+            if len(a) != n:
+                raise ValueError(f"ArrayDataset: all arrays must have the same length; array 0 has {n}, "
+                                 f"array {k} has {len(a)}")
+        self._data = data
+        self._length = n
+
+    @property
+    def arrays(self) -> list:
+        return list(self._data)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, idx: int) -> Any:
+        if len(self._data) == 1:
+            return self._data[0][idx]
+        return tuple(a[idx] for a in self._data)
+
+
+class TupleDataset(Dataset):
+    """Zip datasets of equal length: item ``i`` is ``(d0[i], d1[i], ...)``.
+
+    ``TupleDataset([d0, d1])`` and ``TupleDataset(d0, d1)`` are the same.
+    """
+
+    def __init__(self, datasets: Any, *more: Any) -> None:
+        dsets = [datasets, *more] if more else list(datasets)
+        if not dsets:
+            raise ValueError("TupleDataset needs at least one dataset")
+        n = len(dsets[0])
+        for k, d in enumerate(dsets):
+            if len(d) != n:
+                raise ValueError(f"TupleDataset: dataset 0 has {n} samples, dataset {k} has {len(d)}")
+        self.datasets = dsets
+        self._length = n
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, idx: int) -> tuple:
+        return tuple(d[idx] for d in self.datasets)
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class _ImageFiles(Dataset):
+    """Shared behaviour of datasets whose samples are image files."""
+
+    paths: list
+    labels: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def source(self, idx: int) -> str | None:
+        return self.paths[_check_index(idx, len(self.paths))]
+
+    def read(self, idx: int) -> bytes:
+        """The encoded bytes of sample ``idx``."""
+        return _read_file(self.source(idx))
+
+    def __getitem__(self, idx: int) -> Any:
+        i = _check_index(idx, len(self.paths))
+        path = self.paths[i]
+        img = decode(_read_file(path), source=path)
+        if self.labels is None:
+            return img
+        return img, int(self.labels[i])
+
+
+class ImageFolderDataset(_ImageFiles):
+    """Images in class folders: ``root/<class>/<image>``; item ``i`` is ``(image, label)``.
+
+    ``image`` is an HWC uint8 RGB array, ``label`` the class folder's position in
+    :attr:`synsets`.
+
+    Parameters
+    ----------
+    root : str or path
+        Folder holding one sub-folder per class.
+    extensions : sequence of str, optional
+        File extensions that count as images, matched case-insensitively
+        (default :data:`IMAGE_EXTENSIONS`). Other files are skipped with one warning.
+
+    Attributes
+    ----------
+    synsets : list of str
+        Sorted class folder names.
+    items : list of (str, int)
+        ``(path, label)`` for every image, classes in order, files sorted by name.
+    """
+
+    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] | None = None) -> None:
+        self.root = os.path.expanduser(os.fspath(root))
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"ImageFolderDataset: {self.root!r} is not a directory")
+        exts = tuple(e.lower() if e.startswith(".") else "." + e.lower()
+                     for e in (extensions or IMAGE_EXTENSIONS))
+        self.synsets: list[str] = []
+        self.items: list[tuple[str, int]] = []
+        skipped: list[str] = []
+        for name in sorted(os.listdir(self.root)):
+            path = os.path.join(self.root, name)
+            if not os.path.isdir(path):
+                if not name.startswith("."):
+                    skipped.append(path)
+                continue
+            label = len(self.synsets)
+            self.synsets.append(name)
+            for fname in sorted(os.listdir(path)):
+                fpath = os.path.join(path, fname)
+                if fname.startswith(".") or os.path.isdir(fpath):
+                    continue
+                if os.path.splitext(fname)[1].lower() in exts:
+                    self.items.append((fpath, label))
+                else:
+                    skipped.append(fpath)
+        if skipped:
+            shown = ", ".join(repr(p) for p in skipped[:3])
+            more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+            warnings.warn(
+                f"ImageFolderDataset: skipped {len(skipped)} file(s) that are not images in class "
+                f"folders (extensions {', '.join(exts)}): {shown}{more}", UserWarning, stacklevel=2)
+        self.paths = [p for p, _ in self.items]
+        self.labels = np.array([lab for _, lab in self.items], dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"ImageFolderDataset({self.root!r}: {len(self)} images, {len(self.synsets)} classes)"
+
+
+class ImageListDataset(_ImageFiles):
+    """Images given by a list of paths; item ``i`` is ``(image, labels[i])``, or the image alone.
+
+    Parameters
+    ----------
+    paths : sequence of str
+        Image files.
+    labels : sequence of int, optional
+        One integer label per path. Without labels, items are images only.
+    root : str, optional
+        Prefix joined to relative paths.
+    """
+
+    def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None,
+                 root: str | os.PathLike | None = None) -> None:
+        base = os.fspath(root) if root is not None else None
+        self.paths = [os.path.join(base, os.fspath(p)) if base else os.fspath(p) for p in paths]
+        if labels is None:
+            self.labels = None
+        else:
+            self.labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+            if self.labels.shape[0] != len(self.paths):
+                raise ValueError(f"ImageListDataset: {len(self.paths)} paths but {self.labels.shape[0]} labels")
+
+    @property
+    def items(self) -> list:
+        if self.labels is None:
+            return list(self.paths)
+        return list(zip(self.paths, self.labels.tolist()))
+
+    def __repr__(self) -> str:
+        return f"ImageListDataset({len(self)} images)"
+
+
+# --------------------------------------------------------------------------- record files
+
+_INDEX_VERSION = 1
+
+
+def record_paths(path: str | os.PathLike) -> tuple[str, str]:
+    """``(data_path, index_path)`` for a record file given as ``X`` or ``X.rec``."""
+    p = os.fspath(path)
+    if p.endswith(".idx"):
+        p = p[:-4] + ".rec"
+    if not p.endswith(".rec"):
+        p = p + ".rec"
+    return p, p[:-4] + ".idx"
+
+
+def write_records(path: str | os.PathLike, items: Iterable[Any], labels: Sequence[int] | None = None, *,
+                  keys: Sequence[str] | None = None, synsets: Sequence[str] | None = None) -> tuple[str, str]:
+    """Pack many small records (encoded images) into one data file plus an index.
+
+    Parameters
+    ----------
+    path : str or path
+        ``X`` or ``X.rec``: writes ``X.rec`` (the records back to back) and ``X.idx`` (offsets,
+        sizes, labels, keys; a numpy ``.npz`` archive). Both are written to temporary names and
+        renamed, so a reader never sees a half-written pair.
+    items : iterable
+        Each a bytes-like record, or a path whose file content becomes the record.
+    labels : sequence of int, optional
+        One label per record (default 0).
+    keys : sequence of str, optional
+        A name per record used in error messages (default: the path for path items, else
+        ``"record <i>"``).
+    synsets : sequence of str, optional
+        Class names, stored in the index (``RecordFileDataset.synsets``).
+
+    Returns
+    -------
+    (data_path, index_path)
+    """
+    data_path, index_path = record_paths(path)
+    offsets, sizes, names = [], [], []
+    tmp_data, tmp_index = data_path + ".tmp", index_path + ".tmp"
+    off = 0
+    try:
+        with open(tmp_data, "wb") as f:
+            for i, item in enumerate(items):
+                if isinstance(item, (str, os.PathLike)):
+                    name = os.fspath(item)
+                    blob = _read_file(name)
+                else:
+                    name = f"record {i}"
+                    blob = memoryview(item).cast("B")
+                f.write(blob)
+                offsets.append(off)
+                sizes.append(len(blob))
+                names.append(name)
+                off += len(blob)
+        n = len(offsets)
+        lab = np.zeros(n, np.int64) if labels is None else np.asarray(labels, dtype=np.int64).reshape(-1)
+        if lab.shape[0] != n:
+            raise ValueError(f"write_records: {n} records but {lab.shape[0]} labels")
+        if keys is not None:
+            if len(keys) != n:
+                raise ValueError(f"write_records: {n} records but {len(keys)} keys")
+            names = [str(k) for k in keys]
+        with open(tmp_index, "wb") as f:
+            np.savez(f, version=np.int64(_INDEX_VERSION), offsets=np.asarray(offsets, np.int64),
+                     sizes=np.asarray(sizes, np.int64), labels=lab, keys=np.asarray(names, dtype=str),
+                     synsets=np.asarray(list(synsets or []), dtype=str))
+        os.replace(tmp_data, data_path)
+        os.replace(tmp_index, index_path)
+    finally:
+        for t in (tmp_data, tmp_index):
+            if os.path.exists(t):
+                os.unlink(t)
+    return data_path, index_path
+
+
+class RecordFileDataset(Dataset):
+    """Records packed by :func:`write_records`; item ``i`` is ``(image, label)``.
+
+    Records are read with ``pread`` on one file descriptor (no seek, so reads from many
+    threads never interfere); millions of small files become one sequential file.
+
+    Parameters
+    ----------
+    path : str or path
+        ``X``, ``X.rec`` or ``X.idx`` of a pair written by :func:`write_records`.
+    raw : bool
+        Items are ``(bytes, label)`` instead of decoded images.
+
+    Attributes
+    ----------
+    offsets, sizes, labels : numpy.ndarray
+        int64 per record.
+    keys : list of str
+        Per-record names (source paths when packed from files).
+    synsets : list of str
+        Class names stored at packing time.
+    """
+
+    def __init__(self, path: str | os.PathLike, raw: bool = False) -> None:
+        self.path, self.index_path = record_paths(path)
+        if not os.path.exists(self.path) or not os.path.exists(self.index_path):
+            raise FileNotFoundError(f"RecordFileDataset: need both {self.path!r} and {self.index_path!r}")
+        with np.load(self.index_path, allow_pickle=False) as z:
+            version = int(z["version"])
+            if version != _INDEX_VERSION:
+                raise ValueError(f"{self.index_path!r}: unsupported index version {version}")
+            self.offsets = np.ascontiguousarray(z["offsets"], np.int64)
+            self.sizes = np.ascontiguousarray(z["sizes"], np.int64)
+            self.labels = np.ascontiguousarray(z["labels"], np.int64)
+            self.keys = [str(k) for k in z["keys"]]
+            self.synsets = [str(s) for s in z["synsets"]]
+        size = os.path.getsize(self.path)
+        if len(self.offsets) and int((self.offsets + self.sizes).max()) > size:
+            raise ValueError(f"{self.index_path!r} points past the end of {self.path!r} (truncated file?)")
+        self.raw = bool(raw)
+        self._fd = -1
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        """A read-only descriptor of the data file, opened once per process."""
+        if self._fd < 0 or self._pid != os.getpid():
+            with self._lock:
+                if self._fd < 0 or self._pid != os.getpid():
+                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    self._pid = os.getpid()
+        return self._fd
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def source(self, idx: int) -> str | None:
+        return self.keys[_check_index(idx, len(self.offsets))]
+
+    def read(self, idx: int) -> bytes:
+        """The raw bytes of record ``idx``."""
+        i = _check_index(idx, len(self.offsets))
+        n = int(self.sizes[i])
+        data = os.pread(self.fileno(), n, int(self.offsets[i]))
+        if len(data) != n:
+            raise OSError(f"short read of record {i} ({self.keys[i]!r}) in {self.path!r}")
+        return data
+
+    def __getitem__(self, idx: int) -> Any:
+        i = _check_index(idx, len(self.offsets))
+        data = self.read(i)
+        if self.raw:
+            return data, int(self.labels[i])
+        return decode(data, source=self.keys[i]), int(self.labels[i])
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_fd"], d["_pid"] = -1, -1
+        del d["_lock"]
+        return d
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        if self._fd >= 0 and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"RecordFileDataset({self.path!r}: {len(self)} records)"

@@ -1,0 +1,381 @@
+"""Compile a transform chain into one fused native pass per sample, and run it on batches.
+
+This module owns ``loaderlib._ext._pipeline``. :func:`compile_chain` turns a chain of
+:mod:`loaderlib.transforms` into a :class:`NativePlan` (or None when a step is a Python
+callable, or the order of the steps cannot be fused). A plan's ``run_*_into`` methods
+run one parallel pass over a batch, without the GIL: per sample, read the bytes, decode
+only the region the chain needs at the smallest sufficient DCT scale, resample it and
+write the result straight into ``out[i]`` in its final dtype and layout (see
+``pyx/include/ll_chain.h``). Per-item failures never raise: they come back in a
+:class:`BatchStatus`.
+
+What fuses: ``[Decode] (RandomResizedCrop | Resize | CenterCrop | RandomHorizontalFlip)*
+(Normalize | Cast)* [ToCHW] (Normalize | Cast)*``. The point-wise tail becomes a
+per-channel 256-entry lookup table computed by running the tail's own numpy code on all
+256 values, so fused Normalize output is bitwise equal to the step-by-step one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _threads
+from . import decode as _decode
+from . import transforms as T
+from ._ext import _pipeline
+from .errors import DecodeError
+
+__all__ = ["compile_chain", "NativePlan", "BatchStatus"]
+
+_MSG_LEN = 200
+_MODES = {"RGB": 0, "BGR": 1, "GRAY": 2}
+_OK, _WARNED, _ERR_NOT_JPEG, _ERR_SHAPE, _ERR_READ = 0, 1, -3, -5, -11
+_GEOMETRY = (T.RandomResizedCrop, T.Resize, T.CenterCrop, T.RandomHorizontalFlip)
+_POINTWISE = (T.Normalize, T.Cast)
+
+
+@dataclass
+class BatchStatus:
+    """Per-item outcome of a ``run_*_into`` call.
+
+    Attributes
+    ----------
+    status : numpy.ndarray
+        int32 per item: 0 written, 1 written after libjpeg recovered from corrupt data
+        (reason in ``warnings``), negative: failed (the slot holds unspecified values).
+    errors : dict
+        ``{index in batch: DecodeError}`` naming the sample index, the source (path or
+        key) and the reason.
+    warnings : dict
+        ``{index in batch: str}`` for items with status 1.
+    """
+
+    status: np.ndarray
+    errors: dict = field(default_factory=dict)
+    warnings: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> np.ndarray:
+        """Boolean mask of the items that were written."""
+        return self.status >= 0
+
+
+def _msg(msgs: np.ndarray, i: int) -> str:
+    raw = msgs[i].tobytes()
+    end = raw.find(b"\0")
+    return raw[: end if end >= 0 else len(raw)].decode("utf-8", "replace")
+
+
+def _describe_interp(t: Any) -> str:
+    return t.interpolation + (" antialiased" if t.antialias else "")
+
+
+class NativePlan:
+    """A compiled chain: the fused per-sample executor plus its per-thread state.
+
+    Attributes
+    ----------
+    sample_shape : tuple or None
+        Shape of one output sample, e.g. ``(3, 224, 224)``; None when the size depends on
+        the image (then the ``run_*_into`` methods cannot be used).
+    dtype : numpy.dtype
+        ``uint8`` or ``float32``.
+    transform : loaderlib.transforms.Compose
+        The chain (with its Decode), used step by step for non-JPEG items.
+
+    Notes
+    -----
+    Holds one libjpeg decoder and scratch buffers per thread; safe to call from one
+    thread at a time (a concurrent second call raises RuntimeError).
+    """
+
+    def __init__(self, chain: T.Compose, decode: T.Decode, ops: list, lut: np.ndarray | None,
+                 dtype: np.dtype, chw: bool, spec: T.ImageSpec, steps: list[str]):
+        self.transform = chain
+        self.decode_spec = decode
+        self.dtype = np.dtype(dtype)
+        self.sample_shape = spec.shape
+        self._steps = steps
+        self._chw = chw
+        self._lock = threading.Lock()
+        self._workers = None
+        self._chain = None
+        if self.sample_shape is not None:
+            max_px = 0 if decode.max_pixels is None else int(decode.max_pixels)
+            self._chain = _pipeline.CompiledChain(
+                ops, _MODES[decode.mode], decode.channels, bool(decode.dct_scaling), bool(decode.strict), max_px,
+                _pipeline.DTYPE_FLOAT32 if self.dtype == np.float32 else _pipeline.DTYPE_UINT8, chw, lut,
+                int(spec.height), int(spec.width))
+
+    def describe(self) -> list[str]:
+        """One line per fused step (what ``loader.explain()`` shows)."""
+        return list(self._steps)
+
+    def __repr__(self) -> str:
+        return f"NativePlan(sample_shape={self.sample_shape}, dtype={self.dtype.name}, steps={self._steps})"
+
+    # ------------------------------------------------------------------ running
+
+    def run_buffers_into(self, buffers: Sequence[Any], out: np.ndarray, indices: Any, *, seed: int, epoch: int,
+                         num_threads: int | None, timings: np.ndarray | None = None,
+                         sources: Sequence[str] | None = None) -> BatchStatus:
+        """Run the chain on encoded images held in memory.
+
+        Parameters
+        ----------
+        buffers : sequence of bytes-like
+            One encoded image per sample (bytes, memoryview, mmap slice, uint8 array; not
+            copied).
+        out : numpy.ndarray
+            C-contiguous ``(N, *sample_shape)`` array of ``dtype``; sample i goes to
+            ``out[i]``.
+        indices : array of int64
+            Dataset sample indices: the randomness of sample i is a function of
+            ``(seed, epoch, indices[i], transform position)`` only.
+        seed, epoch : int
+        num_threads : int or None
+            Threads for this pass (see ``loaderlib._threads.resolve_num_threads``); the
+            output does not depend on it.
+        timings : numpy.ndarray, optional
+            ``(N, 3)`` int64, filled with per-sample nanoseconds of (read, decode,
+            transform) from a monotonic clock; None reads no clock.
+        sources : sequence of str, optional
+            Names for error messages.
+        """
+        bufs = list(buffers)
+        return self._run(_pipeline.SOURCE_BUFFERS, bufs, -1, None, out, indices, seed, epoch, num_threads, timings,
+                         sources, lambda i: bufs[i])
+
+    def run_files_into(self, paths: Sequence[Any], out: np.ndarray, indices: Any, *, seed: int, epoch: int,
+                       num_threads: int | None, timings: np.ndarray | None = None) -> BatchStatus:
+        """Like :meth:`run_buffers_into`, reading each file (POSIX open/read) inside the
+        parallel pass into per-thread scratch. A missing or unreadable file fails its
+        item with the system's reason and the path."""
+        names = [os.fspath(p) for p in paths]
+        enc = [os.fsencode(p) for p in names]
+
+        def read(i: int) -> bytes:
+            with open(names[i], "rb") as f:
+                return f.read()
+
+        return self._run(_pipeline.SOURCE_FILES, enc, -1, None, out, indices, seed, epoch, num_threads, timings,
+                         [os.fsdecode(p) for p in names], read)
+
+    def run_records_into(self, fd: Any, offsets: Any, sizes: Any, out: np.ndarray, indices: Any, *, seed: int,
+                         epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
+                         sources: Sequence[str] | None = None) -> BatchStatus:
+        """Like :meth:`run_buffers_into`, reading record i as ``sizes[i]`` bytes at
+        ``offsets[i]`` of the open file ``fd`` (an int or an object with ``fileno()``)
+        with ``pread`` inside the parallel pass."""
+        fdn = fd if isinstance(fd, int) else fd.fileno()
+        offs = np.ascontiguousarray(offsets, dtype=np.int64)
+        szs = [int(s) for s in np.asarray(sizes).reshape(-1)]
+        if offs.ndim != 1 or len(offs) != len(szs):
+            raise ValueError(f"offsets ({offs.shape}) and sizes ({len(szs)}) must be 1-d of the same length")
+        return self._run(_pipeline.SOURCE_RECORDS, szs, fdn, offs, out, indices, seed, epoch, num_threads, timings,
+                         sources, lambda i: os.pread(fdn, szs[i], int(offs[i])))
+
+    def _check_out(self, out: Any, n: int) -> None:
+        if self.sample_shape is None:
+            raise ValueError("this chain's output size depends on the image (no fixed sample_shape); "
+                             "add a crop or a fixed-size Resize to run it into a batch")
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        want = (n, *self.sample_shape)
+        if out.shape != want or out.dtype != self.dtype:
+            raise ValueError(f"out must be {want} {self.dtype.name}, got {out.shape} {out.dtype}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out must be C-contiguous and writeable")
+
+    def _run(self, kind: int, items: list, fd: int, offsets: np.ndarray | None, out: np.ndarray, indices: Any,
+             seed: int, epoch: int, num_threads: int | None, timings: np.ndarray | None,
+             sources: Sequence[str] | None, fetch) -> BatchStatus:
+        n = len(items)
+        self._check_out(out, n)
+        idx = np.ascontiguousarray(indices, dtype=np.int64)
+        if idx.shape != (n,):
+            raise ValueError(f"indices must have shape ({n},), got {idx.shape}")
+        if sources is not None and len(sources) != n:
+            raise ValueError(f"sources has {len(sources)} entries for {n} items")
+        if timings is not None:
+            if not isinstance(timings, np.ndarray) or timings.shape != (n, 3) or timings.dtype != np.int64 \
+                    or not timings.flags.c_contiguous:
+                raise ValueError(f"timings must be a C-contiguous ({n}, 3) int64 array")
+        seed_u = int(seed) & ((1 << 64) - 1)
+        epoch_u = int(epoch) & ((1 << 64) - 1)
+        nthreads = min(_threads.resolve_num_threads(num_threads), max(n, 1))
+        status = np.zeros(n, np.int32)
+        msgs = np.zeros((n, _MSG_LEN), np.uint8)
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("a NativePlan runs one batch at a time; use one plan per thread")
+        try:
+            if self._workers is None or self._workers.size < nthreads:
+                self._workers = _pipeline.Workers(nthreads)
+            _pipeline.run_into(self._chain, self._workers, kind, items, fd, offsets, out, idx, seed_u, epoch_u,
+                               nthreads, timings, status, msgs)
+        finally:
+            self._lock.release()
+        result = BatchStatus(status=status)
+        for i in np.flatnonzero(status != _OK):
+            i = int(i)
+            st = int(status[i])
+            src = None if sources is None else str(sources[i])
+            if st == _WARNED:
+                result.warnings[i] = _msg(msgs, i)
+            elif st == _ERR_NOT_JPEG:
+                self._fallback(i, fetch, out, idx, seed_u, epoch_u, timings, src, result)
+            else:
+                reason = _msg(msgs, i) or f"status {st}"
+                result.errors[i] = DecodeError(reason, int(idx[i]), src)
+        return result
+
+    def _fallback(self, i: int, fetch, out: np.ndarray, idx: np.ndarray, seed: int, epoch: int,
+                  timings: np.ndarray | None, src: str | None, result: BatchStatus) -> None:
+        """A non-JPEG item: OpenCV decode, then the chain step by step with the same key."""
+        t0 = time.perf_counter_ns()
+        try:
+            data = fetch(i)
+            t1 = time.perf_counter_ns()
+            d = self.decode_spec
+            img = _decode.decode(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict, source=src)
+            t2 = time.perf_counter_ns()
+            res = self.transform(img, seed=seed, epoch=epoch, index=int(idx[i]))
+            res = np.asarray(res)
+            if res.shape != out.shape[1:]:
+                raise DecodeError(f"the chain gave shape {res.shape} for this image, the batch needs "
+                                  f"{out.shape[1:]}", int(idx[i]), src)
+            out[i] = res
+            t3 = time.perf_counter_ns()
+        except DecodeError as e:
+            result.status[i] = _ERR_SHAPE if "the batch needs" in e.reason else -1
+            result.errors[i] = DecodeError(e.reason, int(idx[i]), src)
+            return
+        except OSError as e:
+            result.status[i] = _ERR_READ
+            result.errors[i] = DecodeError(f"read failed: {e.strerror or e}", int(idx[i]), src)
+            return
+        result.status[i] = _OK
+        if timings is not None:
+            timings[i] = (t1 - t0, t2 - t1, t3 - t2)
+
+
+def _flatten(transform: Any) -> list:
+    if transform is None:
+        return [T.Decode()]
+    if isinstance(transform, T.Compose):
+        return list(transform.steps)
+    return [transform]
+
+
+def compile_chain(transform: Any) -> NativePlan | None:
+    """Compile a transform chain into a :class:`NativePlan`.
+
+    Parameters
+    ----------
+    transform : loaderlib.transforms.Transform, Compose or None
+        The per-sample chain. A leading :class:`~loaderlib.transforms.Decode` gives the
+        decode options; without one, a default ``Decode()`` is implied (the engine feeds
+        encoded bytes). None means Decode only.
+
+    Returns
+    -------
+    NativePlan or None
+        None when some step is a Python callable or the order of the steps cannot be
+        fused (a geometric step after Normalize/Cast/ToCHW, Decode not first, a Cast to
+        a dtype the kernel does not write): the caller runs the chain in Python.
+    """
+    steps = _flatten(transform)
+    if any(not isinstance(t, T.Transform) or isinstance(t, T.Compose) for t in steps):
+        return None
+    decode = T.Decode()
+    if steps and isinstance(steps[0], T.Decode):
+        decode, steps = steps[0], steps[1:]
+    chain = T.Compose([decode, *steps])
+    ops: list = []
+    tail: list = []
+    chw = False
+    desc: list[str] = []
+    for pos, t in enumerate(steps):
+        if isinstance(t, T.Decode):
+            return None
+        if isinstance(t, _GEOMETRY):
+            if tail or chw:
+                return None
+            if isinstance(t, T.RandomResizedCrop):
+                h, w = t.hw
+                ops.append((_pipeline.OP_RRC, pos, h, w, T._interp(t.interpolation), int(t.antialias),
+                            float(t.scale[0]), float(t.scale[1]), float(t.ratio[0]), float(t.ratio[1]), 0.0))
+                desc.append(f"random resized crop to {h}x{w} (scale={tuple(t.scale)}, ratio=({t.ratio[0]:.3g}, "
+                            f"{t.ratio[1]:.3g}), {_describe_interp(t)}): box drawn from the JPEG header")
+            elif isinstance(t, T.Resize):
+                if isinstance(t.size, (int, np.integer)):
+                    h, w = -1, int(t.size)
+                    what = f"shorter side to {w}"
+                else:
+                    h, w = T._pair(t.size, "size")
+                    what = f"{h}x{w}"
+                ops.append((_pipeline.OP_RESIZE, pos, h, w, T._interp(t.interpolation), int(t.antialias),
+                            0.0, 0.0, 0.0, 0.0, 0.0))
+                desc.append(f"resize {what} ({_describe_interp(t)})")
+            elif isinstance(t, T.CenterCrop):
+                h, w = T._pair(t.size, "size")
+                ops.append((_pipeline.OP_CENTER_CROP, pos, h, w, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0))
+                desc.append(f"center crop {h}x{w}")
+            else:
+                ops.append((_pipeline.OP_HFLIP, pos, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, float(t.p)))
+                desc.append(f"random horizontal flip (p={t.p:g}), folded into the resampling taps")
+        elif isinstance(t, _POINTWISE):
+            tail.append(t)
+        elif isinstance(t, T.ToCHW):
+            if chw:
+                return None
+            chw = True
+        else:  # pragma: no cover - every Transform subclass is handled above
+            return None
+    if len(ops) > _pipeline.MAX_OPS:
+        return None
+    try:
+        spec = chain.plan(T.ImageSpec(encoded=True))
+    except ValueError:
+        return None
+    C = decode.channels
+    # The point-wise tail as a lookup table: run its own numpy code on all 256 values.
+    lut = None
+    dtype = np.dtype(np.uint8)
+    if tail:
+        ramp = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], C, axis=2)
+        val: Any = ramp
+        try:
+            for t in tail:
+                val = t._apply(val, None)
+        except ValueError:
+            return None
+        dtype = np.dtype(val.dtype)
+        if dtype == np.float32:
+            lut = np.ascontiguousarray(val[0].T, dtype=np.float32)
+        elif dtype == np.uint8:
+            lut = np.ascontiguousarray(val[0].T, dtype=np.uint8)
+            if np.array_equal(lut, np.repeat(np.arange(256, dtype=np.uint8)[None], C, 0)):
+                lut = None
+        else:
+            return None
+        names = " then ".join(type(t).__name__ + (f"(mean={t.mean}, std={t.std})" if isinstance(t, T.Normalize)
+                                                    else f"({t.dtype})") for t in tail)
+        desc.append(f"{names} as a per-channel lookup table -> {dtype.name}")
+    if spec.dtype != dtype:  # the plan and the table must agree
+        return None
+    resamples = any(o[0] in (_pipeline.OP_RRC, _pipeline.OP_RESIZE) for o in ops)
+    first = ("decode JPEG (libjpeg-turbo, ISLOW): only the source region the output needs"
+             + (", at the smallest DCT scale 1/2, 1/4 or 1/8 that keeps the output resolution"
+                if decode.dct_scaling and resamples else ", full resolution")
+             + "; other formats via OpenCV then the same steps in Python")
+    desc.insert(0, first)
+    desc.append(f"write {'CHW' if chw else 'HWC'} {dtype.name} straight into the batch slot, one row at a time")
+    return NativePlan(chain, decode, ops, lut, dtype, chw, spec, desc)

@@ -1,0 +1,353 @@
+"""Samplers: which sample indices an epoch visits, and in which order (Gluon semantics).
+
+NOTE [ Sampler order is a pure function ]
+Every sampler's order for an epoch is computed from ``(seed, epoch)`` alone (plus, for
+``BatchSampler(last_batch="rollover")``, the carried-over tail of the previous epoch, which
+is itself part of the sampler's small, serialisable state). Nothing depends on how far
+earlier epochs were iterated, on thread timing or on global RNG state, so an interrupted
+epoch can be resumed exactly by recomputing its order and skipping the batches already
+delivered. ``order(epoch)`` gives the order without iterating; ``set_epoch`` chooses the
+epoch the next ``iter()`` uses (the DataLoader calls it); without ``set_epoch`` every
+``iter()`` moves on to the next epoch, so plain iteration reshuffles as users expect.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Sampler",
+    "SequentialSampler",
+    "RandomSampler",
+    "BatchSampler",
+    "WeightedRandomSampler",
+    "ShardedSampler",
+    "LAST_BATCH_MODES",
+]
+
+LAST_BATCH_MODES = ("keep", "discard", "rollover")
+
+
+def _check_length(length: Any, what: str = "length") -> int:
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {length!r}")
+    return int(length)
+
+
+def draw_seed() -> int:
+    """A fresh 63-bit seed from the OS entropy pool (used when the caller gives none)."""
+    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def _rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
+    # SeedSequence mixes the words, so (seed, epoch) and (seed, epoch + 1) are independent.
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch), stream])))
+
+
+class Sampler:
+    """Base class: an iterable of sample indices whose order depends only on (seed, epoch).
+
+    Subclasses implement :meth:`order`. See NOTE [ Sampler order is a pure function ].
+    """
+
+    def __init__(self) -> None:
+        self._next_epoch = 0
+        self._lock = threading.Lock()
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The int64 indices visited in ``epoch``, in order."""
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch the next ``iter()`` uses."""
+        self._next_epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` will use."""
+        return self._next_epoch
+
+    def _take_epoch(self) -> int:
+        with self._lock:
+            e = self._next_epoch
+            self._next_epoch = e + 1
+        return e
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order(self._take_epoch()).tolist())
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class SequentialSampler(Sampler):
+    """Visit ``0, 1, ..., length - 1`` (or ``start, ..., start + length - 1``) in order.
+
+    Parameters
+    ----------
+    length : int
+        Number of samples.
+    start : int
+        First index.
+    """
+
+    def __init__(self, length: int, start: int = 0) -> None:
+        super().__init__()
+        self._length = _check_length(length)
+        self._start = int(start)
+
+    def order(self, epoch: int) -> np.ndarray:
+        return np.arange(self._start, self._start + self._length, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"SequentialSampler({self._length})"
+
+
+class RandomSampler(Sampler):
+    """Visit every index in ``range(length)`` exactly once per epoch, in a random order.
+
+    Parameters
+    ----------
+    length : int
+        Number of samples.
+    seed : int, optional
+        The order of epoch ``e`` is a pure function of ``(seed, e)``; each epoch differs.
+        None draws a seed once, at construction.
+    """
+
+    def __init__(self, length: int, seed: int | None = None) -> None:
+        super().__init__()
+        self._length = _check_length(length)
+        self.seed = draw_seed() if seed is None else int(seed)
+
+    def order(self, epoch: int) -> np.ndarray:
+        return _rng(self.seed, epoch).permutation(self._length).astype(np.int64, copy=False)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"RandomSampler({self._length}, seed={self.seed})"
+
+
+class WeightedRandomSampler(Sampler):
+    """Draw ``num_samples`` indices with probability proportional to ``weights``.
+
+    Parameters
+    ----------
+    weights : sequence of float
+        Non-negative weight per sample (need not sum to 1).
+    num_samples : int, optional
+        Indices per epoch (default: ``len(weights)``).
+    replacement : bool
+        Draw with replacement (default) or without.
+    seed : int, optional
+        As in :class:`RandomSampler`.
+
+    Notes
+    -----
+    :meth:`set_weights` may be called at any time; the order of an epoch is drawn when the
+    epoch starts, so new weights apply from the next epoch. The order is a pure function of
+    ``(seed, epoch, number of weight updates)``.
+    """
+
+    def __init__(self, weights: Sequence[float], num_samples: int | None = None,
+                 replacement: bool = True, seed: int | None = None) -> None:
+        super().__init__()
+        self.seed = draw_seed() if seed is None else int(seed)
+        self.replacement = bool(replacement)
+        self._weights = self._check_weights(weights)
+        self._num = len(self._weights) if num_samples is None else _check_length(num_samples, "num_samples")
+        if not self.replacement and self._num > np.count_nonzero(self._weights):
+            raise ValueError("num_samples exceeds the number of non-zero weights (replacement=False)")
+        self._version = 0
+
+    @staticmethod
+    def _check_weights(weights: Sequence[float]) -> np.ndarray:
+        w = np.asarray(weights, dtype=np.float64).reshape(-1)
+        if w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise ValueError("weights must be finite, non-negative, not all zero")
+        return w
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Replace the weights (same length); takes effect for indices not yet drawn."""
+        w = self._check_weights(weights)
+        if w.shape != self._weights.shape:
+            raise ValueError(f"expected {self._weights.size} weights, got {w.size}")
+        self._weights = w
+        self._version += 1
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self._weights.copy()
+
+    def order(self, epoch: int) -> np.ndarray:
+        rng = _rng(self.seed, epoch, self._version)
+        p = self._weights / self._weights.sum()
+        return rng.choice(self._weights.size, size=self._num, replace=self.replacement, p=p).astype(np.int64)
+
+    def __len__(self) -> int:
+        return self._num
+
+
+class ShardedSampler(Sampler):
+    """One shard of an epoch's order, for one of ``num_shards`` ranks or devices.
+
+    Every shard gets the same number of indices, so every rank runs the same number of
+    batches (a rank that runs out first would deadlock a collective): with
+    ``drop_last=False`` the order is padded by wrapping around to a multiple of
+    ``num_shards``; with ``drop_last=True`` the tail is dropped instead. Shard ``k`` takes
+    positions ``k, k + num_shards, ...`` of the (shuffled) order, so shards are disjoint
+    apart from the padding.
+
+    Parameters
+    ----------
+    num_shards, shard_id : int
+        Number of shards and this one's position, ``0 <= shard_id < num_shards``.
+    length : int, optional
+        Dataset length. When omitted, the DataLoader binds it to ``len(dataset)``.
+    shuffle : bool
+        Shuffle the full order with ``(seed, epoch)`` before sharding (every rank must use
+        the same seed).
+    seed : int, optional
+        Shared seed; None uses 0 so that ranks agree without coordination.
+    drop_last : bool
+        Drop the tail instead of padding.
+    """
+
+    def __init__(self, num_shards: int, shard_id: int, length: int | None = None, *,
+                 shuffle: bool = False, seed: int | None = None, drop_last: bool = False) -> None:
+        super().__init__()
+        if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
+            raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
+        if not isinstance(shard_id, (int, np.integer)) or not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id!r}")
+        self.num_shards = int(num_shards)
+        self.shard_id = int(shard_id)
+        self.shuffle = bool(shuffle)
+        self.seed = 0 if seed is None else int(seed)
+        self.drop_last = bool(drop_last)
+        self._length = None if length is None else _check_length(length)
+
+    def bind(self, length: int) -> "ShardedSampler":
+        """A copy of this sampler for a dataset of ``length`` samples (used by DataLoader)."""
+        s = ShardedSampler(self.num_shards, self.shard_id, length, shuffle=self.shuffle,
+                           seed=self.seed, drop_last=self.drop_last)
+        s._next_epoch = self._next_epoch
+        return s
+
+    def _need_length(self) -> int:
+        if self._length is None:
+            raise TypeError("ShardedSampler has no length: pass length=..., or give it to a DataLoader")
+        return self._length
+
+    def __len__(self) -> int:
+        n, k = self._need_length(), self.num_shards
+        return n // k if self.drop_last else -(-n // k)
+
+    def order(self, epoch: int) -> np.ndarray:
+        n, k = self._need_length(), self.num_shards
+        full = _rng(self.seed, epoch).permutation(n) if self.shuffle else np.arange(n)
+        per = len(self)
+        total = per * k
+        if total > n:  # pad by wrapping around (n > 0 here, since per > 0)
+            full = np.resize(full, total)
+        else:
+            full = full[:total]
+        return full[self.shard_id::k].astype(np.int64, copy=False)
+
+    def __repr__(self) -> str:
+        return f"ShardedSampler({self.num_shards}, {self.shard_id}, length={self._length})"
+
+
+class BatchSampler:
+    """Group a sampler's indices into batches (Gluon's ``last_batch`` semantics).
+
+    Parameters
+    ----------
+    sampler : Sampler or iterable of int
+        Source of indices. A :class:`Sampler` keeps the pure-function order (see
+        NOTE [ Sampler order is a pure function ]).
+    batch_size : int
+        Samples per batch.
+    last_batch : {"keep", "discard", "rollover"}
+        What to do with a final batch smaller than ``batch_size``: yield it, drop it, or
+        carry its samples over to the start of the next epoch.
+    """
+
+    def __init__(self, sampler: Any, batch_size: int, last_batch: str = "keep") -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if last_batch not in LAST_BATCH_MODES:
+            raise ValueError(f"last_batch must be one of {LAST_BATCH_MODES}, got {last_batch!r}")
+        self.sampler = sampler
+        self.batch_size = int(batch_size)
+        self.last_batch = last_batch
+        self._carry = np.zeros(0, np.int64)   # rollover samples waiting for the next epoch
+
+    # -- state -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable state (the rollover carry and the sampler's next epoch)."""
+        d = {"carry": self._carry.tolist()}
+        if isinstance(self.sampler, Sampler):
+            d["epoch"] = self.sampler.epoch
+        return d
+
+    def load_state_dict(self, state: dict) -> None:
+        self._carry = np.asarray(state.get("carry", []), np.int64)
+        if "epoch" in state and isinstance(self.sampler, Sampler):
+            self.sampler.set_epoch(state["epoch"])
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(self.sampler, Sampler):
+            self.sampler.set_epoch(epoch)
+
+    # -- batches ---------------------------------------------------------------------
+
+    def epoch_batches(self, epoch: int | None = None) -> list[np.ndarray]:
+        """All batches of one epoch as int64 arrays; advances the rollover carry.
+
+        ``epoch`` None takes the sampler's next epoch (and moves it on).
+        """
+        if isinstance(self.sampler, Sampler):
+            e = self.sampler._take_epoch() if epoch is None else int(epoch)
+            if epoch is not None:
+                self.sampler.set_epoch(e + 1)
+            order = self.sampler.order(e)
+        else:
+            order = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+        if self.last_batch == "rollover" and self._carry.size:
+            order = np.concatenate([self._carry, order])
+        bs = self.batch_size
+        nfull = order.size // bs
+        batches = [order[k * bs:(k + 1) * bs] for k in range(nfull)]
+        tail = order[nfull * bs:]
+        if self.last_batch == "keep":
+            if tail.size:
+                batches.append(tail)
+        elif self.last_batch == "rollover":
+            self._carry = tail.copy()
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for b in self.epoch_batches():
+            yield b.tolist()
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        if self.last_batch == "keep":
+            return -(-n // self.batch_size)
+        if self.last_batch == "discard":
+            return n // self.batch_size
+        return (n + self._carry.size) // self.batch_size
+
+    def __repr__(self) -> str:
+        return f"BatchSampler({self.sampler!r}, {self.batch_size}, last_batch={self.last_batch!r})"

@@ -1,0 +1,268 @@
+# cython: freethreading_compatible = False
+"""Batch arena memory (owner: loaderlib/arena.py).
+
+Aligned slot buffers and the bookkeeping that decides when a slot may be reused.
+
+NOTE [ Slot leases ]
+A batch handed to the user is made of numpy views of one slot. Every view's base chain ends
+at one ``SlotLease`` object (numpy keeps a reference to the buffer exporter), and so does
+every derived view, torch tensor (``torch.from_numpy``) or DLPack capsule. The lease's
+``__dealloc__`` runs exactly when the last of them is gone, and only then is the slot marked
+free. So a user who keeps a batch never sees it overwritten, and no explicit "release"
+call exists that a user could forget. All state changes happen with the GIL held and without
+any Python call in between (no GIL switch point), so acquire and release need no lock.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+cimport cython
+from libc.stdint cimport uint8_t
+from libc.stdlib cimport free
+from libc.string cimport memset
+
+cdef extern from "<stdlib.h>" nogil:
+    int posix_memalign(void** memptr, size_t alignment, size_t size)
+
+# Process-wide counters of AlignedBuffer allocations (arena steady-state checks use them).
+cdef long long _n_alloc = 0
+cdef long long _bytes_alloc = 0
+cdef long long _bytes_live = 0
+
+
+def counters():
+    """``(allocations, bytes_allocated, bytes_live)`` of every AlignedBuffer in this process."""
+    return (_n_alloc, _bytes_alloc, _bytes_live)
+
+
+cdef class AlignedBuffer:
+    """``nbytes`` of zeroed memory whose address is a multiple of ``alignment``.
+
+    Exposes the writable buffer protocol (1-D, unsigned bytes). Freed when the object and
+    every export of it are gone.
+    """
+    cdef void* ptr
+    cdef readonly Py_ssize_t nbytes
+    cdef readonly Py_ssize_t alignment
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __cinit__(self, Py_ssize_t nbytes, Py_ssize_t alignment=64):
+        global _n_alloc, _bytes_alloc, _bytes_live
+        if nbytes < 0:
+            raise ValueError("nbytes must be >= 0")
+        if alignment < <Py_ssize_t>sizeof(void*) or (alignment & (alignment - 1)) != 0:
+            raise ValueError("alignment must be a power of two >= sizeof(void*)")
+        self.ptr = NULL
+        # posix_memalign(0) may return NULL; keep at least one line so the address is real.
+        cdef size_t size = <size_t>(nbytes if nbytes > 0 else alignment)
+        if posix_memalign(&self.ptr, <size_t>alignment, size) != 0 or self.ptr == NULL:
+            self.ptr = NULL
+            raise MemoryError(f"cannot allocate {nbytes} aligned bytes")
+        # Zeroing touches every page now, so the first batch does not pay page faults and RSS
+        # measurements see the arena at once.
+        memset(self.ptr, 0, size)
+        self.nbytes = nbytes
+        self.alignment = alignment
+        _n_alloc += 1
+        _bytes_alloc += nbytes
+        _bytes_live += nbytes
+
+    def __dealloc__(self):
+        global _bytes_live
+        if self.ptr != NULL:
+            free(self.ptr)
+            self.ptr = NULL
+            _bytes_live -= self.nbytes
+
+    @property
+    def address(self):
+        return <size_t>self.ptr
+
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        self.shape[0] = self.nbytes
+        self.strides[0] = 1
+        buffer.buf = self.ptr
+        buffer.len = self.nbytes
+        buffer.readonly = 0
+        buffer.itemsize = 1
+        buffer.format = "B"
+        buffer.ndim = 1
+        buffer.shape = self.shape
+        buffer.strides = self.strides
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+        buffer.obj = self
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        pass
+
+
+cdef enum:
+    SLOT_FREE = 0
+    SLOT_LEASED = 1
+
+
+cdef class SlotRing:
+    """A growable ring of slot buffers; a slot is lent out as one :class:`SlotLease`.
+
+    ``allocator(nbytes)`` makes a slot's buffer (a writable buffer-protocol object such as
+    an AlignedBuffer, or an object whose ``buf`` attribute is one, e.g. a shared-memory block). Slots are created once and reused;
+    a slot whose buffer is too small for a request is reallocated with geometric growth,
+    and a new slot is added only when every slot is leased. See NOTE [ Slot leases ].
+    """
+    cdef list buffers
+    cdef list states
+    cdef object allocator
+    cdef readonly long long allocations     # buffers this ring has made
+    cdef readonly long long bytes_allocated  # their total size
+    cdef readonly long long acquires
+
+    def __cinit__(self, allocator):
+        self.buffers = []
+        self.states = []
+        self.allocator = allocator
+        self.allocations = 0
+        self.bytes_allocated = 0
+        self.acquires = 0
+
+    cdef object _alloc(self, Py_ssize_t nbytes):
+        buf = self.allocator(nbytes)
+        self.allocations += 1
+        self.bytes_allocated += nbytes
+        return buf
+
+    def reserve(self, Py_ssize_t num_slots, Py_ssize_t nbytes):
+        """Make sure at least ``num_slots`` slots of ``nbytes`` exist (allocated up front)."""
+        cdef Py_ssize_t i
+        for i in range(len(self.buffers)):
+            if self.states[i] == SLOT_FREE and _nbytes(self.buffers[i]) < max(nbytes, 0):
+                self.buffers[i] = None
+                self.buffers[i] = self._alloc(nbytes)
+        while len(self.buffers) < num_slots:
+            self.buffers.append(self._alloc(nbytes))
+            self.states.append(SLOT_FREE)
+
+    def acquire(self, Py_ssize_t nbytes):
+        """Lease a free slot of at least ``nbytes`` (allocating only if none fits)."""
+        cdef Py_ssize_t i, best = -1, small = -1, n = len(self.buffers)
+        cdef Py_ssize_t size
+        for i in range(n):
+            if self.states[i] != SLOT_FREE:
+                continue
+            size = _nbytes(self.buffers[i])
+            if size >= nbytes and size >= 0:
+                best = i
+                break
+            if small < 0:
+                small = i
+        if best < 0 and small >= 0:
+            # NOTE [ Arena growth ]: variable shapes (Pad) plan for the largest batch seen so
+            # far; growing by at least 1.5x keeps reallocations logarithmic in the growth.
+            size = max(_nbytes(self.buffers[small]), 0)
+            self.buffers[small] = None
+            self.buffers[small] = self._alloc(max(nbytes, size + size // 2))
+            best = small
+        if best < 0:
+            size = max([_nbytes(b) for b in self.buffers] + [nbytes])
+            self.buffers.append(self._alloc(size))
+            self.states.append(SLOT_FREE)
+            best = n
+        self.states[best] = SLOT_LEASED
+        self.acquires += 1
+        return SlotLease(self, best, self.buffers[best])
+
+    cdef void _release(self, Py_ssize_t slot):
+        if 0 <= slot < len(self.states):
+            self.states[slot] = SLOT_FREE
+
+    def buffer(self, Py_ssize_t slot):
+        """The buffer object of ``slot`` (for engines that address slots by name)."""
+        return self.buffers[slot]
+
+    @property
+    def num_slots(self):
+        return len(self.buffers)
+
+    @property
+    def num_leased(self):
+        return sum(1 for s in self.states if s != SLOT_FREE)
+
+    @property
+    def capacity_bytes(self):
+        return sum(max(_nbytes(b), 0) for b in self.buffers)
+
+    def clear(self):
+        """Drop the buffers of free slots; leased ones are freed when their lease goes."""
+        cdef Py_ssize_t i
+        for i in range(len(self.buffers)):
+            if self.states[i] == SLOT_FREE:
+                self.buffers[i] = None
+
+
+cdef Py_ssize_t _nbytes(object buf):
+    if buf is None:
+        return -1
+    if isinstance(buf, AlignedBuffer):
+        return (<AlignedBuffer>buf).nbytes
+    return memoryview(_exporter(buf)).nbytes
+
+
+cdef object _exporter(object source):
+    # Slot buffers are buffer-protocol objects, or objects whose ``buf`` attribute is one
+    # (a shared-memory block, which Python < 3.12 classes cannot export directly).
+    return source if isinstance(source, AlignedBuffer) or not hasattr(source, "buf") else source.buf
+
+
+@cython.no_gc_clear
+cdef class SlotLease:
+    """One lent slot: exposes the slot's memory (writable bytes) and frees it on release.
+
+    Created only by :meth:`SlotRing.acquire`. See NOTE [ Slot leases ].
+    """
+    cdef SlotRing ring
+    cdef readonly Py_ssize_t slot
+    cdef readonly object source   # the slot's buffer object (kept alive by the lease)
+    cdef Py_buffer view
+    cdef bint has_view
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __cinit__(self, SlotRing ring, Py_ssize_t slot, object source):
+        self.has_view = False
+        PyObject_GetBuffer(_exporter(source), &self.view, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        self.has_view = True
+        self.ring = ring
+        self.slot = slot
+        self.source = source
+
+    def __dealloc__(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+            self.has_view = False
+        if self.ring is not None:
+            self.ring._release(self.slot)
+
+    @property
+    def nbytes(self):
+        return self.view.len
+
+    @property
+    def address(self):
+        return <size_t>self.view.buf
+
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        self.shape[0] = self.view.len
+        self.strides[0] = 1
+        buffer.buf = self.view.buf
+        buffer.len = self.view.len
+        buffer.readonly = 0
+        buffer.itemsize = 1
+        buffer.format = "B"
+        buffer.ndim = 1
+        buffer.shape = self.shape
+        buffer.strides = self.strides
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+        buffer.obj = self
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        pass

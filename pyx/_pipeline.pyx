@@ -1,0 +1,243 @@
+# cython: freethreading_compatible = False
+"""The fused per-sample executor (owner: loaderlib/pipeline.py).
+
+``run_into`` runs one ``prange`` over a batch: per item it reads the bytes (from a
+buffer, a file, or a record of an open file), then ``ll_chain_run`` (include/ll_chain.h)
+decodes the region the chain needs at the chosen DCT scale and resamples it straight
+into the item's output slot. Per-item failures become status codes and messages; this
+module never raises for them.
+"""
+
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, memset
+
+cimport cython
+cimport numpy as cnp
+from cython.parallel cimport prange, threadid
+
+from _common cimport *
+from fused cimport *
+from jpeglib cimport ll_jpeg_dec
+
+cnp.import_array()
+
+OP_RRC = LL_OP_RRC
+OP_RESIZE = LL_OP_RESIZE
+OP_CENTER_CROP = LL_OP_CENTER_CROP
+OP_HFLIP = LL_OP_HFLIP
+MAX_OPS = LL_MAX_OPS
+DTYPE_UINT8 = LL_DTYPE_UINT8
+DTYPE_FLOAT32 = LL_DTYPE_FLOAT32
+
+SOURCE_BUFFERS = 0
+SOURCE_FILES = 1
+SOURCE_RECORDS = 2
+
+
+cdef class CompiledChain:
+    """An ``ll_plan``: the geometric ops, the point-wise lookup table and the layout.
+
+    Immutable after construction; safe to share between threads.
+    """
+    cdef ll_plan* plan
+    cdef readonly int out_h, out_w, channels, dtype, chw
+
+    def __cinit__(self, list ops, int mode, int channels, bint dct_scaling, bint strict, long long max_pixels,
+                  int dtype, bint chw, object lut, int out_h, int out_w):
+        """``ops``: tuples (kind, pos, h, w, interp, antialias, s0, s1, r0, r1, p);
+        ``lut``: None or a (channels, 256) float32 (dtype float32) or uint8 array."""
+        if len(ops) > LL_MAX_OPS:
+            raise ValueError(f"at most {LL_MAX_OPS} geometric transforms can be fused, got {len(ops)}")
+        if channels < 1 or channels > 4:
+            raise ValueError(f"1 to 4 channels supported, got {channels}")
+        if out_h < 1 or out_w < 1:
+            raise ValueError("the fused chain needs a fixed output size")
+        self.plan = <ll_plan*>calloc(1, sizeof(ll_plan))
+        if self.plan == NULL:
+            raise MemoryError()
+        cdef ll_plan* p = self.plan
+        cdef int k
+        for k, op in enumerate(ops):
+            p.ops[k].kind, p.ops[k].pos, p.ops[k].h, p.ops[k].w = op[0], op[1], op[2], op[3]
+            p.ops[k].interp, p.ops[k].antialias = op[4], op[5]
+            p.ops[k].s0, p.ops[k].s1, p.ops[k].r0, p.ops[k].r1, p.ops[k].p = op[6], op[7], op[8], op[9], op[10]
+        p.nops = len(ops)
+        p.mode = mode
+        p.channels = channels
+        p.dct_scaling = dct_scaling
+        p.strict = strict
+        p.max_pixels = max_pixels
+        p.dtype = dtype
+        p.chw = chw
+        p.out_h = out_h
+        p.out_w = out_w
+        cdef const float[:, ::1] lf
+        cdef const uint8_t[:, ::1] l8
+        cdef int c, v
+        if dtype == LL_DTYPE_FLOAT32:
+            if lut is None:
+                raise ValueError("float32 output needs a lookup table")
+            lf = lut
+            if lf.shape[0] != channels or lf.shape[1] != 256:
+                raise ValueError("lookup table must be (channels, 256)")
+            for c in range(channels):
+                for v in range(256):
+                    p.lutf[256 * c + v] = lf[c, v]
+        elif dtype == LL_DTYPE_UINT8:
+            if lut is not None:
+                l8 = lut
+                if l8.shape[0] != channels or l8.shape[1] != 256:
+                    raise ValueError("lookup table must be (channels, 256)")
+                for c in range(channels):
+                    for v in range(256):
+                        p.lut8[256 * c + v] = l8[c, v]
+                p.use_lut = 1
+        else:
+            raise ValueError(f"unknown output dtype code {dtype}")
+        self.out_h, self.out_w, self.channels, self.dtype, self.chw = out_h, out_w, channels, dtype, chw
+
+    def __dealloc__(self):
+        free(self.plan)
+        self.plan = NULL
+
+
+cdef class Workers:
+    """Per-thread native state: a libjpeg decoder and growable scratch buffers per
+    OpenMP thread id. Created before the parallel region and reused across batches;
+    one caller at a time."""
+    cdef ll_worker* w
+    cdef readonly int size
+
+    def __cinit__(self, int size):
+        if size < 1:
+            raise ValueError("Workers size must be >= 1")
+        self.w = <ll_worker*>calloc(size, sizeof(ll_worker))
+        if self.w == NULL:
+            raise MemoryError()
+        cdef int i
+        for i in range(size):
+            if ll_worker_init(&self.w[i]) != LL_OK:
+                self.size = i + 1
+                raise MemoryError("could not create a libjpeg decompressor")
+        self.size = size
+
+    def __dealloc__(self):
+        cdef int i
+        if self.w != NULL:
+            for i in range(self.size):
+                ll_worker_free(&self.w[i])
+            free(self.w)
+            self.w = NULL
+
+
+cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* buf, size_t size,
+                   const char* path, int fd, long long offset, uint64_t seed, uint64_t epoch, uint64_t index,
+                   void* out, char* msg, int64_t* times) noexcept nogil:
+    """One item: read (files, records), then decode and transform into ``out``.
+    ``times`` (or NULL): read, decode, transform nanoseconds."""
+    cdef int64_t t0 = 0
+    cdef int st = LL_OK
+    cdef size_t n = size
+    msg[0] = 0
+    if times != NULL:
+        t0 = ll_now_ns()
+    if kind == 1:
+        st = ll_read_file(path, &wk.file, &n, msg)
+        buf = wk.file.p
+    elif kind == 2:
+        if ll_buf_reserve(&wk.file, size if size > 0 else 1) != 0:
+            st = LL_ERR_NOMEM
+        else:
+            st = ll_pread_all(fd, wk.file.p, size, offset, msg)
+            buf = wk.file.p
+    if times != NULL:
+        times[0] = ll_now_ns() - t0
+        times[1] = 0
+        times[2] = 0
+    if st != LL_OK:
+        return st
+    if times != NULL:
+        return ll_chain_run(plan, wk, buf, n, seed, epoch, index, out, msg, &times[1], &times[2])
+    return ll_chain_run(plan, wk, buf, n, seed, epoch, index, out, msg, NULL, NULL)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def run_into(CompiledChain chain not None, Workers workers not None, int kind, list items, int fd,
+             const int64_t[::1] offsets, cnp.ndarray out not None, const int64_t[::1] indices not None,
+             uint64_t seed, uint64_t epoch, int num_threads, int64_t[:, ::1] timings,
+             int32_t[::1] status not None, uint8_t[:, ::1] msgs not None):
+    """Run the fused chain for every item of a batch, in parallel, into ``out[i]``.
+
+    ``kind``: 0 = ``items`` are bytes-like buffers; 1 = ``items`` are file paths
+    (bytes), read inside the pass; 2 = records of the open file ``fd``: ``offsets[i]``
+    and ``items[i]`` (the size, an int). Per item: status[i] is LL_OK, LL_WARNED or an
+    error code with the reason in msgs[i]. Thread-safe only with workers no other caller
+    is using.
+    """
+    cdef Py_ssize_t n = len(items)
+    if indices.shape[0] != n or status.shape[0] != n or msgs.shape[0] != n or msgs.shape[1] < LL_MSG_LEN:
+        raise ValueError("run_into: inconsistent table sizes")
+    if timings is not None and (timings.shape[0] != n or timings.shape[1] != 3):
+        raise ValueError("run_into: timings must be (N, 3)")
+    if num_threads < 1 or num_threads > workers.size:
+        raise ValueError("run_into: workers smaller than num_threads")
+    if kind == 2 and (offsets is None or offsets.shape[0] != n):
+        raise ValueError("run_into: offsets must have one entry per record")
+    if out.shape[0] != n or not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out):
+        raise ValueError("run_into: out must be a writeable C-contiguous (N, ...) array")
+    cdef Py_ssize_t item_bytes = out.nbytes // n if n > 0 else 0
+    cdef Py_ssize_t expect = <Py_ssize_t>chain.out_h * chain.out_w * chain.channels * (
+        4 if chain.dtype == LL_DTYPE_FLOAT32 else 1)
+    if n > 0 and item_bytes != expect:
+        raise ValueError(f"run_into: each output slot has {item_bytes} bytes, the chain writes {expect}")
+    cdef char* base = <char*>cnp.PyArray_DATA(out)
+    cdef Py_buffer* views = <Py_buffer*>calloc(max(n, 1), sizeof(Py_buffer))
+    cdef uintptr_t* ptrs = <uintptr_t*>calloc(max(n, 1), sizeof(uintptr_t))
+    cdef size_t* sizes = <size_t*>calloc(max(n, 1), sizeof(size_t))
+    if views == NULL or ptrs == NULL or sizes == NULL:
+        free(views); free(ptrs); free(sizes)
+        raise MemoryError()
+    cdef Py_ssize_t i, acquired = 0
+    cdef long long sz
+    cdef bint timed = timings is not None
+    cdef int64_t* tptr = NULL
+    try:
+        for i in range(n):
+            it = items[i]
+            if kind == 0:
+                try:
+                    PyObject_GetBuffer(it, &views[i], PyBUF_SIMPLE)
+                except (TypeError, BufferError) as e:
+                    raise TypeError(f"item {i}: expected a contiguous bytes-like object, got "
+                                    f"{type(it).__name__}: {e}") from None
+                acquired = i + 1
+                ptrs[i] = <uintptr_t>views[i].buf
+                sizes[i] = <size_t>views[i].len
+            elif kind == 1:
+                if not isinstance(it, bytes):
+                    raise TypeError(f"item {i}: paths must be bytes (os.fsencode)")
+                ptrs[i] = <uintptr_t><const char*>(<bytes>it)
+            else:
+                sz = it
+                if sz < 0 or offsets[i] < 0:
+                    raise ValueError(f"record {i}: negative offset or size")
+                sizes[i] = <size_t>sz
+        if timed:
+            tptr = &timings[0, 0] if n > 0 else NULL
+        # NOTE [ Dynamic schedule ] (see _jpeg.pyx): item cost varies with the JPEG size.
+        for i in prange(n, nogil=True, schedule="dynamic", num_threads=num_threads):
+            status[i] = _run_item(
+                chain.plan, &workers.w[threadid()], kind,
+                <const uint8_t*>ptrs[i] if kind == 0 else NULL, sizes[i],
+                <const char*>ptrs[i] if kind == 1 else NULL, fd,
+                offsets[i] if kind == 2 else 0, seed, epoch, <uint64_t>indices[i],
+                base + i * item_bytes, <char*>&msgs[i, 0], tptr + 3 * i if timed else NULL)
+    finally:
+        for i in range(acquired):
+            PyBuffer_Release(&views[i])
+        free(views)
+        free(ptrs)
+        free(sizes)

@@ -1,0 +1,421 @@
+/* The fused per-sample executor: decode -> crop -> resize -> flip -> normalize -> layout.
+ *
+ * A chain of native transforms is compiled once (loaderlib/pipeline.py) into an ll_plan:
+ * an array of geometric ops plus a per-channel lookup table for the point-wise tail
+ * (Normalize / Cast) and the output layout. Per sample, ll_chain_run():
+ *   1. reads the JPEG header (width, height);
+ *   2. walks the geometric ops symbolically (NOTE [ Fused geometry ]), drawing random
+ *      boxes and flips from the counter-based generator (NOTE [ Counter-based sample
+ *      randomness ] in ll_rng.h), which gives one affine map from output pixels to
+ *      source pixels per axis;
+ *   3. picks the DCT scale (NOTE [ DCT scale choice ]) and decodes only the source
+ *      region the resampling taps read, at that scale;
+ *   4. resamples that region (ll_resize.h) one output row at a time and writes the row
+ *      straight into the caller's output through the lookup table, in the final layout.
+ * No full-size intermediate, no float image, and no allocation once the per-thread
+ * scratch buffers have grown to the largest sample seen.
+ *
+ * NOTE [ Fused geometry ]
+ * Per axis the walk keeps the current size n, the map source = a * current + b and the
+ * clamp domain [d0, d1) (NOTE [ Resampling geometry ] in ll_resize.h). A crop by (off,
+ * len) moves b by a*off; before any resize it also narrows the domain to the crop, so
+ * resampling clamps at the crop box exactly as crop-then-cv2.resize does. A resize to m
+ * pixels multiplies a by n/m. A horizontal flip negates a. The result: output pixel o
+ * samples source coordinate a*(o+0.5)+b, which for a chain with one resize is exactly the
+ * sampling of decode -> crop -> resize -> crop done step by step (so Resize(256) +
+ * CenterCrop(224) needs only the central source box). Chains with several resizes are
+ * resampled once with the composed map, which is sharper than resampling twice; the
+ * interpolation of the last resize is used. A crop larger than the image (CenterCrop
+ * pads, as torchvision does) widens the domain beyond the image; those pixels read 0.
+ *
+ * NOTE [ DCT scale choice ]
+ * When the chain resizes and DCT scaling is allowed, the decoder reduces by d in
+ * {1, 2, 4, 8}: the largest d for which the region of the source the output covers (the
+ * RandomResizedCrop box, for instance: span = a * out pixels) still has at least as many
+ * pixels as the output on both axes, ceil(span / d) >= out. The scaled decode is a
+ * proper low-pass, so the resize after it never downscales by 2x or more unless d = 8.
+ * The map is rescaled by 1/d and the domain becomes [floor(d0/d), ceil(d1/d)), the
+ * region geometry of ll_jpeg_region, so the result matches decode-at-1/d-then-crop.
+ */
+#ifndef LL_CHAIN_H
+#define LL_CHAIN_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "ll_common.h"
+#include "ll_jpeg.h"
+#include "ll_read.h"
+#include "ll_resize.h"
+#include "ll_rng.h"
+
+#define LL_OP_RRC 1
+#define LL_OP_RESIZE 2
+#define LL_OP_CENTER_CROP 3
+#define LL_OP_HFLIP 4
+#define LL_MAX_OPS 32
+
+#define LL_DTYPE_UINT8 0
+#define LL_DTYPE_FLOAT32 1
+
+typedef struct {
+    int kind;
+    int pos;           /* transform position: the last element of the random key */
+    int h, w;          /* output size; LL_OP_RESIZE with h <= 0: shorter side to w */
+    int interp, antialias;
+    double s0, s1, r0, r1; /* RandomResizedCrop scale and ratio ranges */
+    double p;              /* flip probability */
+} ll_op;
+
+typedef struct {
+    int nops;
+    ll_op ops[LL_MAX_OPS];
+    int mode, channels;    /* decode mode (LL_MODE_*), channels of the output */
+    int dct_scaling, strict;
+    long long max_pixels;
+    int dtype, chw, use_lut;
+    int out_h, out_w;      /* the fixed output size (every chain that runs into a batch has one) */
+    float lutf[4 * 256];   /* per channel: output value for each uint8 value (float32 output) */
+    uint8_t lut8[4 * 256]; /* the same for uint8 output when use_lut */
+} ll_plan;
+
+/* Per-thread state: one decoder and the scratch buffers, reused for every sample. */
+typedef struct {
+    ll_jpeg_dec dec;
+    int dec_ok;
+    ll_buf file, region, taps, hbuf, misc;
+} ll_worker;
+
+static int ll_worker_init(ll_worker *w) {
+    memset(w, 0, sizeof(*w));
+    if (ll_jpeg_create(&w->dec) != LL_OK) return LL_ERR_NOMEM;
+    w->dec_ok = 1;
+    return LL_OK;
+}
+
+static void ll_worker_free(ll_worker *w) {
+    if (w->dec_ok) ll_jpeg_destroy(&w->dec);
+    w->dec_ok = 0;
+    ll_buf_free(&w->file);
+    ll_buf_free(&w->region);
+    ll_buf_free(&w->taps);
+    ll_buf_free(&w->hbuf);
+    ll_buf_free(&w->misc);
+}
+
+static inline int64_t ll_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The per-axis state of NOTE [ Fused geometry ]. */
+typedef struct {
+    int n;
+    double a, b;
+    long d0, d1;
+} ll_axis;
+
+static void ll_axis_crop(ll_axis *x, long off, int len, int resampled) {
+    x->b += x->a * (double)off;
+    if (!resampled) {
+        /* a is +-1 here: the domain follows the crop in source pixels */
+        double e0 = x->b, e1 = x->b + x->a * len;
+        x->d0 = (long)floor(e0 < e1 ? e0 : e1);
+        x->d1 = (long)floor(e0 < e1 ? e1 : e0);
+    }
+    x->n = len;
+}
+
+static void ll_axis_resize(ll_axis *x, int m) {
+    x->a *= (double)x->n / (double)m;
+    x->n = m;
+}
+
+static void ll_axis_flip(ll_axis *x) {
+    x->b += x->a * x->n;
+    x->a = -x->a;
+}
+
+/* torchvision CenterCrop offset (pads symmetrically when the crop is larger). */
+static long ll_center_offset(int n, int len) {
+    if (len > n) return -(long)((len - n) / 2);
+    return (long)rint((double)(n - len) / 2.0);
+}
+
+/* Result of the geometry walk for one sample. */
+typedef struct {
+    ll_axis x, y;
+    int interp, antialias, resampled, flip;
+} ll_geom;
+
+LL_NO_CONTRACT
+static int ll_chain_geometry(const ll_plan *pl, int width, int height, uint64_t seed, uint64_t epoch,
+                             uint64_t index, ll_geom *g) {
+    memset(g, 0, sizeof(*g));
+    g->x.n = width; g->x.a = 1.0; g->x.b = 0.0; g->x.d0 = 0; g->x.d1 = width;
+    g->y.n = height; g->y.a = 1.0; g->y.b = 0.0; g->y.d0 = 0; g->y.d1 = height;
+    g->interp = LL_INTERP_LINEAR;
+    for (int k = 0; k < pl->nops; k++) {
+        const ll_op *op = &pl->ops[k];
+        uint64_t key = ll_rng_key(seed, epoch, index, (uint64_t)op->pos);
+        if (op->kind == LL_OP_RRC) {
+            int i, j, h, w;
+            ll_rrc_params(key, g->x.n, g->y.n, op->s0, op->s1, op->r0, op->r1, &i, &j, &h, &w);
+            ll_axis_crop(&g->x, j, w, g->resampled);
+            ll_axis_crop(&g->y, i, h, g->resampled);
+            ll_axis_resize(&g->x, op->w);
+            ll_axis_resize(&g->y, op->h);
+            g->resampled = 1;
+            g->interp = op->interp;
+            g->antialias = op->antialias;
+        } else if (op->kind == LL_OP_CENTER_CROP) {
+            ll_axis_crop(&g->x, ll_center_offset(g->x.n, op->w), op->w, g->resampled);
+            ll_axis_crop(&g->y, ll_center_offset(g->y.n, op->h), op->h, g->resampled);
+        } else if (op->kind == LL_OP_RESIZE) {
+            int oh = op->h, ow = op->w;
+            if (oh <= 0) { /* torchvision: the shorter side becomes w, the longer int(w*long/short) */
+                if (g->x.n <= g->y.n) { ow = op->w; oh = (int)((double)op->w * g->y.n / g->x.n); }
+                else { oh = op->w; ow = (int)((double)op->w * g->x.n / g->y.n); }
+            }
+            if (oh < 1 || ow < 1) return LL_ERR_SHAPE;
+            ll_axis_resize(&g->x, ow);
+            ll_axis_resize(&g->y, oh);
+            g->resampled = 1;
+            g->interp = op->interp;
+            g->antialias = op->antialias;
+        } else if (op->kind == LL_OP_HFLIP) {
+            if (ll_rng_uniform(key, 0) < op->p) ll_axis_flip(&g->x);
+        } else {
+            return LL_ERR_STATE;
+        }
+    }
+    if (g->x.a < 0) { /* sample unflipped, mirror the taps (NOTE [ Fused geometry ]) */
+        g->x.b += g->x.a * g->x.n;
+        g->x.a = -g->x.a;
+        g->flip = 1;
+    }
+    return LL_OK;
+}
+
+/* NOTE [ DCT scale choice ] */
+static int ll_chain_denom(const ll_geom *g, int allow) {
+    if (!allow || !g->resampled) return 1;
+    double sx = g->x.a * g->x.n, sy = g->y.a * g->y.n;
+    for (int d = 8; d > 1; d /= 2) {
+        if (ceil(sx / d - 1e-9) >= g->x.n && ceil(sy / d - 1e-9) >= g->y.n) return d;
+    }
+    return 1;
+}
+
+static long ll_floor_div(long a, long b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static long ll_ceil_div_l(long a, long b) { return -ll_floor_div(-a, b); }
+
+/* Writes one finished uint8 output row (out_w * C, HWC order) into the sample's output. */
+static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, int ow, int C, void *out) {
+    size_t plane = (size_t)oh * ow;
+    if (pl->dtype == LL_DTYPE_FLOAT32) {
+        float *o = (float *)out;
+        if (pl->chw) {
+            for (int c = 0; c < C; c++) {
+                const float *lut = pl->lutf + 256 * c;
+                float *d = o + c * plane + (size_t)oy * ow;
+                for (int x = 0; x < ow; x++) d[x] = lut[row[x * C + c]];
+            }
+        } else {
+            float *d = o + (size_t)oy * ow * C;
+            for (int x = 0; x < ow; x++)
+                for (int c = 0; c < C; c++) d[x * C + c] = pl->lutf[256 * c + row[x * C + c]];
+        }
+    } else {
+        uint8_t *o = (uint8_t *)out;
+        if (pl->chw) {
+            for (int c = 0; c < C; c++) {
+                uint8_t *d = o + c * plane + (size_t)oy * ow;
+                if (pl->use_lut) for (int x = 0; x < ow; x++) d[x] = pl->lut8[256 * c + row[x * C + c]];
+                else for (int x = 0; x < ow; x++) d[x] = row[x * C + c];
+            }
+        } else {
+            uint8_t *d = o + (size_t)oy * ow * C;
+            if (pl->use_lut) {
+                for (int x = 0; x < ow; x++)
+                    for (int c = 0; c < C; c++) d[x * C + c] = pl->lut8[256 * c + row[x * C + c]];
+            } else if (d != row) {
+                memcpy(d, row, (size_t)ow * C);
+            }
+        }
+    }
+}
+
+/* Resample the decoded region src (rh x rw x C, stride) through taps tx, ty (relative to
+ * the region) and emit every output row. Scratch from wk. */
+static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *src, ptrdiff_t stride, int rh,
+                             const ll_taps *tx, const ll_taps *ty, int C, void *out) {
+    int ow = tx->n, oh = ty->n;
+    size_t hrow = (size_t)ow * C;
+    /* hbuf: Q7 rows for every source row some output row reads, in source order */
+    if (ll_buf_reserve(&wk->hbuf, (size_t)rh * hrow * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
+    size_t misc = (size_t)rh + hrow * sizeof(int32_t) + hrow + (size_t)ty->maxt * sizeof(void *) + 64;
+    if (ll_buf_reserve(&wk->misc, misc) != 0) return LL_ERR_NOMEM;
+    int16_t *hbuf = (int16_t *)wk->hbuf.p;
+    int32_t *acc = (int32_t *)wk->misc.p;
+    const int16_t **rows = (const int16_t **)(wk->misc.p + hrow * sizeof(int32_t));
+    uint8_t *done = (uint8_t *)(rows + ty->maxt);
+    uint8_t *row = done + rh;
+    memset(done, 0, (size_t)rh);
+    int direct = (pl->dtype == LL_DTYPE_UINT8 && !pl->chw && !pl->use_lut);
+    for (int oy = 0; oy < oh; oy++) {
+        int nt = ty->ntap[oy], s = ty->start[oy];
+        for (int t = 0; t < nt; t++) {
+            int r = s + t;
+            if (!done[r]) {
+                ll_hpass_any(src + (ptrdiff_t)r * stride, tx, hbuf + (size_t)r * hrow, C);
+                done[r] = 1;
+            }
+            rows[t] = hbuf + (size_t)r * hrow;
+        }
+        uint8_t *dst = direct ? (uint8_t *)out + (size_t)oy * hrow : row;
+        if (nt == 0) memset(dst, 0, hrow);
+        else ll_vpass(rows, ty->w + (size_t)oy * ty->maxt, nt, (int)hrow, acc, dst);
+        ll_emit_row(pl, dst, oy, oh, ow, C, out);
+    }
+    return LL_OK;
+}
+
+/* Carve the tap tables of both axes out of the worker's scratch. */
+static int ll_chain_taps(ll_worker *wk, ll_taps *tx, ll_taps *ty, int ow, int oh, int mx, int my, double **tmp) {
+    size_t nx = (size_t)ow, ny = (size_t)oh;
+    size_t need = (nx + ny) * 2 * sizeof(int32_t) + (nx * mx + ny * my) * sizeof(int16_t) +
+                  (size_t)(mx > my ? mx : my) * sizeof(double) + 64;
+    if (ll_buf_reserve(&wk->taps, need) != 0) return LL_ERR_NOMEM;
+    unsigned char *p = wk->taps.p;
+    *tmp = (double *)p; p += (size_t)(mx > my ? mx : my) * sizeof(double);
+    tx->start = (int32_t *)p; p += nx * sizeof(int32_t);
+    tx->ntap = (int32_t *)p; p += nx * sizeof(int32_t);
+    ty->start = (int32_t *)p; p += ny * sizeof(int32_t);
+    ty->ntap = (int32_t *)p; p += ny * sizeof(int32_t);
+    tx->w = (int16_t *)p; p += nx * mx * sizeof(int16_t);
+    ty->w = (int16_t *)p;
+    tx->n = ow; tx->maxt = mx;
+    ty->n = oh; ty->maxt = my;
+    return LL_OK;
+}
+
+/* The interpolation each axis uses (cv2's INTER_AREA is two-tap when either axis upscales). */
+static int ll_axis_interp(int interp, double ax, double ay) {
+    if (interp == LL_INTERP_AREA && (ax < 1.0 || ay < 1.0)) return LL_INTERP_AREA_LINEAR;
+    return interp;
+}
+
+/* One sample: JPEG bytes -> the finished output (out_h x out_w x C, or C x out_h x out_w).
+ * Returns LL_OK, LL_WARNED or an error code (reason in msg). t_dec / t_tr (may be NULL)
+ * get the nanoseconds spent decoding and transforming. Thread-safe for distinct workers. */
+static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, size_t size, uint64_t seed,
+                        uint64_t epoch, uint64_t index, void *out, char *msg, int64_t *t_dec, int64_t *t_tr) {
+    int64_t t0 = t_dec ? ll_now_ns() : 0, t_decode = 0;
+    ll_jpeg_info info;
+    int x0, y0, oh0, ow0, oc0;
+    int C = pl->channels;
+    int st = ll_jpeg_plan_item(&wk->dec, buf, size, pl->mode, 1, 0, 0, 0, 0, pl->max_pixels, &info, &x0, &y0,
+                               &oh0, &ow0, &oc0, msg);
+    if (st != LL_OK) return st;
+    if (t_dec) t_decode = ll_now_ns() - t0;
+    int64_t t1 = t_dec ? ll_now_ns() : 0;
+
+    ll_geom g;
+    st = ll_chain_geometry(pl, info.width, info.height, seed, epoch, index, &g);
+    if (st != LL_OK) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "transform chain gives an empty output for a %dx%d image",
+                          info.width, info.height);
+        return st;
+    }
+    if (g.x.n != pl->out_w || g.y.n != pl->out_h) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "output is %dx%d but the chain gives %dx%d for this %dx%d image",
+                          pl->out_w, pl->out_h, g.x.n, g.y.n, info.width, info.height);
+        return LL_ERR_SHAPE;
+    }
+    int d = ll_chain_denom(&g, pl->dct_scaling);
+    long sw = ll_ceil_div_l(info.width, d), sh = ll_ceil_div_l(info.height, d);
+    double ax = g.x.a / d, bx = g.x.b / d, ay = g.y.a / d, by = g.y.b / d;
+    long dx0 = ll_floor_div(g.x.d0, d), dx1 = ll_ceil_div_l(g.x.d1, d);
+    long dy0 = ll_floor_div(g.y.d0, d), dy1 = ll_ceil_div_l(g.y.d1, d);
+    if (dx1 <= dx0) dx1 = dx0 + 1;
+    if (dy1 <= dy0) dy1 = dy0 + 1;
+    int ix = ll_axis_interp(g.interp, ax, ay), iy = ix;
+    int mx = ll_taps_max(ix, g.antialias, ax), my = ll_taps_max(iy, g.antialias, ay);
+    ll_taps tx, ty;
+    double *tmp;
+    if (ll_chain_taps(wk, &tx, &ty, g.x.n, g.y.n, mx, my, &tmp) != LL_OK) goto nomem;
+    ll_taps_compute(&tx, ix, g.antialias, ax, bx, (int)dx0, (int)dx1, 0, (int)sw, tmp);
+    ll_taps_compute(&ty, iy, g.antialias, ay, by, (int)dy0, (int)dy1, 0, (int)sh, tmp);
+    if (g.flip) ll_taps_reverse(&tx);
+    int rx0, rx1, ry0, ry1;
+    int any = ll_taps_span(&tx, &rx0, &rx1) & ll_taps_span(&ty, &ry0, &ry1);
+    int64_t t_geom = t_dec ? ll_now_ns() - t1 : 0;
+    const uint8_t *src = NULL;
+    int rw = 0, rh = 0;
+    if (any) {
+        rw = rx1 - rx0;
+        rh = ry1 - ry0;
+        t1 = t_dec ? ll_now_ns() : 0;
+        if (ll_buf_reserve(&wk->region, (size_t)rw * rh * C + 16) != 0) goto nomem;
+        st = ll_jpeg_decode(&wk->dec, pl->mode, d, rx0, ry0, rw, rh, wk->region.p, (ptrdiff_t)rw * C, pl->strict);
+        if (st == LL_WARNED || st == LL_ERR_STRICT) ll_copy_msg(msg, wk->dec.err.warn);
+        else if (st != LL_OK) ll_copy_msg(msg, wk->dec.err.msg[0] ? wk->dec.err.msg : "decode failed");
+        if (st < 0) return st;
+        if (t_dec) t_decode += ll_now_ns() - t1;
+        ll_taps_shift(&tx, rx0);
+        ll_taps_shift(&ty, ry0);
+        src = wk->region.p;
+    } else {
+        ry0 = 0;
+        rh = 0;
+    }
+    t1 = t_dec ? ll_now_ns() : 0;
+    int rs;
+    if (any) {
+        rs = ll_chain_resample(pl, wk, src, (ptrdiff_t)rw * C, rh, &tx, &ty, C, out);
+    } else { /* every output pixel is padding */
+        for (int o = 0; o < ty.n; o++) ty.ntap[o] = 0;
+        rs = ll_chain_resample(pl, wk, NULL, 0, 0, &tx, &ty, C, out);
+    }
+    if (rs != LL_OK) goto nomem;
+    if (t_dec) {
+        *t_dec = t_decode;
+        *t_tr = t_geom + (ll_now_ns() - t1);
+    }
+    return st;
+nomem:
+    if (msg) snprintf(msg, LL_MSG_LEN, "out of memory (per-thread scratch)");
+    return LL_ERR_NOMEM;
+}
+
+/* Resize a whole HWC uint8 image (the single-image path of Resize and
+ * RandomResizedCrop): the same taps and passes as the fused executor, with the image as
+ * the clamp domain. Allocates its scratch per call. Returns LL_OK or LL_ERR_NOMEM. */
+static int ll_resize_image(const uint8_t *src, int sh, int sw, int C, uint8_t *dst, int dh, int dw, int interp,
+                           int antialias) {
+    static const ll_plan direct_plan; /* zero: uint8 HWC, no LUT: rows go straight to dst */
+    ll_worker wk;
+    memset(&wk, 0, sizeof(wk));
+    double ax = (double)sw / dw, ay = (double)sh / dh;
+    int ix = ll_axis_interp(interp, ax, ay);
+    int mx = ll_taps_max(ix, antialias, ax), my = ll_taps_max(ix, antialias, ay);
+    ll_taps tx, ty;
+    double *tmp;
+    int st = LL_ERR_NOMEM;
+    if (ll_chain_taps(&wk, &tx, &ty, dw, dh, mx, my, &tmp) == LL_OK) {
+        ll_taps_compute(&tx, ix, antialias, ax, 0.0, 0, sw, 0, sw, tmp);
+        ll_taps_compute(&ty, ix, antialias, ay, 0.0, 0, sh, 0, sh, tmp);
+        ll_plan *pl = (ll_plan *)&direct_plan;
+        st = ll_chain_resample(pl, &wk, src, (ptrdiff_t)sw * C, sh, &tx, &ty, C, dst);
+    }
+    ll_buf_free(&wk.taps);
+    ll_buf_free(&wk.hbuf);
+    ll_buf_free(&wk.misc);
+    return st;
+}
+
+#endif

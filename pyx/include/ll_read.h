@@ -1,0 +1,83 @@
+/* POSIX reads inside the nogil pass: whole files (open/fstat/read) and records (pread).
+ *
+ * Both read into a per-thread ll_buf that grows geometrically and is reused, so steady
+ * state allocates nothing. Failures return LL_ERR_READ with the system's reason
+ * (strerror) in msg; the Python owner adds the path or record key.
+ */
+#ifndef LL_READ_H
+#define LL_READ_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "ll_common.h"
+#include "ll_resize.h"
+
+static void ll_errno_msg(char *msg, const char *what, int err) {
+    char tmp[128];
+    tmp[0] = 0;
+#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+    const char *s = strerror_r(err, tmp, sizeof(tmp));
+#else
+    const char *s = strerror_r(err, tmp, sizeof(tmp)) == 0 ? tmp : "unknown error";
+#endif
+    if (msg) snprintf(msg, LL_MSG_LEN, "%s: %s (errno %d)", what, s, err);
+}
+
+/* Read exactly size bytes at offset (pread loop; EINTR retried). */
+static int ll_pread_all(int fd, unsigned char *dst, size_t size, long long offset, char *msg) {
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, dst + got, size - got, (off_t)(offset + (long long)got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            ll_errno_msg(msg, "read failed", errno);
+            return LL_ERR_READ;
+        }
+        if (r == 0) {
+            if (msg) snprintf(msg, LL_MSG_LEN, "unexpected end of file: wanted %zu bytes at offset %lld, got %zu",
+                              size, offset, got);
+            return LL_ERR_READ;
+        }
+        got += (size_t)r;
+    }
+    return LL_OK;
+}
+
+/* Read a whole file into b; *size gets its length. */
+static int ll_read_file(const char *path, ll_buf *b, size_t *size, char *msg) {
+    int fd;
+    do { fd = open(path, O_RDONLY | O_CLOEXEC); } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        ll_errno_msg(msg, "cannot open", errno);
+        return LL_ERR_READ;
+    }
+    struct stat stbuf;
+    if (fstat(fd, &stbuf) != 0) {
+        ll_errno_msg(msg, "cannot stat", errno);
+        close(fd);
+        return LL_ERR_READ;
+    }
+    if (!S_ISREG(stbuf.st_mode)) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "not a regular file");
+        close(fd);
+        return LL_ERR_READ;
+    }
+    size_t n = (size_t)stbuf.st_size;
+    if (ll_buf_reserve(b, n > 0 ? n : 1) != 0) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "out of memory reading %zu bytes", n);
+        close(fd);
+        return LL_ERR_NOMEM;
+    }
+    int st = ll_pread_all(fd, b->p, n, 0, msg);
+    close(fd);
+    *size = n;
+    return st;
+}
+
+#endif

@@ -1,0 +1,267 @@
+/* Separable uint8 resampling with fixed-point weights (bilinear, area, nearest).
+ *
+ * NOTE [ Resampling geometry ]
+ * One output axis of n_out pixels samples a source axis through the affine map
+ *     source coordinate = a * output coordinate + b        (a > 0, continuous coordinates,
+ *                                                           pixel k spans [k, k+1))
+ * so a plain resize of an image of n_in pixels is a = n_in / n_out, b = 0, and a crop
+ * before the resize only moves b. Pixels are read from a clamp domain [d0, d1): taps that
+ * fall outside it are clamped to its edge, which is what OpenCV does at the border of the
+ * image it is given; a crop-then-resize therefore clamps at the crop box, and the fused
+ * executor passes the box as the domain. Pixels of the domain outside [v0, v1) read as 0
+ * (the zero padding of a CenterCrop larger than the image).
+ *
+ * Per interpolation, the weights of output pixel o (centre c = a*(o+0.5) + b):
+ *   LL_INTERP_LINEAR    taps floor(c-0.5) and +1 with weights 1-f, f: cv2.INTER_LINEAR.
+ *   LL_INTERP_AREA      a >= 1 on both axes: the source pixels overlapping
+ *                       [a*o+b, a*(o+1)+b), weighted by overlap (cv2.INTER_AREA);
+ *                       otherwise cv2's two-tap INTER_AREA coefficients (see below).
+ *   LL_INTERP_NEAREST   pixel floor(c): cv2.INTER_NEAREST_EXACT (pixel-centre rounding).
+ *   linear + antialias  a > 1: triangle filter of half-width a (Pillow's BILINEAR and
+ *                       torchvision's antialias=True), taps renormalised at the border.
+ *
+ * NOTE [ Fixed-point resampling ]
+ * Weights are Q14 (sum 16384). The horizontal pass keeps Q7 (value * 128, <= 32640, an
+ * int16); the vertical pass accumulates Q21 in int32 ((32640 * 16384) < 2**31) and
+ * rounds once. The total error against exact arithmetic is below 0.52 levels, so the
+ * result is within +-1 of OpenCV's own 11-bit fixed point. The vertical pass is a
+ * contiguous multiply-add over out_w * channels int16 values, which the compiler
+ * vectorises; the horizontal pass is channel-interleaved with the channel count a
+ * compile-time constant.
+ */
+#ifndef LL_RESIZE_H
+#define LL_RESIZE_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LL_INTERP_LINEAR 0
+#define LL_INTERP_AREA 1
+#define LL_INTERP_NEAREST 2
+/* Internal: cv2's INTER_AREA coefficients when some axis upscales. */
+#define LL_INTERP_AREA_LINEAR 3
+
+#define LL_WBITS 14
+#define LL_WONE (1 << LL_WBITS)
+
+/* A growable scratch buffer: grows geometrically, never shrinks, freed by its owner. */
+typedef struct {
+    unsigned char *p;
+    size_t cap;
+} ll_buf;
+
+static int ll_buf_reserve(ll_buf *b, size_t need) {
+    if (need <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < need) cap *= 2;
+    unsigned char *p = (unsigned char *)realloc(b->p, cap);
+    if (p == NULL) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static void ll_buf_free(ll_buf *b) {
+    free(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
+/* Taps of one axis: output o reads ntap[o] consecutive pixels from start[o] with weights
+ * w[o*maxt .. o*maxt+ntap[o]). ntap[o] == 0 means the output pixel is 0 (padding). */
+typedef struct {
+    int32_t *start;
+    int32_t *ntap;
+    int16_t *w;
+    int maxt;
+    int n;
+} ll_taps;
+
+/* Upper bound on the taps per output pixel. */
+static int ll_taps_max(int interp, int antialias, double a) {
+    if (interp == LL_INTERP_NEAREST) return 1;
+    if (interp == LL_INTERP_AREA) return a > 1.0 ? (int)ceil(a) + 2 : 2;
+    if (interp == LL_INTERP_LINEAR && antialias && a > 1.0) return (int)ceil(2.0 * a) + 3;
+    return 2;
+}
+
+/* Quantise weights wd[0..n) (sum s) to Q14 summing to round(s * 16384), trim zero
+ * weights at both ends, and store them. Returns the number of taps kept. Overwrites wd. */
+static int ll_taps_store(double *wd, int first, int n, double s, int32_t *start, int16_t *wq) {
+    long total = 0;
+    int big = 0;
+    for (int t = 0; t < n; t++) { /* quantised in place: integers are exact in a double */
+        wd[t] = (double)lrint(wd[t] * LL_WONE);
+        total += (long)wd[t];
+        if (wd[t] > wd[big]) big = t;
+    }
+    if (n > 0) wd[big] += (double)(lrint(s * LL_WONE) - total);
+    int lo = 0, hi = n;
+    while (lo < hi && wd[lo] == 0) lo++;
+    while (hi > lo && wd[hi - 1] == 0) hi--;
+    *start = first + lo;
+    for (int t = lo; t < hi; t++) wq[t - lo] = (int16_t)wd[t];
+    return hi - lo;
+}
+
+/* Fill taps for one axis (see NOTE [ Resampling geometry ]). Tap indices are absolute
+ * (same coordinates as d0, d1, v0, v1) and always inside [max(d0, v0), min(d1, v1)).
+ * Requires d0 < d1. tmp holds at least maxt doubles. */
+static void ll_taps_compute(ll_taps *tp, int interp, int antialias, double a, double b, int d0, int d1, int v0,
+                            int v1, double *tmp) {
+    int maxt = tp->maxt;
+    for (int o = 0; o < tp->n; o++) {
+        int16_t *wq = tp->w + (size_t)o * maxt;
+        int first = 0, n = 0;
+        double s = 1.0;
+        double c = a * (o + 0.5) + b;
+        if (interp == LL_INTERP_NEAREST) {
+            /* a centre exactly on a pixel edge takes the left pixel, as OpenCV's
+             * truncated 16.16 fixed point does */
+            int i = (int)floor(c - 1e-7);
+            if (i < d0) i = d0;
+            if (i > d1 - 1) i = d1 - 1;
+            first = i; n = 1; tmp[0] = 1.0;
+        } else if (interp == LL_INTERP_LINEAR && !(antialias && a > 1.0)) {
+            double fc = c - 0.5;
+            int i = (int)floor(fc);
+            double f = fc - i;
+            if (i < d0) { i = d0; f = 0.0; }
+            if (i >= d1 - 1) { i = d1 - 1; f = 0.0; }
+            first = i; n = 2; tmp[0] = 1.0 - f; tmp[1] = f;
+        } else if (interp == LL_INTERP_AREA_LINEAR) {
+            /* cv2 resize(): sx = floor(o*a), fx = (o+1) - (sx+1)/a, fx = fx <= 0 ? 0 : frac(fx) */
+            double lo = a * o + b;
+            int i = (int)floor(lo);
+            double f = (a * (o + 1) + b - (i + 1)) / a;
+            f = f <= 0 ? 0.0 : f - floor(f);
+            if (i < d0) { i = d0; f = 0.0; }
+            if (i >= d1 - 1) { i = d1 - 1; f = 0.0; }
+            first = i; n = 2; tmp[0] = 1.0 - f; tmp[1] = f;
+        } else { /* area (a >= 1) or antialiased linear: weighted taps clipped to the domain */
+            double lo, hi;
+            int tri = (interp == LL_INTERP_LINEAR);
+            if (tri) { lo = c - a; hi = c + a; }
+            else { lo = a * o + b; hi = lo + a; }
+            if (lo < d0) lo = d0;
+            if (hi > d1) hi = d1;
+            if (hi <= lo) { /* the whole support is outside the domain: nearest edge pixel */
+                int i = (int)floor(c);
+                if (i < d0) i = d0;
+                if (i > d1 - 1) i = d1 - 1;
+                first = i; n = 1; tmp[0] = 1.0;
+            } else {
+                int i0 = (int)floor(lo), i1 = (int)ceil(hi);
+                if (i1 - i0 > maxt) i1 = i0 + maxt;
+                double sum = 0.0;
+                for (int i = i0; i < i1; i++) {
+                    double w;
+                    if (tri) {
+                        double x = fabs((i + 0.5 - c) / a);
+                        w = x < 1.0 ? 1.0 - x : 0.0;
+                    } else {
+                        double l = i > lo ? i : lo, h = (i + 1) < hi ? (i + 1) : hi;
+                        w = h > l ? h - l : 0.0;
+                    }
+                    tmp[i - i0] = w;
+                    sum += w;
+                }
+                first = i0; n = i1 - i0;
+                if (sum <= 0) { tmp[0] = 1.0; n = 1; sum = 1.0; }
+                for (int t = 0; t < n; t++) tmp[t] /= sum;
+            }
+        }
+        /* Padding: pixels outside [v0, v1) are zeros: drop their taps, keep the others'
+         * weights (the zeros still count in the average). */
+        if (first < v0) {
+            int drop = v0 - first;
+            if (drop >= n) { n = 0; } else {
+                for (int t = 0; t < n - drop; t++) tmp[t] = tmp[t + drop];
+                n -= drop; first = v0;
+            }
+        }
+        if (n > 0 && first + n > v1) n = v1 - first > 0 ? v1 - first : 0;
+        s = 0.0;
+        for (int t = 0; t < n; t++) s += tmp[t];
+        if (n == 0) { tp->start[o] = v0; tp->ntap[o] = 0; continue; }
+        tp->ntap[o] = ll_taps_store(tmp, first, n, s, &tp->start[o], wq);
+    }
+}
+
+/* Smallest and largest+1 source index any tap reads; returns 0 when no tap reads at all. */
+static int ll_taps_span(const ll_taps *tp, int *lo, int *hi) {
+    int l = 0x7fffffff, h = -0x7fffffff, any = 0;
+    for (int o = 0; o < tp->n; o++) {
+        if (tp->ntap[o] <= 0) continue;
+        any = 1;
+        if (tp->start[o] < l) l = tp->start[o];
+        if (tp->start[o] + tp->ntap[o] > h) h = tp->start[o] + tp->ntap[o];
+    }
+    *lo = l; *hi = h;
+    return any;
+}
+
+static void ll_taps_shift(ll_taps *tp, int by) {
+    for (int o = 0; o < tp->n; o++) tp->start[o] -= by;
+}
+
+/* Mirror the axis: output o takes what output n-1-o had. */
+static void ll_taps_reverse(ll_taps *tp) {
+    int n = tp->n, m = tp->maxt;
+    for (int o = 0; o < n / 2; o++) {
+        int p = n - 1 - o;
+        int32_t t;
+        t = tp->start[o]; tp->start[o] = tp->start[p]; tp->start[p] = t;
+        t = tp->ntap[o]; tp->ntap[o] = tp->ntap[p]; tp->ntap[p] = t;
+        for (int k = 0; k < m; k++) {
+            int16_t u = tp->w[(size_t)o * m + k];
+            tp->w[(size_t)o * m + k] = tp->w[(size_t)p * m + k];
+            tp->w[(size_t)p * m + k] = u;
+        }
+    }
+}
+
+/* Horizontal pass of one source row into Q7 int16 (see NOTE [ Fixed-point resampling ]). */
+static inline void ll_hpass(const uint8_t *src, const ll_taps *tx, int16_t *dst, const int C) {
+    const int m = tx->maxt;
+    for (int o = 0; o < tx->n; o++) {
+        const int nt = tx->ntap[o];
+        const uint8_t *p = src + (ptrdiff_t)tx->start[o] * C;
+        const int16_t *w = tx->w + (size_t)o * m;
+        int32_t acc[4] = {64, 64, 64, 64};
+        if (nt == 2) {
+            for (int c = 0; c < C; c++) acc[c] += w[0] * p[c] + w[1] * p[C + c];
+        } else {
+            for (int t = 0; t < nt; t++)
+                for (int c = 0; c < C; c++) acc[c] += w[t] * p[t * C + c];
+        }
+        if (nt == 0) for (int c = 0; c < C; c++) acc[c] = 64;
+        for (int c = 0; c < C; c++) dst[o * C + c] = (int16_t)(acc[c] >> 7);
+    }
+}
+
+static void ll_hpass_any(const uint8_t *src, const ll_taps *tx, int16_t *dst, int C) {
+    if (C == 3) ll_hpass(src, tx, dst, 3);
+    else if (C == 1) ll_hpass(src, tx, dst, 1);
+    else if (C == 4) ll_hpass(src, tx, dst, 4);
+    else ll_hpass(src, tx, dst, 2);
+}
+
+/* Vertical pass: one output row from ntap horizontal-pass rows. */
+static void ll_vpass(const int16_t *const *rows, const int16_t *w, int nt, int n, int32_t *acc, uint8_t *out) {
+    for (int k = 0; k < n; k++) acc[k] = 1 << 20;
+    for (int t = 0; t < nt; t++) {
+        const int16_t *r = rows[t];
+        const int32_t wt = w[t];
+        for (int k = 0; k < n; k++) acc[k] += wt * r[k];
+    }
+    for (int k = 0; k < n; k++) {
+        int32_t v = acc[k] >> 21;
+        out[k] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+    }
+}
+
+#endif
