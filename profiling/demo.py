@@ -31,6 +31,8 @@ __all__ = ["build_demo_dataset", "demo_cache_dir"]
 logger = logging.getLogger(__name__)
 
 _VERSION = "demo-v1"
+# Hidden, so that ImageFolderDataset (which skips dot files) does not see it.
+MANIFEST = ".loaderlib-demo.json"
 
 
 def demo_cache_dir() -> pathlib.Path:
@@ -124,7 +126,7 @@ def build_demo_dataset(
     -------
     pathlib.Path
         The dataset root, with ``class_00/ ... class_{n_classes-1}/`` of ``.jpg`` files and a
-        ``manifest.json`` describing each image.
+        hidden ``.loaderlib-demo.json`` manifest describing each image.
     """
     import cv2
 
@@ -132,7 +134,7 @@ def build_demo_dataset(
         raise ValueError("n_images and n_classes must be >= 1")
     parent = pathlib.Path(root) if root is not None else demo_cache_dir()
     final = parent / f"n{n_images}-c{n_classes}-s{seed}"
-    if (final / "manifest.json").exists() and not force:
+    if (final / MANIFEST).exists() and not force:
         return final
     parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
@@ -157,7 +159,7 @@ def build_demo_dataset(
         with concurrent.futures.ThreadPoolExecutor(available_cpus()) as pool:
             manifest = list(tqdm(pool.map(make, range(n_images)), total=n_images, desc="building demo dataset",
                                  unit="img", disable=not progress, leave=False))
-        (tmp / "manifest.json").write_text(json.dumps(
+        (tmp / MANIFEST).write_text(json.dumps(
             {"version": _VERSION, "seed": seed, "source": "matplotlib sample_data/grace_hopper.jpg",
              "images": manifest}, indent=1))
         if force and final.exists():
@@ -165,7 +167,7 @@ def build_demo_dataset(
         try:
             tmp.rename(final)
         except OSError:
-            if not (final / "manifest.json").exists():  # not a concurrent build that finished first
+            if not (final / MANIFEST).exists():  # not a concurrent build that finished first
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
         logger.info("built the demo dataset (%d images) in %s", n_images, final)

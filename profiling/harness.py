@@ -241,6 +241,9 @@ def _run_phase(
         epoch += 1
         t_iter = time.perf_counter()
         it = iter(loader)
+        if t_window is not None:
+            # Starting a later epoch (sampler, plan, pool) is time the consumer waits for data.
+            ph.wait_s += time.perf_counter() - t_iter
         base = None
         got_any = False
         window_samples_before = ph.samples
