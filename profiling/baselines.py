@@ -24,7 +24,14 @@ import numpy as np
 from .recorder import StageRecorder
 from .stats import STAGES
 
-__all__ = ["PythonThreadLoader", "ResNetTrainTransform", "decode_opencv", "python_thread_loader", "read_file"]
+__all__ = [
+    "PythonThreadLoader",
+    "ResNetTrainTransform",
+    "TorchImageDataset",
+    "decode_opencv",
+    "python_thread_loader",
+    "read_file",
+]
 
 _STAGE_INDEX = {name: i for i, name in enumerate(STAGES)}
 _END = object()
@@ -352,3 +359,23 @@ def python_thread_loader(
     steps = [("read", read_file), ("decode", decode_opencv), ("transform", ResNetTrainTransform(size, seed))]
     return PythonThreadLoader(list(paths_and_labels), steps, batch_size=batch_size, num_threads=num_threads,
                               prefetch=prefetch, shuffle=shuffle, seed=seed)
+
+
+class TorchImageDataset:
+    """Map-style dataset for PyTorch's DataLoader: the same per-sample Python code as the baseline.
+
+    Item ``i`` is ``(CHW float32 image, label)`` from :func:`read_file`,
+    :func:`decode_opencv` and :class:`ResNetTrainTransform`. Plain class (no torch import),
+    picklable, so worker processes can receive it.
+    """
+
+    def __init__(self, items: Sequence[tuple[str, int]], size: int = 224, seed: int = 0) -> None:
+        self.items = list(items)
+        self.transform = ResNetTrainTransform(size, seed)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        item = self.items[i]
+        return self.transform(decode_opencv(read_file(item)), index=i), int(item[1])
