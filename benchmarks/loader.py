@@ -58,13 +58,15 @@ def make_dataset(root: str, n: int, classes: int = 8) -> str:
         y, x = int(rng.integers(0, 513 - h)), int(rng.integers(0, 601 - w))
         img = photo[y:y + h, x:x + w]
         tw = int(rng.integers(400, 520))
-        th = int(round(tw * rng.uniform(0.66, 0.8))) if rng.random() < 0.8 else int(round(tw * rng.uniform(1.2, 1.4)))
+        th = round(tw * rng.uniform(0.66, 0.8)) if rng.random() < 0.8 else round(tw * rng.uniform(1.2, 1.4))
         img = cv2.resize(img, (tw, th), interpolation=cv2.INTER_AREA)
         if rng.random() < 0.5:
             img = img[:, ::-1]
         shift = rng.integers(-25, 26, size=3)
         img = np.clip(img.astype(np.int16) + shift, 0, 255).astype(np.uint8)
         ok, buf = cv2.imencode(".JPEG", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        if not ok:
+            raise RuntimeError("cv2.imencode failed")
         with open(os.path.join(root, f"n{i % classes:08d}", f"img_{i:06d}.JPEG"), "wb") as f:
             f.write(buf.tobytes())
     open(marker, "w").close()
@@ -99,8 +101,8 @@ class CvPipeline:
         for _ in range(10):   # torchvision's RandomResizedCrop.get_params
             target = area * self.rng.uniform(0.08, 1.0)
             ratio = math.exp(self.rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw = int(round(math.sqrt(target * ratio)))
-            ch = int(round(math.sqrt(target / ratio)))
+            cw = round(math.sqrt(target * ratio))
+            ch = round(math.sqrt(target / ratio))
             if 0 < cw <= w and 0 < ch <= h:
                 return int(self.rng.integers(0, h - ch + 1)), int(self.rng.integers(0, w - cw + 1)), ch, cw
         s = min(h, w)
