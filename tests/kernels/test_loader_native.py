@@ -11,12 +11,12 @@ import warnings
 import cv2
 import numpy as np
 import pytest
-from _loader_images import encode, make_image_folder, photo
 
 import loaderlib as ll
 from loaderlib import DataLoader
 from loaderlib import transforms as T
 from loaderlib.arena import arena_counters
+from tests.kernels._loader_images import encode, make_image_folder, photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
