@@ -255,3 +255,35 @@ def test_native_stats_fed(folder):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert loader.recorder.enabled
+
+
+def test_python_tail_after_native_prefix(folder):
+    """Threads engine: the native prefix stays native, the Python tail runs per sample."""
+    ds = ll.ImageFolderDataset(folder)
+    chain = T.Compose([T.Decode(dct_scaling=False), T.RandomResizedCrop(40), T.RandomHorizontalFlip(),
+                       lambda im: np.ascontiguousarray(im[::-1]), T.Normalize(MEAN, STD)])
+    outs = []
+    for n in (1, 2):
+        loader = DataLoader(ds.transform_first(chain), batch_size=6, seed=9, num_threads=n)
+        assert loader.engine == "threads"
+        text = loader.explain()
+        assert "native  random resized crop" in text and "lambda" in text
+        outs.append([(x.copy(), y.copy()) for x, y in loader])
+    for (x1, y1), (x2, y2) in zip(*outs):
+        np.testing.assert_array_equal(x1, x2)
+        np.testing.assert_array_equal(y1, y2)
+    # equal to the chain applied step by step with the same keyed randomness
+    x, y = outs[0][1]
+    for j in range(6):
+        i = 6 + j
+        ref = chain(ds[i][0], seed=9, epoch=0, index=i)
+        np.testing.assert_array_equal(x[j], ref)
+        assert y[j] == ds.labels[i]
+
+
+def test_python_batchify_on_native_samples(folder):
+    ds = ll.ImageFolderDataset(folder).transform_first(T.Resize((16, 16)))
+    loader = DataLoader(ds, batch_size=5, batchify_fn=lambda s: (len(s), s[0][0].shape, s[0][1]))
+    assert loader.engine == "threads"
+    batches = list(loader)
+    assert len(batches) == 5 and batches[0] == (5, (16, 16, 3), 0)
