@@ -464,7 +464,7 @@ class DataLoader:
             self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,
                                         self._batch_size)
         run.start()
-        it = LoaderIterator(run)
+        it = LoaderIterator(run, self)
         self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         return it
 
