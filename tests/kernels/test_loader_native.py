@@ -287,3 +287,33 @@ def test_python_batchify_on_native_samples(folder):
     assert loader.engine == "threads"
     batches = list(loader)
     assert len(batches) == 5 and batches[0] == (5, (16, 16, 3), 0)
+
+
+def test_inside_torch_fork_workers_after_native_epoch(folder):
+    pytest.importorskip("torch")
+    code = textwrap.dedent(f"""
+        import warnings
+        import torch
+        import loaderlib as ll
+        from loaderlib import transforms as T
+        base = ll.ImageFolderDataset({folder!r})
+        ds = base.transform_first(T.Resize((24, 24)))
+        assert sum(len(y) for _, y in ll.DataLoader(ds, batch_size=4, num_threads=2)) == len(ds)
+
+        class Wrapped(torch.utils.data.Dataset):
+            def __len__(self):
+                return 4
+            def __getitem__(self, k):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return sum(int(y.sum()) for _, y in ll.DataLoader(ds, batch_size=3, num_threads=2))
+
+        ctx = "fork"
+        out = list(torch.utils.data.DataLoader(Wrapped(), batch_size=2, num_workers=2,
+                                               multiprocessing_context=ctx, timeout=60))
+        want = int(base.labels.sum())
+        assert [int(v) for b in out for v in b] == [want] * 4, out
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
