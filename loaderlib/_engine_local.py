@@ -180,7 +180,17 @@ class NativeProducer:
         pass
 
     def close(self, wait: bool = True) -> None:
+        if not wait:
+            return  # the driver may still be inside a batch; nothing here can stop it sooner
         self._timings = None
+        # After a full stop the plan is idle: hand it back to the loader for the next epoch.
+        # (After a timeout or Ctrl-C the run never calls this, and the plan is dropped.)
+        if self.plan is not None:
+            give = self.info.get("give_plan")
+            give = give() if give is not None else None
+            if give is not None:
+                give(self.plan)
+            self.plan = None
 
     def _finish_arrays(self, task: _Task) -> Any:
         idx = task.indices
@@ -508,6 +518,7 @@ class HybridProducer:
 
     def close(self, wait: bool = True) -> None:
         self.pool.close(wait=wait)
+        self.native.close(wait=wait)
 
 
 def cpu_count() -> int:

@@ -73,6 +73,7 @@ class _Analysis:
     chain: Any = None                              # the transform spec handed to compile_chain
     shards: tuple | None = ()
     hybrid: dict | None = None                     # threads engine after a native prefix
+    plan: Any = None                               # the compiled plan (lent to the first iterator)
 
 
 def _describe(fn: Any) -> str:
@@ -172,6 +173,7 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
 
     hybrid = None
     plan_spec = None
+    plan = None
     if src is not None and src.kind != "arrays":
         steps = _steps(firsts) if ordered else []
         k, plan = _native_prefix(steps) if ordered else (0, None)
@@ -223,7 +225,7 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         reason = "every stage runs in native kernels (zero Python per sample)"
         if num_workers > 0:
             reason += f"; num_workers={num_workers} is not needed and is ignored"
-        return _Analysis("native", reason, stages, src, plan_spec, shards)
+        return _Analysis("native", reason, stages, src, plan_spec, shards, None, plan)
     reason = "; ".join(why_py)
     if fallback == "processes":
         reason += f"; num_workers={num_workers}: Python steps run in worker processes"
@@ -231,7 +233,7 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         return _Analysis(fallback, reason, stages)
     if hybrid is not None:
         reason += "; native steps run in the kernels, the Python steps after them on a thread pool"
-        return _Analysis(fallback, reason, stages, src, plan_spec, None, hybrid)
+        return _Analysis(fallback, reason, stages, src, plan_spec, None, hybrid, plan)
     reason += "; Python steps run on a thread pool (set num_workers > 0 for processes)"
     return _Analysis(fallback, reason, stages)
 
@@ -377,6 +379,7 @@ class DataLoader:
         self._analysis = _analyze(self.dataset, batchify_fn, num_workers)
         self._workers = None      # processes engine: the worker pool, created on first use
         self._arena_ring: BatchArena | None = None
+        self._plans: list = [self._analysis.plan] if self._analysis.plan is not None else []
         self._current: Any = None
         self._closed = False
         if self.pin_memory:
@@ -479,12 +482,9 @@ class DataLoader:
         a = self._analysis
         common = {"knobs": self._knobs, "recorder": self.recorder, "on_error": self.on_error,
                   "errors": self.errors, "run_info": info}
+        info["give_plan"] = weakref.WeakMethod(self._give_plan)
         if a.engine == "native":
-            plan = None
-            if a.native_source.kind != "arrays":
-                from .pipeline import compile_chain
-
-                plan = compile_chain(a.chain)   # one plan per iterator (plans are single-caller)
+            plan = None if a.native_source.kind == "arrays" else self._take_plan()
             if self.recorder.enabled:
                 self.recorder.python_gil("python", False)
             return NativeProducer(src=a.native_source, plan=plan, shards=a.shards, arena=self._arena(),
@@ -492,9 +492,7 @@ class DataLoader:
         if self.recorder.enabled:
             self.recorder.python_gil("python", True)
         if a.engine == "threads" and a.hybrid is not None:
-            from .pipeline import compile_chain
-
-            native = NativeProducer(src=a.native_source, plan=compile_chain(a.chain), shards=(None, None),
+            native = NativeProducer(src=a.native_source, plan=self._take_plan(), shards=(None, None),
                                     arena=self._arena(), batch_size=self._batch_size, **common)
             return HybridProducer(native=native, suffix=a.hybrid["suffix"], suffix_position=a.hybrid["position"],
                                   others=a.hybrid["others"], batchify_fn=self.batchify_fn, arena=self._arena(),
@@ -517,6 +515,22 @@ class DataLoader:
             if current is not None:
                 current.close()
         return ProcessesProducer(pool=self._workers, timeout=self.timeout, **common)
+
+    def _take_plan(self) -> Any:
+        """A compiled plan for one iterator: plans run one batch at a time, so concurrent
+        iterators each get their own; finished iterators give theirs back, so later epochs
+        reuse its decoders and scratch buffers."""
+        with self._lock:
+            if self._plans:
+                return self._plans.pop()
+        from .pipeline import compile_chain
+
+        return compile_chain(self._analysis.chain)
+
+    def _give_plan(self, plan: Any) -> None:
+        with self._lock:
+            if len(self._plans) < 4:
+                self._plans.append(plan)
 
     def close(self) -> None:
         """Stop threads and workers and free arena slots. Idempotent."""
