@@ -317,3 +317,15 @@ def test_inside_torch_fork_workers_after_native_epoch(folder):
     """)
     res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_unlabelled_image_list_yields_images_only(folder):
+    ds = ll.ImageFolderDataset(folder)
+    paths = [p for p, _ in ds.items[:7]]
+    chain = T.Compose([T.Decode(dct_scaling=False), T.Resize((12, 12))])
+    loader = DataLoader(ll.ImageListDataset(paths).transform_first(chain), batch_size=4)
+    assert loader.engine == "native"
+    batches = list(loader)
+    assert [b.shape for b in batches] == [(4, 12, 12, 3), (3, 12, 12, 3)]
+    ref = chain(ds[5][0])
+    np.testing.assert_array_equal(batches[1][1], ref)
