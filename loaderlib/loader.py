@@ -4,8 +4,11 @@ Engines (see DESIGN.md):
 
 * ``native``: the dataset's bytes, every transform and collation run in nogil kernels, one
   parallel pass per batch, straight into an arena slot. Zero Python per sample.
-* ``threads``: some step is Python; samples are loaded by ``dataset[i]`` on a Python thread
-  pool (native decode and transforms called inside still release the GIL).
+* ``threads``: some step is Python. For image datasets, the longest native prefix of the
+  chain still runs in the kernels (one pass per batch) and only the Python tail, the
+  ``.transform(fn)`` layers and a user batchify function run on a Python thread pool; other
+  datasets are loaded by ``dataset[i]`` on the pool (loaderlib's decoder and transforms
+  called there release the GIL).
 * ``processes``: ``num_workers > 0`` with Python steps; persistent worker processes write
   batches into shared-memory arena slots.
 
