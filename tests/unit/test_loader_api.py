@@ -170,16 +170,20 @@ def test_on_error_skip_fills_batches():
 
 
 def test_timeout_bounds_the_wait():
-    def slow(a, b):
-        time.sleep(3)
+    release = threading.Event()
+
+    def stuck(a, b):
+        release.wait(120)   # a sample that would block far longer than the timeout
         return a, b
 
     baseline = threading.active_count()
-    loader = DataLoader(ArrayDataset(*_xy(4)).transform(slow), batch_size=2, timeout=0.3, num_threads=1)
+    loader = DataLoader(ArrayDataset(*_xy(4)).transform(stuck), batch_size=2, timeout=0.3, num_threads=1)
     t0 = time.monotonic()
     with pytest.raises(ll.LoaderTimeoutError, match="timeout=0.3"):
         next(iter(loader))
-    assert time.monotonic() - t0 < 3.0
+    waited = time.monotonic() - t0
+    release.set()
+    assert waited < 60   # not a timing check: without the timeout this would wait for 120 s
     gc.collect()
     assert _wait_threads(baseline, 10) == baseline
 
