@@ -273,3 +273,23 @@ def test_stats_recorded_when_profiling():
     list(loader)
     assert loader.stats.samples == 20
     assert loader.stats.batches == 4
+
+
+def test_threads_engine_steady_state_allocates_no_arena_memory():
+    from loaderlib.arena import arena_counters
+
+    x, y = _xy(64)
+    loader = DataLoader(ArrayDataset(x, y).transform(lambda a, b: (a, b)), batch_size=8, prefetch=2)
+
+    def batches():
+        while True:
+            yield from loader
+
+    stream = batches()
+    for _ in range(16):
+        next(stream)
+    before = arena_counters()
+    for _ in range(200):
+        a, b = next(stream)
+    np.testing.assert_array_equal(b, y[(200 + 16 - 1) % 8 * 8:][:8])
+    assert arena_counters() == before
