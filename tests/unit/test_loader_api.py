@@ -290,6 +290,6 @@ def test_threads_engine_steady_state_allocates_no_arena_memory():
         next(stream)
     before = arena_counters()
     for _ in range(200):
-        a, b = next(stream)
+        _a, b = next(stream)
     np.testing.assert_array_equal(b, y[(200 + 16 - 1) % 8 * 8:][:8])
     assert arena_counters() == before
