@@ -416,6 +416,8 @@ class ThreadsProducer:
             except cf.TimeoutError:
                 if stop.is_set():
                     raise _Stopped() from None
+            except cf.CancelledError:
+                raise _Stopped() from None   # only close() cancels samples
 
     def close(self, wait: bool = True) -> None:
         pools = [self._pool, *self._old_pools]
