@@ -233,8 +233,9 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     if fallback == "processes":
         reason += f"; num_workers={num_workers}: Python steps run in worker processes"
         # In a worker every sample goes through dataset[i]: say so instead of listing fused steps.
-        worker = [("load", "worker", f"dataset[i] per sample in {num_workers} worker processes (loaderlib's "
-                                     "decoder and transforms called one sample at a time)")]
+        what = (f"dataset[i] per sample in {num_workers} worker processes (loaderlib's decoder and "
+                "transforms called one sample at a time)")
+        worker = [("load", "worker", what)]
         worker += [(st, "python", d) for st, kind, d in stages if kind == "python" and st != "collate"]
         worker.append(("collate", "worker", "batchify in the worker, into a shared-memory slot when shapes allow"))
         return _Analysis(fallback, reason, worker)
