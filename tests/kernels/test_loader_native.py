@@ -354,7 +354,8 @@ def test_png_in_a_jpeg_folder(tmp_path):
         f.write(encode(img, ext=".png"))
     chain = T.Compose([T.Decode(dct_scaling=False), T.Resize((20, 24))])
     ds = ll.ImageFolderDataset(tmp_path)
-    (x, y), = list(DataLoader(ds.transform_first(chain), batch_size=2))
+    ((x, y),) = list(DataLoader(ds.transform_first(chain), batch_size=2))
     ref = chain(img[:, :, ::-1].copy())
+    assert y.tolist() == [0, 0]
     np.testing.assert_array_equal(x[1], ref)            # PNG is lossless: exact
     assert np.abs(x[0].astype(int) - ref).max() <= 12   # the JPEG differs by its compression only
