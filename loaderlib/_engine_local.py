@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -528,6 +527,3 @@ class HybridProducer:
         self.pool.close(wait=wait)
         self.native.close(wait=wait)
 
-
-def cpu_count() -> int:
-    return _threads.available_cpus() or os.cpu_count() or 1
