@@ -114,11 +114,12 @@ def main() -> None:
                                                 T.RandomHorizontalFlip(), *tail]))
                 out = np.empty((n, *plan.sample_shape), plan.dtype)
                 label = "loaderlib fused" + ("" if dct else " (dct_scaling=False)")
-                contenders[label] = (lambda plan=plan, out=out, r=[0]: plan.run_buffers_into(
+                contenders[label] = (lambda plan=plan, out=out, bufs=bufs, n=n: plan.run_buffers_into(
                     bufs, out, np.arange(n), seed=0, epoch=0, num_threads=1))
             ref_out = np.empty((n, 3, 224, 224) if normalize else (n, 224, 224, 3),
                                np.float32 if normalize else np.uint8)
-            contenders["OpenCV + numpy"] = lambda out=ref_out: opencv_chain(bufs, out, 0, 0, normalize)
+            contenders["OpenCV + numpy"] = (lambda out=ref_out, bufs=bufs, normalize=normalize:
+                                            opencv_chain(bufs, out, 0, 0, normalize))
             cpu = {k: [] for k in contenders}
             wall = {k: [] for k in contenders}
             for f in contenders.values():  # warm-up: scratch buffers, caches

@@ -27,16 +27,16 @@ from typing import Any
 import numpy as np
 
 from . import _threads
-from . import decode as _decode
 from . import transforms as T
 from ._ext import _pipeline
+from .decode import decode as _decode_image
 from .errors import DecodeError
 
-__all__ = ["compile_chain", "NativePlan", "BatchStatus"]
+__all__ = ["BatchStatus", "NativePlan", "compile_chain"]
 
 _MSG_LEN = 200
 _MODES = {"RGB": 0, "BGR": 1, "GRAY": 2}
-_OK, _WARNED, _ERR_NOT_JPEG, _ERR_SHAPE, _ERR_READ = 0, 1, -3, -5, -11
+_OK, _WARNED, _ERR_NOT_JPEG, _ERR_SHAPE, _ERR_STRICT, _ERR_READ = 0, 1, -3, -5, -7, -11
 _GEOMETRY = (T.RandomResizedCrop, T.Resize, T.CenterCrop, T.RandomHorizontalFlip)
 _POINTWISE = (T.Normalize, T.Cast)
 
@@ -204,10 +204,9 @@ class NativePlan:
             raise ValueError(f"indices must have shape ({n},), got {idx.shape}")
         if sources is not None and len(sources) != n:
             raise ValueError(f"sources has {len(sources)} entries for {n} items")
-        if timings is not None:
-            if not isinstance(timings, np.ndarray) or timings.shape != (n, 3) or timings.dtype != np.int64 \
-                    or not timings.flags.c_contiguous:
-                raise ValueError(f"timings must be a C-contiguous ({n}, 3) int64 array")
+        if timings is not None and (not isinstance(timings, np.ndarray) or timings.shape != (n, 3)
+                                    or timings.dtype != np.int64 or not timings.flags.c_contiguous):
+            raise ValueError(f"timings must be a C-contiguous ({n}, 3) int64 array")
         seed_u = int(seed) & ((1 << 64) - 1)
         epoch_u = int(epoch) & ((1 << 64) - 1)
         nthreads = min(_threads.resolve_num_threads(num_threads), max(n, 1))
@@ -233,6 +232,8 @@ class NativePlan:
                 self._fallback(i, fetch, out, idx, seed_u, epoch_u, timings, src, result)
             else:
                 reason = _msg(msgs, i) or f"status {st}"
+                if st == _ERR_STRICT:
+                    reason = f"corrupt data ({reason}); refused because strict=True"
                 result.errors[i] = DecodeError(reason, int(idx[i]), src)
         return result
 
@@ -244,7 +245,7 @@ class NativePlan:
             data = fetch(i)
             t1 = time.perf_counter_ns()
             d = self.decode_spec
-            img = _decode.decode(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict, source=src)
+            img = _decode_image(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict, source=src)
             t2 = time.perf_counter_ns()
             res = self.transform(img, seed=seed, epoch=epoch, index=int(idx[i]))
             res = np.asarray(res)
