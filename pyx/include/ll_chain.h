@@ -263,7 +263,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     (void)rh;
     size_t hstride = hrow + 8; /* spare int16 for the SIMD pass's overlapping stores */
     if (ll_buf_reserve(&wk->hbuf, (size_t)K * hstride * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
-    size_t misc = 16 * (size_t)ow + 16 + hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) +
+    size_t misc = 16 * (size_t)ow + 16 + hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) + 16 +
                   (size_t)K * (sizeof(void *) + sizeof(int)) + hrow + 64;
     if (ll_buf_reserve(&wk->misc, misc) != 0) return LL_ERR_NOMEM;
     int16_t *hbuf = (int16_t *)wk->hbuf.p;
@@ -276,7 +276,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
         ll_pairs_build(tx, C, (int)(stride > 0 ? stride : 0), &pairs);
         pr = &pairs;
     }
-    const int16_t **rows = (const int16_t **)(pairs.w + 2 * (size_t)ow);
+    const int16_t **rows = (const int16_t **)(((uintptr_t)(pairs.w + 2 * (size_t)ow) + 15) & ~(uintptr_t)15);
     int *slot_row = (int *)(rows + K);
     uint8_t *row = (uint8_t *)(slot_row + K);
     for (int k = 0; k < K; k++) slot_row[k] = -1;
