@@ -10,9 +10,12 @@ write the result straight into ``out[i]`` in its final dtype and layout (see
 :class:`BatchStatus`.
 
 What fuses: ``[Decode] (RandomResizedCrop | Resize | CenterCrop | RandomHorizontalFlip)*
-(Normalize | Cast)* [ToCHW] (Normalize | Cast)*``. The point-wise tail becomes a
-per-channel 256-entry lookup table computed by running the tail's own numpy code on all
-256 values, so fused Normalize output is bitwise equal to the step-by-step one.
+(Normalize | Cast)* [ToCHW] (Normalize | Cast)*``. The geometric steps up to the first
+resize (and the crops and flips after it) become one resampling of the decoded region; a
+second resize starts a second stage that resamples the first one's image (per-thread
+scratch). The point-wise tail becomes a per-channel 256-entry lookup table computed by
+running the tail's own numpy code on all 256 values, so fused Normalize output is bitwise
+equal to the step-by-step one.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ threads) that
 
 A chain made only of these transforms (in the order decode, geometry, point-wise,
 layout) is compiled by :func:`loaderlib.pipeline.compile_chain` into one native pass per
-sample (see NOTE [ Fused geometry ] in ``pyx/include/ll_chain.h``).
+sample (see NOTE [ Fused geometry ] in ``pyx/include/ll_chain.h``) that computes what the
+chain computes step by step: the same boxes and flips, and resampling within +-1 level
+(bitwise equal to calling the chain here when DCT scaling is off).
 
 Randomness
 ----------

@@ -13,7 +13,7 @@ from loaderlib import transforms as T
 from loaderlib._synth import encode_jpeg
 from loaderlib.errors import DecodeError
 from loaderlib.pipeline import BatchStatus, NativePlan, compile_chain
-from tests.conftest import cv2_reference, make_photo
+from tests.conftest import cv2_reference, encode_cmyk_jpeg, make_photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
@@ -174,12 +174,13 @@ def test_dct_scaled_crop_has_exact_geometry(jpegs):
 
 def test_dct_scaled_crop_close_to_full_decode_crop_resize():
     """Fused decode+crop with DCT scaling vs full-resolution decode -> crop ->
-    cv2.resize(INTER_AREA), on 24 photos of 640x480 to 2000x1500 whose boxes decode at
-    1/2 or 1/4. Measured here: mean absolute difference 0.35-1.6 levels per image
-    (0.7 overall), 99th percentile <= 14, max up to ~55 at sharp edges (a scaled IDCT is
-    not a box filter). Against INTER_LINEAR without antialiasing the difference is larger
-    (mean up to 3.5) because plain bilinear aliases at those factors and the DCT-scaled
-    path does not. Thresholds: mean <= 2.0 per image, <= 1.0 overall, p99 <= 20."""
+    cv2.resize(INTER_AREA), on 24 photos of 640x480 to 2000x1500 (boxes decoded at 1/1: 5,
+    1/2: 7, 1/4: 12). Measured here: mean absolute difference 0.62-1.49 levels per image,
+    0.99 overall; 99th percentile <= 14; max 65 at sharp edges (a scaled IDCT is not a box
+    filter and the residual resize is bilinear). Against INTER_LINEAR without
+    antialiasing: mean 1.76 overall (up to 3.0 per image), max 112, because plain bilinear
+    aliases at those factors and the DCT-scaled path does not. Thresholds: mean <= 2.0 per
+    image and <= 1.3 overall, p99 <= 20."""
     sizes = [(640, 480), (1031, 777), (2000, 1500), (1600, 1200)]
     bufs = [encode_jpeg(make_photo(w, h, seed=k), 90, ("420", "444")[k % 2]) for k, (w, h) in enumerate(sizes * 6)]
     plan = compile_chain(T.Compose([T.RandomResizedCrop(224, scale=(0.5, 1.0))]))
@@ -197,7 +198,7 @@ def test_dct_scaled_crop_close_to_full_decode_crop_resize():
         assert np.percentile(diff, 99) <= 20, f"item {i}: p99 {np.percentile(diff, 99)}"
         means.append(diff.mean())
     assert scaled >= 12
-    assert np.mean(means) <= 1.0
+    assert np.mean(means) <= 1.3
 
 
 def test_resize_centercrop_decodes_only_the_centre_box():
@@ -362,6 +363,14 @@ def test_tiny_huge_and_extreme_images_are_safe():
     guard = compile_chain(T.Compose([T.Decode(max_pixels=1000), T.RandomResizedCrop(8)]))
     _, st = _run(guard, items[4:])
     assert st.status[0] < 0 and "max_pixels" in st.errors[0].reason
+
+
+def test_cmyk_jpeg_goes_through_the_fused_chain():
+    data = encode_cmyk_jpeg(make_photo(150, 110, seed=4))
+    chain = T.Compose([T.Decode(dct_scaling=False), T.RandomResizedCrop(48), T.RandomHorizontalFlip()])
+    out, st = _run(compile_chain(chain), [data], seed=6)
+    assert st.ok.all()
+    assert np.array_equal(out[0], chain(data, seed=6, index=0))
 
 
 def test_grayscale_decode_mode():
