@@ -306,6 +306,7 @@ def compile_chain(transform: Any) -> NativePlan | None:
     tail: list = []
     chw = False
     desc: list[str] = []
+    stage = 0  # resampling stages so far (a second resize starts a new one)
     for pos, t in enumerate(steps):
         if isinstance(t, T.Decode):
             return None
@@ -316,8 +317,11 @@ def compile_chain(transform: Any) -> NativePlan | None:
                 h, w = t.hw
                 ops.append((_pipeline.OP_RRC, pos, h, w, T._interp(t.interpolation), int(t.antialias),
                             float(t.scale[0]), float(t.scale[1]), float(t.ratio[0]), float(t.ratio[1]), 0.0))
+                stage += 1
+                where = ("box drawn from the JPEG header, only that region decoded" if stage == 1 else
+                         f"stage {stage}: box drawn on the previous stage's image, which it resamples")
                 desc.append(f"random resized crop to {h}x{w} (scale={tuple(t.scale)}, ratio=({t.ratio[0]:.3g}, "
-                            f"{t.ratio[1]:.3g}), {_describe_interp(t)}): box drawn from the JPEG header")
+                            f"{t.ratio[1]:.3g}), {_describe_interp(t)}): {where}")
             elif isinstance(t, T.Resize):
                 if isinstance(t.size, (int, np.integer)):
                     h, w = -1, int(t.size)
@@ -327,7 +331,9 @@ def compile_chain(transform: Any) -> NativePlan | None:
                     what = f"{h}x{w}"
                 ops.append((_pipeline.OP_RESIZE, pos, h, w, T._interp(t.interpolation), int(t.antialias),
                             0.0, 0.0, 0.0, 0.0, 0.0))
-                desc.append(f"resize {what} ({_describe_interp(t)})")
+                stage += 1
+                desc.append(f"resize {what} ({_describe_interp(t)})" +
+                            ("" if stage == 1 else f": stage {stage}, resamples the previous stage's image"))
             elif isinstance(t, T.CenterCrop):
                 h, w = T._pair(t.size, "size")
                 ops.append((_pipeline.OP_CENTER_CROP, pos, h, w, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0))
