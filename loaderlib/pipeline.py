@@ -210,6 +210,8 @@ class NativePlan:
         if timings is not None and (not isinstance(timings, np.ndarray) or timings.shape != (n, 3)
                                     or timings.dtype != np.int64 or not timings.flags.c_contiguous):
             raise ValueError(f"timings must be a C-contiguous ({n}, 3) int64 array")
+        if not isinstance(seed, (int, np.integer)) or not isinstance(epoch, (int, np.integer)):
+            raise TypeError(f"seed and epoch must be integers, got {seed!r} and {epoch!r}")
         seed_u = int(seed) & ((1 << 64) - 1)
         epoch_u = int(epoch) & ((1 << 64) - 1)
         nthreads = min(_threads.resolve_num_threads(num_threads), max(n, 1))
