@@ -106,7 +106,6 @@ class NativePlan:
         self.dtype = np.dtype(dtype)
         self.sample_shape = spec.shape
         self._steps = steps
-        self._chw = chw
         self._lock = threading.Lock()
         self._workers = None
         self._chain = None
@@ -266,6 +265,11 @@ class NativePlan:
         except OSError as e:
             result.status[i] = _ERR_READ
             result.errors[i] = DecodeError(f"read failed: {e.strerror or e}", int(idx[i]), src)
+            return
+        except Exception as e:  # noqa: BLE001 - a per-item failure must never abort the batch
+            result.status[i] = -1
+            result.errors[i] = DecodeError(f"the transform chain failed on this image: {type(e).__name__}: {e}",
+                                           int(idx[i]), src)
             return
         result.status[i] = _OK
         if timings is not None:
