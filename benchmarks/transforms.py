@@ -5,16 +5,17 @@ Chains (the ResNet-50 training chain and its uint8 variant):
   uint8 HWC:   decode -> RandomResizedCrop(224) -> RandomHorizontalFlip
 
 The OpenCV + numpy chain is what a careful hand-written loader does: cv2.imdecode (full
-image, BGR->RGB), slice the RandomResizedCrop box (the same boxes: drawn with
-loaderlib's generator), cv2.resize(INTER_LINEAR), a flipped view, numpy float32
-normalisation and a transpose copied into the batch. cv2.setNumThreads(1). The fused
+image), slice the RandomResizedCrop box (the same boxes: drawn with loaderlib's
+generator), cv2.resize(INTER_LINEAR), BGR->RGB and the flip as a view of the 224x224
+result, numpy float32 normalisation and a transpose copied into the batch. cv2.setNumThreads(1). The fused
 chain runs as one `run_buffers_into` call with num_threads=1 over the whole set.
 
-Images: a real photo (matplotlib's grace_hopper.jpg) resized to ImageNet-like sizes and
-re-encoded (quality 90, 4:2:0), plus two large ones (2000x1500, 3000x2000) that show the
-DCT-scaling gain. Rounds alternate between the contenders; the figure is the median
-over rounds of (CPU seconds of the round / images). CPU time (process_time) is used
-because the machine may be shared; wall time is printed too.
+Images: photo-like JPEGs (loaderlib._synth: crops of a real photo) in the ImageNet-like
+size mix of benchmarks/decode.py, qualities 75-95, 4:2:0/4:4:4/4:2:2; with --large also
+2000x1500 and 3000x2000 photos, which show the DCT-scaling gain. Rounds alternate between
+the contenders; the figure is the median over rounds of (CPU seconds of the round /
+images). CPU time (process_time) is reported because the machine may be shared; wall
+time is printed too.
 
     python benchmarks/transforms.py [--rounds 7] [--large]
 """
@@ -23,47 +24,31 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
+import sys
 import time
 
 import cv2
 import numpy as np
-from matplotlib import cbook
 
-import loaderlib as ll
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _report import machine_summary
+
 from loaderlib import transforms as T
+from loaderlib._synth import encode_jpeg, photo_like
 from loaderlib.pipeline import compile_chain
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-SIZES = [(500, 375), (375, 500), (500, 333), (640, 480), (500, 500), (400, 300), (800, 600), (333, 500)]
+# The ImageNet-like mix of benchmarks/decode.py (ImageNet's median image is about 500x375).
+SIZES = [(500, 375), (375, 500), (500, 333), (500, 400), (640, 480), (800, 600), (1024, 768), (400, 300)]
 LARGE = [(2000, 1500), (3000, 2000)]
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def make_images(sizes) -> list[bytes]:
-    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    base = cv2.imread(path, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-    out = []
-    for k, (w, h) in enumerate(sizes):
-        img = cv2.resize(base, (w, h), interpolation=cv2.INTER_AREA if w < 512 else cv2.INTER_CUBIC)
-        img = np.ascontiguousarray(np.roll(img, 37 * k, axis=1))  # vary content between copies
-        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90,
-                                              cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420])
-        assert ok
-        out.append(buf.tobytes())
-    return out
+    return [encode_jpeg(photo_like(w, h, seed=1000 + i), quality=(75, 85, 90, 95)[i % 4],
+                        sampling=("420", "420", "444", "422")[i % 4]) for i, (w, h) in enumerate(sizes)]
 
 
 def opencv_chain(bufs, out, seed, epoch, normalize):
@@ -73,11 +58,9 @@ def opencv_chain(bufs, out, seed, epoch, normalize):
     std = np.asarray(STD, np.float32)
     for i, b in enumerate(bufs):
         img = cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         top, left, h, w = rrc.get_params(img.shape[1], img.shape[0], T._Rng(seed, epoch, i, 0))
         img = cv2.resize(img[top:top + h, left:left + w], (224, 224), interpolation=cv2.INTER_LINEAR)
-        if flip.flips(T._Rng(seed, epoch, i, 1)):
-            img = img[:, ::-1]
+        img = img[:, ::-1, ::-1] if flip.flips(T._Rng(seed, epoch, i, 1)) else img[:, :, ::-1]  # BGR->RGB view
         if normalize:
             out[i] = ((img.astype(np.float32) / np.float32(255.0) - mean) / std).transpose(2, 0, 1)
         else:
@@ -91,12 +74,9 @@ def main() -> None:
     ap.add_argument("--large", action="store_true", help="also run the 2000x1500 / 3000x2000 set")
     args = ap.parse_args()
     cv2.setNumThreads(1)
-    info = ll.build_info()
-    print("loaderlib fused transforms benchmark (one thread)")
-    print(f"  CPU: {cpu_model()} ({os.cpu_count()} logical CPUs here), threads used: 1")
-    print(f"  python {platform.python_version()}, numpy {np.__version__}, opencv {cv2.__version__}, "
-          f"libjpeg-turbo {info['libjpeg_turbo_version']} (SIMD {info['simd']}), OpenMP {info['openmp']}")
-    print(f"  rounds: {args.rounds} (alternating), figure = median over rounds of CPU time per image")
+    print("loaderlib fused transforms vs OpenCV + numpy, one thread")
+    print(machine_summary())
+    print(f"rounds: {args.rounds} (alternating), figure = median over rounds of CPU time per image")
     sets = [("ImageNet-like", SIZES * args.copies)]
     if args.large:
         sets.append(("large photos", LARGE * 4))
@@ -109,16 +89,19 @@ def main() -> None:
         for chain_name, normalize in (("RRC224+flip+normalize+CHW f32", True), ("RRC224+flip uint8 HWC", False)):
             tail = [T.Normalize(MEAN, STD), T.ToCHW()] if normalize else []
             contenders = {}
+            outs = {}
             for dct in (True, False):
                 plan = compile_chain(T.Compose([T.Decode(dct_scaling=dct), T.RandomResizedCrop(224),
                                                 T.RandomHorizontalFlip(), *tail]))
                 out = np.empty((n, *plan.sample_shape), plan.dtype)
                 label = "loaderlib fused" + ("" if dct else " (dct_scaling=False)")
-                contenders[label] = (lambda plan=plan, out=out, r=[0]: plan.run_buffers_into(
+                outs[label] = out
+                contenders[label] = (lambda plan=plan, out=out, bufs=bufs, n=n: plan.run_buffers_into(
                     bufs, out, np.arange(n), seed=0, epoch=0, num_threads=1))
             ref_out = np.empty((n, 3, 224, 224) if normalize else (n, 224, 224, 3),
                                np.float32 if normalize else np.uint8)
-            contenders["OpenCV + numpy"] = lambda out=ref_out: opencv_chain(bufs, out, 0, 0, normalize)
+            contenders["OpenCV + numpy"] = (lambda out=ref_out, bufs=bufs, normalize=normalize:
+                                            opencv_chain(bufs, out, 0, 0, normalize))
             cpu = {k: [] for k in contenders}
             wall = {k: [] for k in contenders}
             for f in contenders.values():  # warm-up: scratch buffers, caches
@@ -129,6 +112,11 @@ def main() -> None:
                     f()
                     cpu[k].append((time.process_time() - c0) / n * 1e3)
                     wall[k].append((time.perf_counter() - w0) / n * 1e3)
+            # same work: with DCT scaling off both compute the same pixels (within +-1 level)
+            diff = np.abs(outs["loaderlib fused (dct_scaling=False)"].astype(np.float64) - ref_out)
+            unit = 1.0 / 255 / min(STD) if normalize else 1.0
+            print(f"  {chain_name:<34}check: fused (dct_scaling=False) vs OpenCV + numpy: max diff "
+                  f"{diff.max() / unit:.2f} levels, mean {diff.mean() / unit:.3f} levels")
             base = statistics.median(cpu["OpenCV + numpy"])
             for k in contenders:
                 c = statistics.median(cpu[k])
