@@ -50,7 +50,7 @@ def _try_compile(code: str, cflags: list[str], ldflags: list[str]) -> bool:
             f.write(code)
         cmd = [_compiler(), *cflags, src, "-o", os.path.join(tmp, "probe"), *ldflags]
         try:
-            res = subprocess.run(cmd, capture_output=True, timeout=120)
+            res = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return False
         return res.returncode == 0
@@ -83,7 +83,7 @@ def _pkg_config(*args: str) -> list[str] | None:
     exe = shutil.which("pkg-config")
     if exe is None:
         return None
-    res = subprocess.run([exe, *args, "libjpeg"], capture_output=True, text=True)
+    res = subprocess.run([exe, *args, "libjpeg"], capture_output=True, text=True, check=False)
     if res.returncode != 0:
         return None
     return res.stdout.split()
@@ -100,13 +100,13 @@ def find_libjpeg() -> dict:
                 f"LOADERLIB_LIBJPEG_PREFIX={prefix!r} does not contain include/jpeglib.h and lib/: "
                 "point it at a libjpeg-turbo installation prefix."
             )
-        return dict(
-            source=f"prefix {prefix}",
-            include_dirs=[os.path.join(prefix, "include")],
-            library_dirs=libdirs,
-            libraries=["jpeg"],
-            extra_link_args=[f"-Wl,-rpath,{d}" for d in libdirs],
-        )
+        return {
+            "source": f"prefix {prefix}",
+            "include_dirs": [os.path.join(prefix, "include")],
+            "library_dirs": libdirs,
+            "libraries": ["jpeg"],
+            "extra_link_args": [f"-Wl,-rpath,{d}" for d in libdirs],
+        }
 
     if sys.version_info >= (3, 12) and platform.machine() == "x86_64" and sys.platform == "linux":
         try:  # static libjpeg-turbo 3.1 with SIMD, from PyPI (Python >= 3.12 only)
@@ -116,27 +116,27 @@ def find_libjpeg() -> dict:
             incs = glob.glob(os.path.join(root, "**", "jpeglib.h"), recursive=True)
             libs = glob.glob(os.path.join(root, "**", "libjpeg.a"), recursive=True)
             if incs and libs:
-                return dict(
-                    source=f"comma-deps-libjpeg ({root})",
-                    include_dirs=[os.path.dirname(incs[0])],
-                    library_dirs=[],
-                    libraries=[],
-                    extra_objects=[libs[0]],
-                )
+                return {
+                    "source": f"comma-deps-libjpeg ({root})",
+                    "include_dirs": [os.path.dirname(incs[0])],
+                    "library_dirs": [],
+                    "libraries": [],
+                    "extra_objects": [libs[0]],
+                }
         except ImportError:
             pass
 
     cflags = _pkg_config("--cflags")
     libs = _pkg_config("--libs")
     if libs is not None:
-        return dict(
-            source="system (pkg-config libjpeg)",
-            include_dirs=[f[2:] for f in cflags or [] if f.startswith("-I")],
-            library_dirs=[f[2:] for f in libs if f.startswith("-L")],
-            libraries=[f[2:] for f in libs if f.startswith("-l")] or ["jpeg"],
-        )
+        return {
+            "source": "system (pkg-config libjpeg)",
+            "include_dirs": [f[2:] for f in cflags or [] if f.startswith("-I")],
+            "library_dirs": [f[2:] for f in libs if f.startswith("-L")],
+            "libraries": [f[2:] for f in libs if f.startswith("-l")] or ["jpeg"],
+        }
     if _try_compile('#include <stdio.h>\n#include <jpeglib.h>\nint main(void){return 0;}\n', [], ["-ljpeg"]):
-        return dict(source="system (default search path)", include_dirs=[], library_dirs=[], libraries=["jpeg"])
+        return {"source": "system (default search path)", "include_dirs": [], "library_dirs": [], "libraries": ["jpeg"]}
     raise SystemExit(
         "\nloaderlib needs libjpeg-turbo and could not find it.\n"
         "  Debian/Ubuntu:  apt-get install libjpeg62-turbo-dev pkg-config   (or libjpeg-turbo8-dev)\n"
@@ -181,14 +181,14 @@ def extensions() -> list:
                 define_macros=macros,
             )
         )
-    directives = dict(
-        language_level=3,
-        boundscheck=DEBUG,
-        wraparound=False,
-        cdivision=True,
-        initializedcheck=DEBUG,
-        embedsignature=True,
-    )
+    directives = {
+        "language_level": 3,
+        "boundscheck": DEBUG,
+        "wraparound": False,
+        "cdivision": True,
+        "initializedcheck": DEBUG,
+        "embedsignature": True,
+    }
     return cythonize(
         exts,
         compiler_directives=directives,

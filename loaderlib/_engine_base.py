@@ -56,6 +56,7 @@ class SampleFailure:
 class _Task:
     number: int            # position of the batch in the epoch
     indices: np.ndarray    # int64 sample indices
+    target: int            # samples the batch should hold (its size before any borrowing)
 
 
 class _EpochPlan:
@@ -63,6 +64,7 @@ class _EpochPlan:
 
     def __init__(self, batches: list[np.ndarray]) -> None:
         self.batches = [np.asarray(b, dtype=np.int64).reshape(-1) for b in batches]
+        self.sizes = [b.size for b in self.batches]
         self.next = 0
         self.lock = threading.Lock()
 
@@ -72,7 +74,7 @@ class _EpochPlan:
                 k = self.next
                 self.next += 1
                 if self.batches[k].size:
-                    return _Task(k, self.batches[k])
+                    return _Task(k, self.batches[k], self.sizes[k])
             return None
 
     def borrow(self, count: int) -> np.ndarray:
@@ -213,21 +215,29 @@ class _Run:
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.closed = False
+        self.joined = False
+        self.interrupted = False   # closed by a timeout or Ctrl-C: never wait for user code
 
     def start(self) -> None:
         self.thread = threading.Thread(target=_drive, args=(self,), name="loaderlib-driver", daemon=True)
         self.thread.start()
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.stop.set()
-        self.queue.close()
-        t = self.thread
-        if t is not None and t is not threading.current_thread():
-            t.join()
-        self.producer.close()
+    def close(self, wait: bool = True) -> None:
+        """Stop the pipeline. ``wait=False`` (after a timeout or Ctrl-C) only signals: a
+        Python call that is running cannot be interrupted, so its threads end on their own;
+        the iterator's finaliser joins them later."""
+        if not self.closed:
+            self.closed = True
+            self.stop.set()
+            self.queue.close()
+            self.producer.close(wait=False)
+        if wait and not self.joined:
+            self.joined = True
+            t = self.thread
+            if t is not None and t is not threading.current_thread():
+                t.join()
+            if not self.interrupted:
+                self.producer.close(wait=True)
 
 
 def _drive(run: _Run) -> None:
@@ -248,13 +258,13 @@ def _drive(run: _Run) -> None:
             if not run.queue.put(batch):
                 break
         run.queue.put(_END, force=True)
-    except BaseException as e:  # delivered to the consumer, who raises it
+    except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
         run.queue.put(_Failure(e), force=True)
     finally:
         for h in pending:
             try:
                 run.producer.cancel(h)
-            except Exception:
+            except Exception:  # noqa: BLE001, S110
                 pass
 
 
@@ -265,7 +275,7 @@ class LoaderIterator:
         self._run = run
         self._finalizer = weakref.finalize(self, _Run.close, run)
 
-    def __iter__(self) -> "LoaderIterator":
+    def __iter__(self) -> LoaderIterator:
         return self
 
     def __len__(self) -> int:
@@ -287,15 +297,23 @@ class LoaderIterator:
         try:
             item = run.queue.get(run.timeout, f"batch {run.delivered} of epoch {run.epoch}")
         except BaseException:
-            # Timeout or Ctrl-C: stop the pipeline cleanly before the exception propagates.
-            self.close()
+            # Timeout or Ctrl-C: stop the pipeline before the exception propagates, without
+            # waiting for a Python call that may be the reason for the timeout.
+            run.interrupted = True
+            run.close(wait=False)
             raise
         if item is _END:
             self.close()
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
-            raise item.exc
+            exc = item.exc
+            try:
+                raise exc
+            finally:
+                # The traceback holds this frame: drop the locals that would close a cycle
+                # (exception -> traceback -> frame -> exception) and keep slots alive.
+                exc = item = None
         run.delivered += 1
         return item
 

@@ -5,6 +5,7 @@ Both follow NOTE [ Engine stages ] in ``_engine_base.py``.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import os
 from collections.abc import Callable, Sequence
@@ -92,7 +93,7 @@ def _source(dataset: Any, i: int) -> str | None:
     if callable(src):
         try:
             return src(int(i))
-        except Exception:
+        except Exception:  # noqa: BLE001
             return None
     return None
 
@@ -162,6 +163,8 @@ class NativeProducer:
             if src.labels is not None:
                 parts.append(((batch_size,), np.int64))
         self._part_specs = [(shape[1:], dtype) for shape, dtype in parts]
+        # The whole ring now: mapping a slot costs microseconds, its pages are faulted in by
+        # the first batch written to it (NOTE [ Large slots come from mmap ]).
         arena.reserve(self._layout(batch_size))
 
     def _layout(self, n: int) -> BatchLayout:
@@ -176,7 +179,7 @@ class NativeProducer:
     def cancel(self, handle: Any) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         self._timings = None
 
     def _finish_arrays(self, task: _Task) -> Any:
@@ -198,7 +201,7 @@ class NativeProducer:
         if self.src.kind == "arrays":
             return self._finish_arrays(task)
         idx = task.indices
-        n = idx.size
+        n = task.target
         nthreads = _threads.resolve_num_threads(self.knobs.num_threads)
         recording = self.rec.enabled
         t_start = _clock()
@@ -266,6 +269,10 @@ class NativeProducer:
 # --------------------------------------------------------------------------- threads
 
 
+class _Stopped(Exception):
+    """The iterator was closed while a batch was being produced."""
+
+
 def _load(dataset: Any, i: int, timed: bool) -> tuple[Any, int]:
     if timed:
         t0 = _clock()
@@ -298,6 +305,8 @@ class ThreadsProducer:
         self._pool: cf.ThreadPoolExecutor | None = None
         self._pool_size = 0
         self._old_pools: list = []
+        self._stream: collections.deque = collections.deque()   # (index, future), see NOTE [ Sample stream ]
+        self._stream_t0 = 0
 
     def _threads(self) -> int:
         n = self.knobs.num_threads
@@ -320,45 +329,54 @@ class ThreadsProducer:
             self._pool_size = n
         return self._pool
 
-    def submit(self, task: _Task) -> tuple:
+    # NOTE [ Sample stream ]: submitted samples form one ordered stream across batches, and
+    # each batch takes the next ``target`` samples that load successfully. Without failures
+    # that is exactly the task's indices; with on_error="skip" a batch is filled from the
+    # next samples in order (already running ones first), so batch sizes hold and only the
+    # epoch's last batch comes out shorter (or is dropped when nothing is left).
+
+    def _submit_indices(self, indices: np.ndarray) -> None:
         pool = self._get_pool()
         timed = self.rec.enabled
-        futs = [pool.submit(_load, self.dataset, i, timed) for i in task.indices.tolist()]
-        return task, futs, _clock(), self._pool_size
+        for i in indices.tolist():
+            self._stream.append((i, pool.submit(_load, self.dataset, i, timed)))
 
-    def cancel(self, handle: tuple) -> None:
-        for f in handle[1]:
-            f.cancel()
+    def submit(self, task: _Task) -> _Task:
+        if not self._stream_t0:
+            self._stream_t0 = _clock()
+        self._submit_indices(task.indices)
+        return task
 
-    def finish(self, handle: tuple) -> Any:
-        task, futs, t0, nthreads = handle
-        n = task.indices.size
+    def cancel(self, handle: Any) -> None:
+        while self._stream:
+            self._stream.popleft()[1].cancel()
+
+    def finish(self, task: _Task) -> Any:
+        t0 = self._stream_t0 or _clock()
+        nthreads = self._pool_size
         samples: list = []
         python_ns = 0
-        idx = task.indices.tolist()
-        while True:
-            for k, (i, f) in enumerate(zip(idx, futs)):
-                try:
-                    item, dt = f.result()
-                except Exception as e:
-                    if self.on_error == "raise":
-                        for g in futs[k + 1:]:
-                            g.cancel()
-                        raise annotate(e, i, _source(self.dataset, i), "threads")
-                    self.errors.append(SampleFailure(i, _source(self.dataset, i), describe_error(e),
-                                                     self.info["epoch"]))
-                    continue
-                samples.append(item)
-                python_ns += dt
-            need = n - len(samples)
-            if need <= 0 or self.on_error != "skip":
-                break
-            more = self.info["plan"].borrow(need)
-            if not more.size:
-                break
-            idx = more.tolist()
-            pool = self._get_pool()
-            futs = [pool.submit(_load, self.dataset, i, self.rec.enabled) for i in idx]
+        while len(samples) < task.target:
+            if not self._stream:
+                more = self.info["plan"].next_task()   # on_error="skip" only: fill from the next batch
+                if more is None:
+                    break
+                self._submit_indices(more.indices)
+            i, f = self._stream.popleft()
+            try:
+                item, dt = self._result(f)
+            except _Stopped:
+                raise
+            except Exception as e:  # noqa: BLE001
+                if self.on_error == "raise":
+                    self.cancel(None)
+                    raise annotate(e, i, _source(self.dataset, i), "threads")
+                self.errors.append(SampleFailure(i, _source(self.dataset, i), describe_error(e),
+                                                 self.info["epoch"]))
+                continue
+            samples.append(item)
+            python_ns += dt
+        self._stream_t0 = _clock() if self._stream else 0
         if not samples:
             return None
         t_col = _clock()
@@ -368,12 +386,23 @@ class ThreadsProducer:
             self.rec.batch_done(len(samples), {"python": python_ns, "collate": now - t_col}, now - t0, nthreads)
         return batch
 
-    def close(self) -> None:
-        for p in [self._pool, *self._old_pools]:
+    def _result(self, f: cf.Future) -> Any:
+        stop = self.info["stop"]
+        while True:
+            try:
+                return f.result(timeout=0.1)
+            except cf.TimeoutError:
+                if stop.is_set():
+                    raise _Stopped() from None
+
+    def close(self, wait: bool = True) -> None:
+        pools = [self._pool, *self._old_pools]
+        if wait:
+            self._pool = None
+            self._old_pools = []
+        for p in pools:
             if p is not None:
-                p.shutdown(wait=True, cancel_futures=True)
-        self._pool = None
-        self._old_pools = []
+                p.shutdown(wait=wait, cancel_futures=True)
 
 
 def cpu_count() -> int:

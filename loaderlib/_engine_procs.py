@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from multiprocessing import Pipe
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ._engine_base import LoaderTimeoutError, SampleFailure, WorkerError, _clock, _Task
-from ._engine_local import annotate
+from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
 from .arena import BatchArena
 from .batchify import Shards
@@ -56,8 +57,19 @@ class _ShmBlock:
         self.shm = SharedMemory(create=True, size=max(int(nbytes), 1))
         self.name = self.shm.name
         self.buf = self.shm.buf
+        self._unlinked = False
+
+    def unlink(self) -> None:
+        """Remove the name now; the memory lives on while any process still maps it."""
+        if not self._unlinked and self.shm is not None:
+            self._unlinked = True
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
 
     def release(self) -> None:
+        self.unlink()
         shm, self.shm = self.shm, None
         if shm is None:
             return
@@ -65,16 +77,12 @@ class _ShmBlock:
         try:
             shm.close()
         except BufferError:
-            pass  # a view is still alive somewhere; unlinking below still frees the name
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
+            pass  # a view is still alive somewhere: the mapping goes with it
 
     def __del__(self) -> None:
         try:
             self.release()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
 
 
@@ -126,12 +134,20 @@ class WorkerPool:
             raise LoaderError(f"the dataset or batchify function cannot be sent to worker processes: "
                               f"{type(e).__name__}: {e}") from e
         self.workers = [_Worker(k, payload) for k in range(num_workers)]
-        self.arena = BatchArena(0, allocator=_ShmBlock)
+        self._blocks: weakref.WeakSet = weakref.WeakSet()
+        self.arena = BatchArena(0, allocator=self._new_block)
         self.slot_bytes = _DEFAULT_SLOT
         self.inflight: dict[int, tuple] = {}   # task id -> (lease, worker id)
+        self.ready: dict[int, tuple] = {}      # task id -> (message, lease) received out of turn
+        self.abandoned: set[int] = set()       # tasks whose results nobody will ask for
         self._ids = itertools.count()
         self._rr = 0
         self.closed = False
+
+    def _new_block(self, nbytes: int) -> _ShmBlock:
+        block = _ShmBlock(nbytes)
+        self._blocks.add(block)
+        return block
 
     def alive(self) -> bool:
         return not self.closed and all(w.alive() for w in self.workers)
@@ -156,14 +172,18 @@ class WorkerPool:
             code = None
         w.dead = _exit_status(code)
         return WorkerError(f"loaderlib worker {w.wid} (pid {w.proc.pid}) {w.dead if code is not None else 'closed its connection'} "
-                           f"while {what}; the batch is lost. A worker dies when its process is killed "
+                           f"while loading {what}; the batch is lost. A worker dies when its process is killed "
                            "(e.g. out of memory) or crashes in native code.")
 
-    def recv(self, wid: int, tid: int, timeout: float | None, what: str) -> tuple:
+    def recv(self, wid: int, tid: int, timeout: float | None, what: str, stop: Any = None) -> tuple:
         """The result message of task ``tid`` (discarding results of abandoned tasks)."""
         w = self.workers[wid]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if tid in self.ready:
+                return self.ready.pop(tid)
+            if stop is not None and stop.is_set():
+                raise _Stopped()
             if w.dead is not None:
                 raise WorkerError(f"loaderlib worker {w.wid} (pid {w.proc.pid}) {w.dead}; cannot load {what}")
             try:
@@ -185,16 +205,25 @@ class WorkerPool:
                 w.ready = True
                 continue
             if kind == "init_error":
-                _, text, tb, payload = msg
+                _, text, tb, _payload = msg
                 w.dead = "failed to start"
                 err = WorkerError(f"loaderlib worker {w.wid} could not load the dataset / batchify function: "
                                   f"{text}\n{tb}")
                 raise err
             mid = msg[1]
             entry = self.inflight.pop(mid, None)
+            lease = entry[0] if entry else None
             if mid == tid:
-                return msg, (entry[0] if entry else None)
-            # A result of an abandoned task: its slot is free again now.
+                return msg, lease
+            if mid in self.abandoned:
+                self.abandoned.discard(mid)   # its slot is free again now
+            else:
+                self.ready[mid] = (msg, lease)  # a later batch's result (the skip fill path)
+
+    def abandon(self, tid: int) -> None:
+        """Nobody will ask for task ``tid``: drop its result (and free its slot) on arrival."""
+        if self.ready.pop(tid, None) is None and tid in self.inflight:
+            self.abandoned.add(tid)
 
     def close(self) -> None:
         if self.closed:
@@ -203,7 +232,7 @@ class WorkerPool:
         for w in self.workers:
             try:
                 w.conn.send_bytes(pickle.dumps(("stop",)))
-            except Exception:
+            except Exception:  # noqa: BLE001, S110
                 pass
         t_end = time.monotonic() + 2.0
         for w in self.workers:
@@ -215,12 +244,16 @@ class WorkerPool:
             w.conn.close()
         # No worker can write any more: every slot may go.
         self.inflight.clear()
+        self.ready.clear()
         self.arena.clear()
+        # Batches the user still holds keep their memory, but no name outlives the pool.
+        for block in list(self._blocks):
+            block.unlink()
 
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
 
 
@@ -274,18 +307,18 @@ class ProcessesProducer:
         return task, tid, wid, _clock()
 
     def cancel(self, handle: tuple) -> None:
-        pass  # the pool keeps the slot until the worker's result arrives
+        self.pool.abandon(handle[1])  # the pool keeps the slot until the worker's result arrives
 
     def _result(self, task: _Task, tid: int, wid: int) -> tuple[Any, int]:
         what = f"batch {task.number} of epoch {self.info['epoch']}"
-        msg, lease = self.pool.recv(wid, tid, self.timeout, what)
+        msg, lease = self.pool.recv(wid, tid, self.timeout, what, self.info.get("stop"))
         if msg[0] == "error":
             _, _, index, source, text, tb, payload = msg
             exc = None
             if payload is not None:
                 try:
                     exc = pickle.loads(payload)
-                except Exception:
+                except Exception:  # noqa: BLE001
                     exc = None
             if exc is None:
                 exc = LoaderError(f"{text} (in worker {wid})")
@@ -314,13 +347,13 @@ class ProcessesProducer:
         task, tid, wid, t0 = handle
         self._stage_ns = [0, 0]
         batch, n = self._result(task, tid, wid)
-        want = task.indices.size
+        want = task.target
         while self.on_error == "skip" and n < want:
             more = self.info["plan"].borrow(want - n)
             if not more.size:
                 break
             t2, w2 = self.pool.submit(more)
-            extra, m = self._result(_Task(task.number, more), t2, w2)
+            extra, m = self._result(_Task(task.number, more, more.size), t2, w2)
             if extra is not None:
                 batch = extra if batch is None else _concat(batch, extra)
                 n += m
@@ -331,5 +364,5 @@ class ProcessesProducer:
                                 len(self.pool.workers))
         return batch
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass  # workers persist with the loader

@@ -57,7 +57,7 @@ class _Maps:
 class _Ref:
     """An array placed in the slot: offset, shape, dtype."""
 
-    __slots__ = ("offset", "shape", "dtype")
+    __slots__ = ("dtype", "offset", "shape")
 
     def __init__(self, offset: int, shape: tuple, dtype: str) -> None:
         self.offset, self.shape, self.dtype = offset, shape, dtype
@@ -119,7 +119,7 @@ class _Encoder:
 def _send(conn: Any, msg: tuple) -> None:
     try:
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
+    except Exception:  # noqa: BLE001
         import cloudpickle
 
         data = cloudpickle.dumps(msg)
@@ -133,7 +133,7 @@ def _exc_payload(e: BaseException) -> bytes | None:
         data = cloudpickle.dumps(e)
         pickle.loads(data)
         return data
-    except Exception:
+    except Exception:  # noqa: BLE001
         return None
 
 
@@ -154,7 +154,7 @@ def _run(conn: Any) -> None:
         dataset, batchify_fn, init_fn, on_error = cloudpickle.loads(payload)
         if init_fn is not None:
             init_fn(worker_id)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001
         _send(conn, ("init_error", f"{type(e).__name__}: {e}", traceback.format_exc(), _exc_payload(e)))
         return
     _send(conn, ("ready", os.getpid()))
@@ -171,12 +171,12 @@ def _run(conn: Any) -> None:
         for i in indices.tolist():
             try:
                 samples.append(dataset[i])
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001
                 src = None
                 if callable(src_of):
                     try:
                         src = src_of(i)
-                    except Exception:
+                    except Exception:  # noqa: BLE001
                         src = None
                 if on_error == "raise":
                     failed = (i, src, e)
@@ -209,7 +209,7 @@ def _run(conn: Any) -> None:
             enc = _Encoder(whole, cursor)
             structure = enc.encode(batch)
             del whole, batch
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             _send(conn, ("error", task_id, None, None, f"{type(e).__name__}: {e}",
                          "".join(traceback.format_exception(e)), _exc_payload(e)))
             continue

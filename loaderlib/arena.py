@@ -18,7 +18,7 @@ import numpy as np
 
 from ._ext import _arena
 
-__all__ = ["ALIGNMENT", "BatchArena", "BatchLayout", "AlignedBuffer", "aligned_empty", "arena_counters"]
+__all__ = ["ALIGNMENT", "AlignedBuffer", "BatchArena", "BatchLayout", "aligned_empty", "arena_counters"]
 
 #: Byte alignment of every slot and every part inside it. 64 bytes is a cache line and
 #: AVX-512 width, and what JAX requires to import a host buffer without copying.
@@ -56,7 +56,7 @@ class BatchLayout:
     nbytes: int
 
     @classmethod
-    def of(cls, parts: Sequence[tuple[Sequence[int], Any]]) -> "BatchLayout":
+    def of(cls, parts: Sequence[tuple[Sequence[int], Any]]) -> BatchLayout:
         shapes, dtypes, offsets = [], [], []
         off = 0
         for shape, dtype in parts:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Stack", "Pad", "Tuple", "default_batchify_fn", "Shards"]
+__all__ = ["Pad", "Shards", "Stack", "Tuple", "default_batchify_fn"]
 
 
 def _as_array(x: Any) -> np.ndarray:

@@ -20,15 +20,15 @@ import numpy as np
 from .decode import decode
 
 __all__ = [
-    "Dataset",
-    "SimpleDataset",
+    "IMAGE_EXTENSIONS",
     "ArrayDataset",
-    "TupleDataset",
+    "Dataset",
     "ImageFolderDataset",
     "ImageListDataset",
     "RecordFileDataset",
+    "SimpleDataset",
+    "TupleDataset",
     "write_records",
-    "IMAGE_EXTENSIONS",
 ]
 
 #: File extensions (lower case) that the image datasets treat as images; matching is
@@ -49,7 +49,7 @@ class Dataset:
         """Where sample ``idx`` comes from (a path or record key), for error messages."""
         return None
 
-    def transform(self, fn: Callable, lazy: bool = True) -> "Dataset":
+    def transform(self, fn: Callable, lazy: bool = True) -> Dataset:
         """A dataset whose items are ``fn(*item)`` for tuple items, ``fn(item)`` otherwise.
 
         With ``lazy=False`` every item is transformed now and kept in memory.
@@ -59,7 +59,7 @@ class Dataset:
         ds = _TransformDataset(self, fn, first=False)
         return ds if lazy else SimpleDataset([ds[i] for i in range(len(ds))])
 
-    def transform_first(self, fn: Callable, lazy: bool = True) -> "Dataset":
+    def transform_first(self, fn: Callable, lazy: bool = True) -> Dataset:
         """A dataset whose items have ``fn`` applied to their first element only.
 
         For the image datasets, ``fn`` made of :mod:`loaderlib.transforms` specs lets the
@@ -494,7 +494,7 @@ class RecordFileDataset(Dataset):
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
 
     def __repr__(self) -> str:

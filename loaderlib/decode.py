@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -30,11 +30,11 @@ from .errors import DecodeError, DecodeWarning
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
-    "JpegInfo",
     "BatchDecodeResult",
-    "jpeg_info",
+    "JpegInfo",
     "decode",
     "decode_batch",
+    "jpeg_info",
     "scale_denominator",
 ]
 
@@ -52,7 +52,7 @@ _MSG_LEN = 200
 OK, WARNED = 0, 1
 ERR_DECODE, ERR_EMPTY, ERR_NOT_JPEG, ERR_TOO_LARGE, ERR_SHAPE, ERR_CROP, ERR_STRICT = -1, -2, -3, -4, -5, -6, -7
 
-Crop = Union[tuple[int, int, int, int], None]
+Crop = tuple[int, int, int, int] | None
 
 
 @dataclass(frozen=True)

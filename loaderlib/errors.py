@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["LoaderError", "DecodeError", "DecodeWarning"]
+__all__ = ["DecodeError", "DecodeWarning", "LoaderError"]
 
 
 class LoaderError(Exception):

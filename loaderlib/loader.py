@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,9 +44,16 @@ from .datasets import (
     SimpleDataset,
     _TransformDataset,
 )
-from .sampler import LAST_BATCH_MODES, BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, draw_seed
+from .sampler import (
+    LAST_BATCH_MODES,
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    ShardedSampler,
+    draw_seed,
+)
 
-__all__ = ["DataLoader", "LoaderIterator", "LoaderTimeoutError", "WorkerError", "SampleFailure"]
+__all__ = ["DataLoader", "LoaderIterator", "LoaderTimeoutError", "SampleFailure", "WorkerError"]
 
 ENGINES = ("native", "threads", "processes")
 
@@ -336,6 +344,7 @@ class DataLoader:
         self._lock = threading.Lock()
         self._analysis = _analyze(self.dataset, batchify_fn, num_workers)
         self._workers = None      # processes engine: the worker pool, created on first use
+        self._arena_ring: BatchArena | None = None
         self._current: Any = None
         self._closed = False
         if self.pin_memory:
@@ -418,21 +427,26 @@ class DataLoader:
         producer = self._make_producer(info)
         run = _Run(epoch=epoch, seed=self.seed, plan=plan, producer=producer, knobs=self._knobs,
                    recorder=self.recorder, timeout=self.timeout, total=len(batches))
+        info["stop"] = run.stop
         if self.recorder.enabled:
             self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,
                                         self._batch_size)
         run.start()
         it = LoaderIterator(run)
-        self._current = it
+        self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         return it
 
     def _arena(self) -> BatchArena:
-        return BatchArena(self._knobs.prefetch + 2)
+        # One ring per loader, reused by every epoch: slots are allocated once.
+        if self._arena_ring is None:
+            self._arena_ring = BatchArena(self._knobs.prefetch + 2)
+        self._arena_ring.num_slots = self._knobs.prefetch + 2
+        return self._arena_ring
 
     def _make_producer(self, info: dict) -> Any:
         a = self._analysis
-        common = dict(knobs=self._knobs, recorder=self.recorder, on_error=self.on_error, errors=self.errors,
-                      run_info=info)
+        common = {"knobs": self._knobs, "recorder": self.recorder, "on_error": self.on_error,
+                  "errors": self.errors, "run_info": info}
         if a.engine == "native":
             plan = None
             if a.native_source.kind != "arrays":
@@ -457,32 +471,37 @@ class DataLoader:
                 self._workers.close()
             self._workers = WorkerPool(self.num_workers, self.dataset, self.batchify_fn, self.worker_init_fn,
                                        self.on_error, self.seed)
-        elif self._current is not None:
+        else:
             # Workers are shared by the loader's iterators: only one may run at a time.
-            self._current.close()
+            current = self._current() if self._current is not None else None
+            if current is not None:
+                current.close()
         return ProcessesProducer(pool=self._workers, timeout=self.timeout, **common)
 
     def close(self) -> None:
         """Stop threads and workers and free arena slots. Idempotent."""
-        if self._current is not None:
-            self._current.close()
-            self._current = None
+        current = self._current() if self._current is not None else None
+        if current is not None:
+            current.close()
+        self._current = None
         if self._workers is not None:
             self._workers.close()
             self._workers = None
+        if self._arena_ring is not None:
+            self._arena_ring.clear()
         self._closed = True
 
-    def __enter__(self) -> "DataLoader":
+    def __enter__(self) -> DataLoader:  # noqa: PYI034 - DataLoader is not meant to be subclassed
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
         try:
             if self._workers is not None:
                 self._workers.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
 
     def _check_pin(self) -> None:

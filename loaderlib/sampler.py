@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "LAST_BATCH_MODES",
+    "BatchSampler",
+    "RandomSampler",
     "Sampler",
     "SequentialSampler",
-    "RandomSampler",
-    "BatchSampler",
-    "WeightedRandomSampler",
     "ShardedSampler",
-    "LAST_BATCH_MODES",
+    "WeightedRandomSampler",
 ]
 
 LAST_BATCH_MODES = ("keep", "discard", "rollover")
@@ -236,7 +236,7 @@ class ShardedSampler(Sampler):
         self.drop_last = bool(drop_last)
         self._length = None if length is None else _check_length(length)
 
-    def bind(self, length: int) -> "ShardedSampler":
+    def bind(self, length: int) -> ShardedSampler:
         """A copy of this sampler for a dataset of ``length`` samples (used by DataLoader)."""
         s = ShardedSampler(self.num_shards, self.shard_id, length, shuffle=self.shuffle,
                            seed=self.seed, drop_last=self.drop_last)
@@ -344,10 +344,10 @@ class BatchSampler:
     def __len__(self) -> int:
         n = len(self.sampler)
         if self.last_batch == "keep":
-            return -(-n // self.batch_size)
+            return (n + self.batch_size - 1) // self.batch_size
         if self.last_batch == "discard":
             return n // self.batch_size
-        return (n + self._carry.size) // self.batch_size
+        return int((n + self._carry.size) // self.batch_size)
 
     def __repr__(self) -> str:
         return f"BatchSampler({self.sampler!r}, {self.batch_size}, last_batch={self.last_batch!r})"

@@ -101,7 +101,8 @@ def _rrc_params(rng: _Rng, width: int, height: int, scale: tuple, ratio: tuple) 
 
     Attempt k uses draws 4k (area fraction, uniform in ``scale``), 4k+1 (aspect ratio,
     log-uniform in ``ratio``: exp of a uniform in [log r0, log r1)), 4k+2 (top) and 4k+3
-    (left); after 10 failed attempts, the central crop with the ratio clamped. The
+    (left); after 10 failed attempts, the central crop with the ratio clamped (at least
+    one pixel on each side, where torchvision's rounding would give an empty box). The
     arithmetic (double precision, round-half-even) is the same as ll_rrc_params in C.
     """
     area = float(width) * float(height)
@@ -126,6 +127,7 @@ def _rrc_params(rng: _Rng, width: int, height: int, scale: tuple, ratio: tuple) 
         w = int(round(h * rmax))
     else:
         w, h = width, height
+    h, w = max(h, 1), max(w, 1)  # torchvision would return an empty box (and then fail)
     return (height - h) // 2, (width - w) // 2, h, w
 
 
@@ -367,7 +369,8 @@ class Resize(Transform):
     size : int or (height, width)
     interpolation : {"bilinear", "area", "nearest"}
         Bilinear and area agree with ``cv2.INTER_LINEAR`` / ``cv2.INTER_AREA`` within +-1;
-        nearest takes the pixel under each output pixel's centre (``cv2.INTER_NEAREST_EXACT``).
+        nearest takes the pixel under each output pixel's centre, index
+        ``floor((o + 0.5) * in / out)`` (torchvision's "nearest-exact").
     antialias : bool
         As in :class:`RandomResizedCrop` (off by default, for the same reason).
     """

@@ -20,8 +20,8 @@ def resize_into(const uint8_t[:, :, ::1] src not None, uint8_t[:, :, ::1] dst no
                 bint antialias):
     """Resize one HWC uint8 image into ``dst`` (its shape gives the output size).
 
-    Bilinear and area follow cv2.INTER_LINEAR / cv2.INTER_AREA within +-1, nearest
-    follows cv2.INTER_NEAREST_EXACT (NOTE [ Resampling geometry ] in ll_resize.h). Runs
+    Bilinear and area follow cv2.INTER_LINEAR / cv2.INTER_AREA within +-1, nearest takes
+    the pixel under each output pixel's centre (NOTE [ Resampling geometry ] in ll_resize.h). Runs
     without the GIL; thread-safe (scratch is per call).
     """
     cdef int sh = src.shape[0], sw = src.shape[1], C = src.shape[2]

@@ -250,31 +250,47 @@ static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, i
 }
 
 /* Resample the decoded region src (rh x rw x C, stride) through taps tx, ty (relative to
- * the region) and emit every output row. Scratch from wk. */
+ * the region) and emit every output row. Scratch from wk.
+ *
+ * Horizontal-pass rows live in a ring of ty->maxt slots (row r in slot r % maxt): output
+ * rows read source rows in non-decreasing order, so a row is evicted only after the
+ * last output row that reads it, each source row is filtered once, and the ring stays in
+ * L1/L2 however tall the source is. */
 static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *src, ptrdiff_t stride, int rh,
                              const ll_taps *tx, const ll_taps *ty, int C, void *out) {
-    int ow = tx->n, oh = ty->n;
+    int ow = tx->n, oh = ty->n, K = ty->maxt;
     size_t hrow = (size_t)ow * C;
-    /* hbuf: Q7 rows for every source row some output row reads, in source order */
-    if (ll_buf_reserve(&wk->hbuf, (size_t)rh * hrow * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
-    size_t misc = (size_t)rh + hrow * sizeof(int32_t) + hrow + (size_t)ty->maxt * sizeof(void *) + 64;
+    (void)rh;
+    size_t hstride = hrow + 8; /* spare int16 for the SIMD pass's overlapping stores */
+    if (ll_buf_reserve(&wk->hbuf, (size_t)K * hstride * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
+    size_t misc = 16 * (size_t)ow + 16 + hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) +
+                  (size_t)K * (sizeof(void *) + sizeof(int)) + hrow + 64;
     if (ll_buf_reserve(&wk->misc, misc) != 0) return LL_ERR_NOMEM;
     int16_t *hbuf = (int16_t *)wk->hbuf.p;
-    int32_t *acc = (int32_t *)wk->misc.p;
-    const int16_t **rows = (const int16_t **)(wk->misc.p + hrow * sizeof(int32_t));
-    uint8_t *done = (uint8_t *)(rows + ty->maxt);
-    uint8_t *row = done + rh;
-    memset(done, 0, (size_t)rh);
+    ll_pairs pairs, *pr = NULL;
+    pairs.wv = (int16_t *)(((uintptr_t)wk->misc.p + 15) & ~(uintptr_t)15);
+    int32_t *acc = (int32_t *)(pairs.wv + 8 * (size_t)ow);
+    pairs.off = acc + hrow;
+    pairs.w = pairs.off + 2 * (size_t)ow;
+    if (tx->maxt <= 2) {
+        ll_pairs_build(tx, C, (int)(stride > 0 ? stride : 0), &pairs);
+        pr = &pairs;
+    }
+    const int16_t **rows = (const int16_t **)(pairs.w + 2 * (size_t)ow);
+    int *slot_row = (int *)(rows + K);
+    uint8_t *row = (uint8_t *)(slot_row + K);
+    for (int k = 0; k < K; k++) slot_row[k] = -1;
     int direct = (pl->dtype == LL_DTYPE_UINT8 && !pl->chw && !pl->use_lut);
     for (int oy = 0; oy < oh; oy++) {
         int nt = ty->ntap[oy], s = ty->start[oy];
         for (int t = 0; t < nt; t++) {
-            int r = s + t;
-            if (!done[r]) {
-                ll_hpass_any(src + (ptrdiff_t)r * stride, tx, hbuf + (size_t)r * hrow, C);
-                done[r] = 1;
+            int r = s + t, k = r % K;
+            int16_t *h = hbuf + (size_t)k * hstride;
+            if (slot_row[k] != r) {
+                ll_hpass_any(src + (ptrdiff_t)r * stride, tx, pr, h, C);
+                slot_row[k] = r;
             }
-            rows[t] = hbuf + (size_t)r * hrow;
+            rows[t] = h;
         }
         uint8_t *dst = direct ? (uint8_t *)out + (size_t)oy * hrow : row;
         if (nt == 0) memset(dst, 0, hrow);

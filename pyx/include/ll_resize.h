@@ -16,15 +16,19 @@
  *   LL_INTERP_AREA      a >= 1 on both axes: the source pixels overlapping
  *                       [a*o+b, a*(o+1)+b), weighted by overlap (cv2.INTER_AREA);
  *                       otherwise cv2's two-tap INTER_AREA coefficients (see below).
- *   LL_INTERP_NEAREST   pixel floor(c): cv2.INTER_NEAREST_EXACT (pixel-centre rounding).
+ *   LL_INTERP_NEAREST   pixel floor(c), the pixel under the centre (Pillow's NEAREST,
+ *                       torchvision's "nearest-exact"; cv2.INTER_NEAREST_EXACT agrees
+ *                       except where its 16.16 fixed point rounds a near-tie the other way).
  *   linear + antialias  a > 1: triangle filter of half-width a (Pillow's BILINEAR and
  *                       torchvision's antialias=True), taps renormalised at the border.
  *
  * NOTE [ Fixed-point resampling ]
  * Weights are Q14 (sum 16384). The horizontal pass keeps Q7 (value * 128, <= 32640, an
- * int16); the vertical pass accumulates Q21 in int32 ((32640 * 16384) < 2**31) and
- * rounds once. The total error against exact arithmetic is below 0.52 levels, so the
- * result is within +-1 of OpenCV's own 11-bit fixed point. The vertical pass is a
+ * int16); the vertical pass of a two-tap filter keeps the high half of each 16x16-bit
+ * product (Q5, so it runs in 16-bit SIMD lanes), wider filters accumulate Q21 in int32
+ * ((32640 * 16384) < 2**31); both round once at the end. The total error against exact
+ * arithmetic stays below 0.6 levels, so the result is within +-1 of OpenCV's own 11-bit
+ * fixed point. The vertical pass is a
  * contiguous multiply-add over out_w * channels int16 values, which the compiler
  * vectorises; the horizontal pass is channel-interleaved with the channel count a
  * compile-time constant.
@@ -119,9 +123,9 @@ static void ll_taps_compute(ll_taps *tp, int interp, int antialias, double a, do
         double s = 1.0;
         double c = a * (o + 0.5) + b;
         if (interp == LL_INTERP_NEAREST) {
-            /* a centre exactly on a pixel edge takes the left pixel, as OpenCV's
-             * truncated 16.16 fixed point does */
-            int i = (int)floor(c - 1e-7);
+            /* the pixel under the centre: index floor((o + 0.5) * a + b), as Pillow's and
+             * torchvision's "nearest-exact" */
+            int i = (int)floor(c + 1e-9); /* c is exact up to rounding: keep exact ties exact */
             if (i < d0) i = d0;
             if (i > d1 - 1) i = d1 - 1;
             first = i; n = 1; tmp[0] = 1.0;
@@ -224,37 +228,134 @@ static void ll_taps_reverse(ll_taps *tp) {
     }
 }
 
-/* Horizontal pass of one source row into Q7 int16 (see NOTE [ Fixed-point resampling ]). */
-static inline void ll_hpass(const uint8_t *src, const ll_taps *tx, int16_t *dst, const int C) {
-    const int m = tx->maxt;
+/* Two-tap filters (bilinear, nearest, cv2's upscaling area) in a branch-free form: per
+ * output, two element offsets and two weights; a one-tap output reads its pixel twice
+ * with a zero second weight, so no read can leave the taps' span. */
+typedef struct {
+    int32_t *off; /* 2 per output: element offsets (pixel * C) */
+    int32_t *w;   /* 2 per output */
+    int16_t *wv;  /* 8 per output, 16-byte aligned: (w0, w1) x 3, 0, 0 for the SSE2 path */
+    int row_len;  /* elements in a source row: SIMD loads must stay inside it */
+} ll_pairs;
+
+static void ll_pairs_build(const ll_taps *tx, int C, int row_len, ll_pairs *pr) {
+    pr->row_len = row_len;
     for (int o = 0; o < tx->n; o++) {
+        int nt = tx->ntap[o];
+        const int16_t *w = tx->w + (size_t)o * tx->maxt;
+        int32_t s = nt > 0 ? tx->start[o] * C : 0; /* a padding output reads nothing real */
+        int32_t w0 = nt >= 1 ? w[0] : 0, w1 = nt == 2 ? w[1] : 0;
+        pr->off[2 * o] = s;
+        pr->off[2 * o + 1] = nt == 2 ? s + C : s;
+        pr->w[2 * o] = w0;
+        pr->w[2 * o + 1] = w1;
+        if (pr->wv != NULL) {
+            int16_t *v = pr->wv + 8 * (size_t)o;
+            for (int k = 0; k < 3; k++) { v[2 * k] = (int16_t)w0; v[2 * k + 1] = (int16_t)w1; }
+            v[6] = v[7] = 0;
+        }
+    }
+}
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* Two-tap horizontal pass for 3 channels, one output pixel per iteration: load the 8
+ * bytes at the first tap (pixel a, pixel b, 2 spare), pair them up as (a_c, b_c) int16
+ * lanes and let pmaddwd form a_c*w0 + b_c*w1 for the 3 channels at once. An output whose
+ * 8-byte load would leave the source row (the last pixels; the first ones when the row
+ * is mirrored) is computed in scalar code. Each store writes 4 int16; the 4th is
+ * overwritten by the next pixel, and the row has 4 spare int16 after its end. */
+static void ll_hpass3_sse2(const uint8_t *src, const ll_pairs *pr, int n, int16_t *dst) {
+    const __m128i zero = _mm_setzero_si128(), round = _mm_set1_epi32(64);
+    const int32_t *off = pr->off;
+    const int lim = pr->row_len - 8;
+    for (int o = 0; o < n; o++) {
+        int e = off[2 * o];
+        if (e <= lim) {
+            __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(src + e)), zero);
+            __m128i b = _mm_srli_si128(a, 6); /* pixel b's channels in lanes 0-2 */
+            __m128i ab = _mm_unpacklo_epi16(a, b);
+            __m128i r = _mm_madd_epi16(ab, _mm_load_si128((const __m128i *)(pr->wv + 8 * (size_t)o)));
+            r = _mm_srai_epi32(_mm_add_epi32(r, round), 7);
+            _mm_storel_epi64((__m128i *)(dst + 3 * o), _mm_packs_epi32(r, r));
+        } else {
+            const uint8_t *p0 = src + e, *p1 = src + off[2 * o + 1];
+            const int32_t w0 = pr->w[2 * o], w1 = pr->w[2 * o + 1];
+            for (int c = 0; c < 3; c++) dst[3 * o + c] = (int16_t)((w0 * p0[c] + w1 * p1[c] + 64) >> 7);
+        }
+    }
+}
+#endif
+
+/* Horizontal pass of one source row into Q7 int16 (see NOTE [ Fixed-point resampling ]).
+ * C is a literal at every call site, so each channel count gets its own unrolled copy. */
+static inline __attribute__((always_inline)) void ll_hpass(const uint8_t *restrict src, const ll_taps *tx,
+                                                          const ll_pairs *pr, int16_t *restrict dst, const int C) {
+    const int n = tx->n;
+    if (pr != NULL) {
+        const int32_t *restrict off = pr->off, *restrict pw = pr->w;
+#if defined(__SSE2__)
+        if (C == 3 && pr->wv != NULL) {
+            ll_hpass3_sse2(src, pr, n, dst);
+            return;
+        }
+#endif
+        for (int o = 0; o < n; o++) {
+            const uint8_t *p0 = src + off[2 * o], *p1 = src + off[2 * o + 1];
+            const int32_t w0 = pw[2 * o], w1 = pw[2 * o + 1];
+            for (int c = 0; c < C; c++) dst[o * C + c] = (int16_t)((w0 * p0[c] + w1 * p1[c] + 64) >> 7);
+        }
+        return;
+    }
+    const int m = tx->maxt;
+    for (int o = 0; o < n; o++) {
         const int nt = tx->ntap[o];
         const uint8_t *p = src + (ptrdiff_t)tx->start[o] * C;
         const int16_t *w = tx->w + (size_t)o * m;
         int32_t acc[4] = {64, 64, 64, 64};
-        if (nt == 2) {
-            for (int c = 0; c < C; c++) acc[c] += w[0] * p[c] + w[1] * p[C + c];
-        } else {
-            for (int t = 0; t < nt; t++)
-                for (int c = 0; c < C; c++) acc[c] += w[t] * p[t * C + c];
-        }
-        if (nt == 0) for (int c = 0; c < C; c++) acc[c] = 64;
+        for (int t = 0; t < nt; t++)
+            for (int c = 0; c < C; c++) acc[c] += w[t] * p[t * C + c];
         for (int c = 0; c < C; c++) dst[o * C + c] = (int16_t)(acc[c] >> 7);
     }
 }
 
-static void ll_hpass_any(const uint8_t *src, const ll_taps *tx, int16_t *dst, int C) {
-    if (C == 3) ll_hpass(src, tx, dst, 3);
-    else if (C == 1) ll_hpass(src, tx, dst, 1);
-    else if (C == 4) ll_hpass(src, tx, dst, 4);
-    else ll_hpass(src, tx, dst, 2);
+/* Out of line, one copy per channel count: inlined into the large per-sample function
+ * the loop spills its registers to the stack and runs several times slower. */
+__attribute__((noinline)) static void ll_hpass3(const uint8_t *src, const ll_taps *tx, const ll_pairs *pr,
+                                                int16_t *dst) { ll_hpass(src, tx, pr, dst, 3); }
+__attribute__((noinline)) static void ll_hpass1(const uint8_t *src, const ll_taps *tx, const ll_pairs *pr,
+                                                int16_t *dst) { ll_hpass(src, tx, pr, dst, 1); }
+__attribute__((noinline)) static void ll_hpass4(const uint8_t *src, const ll_taps *tx, const ll_pairs *pr,
+                                                int16_t *dst) { ll_hpass(src, tx, pr, dst, 4); }
+__attribute__((noinline)) static void ll_hpass2(const uint8_t *src, const ll_taps *tx, const ll_pairs *pr,
+                                                int16_t *dst) { ll_hpass(src, tx, pr, dst, 2); }
+
+static void ll_hpass_any(const uint8_t *src, const ll_taps *tx, const ll_pairs *pr, int16_t *dst, int C) {
+    if (C == 3) ll_hpass3(src, tx, pr, dst);
+    else if (C == 1) ll_hpass1(src, tx, pr, dst);
+    else if (C == 4) ll_hpass4(src, tx, pr, dst);
+    else ll_hpass2(src, tx, pr, dst);
 }
 
 /* Vertical pass: one output row from ntap horizontal-pass rows. */
-static void ll_vpass(const int16_t *const *rows, const int16_t *w, int nt, int n, int32_t *acc, uint8_t *out) {
+__attribute__((noinline)) static void ll_vpass(const int16_t *const *rows, const int16_t *w, int nt, int n, int32_t *restrict acc,
+                     uint8_t *restrict out) {
+    if (nt <= 2) {
+        /* The common case in 16-bit lanes (SSE2 has no 32-bit multiply): each product keeps
+         * its high half, (w * h) >> 16, which is Q5; the truncation costs at most 2/32 of a
+         * level (NOTE [ Fixed-point resampling ]). Weights are >= 0 and sum to 16384 and
+         * h <= 32640, so the sum is in [0, 8160] and the result in [0, 255]: no clamp. */
+        const int16_t *restrict r0 = rows[0], *restrict r1 = nt == 2 ? rows[1] : rows[0];
+        const int16_t w0 = w[0], w1 = nt == 2 ? w[1] : 0;
+        for (int k = 0; k < n; k++) {
+            int16_t v = (int16_t)((int16_t)(((int32_t)w0 * r0[k]) >> 16) + (int16_t)(((int32_t)w1 * r1[k]) >> 16) + 16);
+            out[k] = (uint8_t)(v >> 5);
+        }
+        return;
+    }
     for (int k = 0; k < n; k++) acc[k] = 1 << 20;
     for (int t = 0; t < nt; t++) {
-        const int16_t *r = rows[t];
+        const int16_t *restrict r = rows[t];
         const int32_t wt = w[t];
         for (int k = 0; k < n; k++) acc[k] += wt * r[k];
     }

@@ -66,7 +66,8 @@ static inline int64_t ll_rng_below(uint64_t key, uint64_t ctr, uint64_t n) {
  * 4k+1 (log aspect ratio), 4k+2 (top) and 4k+3 (left). The area fraction is uniform in
  * [s0, s1), the aspect ratio exp(uniform(log r0, log r1)); w = round(sqrt(area * ratio)),
  * h = round(sqrt(area / ratio)) with round-half-even (Python's round, C's rint). After 10
- * failed attempts: the largest central crop whose ratio is clamped to [r0, r1].
+ * failed attempts: the largest central crop whose ratio is clamped to [r0, r1] (at least
+ * one pixel on each side, where torchvision's rounding would give an empty box).
  * Writes the box as top i, left j, height h, width w. */
 LL_NO_CONTRACT
 static void ll_rrc_params(uint64_t key, int width, int height, double s0, double s1, double r0, double r1,
@@ -99,6 +100,8 @@ static void ll_rrc_params(uint64_t key, int width, int height, double s0, double
         w = width;
         h = height;
     }
+    if (h < 1) h = 1; /* torchvision would return an empty box here (and then fail) */
+    if (w < 1) w = 1;
     *bi = (height - h) / 2;
     *bj = (width - w) / 2;
     *bh = h;

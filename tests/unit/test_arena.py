@@ -12,7 +12,7 @@ def _layout(n=8):
 
 def test_parts_are_aligned_contiguous_views():
     arena = BatchArena(2)
-    lease, parts = arena.acquire(_layout())
+    _lease, parts = arena.acquire(_layout())
     for p in parts:
         assert p.ctypes.data % ALIGNMENT == 0
         assert p.flags.c_contiguous and p.flags.writeable
@@ -79,7 +79,7 @@ def test_clear_frees_only_free_slots():
     arena = BatchArena(2)
     lay = _layout()
     arena.reserve(lay)
-    lease, parts = arena.acquire(lay)
+    _lease, parts = arena.acquire(lay)
     parts[0][...] = 5
     arena.clear()
     assert (parts[0] == 5).all()   # still valid memory

@@ -1,7 +1,13 @@
 import numpy as np
 import pytest
 
-from loaderlib.sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
+from loaderlib.sampler import (
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    ShardedSampler,
+    WeightedRandomSampler,
+)
 
 
 def test_sequential():

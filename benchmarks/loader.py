@@ -1,0 +1,328 @@
+"""Loader benchmark: the ResNet-50 training input pipeline, consumed by an infinitely fast model.
+
+Runs side by side, each in a fresh process (so peak memory is its own):
+
+* ``loaderlib``: ImageFolderDataset + native transforms, native engine;
+* ``torch``: PyTorch's DataLoader with ``num_workers=2``, OpenCV decode and the same
+  transforms written in numpy/OpenCV (skipped with a message when torch is absent);
+* ``opencv-1thread``: a plain one-thread OpenCV loop (the per-core limit of the usual
+  Python pipeline).
+
+Two variants: ``float`` (RandomResizedCrop(224), flip, Normalize, CHW float32) and ``uint8``
+(RandomResizedCrop(224), flip, HWC uint8). Batch 64. Reports images/s (after the first
+batch), first-batch latency and the peak RSS of the whole process tree (workers included).
+
+Usage::
+
+    python benchmarks/loader.py                      # generates photo-like JPEGs once
+    python benchmarks/loader.py --data /path/to/imagefolder --images 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+BATCH = 64
+
+
+# --------------------------------------------------------------------------- data
+
+
+def make_dataset(root: str, n: int, classes: int = 8) -> str:
+    """Photo-like JPEGs of ImageNet's typical size (about 500x375, quality 90, 4:2:0)."""
+    import cv2
+    from matplotlib import cbook
+
+    marker = os.path.join(root, f".complete-{n}")
+    if os.path.exists(marker):
+        return root
+    photo = cv2.imread(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        os.makedirs(os.path.join(root, f"n{c:08d}"), exist_ok=True)
+    for i in range(n):
+        # Random crop, scale, flip and colour shift of the photo: varied content and sizes.
+        h, w = int(rng.integers(250, 512)), int(rng.integers(250, 600))
+        y, x = int(rng.integers(0, 513 - h)), int(rng.integers(0, 601 - w))
+        img = photo[y:y + h, x:x + w]
+        tw = int(rng.integers(400, 520))
+        th = round(tw * rng.uniform(0.66, 0.8)) if rng.random() < 0.8 else round(tw * rng.uniform(1.2, 1.4))
+        img = cv2.resize(img, (tw, th), interpolation=cv2.INTER_AREA)
+        if rng.random() < 0.5:
+            img = img[:, ::-1]
+        shift = rng.integers(-25, 26, size=3)
+        img = np.clip(img.astype(np.int16) + shift, 0, 255).astype(np.uint8)
+        ok, buf = cv2.imencode(".JPEG", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        if not ok:
+            raise RuntimeError("cv2.imencode failed")
+        with open(os.path.join(root, f"n{i % classes:08d}", f"img_{i:06d}.JPEG"), "wb") as f:
+            f.write(buf.tobytes())
+    open(marker, "w").close()
+    return root
+
+
+def image_files(root: str) -> tuple[list[str], list[int]]:
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    paths, labels = [], []
+    for k, c in enumerate(classes):
+        for f in sorted(os.listdir(os.path.join(root, c))):
+            if f.lower().endswith((".jpg", ".jpeg", ".png")):
+                paths.append(os.path.join(root, c, f))
+                labels.append(k)
+    return paths, labels
+
+
+# --------------------------------------------------------------------------- the OpenCV/numpy pipeline
+
+
+class CvPipeline:
+    """The usual Python pipeline: cv2.imread, RandomResizedCrop, flip, normalize, CHW (numpy)."""
+
+    def __init__(self, variant: str, seed: int = 0) -> None:
+        self.variant = variant
+        self.rng = np.random.default_rng(seed)
+        self.mean = np.array(MEAN, np.float32) * 255
+        self.inv_std = 1.0 / (np.array(STD, np.float32) * 255)
+
+    def crop_box(self, h: int, w: int) -> tuple[int, int, int, int]:
+        area = h * w
+        for _ in range(10):   # torchvision's RandomResizedCrop.get_params
+            target = area * self.rng.uniform(0.08, 1.0)
+            ratio = math.exp(self.rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw = round(math.sqrt(target * ratio))
+            ch = round(math.sqrt(target / ratio))
+            if 0 < cw <= w and 0 < ch <= h:
+                return int(self.rng.integers(0, h - ch + 1)), int(self.rng.integers(0, w - cw + 1)), ch, cw
+        s = min(h, w)
+        return (h - s) // 2, (w - s) // 2, s, s
+
+    def __call__(self, path: str) -> np.ndarray:
+        import cv2
+
+        img = cv2.imread(path, cv2.IMREAD_COLOR)
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+        y, x, ch, cw = self.crop_box(*img.shape[:2])
+        img = cv2.resize(img[y:y + ch, x:x + cw], (224, 224), interpolation=cv2.INTER_LINEAR)
+        if self.rng.random() < 0.5:
+            img = img[:, ::-1]
+        if self.variant == "uint8":
+            return np.ascontiguousarray(img)
+        out = (img.astype(np.float32) - self.mean) * self.inv_std
+        return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+# --------------------------------------------------------------------------- runners (child process)
+
+
+def run_loaderlib(root: str, variant: str, images: int, threads: int) -> dict:
+    import loaderlib as ll
+    from loaderlib import transforms as T
+
+    steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    if variant == "float":
+        steps += [T.Normalize(MEAN, STD), T.ToCHW()]
+    t0 = time.perf_counter()
+    ds = ll.ImageFolderDataset(root).transform_first(T.Compose(steps))
+    loader = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, num_threads=threads, seed=0, last_batch="discard")
+    return consume(loader, images, t0, engine=loader.engine)
+
+
+def _torch_dataset(root: str, variant: str):
+    import torch
+
+    paths, labels = image_files(root)
+
+    class Folder(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.pipe = None
+
+        def __len__(self) -> int:
+            return len(paths)
+
+        def __getitem__(self, i: int):
+            if self.pipe is None:   # one generator per worker process
+                info = torch.utils.data.get_worker_info()
+                self.pipe = CvPipeline(variant, seed=0 if info is None else info.id + 1)
+            return torch.from_numpy(self.pipe(paths[i])), labels[i]
+
+    return Folder()
+
+
+def run_torch(root: str, variant: str, images: int, workers: int) -> dict:
+    import cv2
+    import torch
+
+    cv2.setNumThreads(1)
+    t0 = time.perf_counter()
+    loader = torch.utils.data.DataLoader(_torch_dataset(root, variant), batch_size=BATCH, shuffle=True,
+                                         num_workers=workers, drop_last=True, persistent_workers=workers > 0)
+    return consume(loader, images, t0)
+
+
+def run_opencv(root: str, variant: str, images: int) -> dict:
+    import cv2
+
+    cv2.setNumThreads(1)
+    paths, labels = image_files(root)
+    pipe = CvPipeline(variant)
+    t0 = time.perf_counter()
+
+    def batches():
+        rng = np.random.default_rng(0)
+        while True:
+            order = rng.permutation(len(paths))
+            for k in range(len(order) // BATCH):
+                idx = order[k * BATCH:(k + 1) * BATCH]
+                yield np.stack([pipe(paths[i]) for i in idx]), np.asarray([labels[i] for i in idx])
+
+    return consume(batches(), images, t0)
+
+
+def consume(loader, images: int, t0: float, **extra) -> dict:
+    """The infinitely fast model: take batches and drop them."""
+    first = None
+    seen = 0
+    t_first = None
+    while seen < images:
+        for x, _y in loader:
+            n = len(x)
+            if first is None:
+                first = time.perf_counter() - t0
+                t_first = time.perf_counter()
+            else:
+                seen += n
+            if seen >= images:
+                break
+    dt = time.perf_counter() - t_first
+    return {"images_per_s": seen / dt, "first_batch_s": first, "images": seen, **extra}
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def _tree_rss(proc) -> int:
+    import psutil
+
+    total = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure(args: list[str]) -> dict:
+    """Run one configuration in a fresh process; sample its process tree's RSS."""
+    import psutil
+
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", *args],
+                             stdout=subprocess.PIPE, text=True)
+    proc = psutil.Process(child.pid)
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, _tree_rss(proc))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, _ = child.communicate()
+    stop.set()
+    t.join()
+    if child.returncode != 0:
+        raise RuntimeError(f"benchmark child {args} failed with exit code {child.returncode}")
+    res = json.loads(out.strip().splitlines()[-1])
+    res["peak_rss_mb"] = peak / 2**20
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", help="an ImageFolder (default: generate photo-like JPEGs)")
+    p.add_argument("--make", type=int, default=1024, help="images to generate when --data is not given")
+    p.add_argument("--images", type=int, default=1024, help="images consumed per measurement (after batch 1)")
+    p.add_argument("--threads", type=int, default=2, help="loaderlib threads")
+    p.add_argument("--workers", type=int, default=2, help="PyTorch DataLoader workers")
+    p.add_argument("--variants", default="float,uint8")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs per configuration, interleaved; medians are reported (shared machines are noisy)")
+    p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        kind, root, variant, images, n = a.child
+        if kind == "loaderlib":
+            res = run_loaderlib(root, variant, int(images), int(n))
+        elif kind == "torch":
+            res = run_torch(root, variant, int(images), int(n))
+        else:
+            res = run_opencv(root, variant, int(images))
+        print(json.dumps(res))
+        return
+
+    root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
+    n_files = len(image_files(root)[0])
+    try:
+        import torch  # noqa: F401
+
+        have_torch = True
+    except ImportError:
+        have_torch = False
+    print(f"data: {root} ({n_files} JPEGs), batch {BATCH}, {a.images} images per measurement, "
+          f"{os.cpu_count()} CPUs")
+    if not have_torch:
+        print("torch is not installed: the PyTorch DataLoader comparison is skipped "
+              "(pip install torch==2.13.0 to include it)")
+    for variant in a.variants.split(","):
+        title = ("RandomResizedCrop(224) + flip + Normalize + CHW float32" if variant == "float"
+                 else "RandomResizedCrop(224) + flip, HWC uint8")
+        print(f"\n== {variant}: {title}")
+        rows = [("loaderlib native", ["loaderlib", root, variant, str(a.images), str(a.threads)],
+                 f"{a.threads} threads")]
+        if have_torch:
+            rows.append(("PyTorch DataLoader", ["torch", root, variant, str(a.images), str(a.workers)],
+                         f"num_workers={a.workers}, OpenCV+numpy"))
+        rows.append(("OpenCV loop", ["opencv", root, variant, str(a.images), "1"], "1 thread"))
+        runs: dict = {name: [] for name, _, _ in rows}
+        for _ in range(max(1, a.repeat)):
+            for name, args, _cfg in rows:
+                runs[name].append(measure(args))
+        results = {name: {k: float(np.median([r[k] for r in rs])) for k in ("images_per_s", "first_batch_s",
+                                                                              "peak_rss_mb")}
+                   for name, rs in runs.items()}
+        print(f"{'pipeline':<20} {'config':<30} {'images/s':>9} {'first batch':>12} {'peak RSS':>10}   "
+              f"(median of {max(1, a.repeat)}; images/s of each run)")
+        for name, _args, cfg in rows:
+            r = results[name]
+            each = ", ".join(f"{x['images_per_s']:.0f}" for x in runs[name])
+            print(f"{name:<20} {cfg:<30} {r['images_per_s']:9.0f} {r['first_batch_s']:10.3f} s "
+                  f"{r['peak_rss_mb']:7.0f} MB   ({each})", flush=True)
+        ll_r, cv_r = results["loaderlib native"], results["OpenCV loop"]
+        print(f"loaderlib / (2 x one-thread OpenCV): {ll_r['images_per_s'] / (2 * cv_r['images_per_s']):.2f}x")
+        if have_torch:
+            t_r = results["PyTorch DataLoader"]
+            print(f"loaderlib / PyTorch DataLoader: {ll_r['images_per_s'] / t_r['images_per_s']:.2f}x throughput, "
+                  f"{ll_r['peak_rss_mb'] / t_r['peak_rss_mb']:.2f}x peak RSS")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Shared fixtures: photo-like test images generated at session start (nothing committed
+except a few tiny special files in tests/data)."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import cv2
+import numpy as np
+import pytest
+
+from loaderlib._synth import encode_jpeg, photo_like
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+def make_photo(width: int, height: int, seed: int = 0) -> np.ndarray:
+    """A photo-like BGR image (see loaderlib._synth.photo_like)."""
+    return photo_like(width, height, seed)
+
+
+def encode_cmyk_jpeg(img_bgr: np.ndarray, quality: int = 90) -> bytes:
+    from PIL import Image  # Pillow comes with matplotlib
+
+    pil = Image.fromarray(np.ascontiguousarray(img_bgr[:, :, ::-1])).convert("CMYK")
+    bio = io.BytesIO()
+    pil.save(bio, "JPEG", quality=quality)
+    return bio.getvalue()
+
+
+def cv2_reference(data: bytes, mode: str = "RGB", flag: int | None = None) -> np.ndarray:
+    """Independent reference: OpenCV's decoder, converted to our HWC convention."""
+    arr = np.frombuffer(data, np.uint8)
+    if mode == "GRAY":
+        out = cv2.imdecode(arr, (flag or cv2.IMREAD_GRAYSCALE) | cv2.IMREAD_IGNORE_ORIENTATION)
+        return out[:, :, None]
+    out = cv2.imdecode(arr, (flag or cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION)
+    return np.ascontiguousarray(out[:, :, ::-1]) if mode == "RGB" else out
+
+
+# A matrix of JPEG variants: (id, bytes). Sizes include odd ones that are not multiples of
+# an MCU, tiny ones and an upscaled one larger than the source photo.
+_SIZES = [(17, 13), (64, 48), (333, 251), (500, 375), (512, 600), (1031, 777)]
+
+
+@pytest.fixture(scope="session")
+def jpeg_matrix() -> list[tuple[str, bytes]]:
+    out = []
+    k = 0
+    for w, h in _SIZES:
+        for sampling in ("420", "422", "444"):
+            for progressive in (False, True):
+                quality = (55, 75, 92, 100)[k % 4]
+                img = make_photo(w, h, seed=k)
+                out.append((f"{w}x{h}-{sampling}-q{quality}-{'prog' if progressive else 'base'}",
+                            encode_jpeg(img, quality, sampling, progressive)))
+                k += 1
+        gray = cv2.cvtColor(make_photo(w, h, seed=k), cv2.COLOR_BGR2GRAY)
+        out.append((f"{w}x{h}-gray", encode_jpeg(gray, 85)))
+        out.append((f"{w}x{h}-gray-prog", encode_jpeg(gray, 70, progressive=True)))
+        k += 1
+    return out
+
+
+@pytest.fixture(scope="session")
+def photo_jpeg() -> bytes:
+    return encode_jpeg(make_photo(500, 375, seed=123), 90, "420")

@@ -1,0 +1,210 @@
+"""Bad input is the normal case over millions of files: every variant either decodes or
+raises DecodeError naming the item; the process never crashes."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import cv2
+import numpy as np
+import pytest
+
+import loaderlib as ll
+from loaderlib import DecodeError, DecodeWarning
+from loaderlib.decode import DEFAULT_MAX_PIXELS, decode_batch, jpeg_info
+from tests.conftest import DATA, cv2_reference, encode_cmyk_jpeg, encode_jpeg, make_photo
+
+
+def _sof_offset(data: bytes) -> int:
+    """Offset of the SOFn marker segment (FF C0..CF except C4, C8, CC)."""
+    i = 2
+    while i + 4 <= len(data):
+        assert data[i] == 0xFF
+        marker = data[i + 1]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return i
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    raise AssertionError("no SOF marker")
+
+
+def _with_dims(data: bytes, width: int, height: int) -> bytes:
+    b = bytearray(data)
+    s = _sof_offset(data)
+    b[s + 5 : s + 7] = height.to_bytes(2, "big")
+    b[s + 7 : s + 9] = width.to_bytes(2, "big")
+    return bytes(b)
+
+
+def test_empty_input():
+    with pytest.raises(DecodeError, match="empty"):
+        ll.decode(b"")
+    with pytest.raises(DecodeError, match="empty"):
+        jpeg_info(b"")
+
+
+def test_truncated_jpeg_warns_or_raises_per_strict(photo_jpeg):
+    cut = photo_jpeg[: len(photo_jpeg) // 2]
+    ref = cv2_reference(photo_jpeg)
+    with pytest.warns(DecodeWarning, match="Premature end"):
+        img = ll.decode(cut)
+    assert img.shape == ref.shape
+    # The rows before the cut are intact (a baseline JPEG is coded top to bottom).
+    assert np.array_equal(img[:64], ref[:64])
+    with pytest.raises(DecodeError, match="strict"):
+        ll.decode(cut, strict=True)
+    # Truncated inside the headers: nothing to decode.
+    with pytest.raises(DecodeError):
+        ll.decode(photo_jpeg[:150])
+
+
+def test_corrupt_headers_and_random_bytes(photo_jpeg):
+    rng = np.random.default_rng(1)
+    with pytest.raises(DecodeError, match="not a recognised image format"):
+        ll.decode(rng.integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    with pytest.raises(DecodeError):
+        ll.decode(b"\xff\xd8\xff" + rng.integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    with pytest.raises(DecodeError, match="not a recognised image format"):
+        ll.decode(b"this is a text file, not an image\n" * 20)
+    b = bytearray(photo_jpeg)
+    s = _sof_offset(photo_jpeg)
+    b[s + 4 : s + 20] = b"\x00" * 16  # zero precision, dimensions and components
+    with pytest.raises(DecodeError):
+        ll.decode(bytes(b))
+
+
+def test_twelve_bit_jpeg_is_refused_with_libjpegs_message(photo_jpeg):
+    b = bytearray(photo_jpeg)
+    b[_sof_offset(photo_jpeg) + 4] = 12  # sample precision
+    with pytest.raises(DecodeError, match="precision 12"):
+        ll.decode(bytes(b))
+
+
+def test_declared_dimensions_guard(photo_jpeg):
+    bomb = _with_dims(photo_jpeg, 20000, 20000)  # 400 MP declared in a 40 KB file
+    with pytest.raises(DecodeError, match="max_pixels"):
+        ll.decode(bomb)
+    assert 20000 * 20000 > DEFAULT_MAX_PIXELS
+    with pytest.raises(DecodeError, match="max_pixels"):
+        ll.decode(photo_jpeg, max_pixels=1000)
+    # Beyond libjpeg's own limit even without the guard.
+    with pytest.raises(DecodeError, match="65500"):
+        ll.decode(_with_dims(photo_jpeg, 65535, 65535), max_pixels=None)
+    # The header-only reader still reports what the file claims.
+    assert jpeg_info(bomb).width == 20000
+
+
+def test_truncated_and_corrupt_non_jpeg():
+    img = make_photo(40, 30, seed=2)
+    png = cv2.imencode(".png", img)[1].tobytes()
+    with pytest.raises(DecodeError, match="PNG"):
+        ll.decode(png[: len(png) // 2])
+    bomb = bytearray(png)
+    bomb[16:24] = (100000).to_bytes(4, "big") * 2
+    with pytest.raises(DecodeError, match="max_pixels"):
+        ll.decode(bytes(bomb))
+
+
+def test_batch_errors_name_item_and_source(photo_jpeg):
+    good = photo_jpeg
+    bad = b"\xff\xd8\xff\xe0" + b"\x00" * 50
+    res = decode_batch([good, bad, b"", good], sources=["a.jpg", "b.jpg", "c.jpg", "d.jpg"],
+                       on_error="return", num_threads=2)
+    assert list(res.ok) == [True, False, False, True]
+    assert res.images[1] is None and res.images[2] is None
+    e = res.errors[1]
+    assert e.index == 1 and e.source == "b.jpg"
+    assert "item 1" in str(e) and "b.jpg" in str(e)
+    assert "empty" in str(res.errors[2])
+    assert np.array_equal(res.images[3], cv2_reference(good))
+    with pytest.raises(DecodeError, match="item 1 'b.jpg'"):
+        decode_batch([good, bad], sources=["a.jpg", "b.jpg"])
+
+
+def test_batch_warnings_and_strict(photo_jpeg):
+    cut = photo_jpeg[: len(photo_jpeg) * 2 // 3]
+    with pytest.warns(DecodeWarning, match="item 1 'x.jpg'"):
+        res = decode_batch([photo_jpeg, cut], sources=["w.jpg", "x.jpg"])
+    assert list(res.status) == [0, 1]
+    res = decode_batch([photo_jpeg, cut], strict=True, on_error="return")
+    assert list(res.status) == [0, -7]
+
+
+# --------------------------------------------------------------------------- mutations
+
+
+def _seeds() -> list[bytes]:
+    img = make_photo(72, 56, seed=11)
+    gray = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+    with open(os.path.join(DATA, "arithmetic_40x30.jpg"), "rb") as f:
+        arith = f.read()
+    return [
+        encode_jpeg(img, 90, "420"),
+        encode_jpeg(img, 75, "444", progressive=True),
+        encode_jpeg(img, 60, "422"),
+        encode_jpeg(gray, 80, progressive=True),
+        encode_cmyk_jpeg(img),
+        arith,
+        cv2.imencode(".png", img)[1].tobytes(),
+    ]
+
+
+def _mutate(data: bytes, rng: np.random.Generator) -> bytes:
+    b = bytearray(data)
+    kind = int(rng.integers(0, 6))
+    if kind == 0:  # truncate anywhere
+        return bytes(b[: int(rng.integers(0, len(b)))])
+    if kind == 1:  # flip a few random bytes
+        for _ in range(int(rng.integers(1, 12))):
+            b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+        return bytes(b)
+    if kind == 2:  # overwrite a run with random bytes (often hits the headers)
+        start = int(rng.integers(0, min(len(b), 400)))
+        n = int(rng.integers(1, 64))
+        b[start : start + n] = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        return bytes(b)
+    if kind == 3:  # insert random bytes
+        at = int(rng.integers(0, len(b)))
+        return bytes(b[:at]) + rng.integers(0, 256, int(rng.integers(1, 40)), dtype=np.uint8).tobytes() + bytes(b[at:])
+    if kind == 4:  # delete a run
+        at = int(rng.integers(0, len(b)))
+        return bytes(b[:at] + b[at + int(rng.integers(1, 200)) :])
+    # corrupt a 16-bit field right after a marker (lengths, dimensions, table sizes)
+    markers = [i for i in range(len(b) - 3) if b[i] == 0xFF and b[i + 1] not in (0x00, 0xFF)]
+    if markers:
+        at = markers[int(rng.integers(0, len(markers)))] + 2 + int(rng.integers(0, 8))
+        if at + 2 <= len(b):
+            b[at : at + 2] = int(rng.integers(0, 65536)).to_bytes(2, "big")
+    return bytes(b)
+
+
+def test_mutation_sweep_never_crashes():
+    """Thousands of corrupted/truncated variants through decode and decode_batch: each
+    decodes (with the shape its header implies) or raises DecodeError; no other outcome."""
+    rng = np.random.default_rng(2024)
+    seeds = _seeds()
+    variants = [_mutate(seeds[i % len(seeds)], rng) for i in range(3000)]
+    outcomes = {"decoded": 0, "error": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DecodeWarning)
+        for k, v in enumerate(variants):
+            denom = (1, 2, 4, 8)[k % 4]
+            try:
+                img = ll.decode(v, mode=("RGB", "GRAY", "BGR")[k % 3], scale=1 / denom, strict=bool(k % 2),
+                                max_pixels=4_000_000)
+            except DecodeError:
+                outcomes["error"] += 1
+            else:
+                outcomes["decoded"] += 1
+                assert img.dtype == np.uint8 and img.ndim == 3 and img.size > 0
+        for start in range(0, len(variants), 250):
+            chunk = variants[start : start + 250]
+            crops = [(0, 0, 8, 8) if j % 3 == 0 else None for j in range(len(chunk))]
+            res = decode_batch(chunk, crop=crops, num_threads=2, on_error="return", max_pixels=4_000_000)
+            assert set(res.errors) == {int(i) for i in np.flatnonzero(res.status < 0)}
+            for j, img in enumerate(res.images):
+                assert (img is None) == (res.status[j] < 0)
+                if img is not None and crops[j] is not None:
+                    assert img.shape[:2] == (8, 8)
+    # The sweep must exercise both outcomes, or it tests nothing.
+    assert outcomes["decoded"] > 200 and outcomes["error"] > 200, outcomes
