@@ -106,10 +106,11 @@ def test_bench_command_prints_the_table_and_verdicts(small_root, tmp_path, capsy
 
 
 def test_bench_command_with_a_model_step(small_root, capsys):
-    rc = cli.main(["bench", "--data", small_root, "--seconds", "0.3", "--batch-size", "8", "--threads", "1",
-                   "--size", "64", "--loaders", "python", "--model-step-ms", "150", "--no-progress"])
+    # 12 batches per epoch, so the window (0.8 s, 8 model steps) spans at most one epoch start.
+    rc = cli.main(["bench", "--data", small_root, "--seconds", "0.8", "--batch-size", "4", "--threads", "1",
+                   "--size", "64", "--loaders", "python", "--model-step-ms", "100", "--no-progress"])
     out = capsys.readouterr().out
-    assert rc == 0 and "accel idle" in out and "ceiling" in out and "150 ms (simulated)" in out
+    assert rc == 0 and "accel idle" in out and "ceiling" in out and "100 ms (simulated)" in out
     assert "verdict for Python thread pool: model-bound" in out
 
 
