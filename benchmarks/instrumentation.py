@@ -31,7 +31,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _report import machine_summary, med  # noqa: E402
+from _report import machine_summary, med
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -59,10 +59,11 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64)
     args = p.parse_args()
 
+    from loaderlib.profiling import build_demo_dataset
+
     import loaderlib as ll
     from loaderlib import transforms as T
     from loaderlib._threads import available_cpus
-    from loaderlib.profiling import build_demo_dataset
 
     root = args.data or str(build_demo_dataset())
     threads = args.threads or available_cpus()
