@@ -42,12 +42,12 @@ def test_largest_thread_time_share_names_the_stage():
 
 
 def test_saturated_on_every_cpu_asks_for_a_cheaper_stage():
-    v = _diag(threads=4, cpus=4, busy_fraction=0.95)
+    v = _diag(threads=4, cpus=4, busy_fraction=0.95, cores_used=3.8)
     assert "add threads" not in v.suggestion and "every CPU is busy" in v.suggestion
 
 
 def test_unsaturated_pool_says_threads_wait():
-    v = _diag(threads=4, busy_fraction=0.4)
+    v = _diag(threads=4, busy_fraction=0.4, cores_used=1.6)
     assert v.bottleneck == "decode" and "busy only 40%" in v.suggestion
 
 
@@ -173,3 +173,10 @@ def test_slow_model_step_is_model():
     assert r.model_s == pytest.approx(0.05 * r.batches, rel=0.2)
     assert r.ceiling_samples_per_s > r.samples_per_s
     assert r.consumer_wall_fraction == pytest.approx(1.0, abs=0.10)
+
+
+def test_cpu_contention_is_called_out_for_native_stages():
+    v = _diag(threads=2, cpus=2, busy_fraction=0.9, cores_used=0.6)
+    assert v.bottleneck == "decode" and "other processes compete" in v.suggestion
+    v = _diag(threads=2, cpus=2, busy_fraction=0.9, cores_used=1.8)
+    assert "other processes" not in v.suggestion and "every CPU is busy" in v.suggestion
