@@ -271,8 +271,11 @@ def _drive(run: _Run) -> None:
 class LoaderIterator:
     """Iterator over one epoch of a DataLoader (see NOTE [ Iterator state ])."""
 
-    def __init__(self, run: _Run) -> None:
+    def __init__(self, run: _Run, owner: Any = None) -> None:
         self._run = run
+        # ``for b in DataLoader(...)`` drops the loader at once: the iterator keeps it (and its
+        # worker processes) alive. The loader refers back only weakly, so there is no cycle.
+        self._owner = owner
         self._finalizer = weakref.finalize(self, _Run.close, run)
 
     def __iter__(self) -> LoaderIterator:

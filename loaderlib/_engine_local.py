@@ -180,7 +180,17 @@ class NativeProducer:
         pass
 
     def close(self, wait: bool = True) -> None:
+        if not wait:
+            return  # the driver may still be inside a batch; nothing here can stop it sooner
         self._timings = None
+        # After a full stop the plan is idle: hand it back to the loader for the next epoch.
+        # (After a timeout or Ctrl-C the run never calls this, and the plan is dropped.)
+        if self.plan is not None:
+            give = self.info.get("give_plan")
+            give = give() if give is not None else None
+            if give is not None:
+                give(self.plan)
+            self.plan = None
 
     def _finish_arrays(self, task: _Task) -> Any:
         idx = task.indices
@@ -200,8 +210,20 @@ class NativeProducer:
     def finish(self, task: _Task) -> Any:
         if self.src.kind == "arrays":
             return self._finish_arrays(task)
-        idx = task.indices
-        n = task.target
+        res = self.produce(task.indices, task.target)
+        if res is None:
+            return None
+        out, _sel, stages, rows, nthreads, wall = res
+        if self.rec.enabled:
+            self.rec.batch_done(len(out[0]), stages, wall, nthreads, rows)
+        return self._structure(out)
+
+    def produce(self, idx: np.ndarray, n: int) -> tuple | None:
+        """Run the plan for ``idx`` into a slot; with on_error="skip", fill up to ``n`` samples.
+
+        Returns ``(arrays, indices, stage_ns, per_sample_ns, threads, wall_ns)`` or None when
+        no sample could be loaded; ``arrays`` are the images (and labels) views.
+        """
         nthreads = _threads.resolve_num_threads(self.knobs.num_threads)
         recording = self.rec.enabled
         t_start = _clock()
@@ -257,13 +279,13 @@ class NativeProducer:
             lab = views[1][:filled]
             np.take(self.src.labels, sel, out=lab)
             out.append(lab)
+        now = _clock()
+        stages, rows = {}, None
         if recording:
-            now = _clock()
             stages = {"read": int(stage[0]), "decode": int(stage[1]), "transform": int(stage[2]),
                       "collate": now - t_col}
             rows = np.concatenate(per_sample)[:filled] if per_sample else None
-            self.rec.batch_done(filled, stages, now - t_start, nthreads, rows)
-        return self._structure(out)
+        return out, sel, stages, rows, nthreads, now - t_start
 
 
 # --------------------------------------------------------------------------- threads
@@ -394,6 +416,8 @@ class ThreadsProducer:
             except cf.TimeoutError:
                 if stop.is_set():
                     raise _Stopped() from None
+            except cf.CancelledError:
+                raise _Stopped() from None   # only close() cancels samples
 
     def close(self, wait: bool = True) -> None:
         pools = [self._pool, *self._old_pools]
@@ -403,6 +427,100 @@ class ThreadsProducer:
         for p in pools:
             if p is not None:
                 p.shutdown(wait=wait, cancel_futures=True)
+
+
+class HybridProducer:
+    """Native samples, Python after them: the threads engine when only the tail is Python.
+
+    Each batch's samples are read, decoded and transformed by the fused native prefix of the
+    chain in one kernel pass (into an arena slot); the Python suffix of the chain (and any
+    ``.transform(fn)`` on whole samples) then runs per sample on the Python thread pool, and
+    the batch is collated with the batchify function. Loaderlib transforms in the suffix get
+    the same keyed randomness they would have in a fused chain.
+    """
+
+    lookahead = 1
+
+    def __init__(self, *, native: NativeProducer, suffix: Any, suffix_position: int, others: list,
+                 batchify_fn: Any, arena: BatchArena, knobs: Any, recorder: Any, on_error: str, errors: list,
+                 run_info: dict, worker_init_fn: Callable | None = None) -> None:
+        self.native = native
+        self.suffix = suffix                    # a transforms.Compose of the Python tail, or None
+        self.suffix_position = suffix_position  # transform position of its first step
+        self.others = others                    # whole-sample functions, innermost first
+        self.batchify_fn = batchify_fn
+        self.arena = arena
+        self.rec = recorder
+        self.on_error = on_error
+        self.errors = errors
+        self.info = run_info
+        self.pool = ThreadsProducer(dataset=None, batchify_fn=None, arena=arena, knobs=knobs, recorder=recorder,
+                                    on_error=on_error, errors=errors, run_info=run_info,
+                                    worker_init_fn=worker_init_fn)
+
+    def _tail(self, item: Any, index: int) -> tuple[Any, int]:
+        t0 = _clock()
+        if self.suffix is not None:
+            img = self.suffix(item[0] if isinstance(item, tuple) else item, seed=self.info["seed"],
+                              epoch=self.info["epoch"], index=index, position=self.suffix_position)
+            item = (img, *item[1:]) if isinstance(item, tuple) else img
+        for fn in self.others:
+            item = fn(*item) if isinstance(item, tuple) else fn(item)
+        return item, _clock() - t0
+
+    def submit(self, task: _Task) -> _Task:
+        return task
+
+    def cancel(self, handle: Any) -> None:
+        pass
+
+    def finish(self, task: _Task) -> Any:
+        t0 = _clock()
+        samples: list = []
+        python_ns = 0
+        stage = {"read": 0, "decode": 0, "transform": 0}
+        todo, need = task.indices, task.target
+        nthreads = 1
+        while need > 0 and todo.size:
+            res = self.native.produce(todo, need)
+            if res is None:
+                break
+            arrays, sel, st, _rows, nthreads, _wall = res
+            for k in stage:
+                stage[k] += st.get(k, 0)
+            pool = self.pool._get_pool()
+            items = [(arrays[0][j], int(arrays[1][j])) if len(arrays) > 1 else arrays[0][j] for j in range(len(sel))]
+            futs = [pool.submit(self._tail, it, int(i)) for it, i in zip(items, sel.tolist())]
+            for i, f in zip(sel.tolist(), futs):
+                try:
+                    item, dt = self.pool._result(f)
+                except _Stopped:
+                    raise
+                except Exception as e:  # noqa: BLE001 - user code: reported or skipped per on_error
+                    if self.on_error == "raise":
+                        for g in futs:
+                            g.cancel()
+                        raise annotate(e, i, self.native.src.source(i), "threads")
+                    self.errors.append(SampleFailure(i, self.native.src.source(i), describe_error(e),
+                                                     self.info["epoch"]))
+                    continue
+                samples.append(item)
+                python_ns += dt
+            need = task.target - len(samples)
+            todo = self.info["plan"].borrow(need) if need > 0 and self.on_error == "skip" else todo[:0]
+        if not samples:
+            return None
+        t_col = _clock()
+        batch = collate(self.batchify_fn, samples, self.arena)
+        if self.rec.enabled:
+            now = _clock()
+            self.rec.batch_done(len(samples), {**stage, "python": python_ns, "collate": now - t_col}, now - t0,
+                                max(nthreads, self.pool._pool_size))
+        return batch
+
+    def close(self, wait: bool = True) -> None:
+        self.pool.close(wait=wait)
+        self.native.close(wait=wait)
 
 
 def cpu_count() -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     from multiprocessing.connection import Connection
 
     argv = sys.argv[1:] if argv is None else argv
+    # Ctrl-C reaches the whole process group: the loader decides what happens (it stops its
+    # iterator and closes the workers), so a worker must not die half-way through a batch.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(argv[0]))
     try:
         _run(conn)

@@ -114,6 +114,10 @@ class BatchArena:
         The arrays are C-contiguous views of the slot, each 64-byte aligned; the slot stays
         leased while the lease or any view (or view of a view) is alive.
         """
+        if self._ring.num_slots < self.num_slots:
+            # First use: the whole ring at once, sized for this layout (engines that know
+            # the layout before the epoch call reserve() themselves).
+            self._ring.reserve(self.num_slots, layout.nbytes)
         lease = self._ring.acquire(layout.nbytes)
         return lease, layout.views(lease)
 

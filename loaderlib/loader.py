@@ -4,8 +4,11 @@ Engines (see DESIGN.md):
 
 * ``native``: the dataset's bytes, every transform and collation run in nogil kernels, one
   parallel pass per batch, straight into an arena slot. Zero Python per sample.
-* ``threads``: some step is Python; samples are loaded by ``dataset[i]`` on a Python thread
-  pool (native decode and transforms called inside still release the GIL).
+* ``threads``: some step is Python. For image datasets, the longest native prefix of the
+  chain still runs in the kernels (one pass per batch) and only the Python tail, the
+  ``.transform(fn)`` layers and a user batchify function run on a Python thread pool; other
+  datasets are loaded by ``dataset[i]`` on the pool (loaderlib's decoder and transforms
+  called there release the GIL).
 * ``processes``: ``num_workers > 0`` with Python steps; persistent worker processes write
   batches into shared-memory arena slots.
 
@@ -33,7 +36,7 @@ from ._engine_base import (
     _Knobs,
     _Run,
 )
-from ._engine_local import NativeProducer, NativeSource, ThreadsProducer
+from ._engine_local import HybridProducer, NativeProducer, NativeSource, ThreadsProducer
 from .arena import BatchArena
 from .batchify import Stack, Tuple, default_batchify_fn
 from .datasets import (
@@ -71,7 +74,9 @@ class _Analysis:
     stages: list = field(default_factory=list)     # (stage, "native"/"python", detail)
     native_source: NativeSource | None = None
     chain: Any = None                              # the transform spec handed to compile_chain
-    shards: tuple = ()
+    shards: tuple | None = ()
+    hybrid: dict | None = None                     # threads engine after a native prefix
+    plan: Any = None                               # the compiled plan (lent to the first iterator)
 
 
 def _describe(fn: Any) -> str:
@@ -79,26 +84,42 @@ def _describe(fn: Any) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
-def _unwrap(dataset: Any) -> tuple[Any, list, list]:
-    """Peel transform layers: (base dataset, transform_first fns, other layers)."""
-    firsts: list = []
-    others: list = []
+def _unwrap(dataset: Any) -> tuple[Any, list]:
+    """Peel transform layers: (base dataset, [(is_first, fn), ...] innermost first)."""
+    layers: list = []
     ds = dataset
     while isinstance(ds, _TransformDataset):
-        (firsts if ds.first else others).append(ds.fn)
+        layers.append((ds.first, ds.fn))
         ds = ds.base
-    firsts.reverse()
-    return ds, firsts, others
+    layers.reverse()
+    return ds, layers
 
 
-def _compose(fns: list) -> Any:
-    if not fns:
-        return None
-    if len(fns) == 1:
-        return fns[0]
-    from .transforms import Compose
+def _steps(fns: list) -> list:
+    from . import transforms as T
 
-    return Compose(list(fns))
+    out: list = []
+    for fn in fns:
+        out.extend(fn.steps if isinstance(fn, T.Compose) else [fn])
+    return out
+
+
+def _native_prefix(steps: list) -> tuple[int, Any]:
+    """Longest prefix of ``steps`` that compiles to a plan with a fixed sample shape."""
+    from . import transforms as T
+    from .pipeline import compile_chain
+
+    for k in range(len(steps), 0, -1):
+        head = steps[:k]
+        if not all(isinstance(t, T.Transform) for t in head):
+            continue
+        try:
+            plan = compile_chain(T.Compose(head))
+        except (TypeError, ValueError):
+            continue
+        if plan is not None and plan.sample_shape is not None:
+            return k, plan
+    return 0, None
 
 
 def _is_native_batchify(fn: Any, nparts: int) -> tuple | None:
@@ -122,11 +143,16 @@ def _is_native_batchify(fn: Any, nparts: int) -> tuple | None:
 
 def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     stages: list = []
-    base, firsts, others = _unwrap(dataset)
+    base, layers = _unwrap(dataset)
+    nfirst = 0
+    while nfirst < len(layers) and layers[nfirst][0]:
+        nfirst += 1
+    firsts = [fn for _, fn in layers[:nfirst]]
+    others = [fn for _, fn in layers[nfirst:]]
+    ordered = all(not first for first, _ in layers[nfirst:])   # transform_first layers innermost
     fallback = "processes" if num_workers > 0 else "threads"
     why_py: list[str] = []
     src: NativeSource | None = None
-    plan_spec = None
     nparts = 0
 
     if isinstance(base, (ImageFolderDataset, ImageListDataset)):
@@ -138,7 +164,7 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         src = NativeSource("records", dataset=base, labels=base.labels, description=repr(base))
         stages.append(("read", "native", "RecordFileDataset: pread inside the kernel"))
         nparts = 2
-    elif isinstance(base, ArrayDataset) and not firsts and not others and all(
+    elif isinstance(base, ArrayDataset) and not layers and all(
             isinstance(a, np.ndarray) and a.dtype != object and a.ndim >= 1 for a in base.arrays):
         src = NativeSource("arrays", arrays=[np.ascontiguousarray(a) for a in base.arrays],
                            description=repr(base))
@@ -148,59 +174,70 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         stages.append(("read", "python", f"{type(base).__name__}: dataset[i] is Python code"))
         why_py.append(f"the dataset ({type(base).__name__}) is indexed from Python")
 
+    hybrid = None
+    plan_spec = None
+    plan = None
     if src is not None and src.kind != "arrays":
-        if others:
-            stages.append(("transform", "python", f".transform({_describe(others[0])}) is a Python callable"))
-            why_py.append(".transform(fn) applies a Python function to whole samples")
+        steps = _steps(firsts) if ordered else []
+        k, plan = _native_prefix(steps) if ordered else (0, None)
+        if plan is None:
+            stages.append(("decode", "python", "no native prefix of the chain gives a fixed output size"))
+            why_py.append("the transform chain cannot run natively (a Python step first, or no fixed output "
+                          "size: add a crop or Resize((h, w)))" if ordered else
+                          ".transform(fn) layers sit below transform_first ones")
         else:
-            plan_spec = _compose(firsts)
-            try:
-                from .pipeline import compile_chain
+            for step in plan.describe():
+                stages.append(("decode+transform", "native", step))
+            from . import transforms as T
 
-                plan = compile_chain(plan_spec)
-            except ImportError:
-                plan = None
-                why_py.append("the native pipeline (loaderlib.pipeline) is not available")
-            except (TypeError, ValueError) as e:
-                plan = None
-                why_py.append(f"the transform chain cannot run natively ({e})")
-            if plan is None:
-                stages.append(("decode+transform", "python", f"{_describe(plan_spec)} holds a Python step"))
-                if not why_py:
-                    why_py.append("the transform chain holds a Python callable")
-            elif plan.sample_shape is None:
-                stages.append(("decode+transform", "python", "output size varies per image (no fixed batch shape)"))
-                why_py.append("the transform chain does not give a fixed output size (add a crop or Resize((h, w)))")
-            else:
-                for step in plan.describe():
-                    stages.append(("decode+transform", "native", step))
-    elif src is None and (firsts or others):
+            suffix = steps[k:]
+            if suffix:
+                for fn in suffix:
+                    stages.append(("transform", "python", f"{_describe(fn)} (per sample, thread pool)"))
+                bad = next((fn for fn in suffix if not isinstance(fn, T.Transform)), None)
+                why_py.append(f"the chain holds a Python step ({_describe(bad)})" if bad is not None else
+                              f"the chain's steps from {_describe(suffix[0])} on cannot be fused")
+            for fn in others:
+                stages.append(("transform", "python", f".transform({_describe(fn)}) on whole samples"))
+            if others:
+                why_py.append(".transform(fn) applies a Python function to whole samples")
+            plan_spec = T.Compose(steps[:k])
+            hybrid = {
+                "suffix": T.Compose(suffix) if suffix else None,
+                "position": sum(1 for t in steps[:k] if not isinstance(t, T.Decode)),
+                "others": others,
+            }
+    elif src is None:
         for fn in firsts + others:
             stages.append(("transform", "python", _describe(fn)))
 
     shards = None
-    if src is not None:
+    if src is not None and not why_py:
         shards = _is_native_batchify(batchify_fn, nparts)
-        if shards is None:
-            stages.append(("collate", "python", f"batchify_fn {_describe(batchify_fn)} is a Python function"))
-            why_py.append("the batchify function is not one loaderlib runs natively (default, Stack, Tuple of Stack)")
-        else:
-            stages.append(("collate", "native", "into a pre-planned arena slot (labels with numpy take)"))
+    if src is not None and not why_py and shards is not None:
+        stages.append(("collate", "native", "into a pre-planned arena slot (labels with numpy take)"))
     else:
+        plain = batchify_fn in (None, default_batchify_fn) or isinstance(batchify_fn, (Stack, Tuple))
         name = "default (Stack per field)" if batchify_fn in (None, default_batchify_fn) else _describe(batchify_fn)
-        stages.append(("collate", "native" if batchify_fn in (None, default_batchify_fn) or isinstance(
-            batchify_fn, (Stack, Tuple)) else "python", f"{name}, into arena slots when shapes allow"))
+        stages.append(("collate", "native" if plain else "python", f"{name}, into arena slots when shapes allow"))
+        if src is not None and not why_py:
+            why_py.append("the batchify function is not one loaderlib runs natively (default, Stack, Tuple of "
+                          "Stack) on this dataset")
 
     if src is not None and not why_py:
         reason = "every stage runs in native kernels (zero Python per sample)"
         if num_workers > 0:
             reason += f"; num_workers={num_workers} is not needed and is ignored"
-        return _Analysis("native", reason, stages, src, plan_spec, shards)
+        return _Analysis("native", reason, stages, src, plan_spec, shards, None, plan)
     reason = "; ".join(why_py)
     if fallback == "processes":
         reason += f"; num_workers={num_workers}: Python steps run in worker processes"
-    else:
-        reason += "; Python steps run on a thread pool (set num_workers > 0 for processes)"
+        stages.append(("engine", "python", "each sample is loaded by dataset[i] in a worker process"))
+        return _Analysis(fallback, reason, stages)
+    if hybrid is not None:
+        reason += "; native steps run in the kernels, the Python steps after them on a thread pool"
+        return _Analysis(fallback, reason, stages, src, plan_spec, None, hybrid, plan)
+    reason += "; Python steps run on a thread pool (set num_workers > 0 for processes)"
     return _Analysis(fallback, reason, stages)
 
 
@@ -345,6 +382,7 @@ class DataLoader:
         self._analysis = _analyze(self.dataset, batchify_fn, num_workers)
         self._workers = None      # processes engine: the worker pool, created on first use
         self._arena_ring: BatchArena | None = None
+        self._plans: list = [self._analysis.plan] if self._analysis.plan is not None else []
         self._current: Any = None
         self._closed = False
         if self.pin_memory:
@@ -432,7 +470,7 @@ class DataLoader:
             self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,
                                         self._batch_size)
         run.start()
-        it = LoaderIterator(run)
+        it = LoaderIterator(run, self)
         self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         return it
 
@@ -447,18 +485,21 @@ class DataLoader:
         a = self._analysis
         common = {"knobs": self._knobs, "recorder": self.recorder, "on_error": self.on_error,
                   "errors": self.errors, "run_info": info}
+        info["give_plan"] = weakref.WeakMethod(self._give_plan)
         if a.engine == "native":
-            plan = None
-            if a.native_source.kind != "arrays":
-                from .pipeline import compile_chain
-
-                plan = compile_chain(a.chain)   # one plan per iterator (plans are single-caller)
+            plan = None if a.native_source.kind == "arrays" else self._take_plan()
             if self.recorder.enabled:
                 self.recorder.python_gil("python", False)
             return NativeProducer(src=a.native_source, plan=plan, shards=a.shards, arena=self._arena(),
                                   batch_size=self._batch_size, **common)
         if self.recorder.enabled:
             self.recorder.python_gil("python", True)
+        if a.engine == "threads" and a.hybrid is not None:
+            native = NativeProducer(src=a.native_source, plan=self._take_plan(), shards=(None, None),
+                                    arena=self._arena(), batch_size=self._batch_size, **common)
+            return HybridProducer(native=native, suffix=a.hybrid["suffix"], suffix_position=a.hybrid["position"],
+                                  others=a.hybrid["others"], batchify_fn=self.batchify_fn, arena=self._arena(),
+                                  worker_init_fn=self.worker_init_fn, **common)
         if a.engine == "threads":
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
                                    worker_init_fn=self.worker_init_fn, **common)
@@ -477,6 +518,22 @@ class DataLoader:
             if current is not None:
                 current.close()
         return ProcessesProducer(pool=self._workers, timeout=self.timeout, **common)
+
+    def _take_plan(self) -> Any:
+        """A compiled plan for one iterator: plans run one batch at a time, so concurrent
+        iterators each get their own; finished iterators give theirs back, so later epochs
+        reuse its decoders and scratch buffers."""
+        with self._lock:
+            if self._plans:
+                return self._plans.pop()
+        from .pipeline import compile_chain
+
+        return compile_chain(self._analysis.chain)
+
+    def _give_plan(self, plan: Any) -> None:
+        with self._lock:
+            if len(self._plans) < 4:
+                self._plans.append(plan)
 
     def close(self) -> None:
         """Stop threads and workers and free arena slots. Idempotent."""

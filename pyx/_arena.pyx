@@ -25,13 +25,27 @@ cdef extern from "<stdlib.h>" nogil:
 cdef extern from "<sys/mman.h>" nogil:
     void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void* addr, size_t length)
+    int madvise(void* addr, size_t length, int advice)
     void* MAP_FAILED
     int PROT_READ, PROT_WRITE, MAP_PRIVATE, MAP_ANONYMOUS
+
+cdef extern from *:
+    """
+    #include <sys/mman.h>
+    #ifdef MADV_HUGEPAGE
+    #define LL_MADV_HUGEPAGE MADV_HUGEPAGE
+    #else
+    #define LL_MADV_HUGEPAGE (-1)
+    #endif
+    """
+    const int LL_MADV_HUGEPAGE
 
 # NOTE [ Large slots come from mmap ]: anonymous mappings are page aligned and zero by
 # definition, with pages faulted in by the first write, in parallel, by the kernel threads
 # that fill the batch. Zeroing a 38 MB slot up front instead cost ~30 ms per slot before
 # the first batch. Small buffers come from posix_memalign and are zeroed explicitly.
+# Slots are also offered to transparent huge pages (madvise): a 38 MB float batch then
+# takes ~20 page faults instead of ~9,400, and the kernels' writes miss the TLB less.
 cdef size_t _MMAP_MIN = 1 << 20
 
 # Process-wide counters of AlignedBuffer allocations (arena steady-state checks use them).
@@ -75,6 +89,8 @@ cdef class AlignedBuffer:
             p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
             if p == MAP_FAILED:
                 raise MemoryError(f"cannot map {nbytes} bytes")
+            if LL_MADV_HUGEPAGE >= 0 and size >= (4 << 20):
+                madvise(p, size, LL_MADV_HUGEPAGE)   # advisory: failure changes nothing
             self.ptr = p
             self.mapped = True
             self.mapped_size = size

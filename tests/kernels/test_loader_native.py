@@ -255,3 +255,77 @@ def test_native_stats_fed(folder):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert loader.recorder.enabled
+
+
+def test_python_tail_after_native_prefix(folder):
+    """Threads engine: the native prefix stays native, the Python tail runs per sample."""
+    ds = ll.ImageFolderDataset(folder)
+    chain = T.Compose([T.Decode(dct_scaling=False), T.RandomResizedCrop(40), T.RandomHorizontalFlip(),
+                       lambda im: np.ascontiguousarray(im[::-1]), T.Normalize(MEAN, STD)])
+    outs = []
+    for n in (1, 2):
+        loader = DataLoader(ds.transform_first(chain), batch_size=6, seed=9, num_threads=n)
+        assert loader.engine == "threads"
+        text = loader.explain()
+        assert "native  random resized crop" in text and "lambda" in text
+        outs.append([(x.copy(), y.copy()) for x, y in loader])
+    for (x1, y1), (x2, y2) in zip(*outs):
+        np.testing.assert_array_equal(x1, x2)
+        np.testing.assert_array_equal(y1, y2)
+    # equal to the chain applied step by step with the same keyed randomness
+    x, y = outs[0][1]
+    for j in range(6):
+        i = 6 + j
+        ref = chain(ds[i][0], seed=9, epoch=0, index=i)
+        np.testing.assert_array_equal(x[j], ref)
+        assert y[j] == ds.labels[i]
+
+
+def test_python_batchify_on_native_samples(folder):
+    ds = ll.ImageFolderDataset(folder).transform_first(T.Resize((16, 16)))
+    loader = DataLoader(ds, batch_size=5, batchify_fn=lambda s: (len(s), s[0][0].shape, s[0][1]))
+    assert loader.engine == "threads"
+    batches = list(loader)
+    assert len(batches) == 5 and batches[0] == (5, (16, 16, 3), 0)
+
+
+def test_inside_torch_fork_workers_after_native_epoch(folder):
+    pytest.importorskip("torch")
+    code = textwrap.dedent(f"""
+        import warnings
+        import torch
+        import loaderlib as ll
+        from loaderlib import transforms as T
+        base = ll.ImageFolderDataset({folder!r})
+        ds = base.transform_first(T.Resize((24, 24)))
+        assert sum(len(y) for _, y in ll.DataLoader(ds, batch_size=4, num_threads=2)) == len(ds)
+
+        class Wrapped(torch.utils.data.Dataset):
+            def __len__(self):
+                return 4
+            def __getitem__(self, k):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return sum(int(y.sum()) for _, y in ll.DataLoader(ds, batch_size=3, num_threads=2))
+
+        ctx = "fork"
+        out = list(torch.utils.data.DataLoader(Wrapped(), batch_size=2, num_workers=2,
+                                               multiprocessing_context=ctx, timeout=60))
+        want = int(base.labels.sum())
+        assert [int(v) for b in out for v in b] == [want] * 4, out
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_unlabelled_image_list_yields_images_only(folder):
+    ds = ll.ImageFolderDataset(folder)
+    paths = [p for p, _ in ds.items[:7]]
+    chain = T.Compose([T.Decode(dct_scaling=False), T.Resize((12, 12))])
+    loader = DataLoader(ll.ImageListDataset(paths).transform_first(chain), batch_size=4)
+    assert loader.engine == "native"
+    batches = list(loader)
+    assert [b.shape for b in batches] == [(4, 12, 12, 3), (3, 12, 12, 3)]
+    ref = chain(ds[5][0])
+    np.testing.assert_array_equal(batches[1][1], ref)

@@ -155,3 +155,10 @@ def test_main_module_classes_without_guard(tmp_path):
     res = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str(sum(i * i for i in range(10)))
+
+
+def test_temporary_loader_keeps_its_workers():
+    x, y = _xy(24)
+    got = [b for _, b in DataLoader(ArrayDataset(x, y).transform(lambda a, b: (a, b)), batch_size=4,
+                                    num_workers=2, timeout=60)]
+    np.testing.assert_array_equal(np.concatenate(got), y)
