@@ -10,11 +10,12 @@ loaderlib's generator), cv2.resize(INTER_LINEAR), a flipped view, numpy float32
 normalisation and a transpose copied into the batch. cv2.setNumThreads(1). The fused
 chain runs as one `run_buffers_into` call with num_threads=1 over the whole set.
 
-Images: a real photo (matplotlib's grace_hopper.jpg) resized to ImageNet-like sizes and
-re-encoded (quality 90, 4:2:0), plus two large ones (2000x1500, 3000x2000) that show the
-DCT-scaling gain. Rounds alternate between the contenders; the figure is the median
-over rounds of (CPU seconds of the round / images). CPU time (process_time) is used
-because the machine may be shared; wall time is printed too.
+Images: photo-like JPEGs (loaderlib._synth: crops of a real photo) in the ImageNet-like
+size mix of benchmarks/decode.py, qualities 75-95, 4:2:0/4:4:4/4:2:2; with --large also
+2000x1500 and 3000x2000 photos, which show the DCT-scaling gain. Rounds alternate between
+the contenders; the figure is the median over rounds of (CPU seconds of the round /
+images). CPU time (process_time) is reported because the machine may be shared; wall
+time is printed too.
 
     python benchmarks/transforms.py [--rounds 7] [--large]
 """
@@ -23,47 +24,31 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
+import sys
 import time
 
 import cv2
 import numpy as np
-from matplotlib import cbook
 
-import loaderlib as ll
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _report import machine_summary
+
 from loaderlib import transforms as T
+from loaderlib._synth import encode_jpeg, photo_like
 from loaderlib.pipeline import compile_chain
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-SIZES = [(500, 375), (375, 500), (500, 333), (640, 480), (500, 500), (400, 300), (800, 600), (333, 500)]
+# The ImageNet-like mix of benchmarks/decode.py (ImageNet's median image is about 500x375).
+SIZES = [(500, 375), (375, 500), (500, 333), (500, 400), (640, 480), (800, 600), (1024, 768), (400, 300)]
 LARGE = [(2000, 1500), (3000, 2000)]
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def make_images(sizes) -> list[bytes]:
-    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    base = cv2.imread(path, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-    out = []
-    for k, (w, h) in enumerate(sizes):
-        img = cv2.resize(base, (w, h), interpolation=cv2.INTER_AREA if w < 512 else cv2.INTER_CUBIC)
-        img = np.ascontiguousarray(np.roll(img, 37 * k, axis=1))  # vary content between copies
-        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90,
-                                              cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420])
-        assert ok
-        out.append(buf.tobytes())
-    return out
+    return [encode_jpeg(photo_like(w, h, seed=1000 + i), quality=(75, 85, 90, 95)[i % 4],
+                        sampling=("420", "420", "444", "422")[i % 4]) for i, (w, h) in enumerate(sizes)]
 
 
 def opencv_chain(bufs, out, seed, epoch, normalize):
@@ -91,12 +76,9 @@ def main() -> None:
     ap.add_argument("--large", action="store_true", help="also run the 2000x1500 / 3000x2000 set")
     args = ap.parse_args()
     cv2.setNumThreads(1)
-    info = ll.build_info()
-    print("loaderlib fused transforms benchmark (one thread)")
-    print(f"  CPU: {cpu_model()} ({os.cpu_count()} logical CPUs here), threads used: 1")
-    print(f"  python {platform.python_version()}, numpy {np.__version__}, opencv {cv2.__version__}, "
-          f"libjpeg-turbo {info['libjpeg_turbo_version']} (SIMD {info['simd']}), OpenMP {info['openmp']}")
-    print(f"  rounds: {args.rounds} (alternating), figure = median over rounds of CPU time per image")
+    print("loaderlib fused transforms vs OpenCV + numpy, one thread")
+    print(machine_summary())
+    print(f"rounds: {args.rounds} (alternating), figure = median over rounds of CPU time per image")
     sets = [("ImageNet-like", SIZES * args.copies)]
     if args.large:
         sets.append(("large photos", LARGE * 4))
@@ -114,11 +96,12 @@ def main() -> None:
                                                 T.RandomHorizontalFlip(), *tail]))
                 out = np.empty((n, *plan.sample_shape), plan.dtype)
                 label = "loaderlib fused" + ("" if dct else " (dct_scaling=False)")
-                contenders[label] = (lambda plan=plan, out=out, r=[0]: plan.run_buffers_into(
+                contenders[label] = (lambda plan=plan, out=out, bufs=bufs, n=n: plan.run_buffers_into(
                     bufs, out, np.arange(n), seed=0, epoch=0, num_threads=1))
             ref_out = np.empty((n, 3, 224, 224) if normalize else (n, 224, 224, 3),
                                np.float32 if normalize else np.uint8)
-            contenders["OpenCV + numpy"] = lambda out=ref_out: opencv_chain(bufs, out, 0, 0, normalize)
+            contenders["OpenCV + numpy"] = (lambda out=ref_out, bufs=bufs, normalize=normalize:
+                                            opencv_chain(bufs, out, 0, 0, normalize))
             cpu = {k: [] for k in contenders}
             wall = {k: [] for k in contenders}
             for f in contenders.values():  # warm-up: scratch buffers, caches

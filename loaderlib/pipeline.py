@@ -10,9 +10,12 @@ write the result straight into ``out[i]`` in its final dtype and layout (see
 :class:`BatchStatus`.
 
 What fuses: ``[Decode] (RandomResizedCrop | Resize | CenterCrop | RandomHorizontalFlip)*
-(Normalize | Cast)* [ToCHW] (Normalize | Cast)*``. The point-wise tail becomes a
-per-channel 256-entry lookup table computed by running the tail's own numpy code on all
-256 values, so fused Normalize output is bitwise equal to the step-by-step one.
+(Normalize | Cast)* [ToCHW] (Normalize | Cast)*``. The geometric steps up to the first
+resize (and the crops and flips after it) become one resampling of the decoded region; a
+second resize starts a second stage that resamples the first one's image (per-thread
+scratch). The point-wise tail becomes a per-channel 256-entry lookup table computed by
+running the tail's own numpy code on all 256 values, so fused Normalize output is bitwise
+equal to the step-by-step one.
 """
 
 from __future__ import annotations
@@ -27,16 +30,16 @@ from typing import Any
 import numpy as np
 
 from . import _threads
-from . import decode as _decode
 from . import transforms as T
 from ._ext import _pipeline
+from .decode import decode as _decode_image
 from .errors import DecodeError
 
-__all__ = ["compile_chain", "NativePlan", "BatchStatus"]
+__all__ = ["BatchStatus", "NativePlan", "compile_chain"]
 
 _MSG_LEN = 200
 _MODES = {"RGB": 0, "BGR": 1, "GRAY": 2}
-_OK, _WARNED, _ERR_NOT_JPEG, _ERR_SHAPE, _ERR_READ = 0, 1, -3, -5, -11
+_OK, _WARNED, _ERR_NOT_JPEG, _ERR_SHAPE, _ERR_STRICT, _ERR_READ = 0, 1, -3, -5, -7, -11
 _GEOMETRY = (T.RandomResizedCrop, T.Resize, T.CenterCrop, T.RandomHorizontalFlip)
 _POINTWISE = (T.Normalize, T.Cast)
 
@@ -103,7 +106,6 @@ class NativePlan:
         self.dtype = np.dtype(dtype)
         self.sample_shape = spec.shape
         self._steps = steps
-        self._chw = chw
         self._lock = threading.Lock()
         self._workers = None
         self._chain = None
@@ -204,10 +206,11 @@ class NativePlan:
             raise ValueError(f"indices must have shape ({n},), got {idx.shape}")
         if sources is not None and len(sources) != n:
             raise ValueError(f"sources has {len(sources)} entries for {n} items")
-        if timings is not None:
-            if not isinstance(timings, np.ndarray) or timings.shape != (n, 3) or timings.dtype != np.int64 \
-                    or not timings.flags.c_contiguous:
-                raise ValueError(f"timings must be a C-contiguous ({n}, 3) int64 array")
+        if timings is not None and (not isinstance(timings, np.ndarray) or timings.shape != (n, 3)
+                                    or timings.dtype != np.int64 or not timings.flags.c_contiguous):
+            raise ValueError(f"timings must be a C-contiguous ({n}, 3) int64 array")
+        if not isinstance(seed, (int, np.integer)) or not isinstance(epoch, (int, np.integer)):
+            raise TypeError(f"seed and epoch must be integers, got {seed!r} and {epoch!r}")
         seed_u = int(seed) & ((1 << 64) - 1)
         epoch_u = int(epoch) & ((1 << 64) - 1)
         nthreads = min(_threads.resolve_num_threads(num_threads), max(n, 1))
@@ -233,6 +236,8 @@ class NativePlan:
                 self._fallback(i, fetch, out, idx, seed_u, epoch_u, timings, src, result)
             else:
                 reason = _msg(msgs, i) or f"status {st}"
+                if st == _ERR_STRICT:
+                    reason = f"corrupt data ({reason}); refused because strict=True"
                 result.errors[i] = DecodeError(reason, int(idx[i]), src)
         return result
 
@@ -244,7 +249,7 @@ class NativePlan:
             data = fetch(i)
             t1 = time.perf_counter_ns()
             d = self.decode_spec
-            img = _decode.decode(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict, source=src)
+            img = _decode_image(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict, source=src)
             t2 = time.perf_counter_ns()
             res = self.transform(img, seed=seed, epoch=epoch, index=int(idx[i]))
             res = np.asarray(res)
@@ -260,6 +265,11 @@ class NativePlan:
         except OSError as e:
             result.status[i] = _ERR_READ
             result.errors[i] = DecodeError(f"read failed: {e.strerror or e}", int(idx[i]), src)
+            return
+        except Exception as e:  # noqa: BLE001 - a per-item failure must never abort the batch
+            result.status[i] = -1
+            result.errors[i] = DecodeError(f"the transform chain failed on this image: {type(e).__name__}: {e}",
+                                           int(idx[i]), src)
             return
         result.status[i] = _OK
         if timings is not None:
@@ -302,6 +312,7 @@ def compile_chain(transform: Any) -> NativePlan | None:
     tail: list = []
     chw = False
     desc: list[str] = []
+    stage = 0  # resampling stages so far (a second resize starts a new one)
     for pos, t in enumerate(steps):
         if isinstance(t, T.Decode):
             return None
@@ -312,8 +323,11 @@ def compile_chain(transform: Any) -> NativePlan | None:
                 h, w = t.hw
                 ops.append((_pipeline.OP_RRC, pos, h, w, T._interp(t.interpolation), int(t.antialias),
                             float(t.scale[0]), float(t.scale[1]), float(t.ratio[0]), float(t.ratio[1]), 0.0))
+                stage += 1
+                where = ("box drawn from the JPEG header, only that region decoded" if stage == 1 else
+                         f"stage {stage}: box drawn on the previous stage's image, which it resamples")
                 desc.append(f"random resized crop to {h}x{w} (scale={tuple(t.scale)}, ratio=({t.ratio[0]:.3g}, "
-                            f"{t.ratio[1]:.3g}), {_describe_interp(t)}): box drawn from the JPEG header")
+                            f"{t.ratio[1]:.3g}), {_describe_interp(t)}): {where}")
             elif isinstance(t, T.Resize):
                 if isinstance(t.size, (int, np.integer)):
                     h, w = -1, int(t.size)
@@ -323,7 +337,9 @@ def compile_chain(transform: Any) -> NativePlan | None:
                     what = f"{h}x{w}"
                 ops.append((_pipeline.OP_RESIZE, pos, h, w, T._interp(t.interpolation), int(t.antialias),
                             0.0, 0.0, 0.0, 0.0, 0.0))
-                desc.append(f"resize {what} ({_describe_interp(t)})")
+                stage += 1
+                desc.append(f"resize {what} ({_describe_interp(t)})" +
+                            ("" if stage == 1 else f": stage {stage}, resamples the previous stage's image"))
             elif isinstance(t, T.CenterCrop):
                 h, w = T._pair(t.size, "size")
                 ops.append((_pipeline.OP_CENTER_CROP, pos, h, w, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0))

@@ -10,7 +10,9 @@ threads) that
 
 A chain made only of these transforms (in the order decode, geometry, point-wise,
 layout) is compiled by :func:`loaderlib.pipeline.compile_chain` into one native pass per
-sample (see NOTE [ Fused geometry ] in ``pyx/include/ll_chain.h``).
+sample (see NOTE [ Fused geometry ] in ``pyx/include/ll_chain.h``) that computes what the
+chain computes step by step: the same boxes and flips, and resampling within +-1 level
+(bitwise equal to calling the chain here when DCT scaling is off).
 
 Randomness
 ----------
@@ -30,25 +32,26 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
-from . import decode as _decode
 from ._ext import _transform
+from .decode import DEFAULT_MAX_PIXELS
+from .decode import decode as _decode_image
 
 __all__ = [
-    "ImageSpec",
-    "Transform",
+    "Cast",
+    "CenterCrop",
+    "Compose",
     "Decode",
+    "ImageSpec",
+    "Normalize",
+    "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
-    "CenterCrop",
-    "RandomHorizontalFlip",
-    "Normalize",
     "ToCHW",
-    "Cast",
-    "Compose",
+    "Transform",
 ]
 
 _M64 = (1 << 64) - 1
@@ -58,7 +61,7 @@ _INTERP = {"bilinear": _transform.INTERP_LINEAR, "area": _transform.INTERP_AREA,
            "nearest": _transform.INTERP_NEAREST}
 _CASTS = ("uint8", "float32")
 
-Size = Union[int, tuple[int, int]]
+Size = int | tuple[int, int]
 
 
 # --------------------------------------------------------------------------- randomness
@@ -121,10 +124,10 @@ def _rrc_params(rng: _Rng, width: int, height: int, scale: tuple, ratio: tuple) 
     rmin, rmax = min(ratio), max(ratio)
     if in_ratio < rmin:
         w = width
-        h = int(round(w / rmin))
+        h = round(w / rmin)
     elif in_ratio > rmax:
         h = height
-        w = int(round(h * rmax))
+        w = round(h * rmax)
     else:
         w, h = width, height
     h, w = max(h, 1), max(w, 1)  # torchvision would return an empty box (and then fail)
@@ -276,7 +279,7 @@ class Decode(Transform):
 
     mode: str = "RGB"
     dct_scaling: bool = True
-    max_pixels: int | None = _decode.DEFAULT_MAX_PIXELS
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -291,7 +294,7 @@ class Decode(Transform):
     def _apply(self, img: Any, rng: _Rng) -> np.ndarray:
         if isinstance(img, np.ndarray) and img.ndim == 3:
             return img
-        return _decode.decode(img, mode=self.mode, max_pixels=self.max_pixels, strict=self.strict)
+        return _decode_image(img, mode=self.mode, max_pixels=self.max_pixels, strict=self.strict)
 
     def plan(self, spec: ImageSpec) -> ImageSpec:
         return ImageSpec(None, None, self.channels, np.dtype(np.uint8), "HWC")
@@ -410,7 +413,7 @@ def _center_offset(n: int, length: int) -> int:
     """torchvision's CenterCrop offset; negative when it pads."""
     if length > n:
         return -((length - n) // 2)
-    return int(round((n - length) / 2.0))
+    return round((n - length) / 2.0)
 
 
 @dataclass(frozen=True)

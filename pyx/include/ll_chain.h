@@ -23,9 +23,10 @@
  * pixels multiplies a by n/m. A horizontal flip negates a. The result: output pixel o
  * samples source coordinate a*(o+0.5)+b, which for a chain with one resize is exactly the
  * sampling of decode -> crop -> resize -> crop done step by step (so Resize(256) +
- * CenterCrop(224) needs only the central source box). Chains with several resizes are
- * resampled once with the composed map, which is sharper than resampling twice; the
- * interpolation of the last resize is used. A crop larger than the image (CenterCrop
+ * CenterCrop(224) needs only the central source box). A second resize starts a new
+ * stage: the walk stops there, the stage is resampled into an intermediate image in
+ * per-thread scratch, and the walk restarts on that image, so a chain with several
+ * resizes computes what it computes step by step. A crop larger than the image (CenterCrop
  * pads, as torchvision does) widens the domain beyond the image; those pixels read 0.
  *
  * NOTE [ DCT scale choice ]
@@ -86,6 +87,7 @@ typedef struct {
     ll_jpeg_dec dec;
     int dec_ok;
     ll_buf file, region, taps, hbuf, misc;
+    ll_buf inter[2]; /* intermediate images of multi-stage chains (NOTE [ Fused geometry ]) */
 } ll_worker;
 
 static int ll_worker_init(ll_worker *w) {
@@ -103,6 +105,8 @@ static void ll_worker_free(ll_worker *w) {
     ll_buf_free(&w->taps);
     ll_buf_free(&w->hbuf);
     ll_buf_free(&w->misc);
+    ll_buf_free(&w->inter[0]);
+    ll_buf_free(&w->inter[1]);
 }
 
 static inline int64_t ll_now_ns(void) {
@@ -152,14 +156,21 @@ typedef struct {
 } ll_geom;
 
 LL_NO_CONTRACT
-static int ll_chain_geometry(const ll_plan *pl, int width, int height, uint64_t seed, uint64_t epoch,
-                             uint64_t index, ll_geom *g) {
+/* Walk ops[start..] over an input of width x height until the chain would resize a
+ * second time; *next gets the first op not consumed (pl->nops when the walk finished). */
+static int ll_chain_geometry(const ll_plan *pl, int start, int width, int height, uint64_t seed, uint64_t epoch,
+                             uint64_t index, ll_geom *g, int *next) {
     memset(g, 0, sizeof(*g));
+    *next = pl->nops;
     g->x.n = width; g->x.a = 1.0; g->x.b = 0.0; g->x.d0 = 0; g->x.d1 = width;
     g->y.n = height; g->y.a = 1.0; g->y.b = 0.0; g->y.d0 = 0; g->y.d1 = height;
     g->interp = LL_INTERP_LINEAR;
-    for (int k = 0; k < pl->nops; k++) {
+    for (int k = start; k < pl->nops; k++) {
         const ll_op *op = &pl->ops[k];
+        if (g->resampled && (op->kind == LL_OP_RRC || op->kind == LL_OP_RESIZE)) {
+            *next = k; /* a second resize: it starts the next stage */
+            break;
+        }
         uint64_t key = ll_rng_key(seed, epoch, index, (uint64_t)op->pos);
         if (op->kind == LL_OP_RRC) {
             int i, j, h, w;
@@ -263,7 +274,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     (void)rh;
     size_t hstride = hrow + 8; /* spare int16 for the SIMD pass's overlapping stores */
     if (ll_buf_reserve(&wk->hbuf, (size_t)K * hstride * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
-    size_t misc = 16 * (size_t)ow + 16 + hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) +
+    size_t misc = 16 * (size_t)ow + 16 + hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) + 16 +
                   (size_t)K * (sizeof(void *) + sizeof(int)) + hrow + 64;
     if (ll_buf_reserve(&wk->misc, misc) != 0) return LL_ERR_NOMEM;
     int16_t *hbuf = (int16_t *)wk->hbuf.p;
@@ -276,7 +287,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
         ll_pairs_build(tx, C, (int)(stride > 0 ? stride : 0), &pairs);
         pr = &pairs;
     }
-    const int16_t **rows = (const int16_t **)(pairs.w + 2 * (size_t)ow);
+    const int16_t **rows = (const int16_t **)(((uintptr_t)(pairs.w + 2 * (size_t)ow) + 15) & ~(uintptr_t)15);
     int *slot_row = (int *)(rows + K);
     uint8_t *row = (uint8_t *)(slot_row + K);
     for (int k = 0; k < K; k++) slot_row[k] = -1;
@@ -325,12 +336,35 @@ static int ll_axis_interp(int interp, double ax, double ay) {
     return interp;
 }
 
+/* The output size the chain gives for an image of width x height (all stages). */
+static int ll_chain_out_size(const ll_plan *pl, int width, int height, uint64_t seed, uint64_t epoch,
+                             uint64_t index, int *oh, int *ow) {
+    int op = 0, w = width, h = height;
+    for (;;) {
+        ll_geom g;
+        int next, st = ll_chain_geometry(pl, op, w, h, seed, epoch, index, &g, &next);
+        if (st != LL_OK) return st;
+        w = g.x.n;
+        h = g.y.n;
+        if (next >= pl->nops) break;
+        op = next;
+    }
+    *oh = h;
+    *ow = w;
+    return LL_OK;
+}
+
 /* One sample: JPEG bytes -> the finished output (out_h x out_w x C, or C x out_h x out_w).
  * Returns LL_OK, LL_WARNED or an error code (reason in msg). t_dec / t_tr (may be NULL)
- * get the nanoseconds spent decoding and transforming. Thread-safe for distinct workers. */
+ * get the nanoseconds spent decoding and transforming. Thread-safe for distinct workers.
+ *
+ * Stage 1 resamples from the decoded region; a chain that resizes again (Resize then
+ * RandomResizedCrop, say) has further stages, each resampling the previous stage's
+ * image, held in per-thread scratch, exactly as the step-by-step chain would. */
 static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, size_t size, uint64_t seed,
                         uint64_t epoch, uint64_t index, void *out, char *msg, int64_t *t_dec, int64_t *t_tr) {
-    int64_t t0 = t_dec ? ll_now_ns() : 0, t_decode = 0;
+    static const ll_plan intermediate; /* zero: uint8 HWC rows straight into the buffer */
+    int64_t t0 = t_dec ? ll_now_ns() : 0, t_decode = 0, t_transform = 0;
     ll_jpeg_info info;
     int x0, y0, oh0, ow0, oc0;
     int C = pl->channels;
@@ -338,69 +372,91 @@ static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, si
                                &oh0, &ow0, &oc0, msg);
     if (st != LL_OK) return st;
     if (t_dec) t_decode = ll_now_ns() - t0;
-    int64_t t1 = t_dec ? ll_now_ns() : 0;
 
-    ll_geom g;
-    st = ll_chain_geometry(pl, info.width, info.height, seed, epoch, index, &g);
-    if (st != LL_OK) {
-        if (msg) snprintf(msg, LL_MSG_LEN, "transform chain gives an empty output for a %dx%d image",
-                          info.width, info.height);
-        return st;
-    }
-    if (g.x.n != pl->out_w || g.y.n != pl->out_h) {
-        if (msg) snprintf(msg, LL_MSG_LEN, "output is %dx%d but the chain gives %dx%d for this %dx%d image",
-                          pl->out_w, pl->out_h, g.x.n, g.y.n, info.width, info.height);
-        return LL_ERR_SHAPE;
-    }
-    int d = ll_chain_denom(&g, pl->dct_scaling);
-    long sw = ll_ceil_div_l(info.width, d), sh = ll_ceil_div_l(info.height, d);
-    double ax = g.x.a / d, bx = g.x.b / d, ay = g.y.a / d, by = g.y.b / d;
-    long dx0 = ll_floor_div(g.x.d0, d), dx1 = ll_ceil_div_l(g.x.d1, d);
-    long dy0 = ll_floor_div(g.y.d0, d), dy1 = ll_ceil_div_l(g.y.d1, d);
-    if (dx1 <= dx0) dx1 = dx0 + 1;
-    if (dy1 <= dy0) dy1 = dy0 + 1;
-    int ix = ll_axis_interp(g.interp, ax, ay), iy = ix;
-    int mx = ll_taps_max(ix, g.antialias, ax), my = ll_taps_max(iy, g.antialias, ay);
-    ll_taps tx, ty;
-    double *tmp;
-    if (ll_chain_taps(wk, &tx, &ty, g.x.n, g.y.n, mx, my, &tmp) != LL_OK) goto nomem;
-    ll_taps_compute(&tx, ix, g.antialias, ax, bx, (int)dx0, (int)dx1, 0, (int)sw, tmp);
-    ll_taps_compute(&ty, iy, g.antialias, ay, by, (int)dy0, (int)dy1, 0, (int)sh, tmp);
-    if (g.flip) ll_taps_reverse(&tx);
-    int rx0, rx1, ry0, ry1;
-    int any = ll_taps_span(&tx, &rx0, &rx1) & ll_taps_span(&ty, &ry0, &ry1);
-    int64_t t_geom = t_dec ? ll_now_ns() - t1 : 0;
-    const uint8_t *src = NULL;
-    int rw = 0, rh = 0;
-    if (any) {
-        rw = rx1 - rx0;
-        rh = ry1 - ry0;
+    const uint8_t *src = NULL; /* a stage's input: the decoded region, then intermediates */
+    int in_w = info.width, in_h = info.height, from_jpeg = 1, op = 0;
+    for (int stage = 0;; stage++) {
+        int64_t t1 = t_dec ? ll_now_ns() : 0;
+        ll_geom g;
+        int next;
+        int gs = ll_chain_geometry(pl, op, in_w, in_h, seed, epoch, index, &g, &next);
+        int last = next >= pl->nops;
+        if (gs != LL_OK) {
+            if (msg) snprintf(msg, LL_MSG_LEN, "transform chain gives an empty output for a %dx%d image",
+                              info.width, info.height);
+            return gs;
+        }
+        if (last && (g.x.n != pl->out_w || g.y.n != pl->out_h)) {
+            if (msg) snprintf(msg, LL_MSG_LEN, "output is %dx%d but the chain gives %dx%d for this %dx%d image",
+                              pl->out_w, pl->out_h, g.x.n, g.y.n, info.width, info.height);
+            return LL_ERR_SHAPE;
+        }
+        if ((long)g.x.n * g.y.n > (1L << 28)) {
+            if (msg) snprintf(msg, LL_MSG_LEN, "an intermediate image of %dx%d is too large", g.x.n, g.y.n);
+            return LL_ERR_TOO_LARGE;
+        }
+        int d = from_jpeg ? ll_chain_denom(&g, pl->dct_scaling) : 1;
+        long sw = ll_ceil_div_l(in_w, d), sh = ll_ceil_div_l(in_h, d);
+        double ax = g.x.a / d, bx = g.x.b / d, ay = g.y.a / d, by = g.y.b / d;
+        long dx0 = ll_floor_div(g.x.d0, d), dx1 = ll_ceil_div_l(g.x.d1, d);
+        long dy0 = ll_floor_div(g.y.d0, d), dy1 = ll_ceil_div_l(g.y.d1, d);
+        if (dx1 <= dx0) dx1 = dx0 + 1;
+        if (dy1 <= dy0) dy1 = dy0 + 1;
+        int ix = ll_axis_interp(g.interp, ax, ay);
+        int mx = ll_taps_max(ix, g.antialias, ax), my = ll_taps_max(ix, g.antialias, ay);
+        ll_taps tx, ty;
+        double *tmp;
+        if (ll_chain_taps(wk, &tx, &ty, g.x.n, g.y.n, mx, my, &tmp) != LL_OK) goto nomem;
+        ll_taps_compute(&tx, ix, g.antialias, ax, bx, (int)dx0, (int)dx1, 0, (int)sw, tmp);
+        ll_taps_compute(&ty, ix, g.antialias, ay, by, (int)dy0, (int)dy1, 0, (int)sh, tmp);
+        if (g.flip) ll_taps_reverse(&tx);
+        int rx0 = 0, rx1 = 0, ry0 = 0, ry1 = 0;
+        int any = ll_taps_span(&tx, &rx0, &rx1) & ll_taps_span(&ty, &ry0, &ry1);
+        int rw = 0, rh = 0;
+        ptrdiff_t stride = 0;
+        if (t_dec) t_transform += ll_now_ns() - t1;
+        if (!any) { /* every output pixel is padding */
+            for (int o = 0; o < ty.n; o++) ty.ntap[o] = 0;
+        } else if (from_jpeg) { /* decode only the region the taps read, at scale 1/d */
+            rw = rx1 - rx0;
+            rh = ry1 - ry0;
+            t1 = t_dec ? ll_now_ns() : 0;
+            if (ll_buf_reserve(&wk->region, (size_t)rw * rh * C + 16) != 0) goto nomem;
+            st = ll_jpeg_decode(&wk->dec, pl->mode, d, rx0, ry0, rw, rh, wk->region.p, (ptrdiff_t)rw * C,
+                                pl->strict);
+            if (st == LL_WARNED || st == LL_ERR_STRICT) ll_copy_msg(msg, wk->dec.err.warn);
+            else if (st != LL_OK) ll_copy_msg(msg, wk->dec.err.msg[0] ? wk->dec.err.msg : "decode failed");
+            if (st < 0) return st;
+            if (t_dec) t_decode += ll_now_ns() - t1;
+            ll_taps_shift(&tx, rx0);
+            ll_taps_shift(&ty, ry0);
+            src = wk->region.p;
+            stride = (ptrdiff_t)rw * C;
+        } else { /* the previous stage's whole image */
+            rh = in_h;
+            stride = (ptrdiff_t)in_w * C;
+        }
         t1 = t_dec ? ll_now_ns() : 0;
-        if (ll_buf_reserve(&wk->region, (size_t)rw * rh * C + 16) != 0) goto nomem;
-        st = ll_jpeg_decode(&wk->dec, pl->mode, d, rx0, ry0, rw, rh, wk->region.p, (ptrdiff_t)rw * C, pl->strict);
-        if (st == LL_WARNED || st == LL_ERR_STRICT) ll_copy_msg(msg, wk->dec.err.warn);
-        else if (st != LL_OK) ll_copy_msg(msg, wk->dec.err.msg[0] ? wk->dec.err.msg : "decode failed");
-        if (st < 0) return st;
-        if (t_dec) t_decode += ll_now_ns() - t1;
-        ll_taps_shift(&tx, rx0);
-        ll_taps_shift(&ty, ry0);
-        src = wk->region.p;
-    } else {
-        ry0 = 0;
-        rh = 0;
+        void *dst = out;
+        const ll_plan *emit = pl;
+        if (!last) {
+            ll_buf *ib = &wk->inter[stage & 1];
+            if (ll_buf_reserve(ib, (size_t)g.x.n * g.y.n * C + 16) != 0) goto nomem;
+            dst = ib->p;
+            emit = &intermediate;
+        }
+        if (ll_chain_resample(emit, wk, any ? src : NULL, stride, rh, &tx, &ty, C, dst) != LL_OK) goto nomem;
+        if (t_dec) t_transform += ll_now_ns() - t1;
+        if (last) break;
+        src = (const uint8_t *)dst;
+        in_w = g.x.n;
+        in_h = g.y.n;
+        from_jpeg = 0;
+        op = next;
     }
-    t1 = t_dec ? ll_now_ns() : 0;
-    int rs;
-    if (any) {
-        rs = ll_chain_resample(pl, wk, src, (ptrdiff_t)rw * C, rh, &tx, &ty, C, out);
-    } else { /* every output pixel is padding */
-        for (int o = 0; o < ty.n; o++) ty.ntap[o] = 0;
-        rs = ll_chain_resample(pl, wk, NULL, 0, 0, &tx, &ty, C, out);
-    }
-    if (rs != LL_OK) goto nomem;
     if (t_dec) {
         *t_dec = t_decode;
-        *t_tr = t_geom + (ll_now_ns() - t1);
+        *t_tr = t_transform;
     }
     return st;
 nomem:

@@ -191,8 +191,8 @@ def _torchvision_get_params(gen: np.random.Generator, width, height, scale, rati
     for _ in range(10):
         target_area = area * gen.uniform(scale[0], scale[1])
         aspect_ratio = math.exp(gen.uniform(log_ratio[0], log_ratio[1]))
-        w = int(round(math.sqrt(target_area * aspect_ratio)))
-        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        w = int(round(math.sqrt(target_area * aspect_ratio)))  # noqa: RUF046
+        h = int(round(math.sqrt(target_area / aspect_ratio)))  # noqa: RUF046
         if 0 < w <= width and 0 < h <= height:
             i = int(gen.integers(0, height - h + 1))
             j = int(gen.integers(0, width - w + 1))
@@ -200,10 +200,10 @@ def _torchvision_get_params(gen: np.random.Generator, width, height, scale, rati
     in_ratio = float(width) / float(height)
     if in_ratio < min(ratio):
         w = width
-        h = int(round(w / min(ratio)))
+        h = int(round(w / min(ratio)))  # noqa: RUF046
     elif in_ratio > max(ratio):
         h = height
-        w = int(round(h * max(ratio)))
+        w = int(round(h * max(ratio)))  # noqa: RUF046
     else:
         w = width
         h = height
@@ -228,10 +228,10 @@ def test_rrc_box_statistics_match_torchvision_over_10000_draws(width, height):
     for arr in (ours, ref):
         assert np.all(arr[:, 2] >= 1) and np.all(arr[:, 0] + arr[:, 2] <= height)
         assert np.all(arr[:, 1] + arr[:, 3] <= width)
-    area = lambda a: a[:, 2] * a[:, 3] / (width * height)  # noqa: E731
-    logr = lambda a: np.log(a[:, 3] / a[:, 2])  # noqa: E731
-    centre_y = lambda a: (a[:, 0] + a[:, 2] / 2) / height  # noqa: E731
-    centre_x = lambda a: (a[:, 1] + a[:, 3] / 2) / width  # noqa: E731
+    area = lambda a: a[:, 2] * a[:, 3] / (width * height)
+    logr = lambda a: np.log(a[:, 3] / a[:, 2])
+    centre_y = lambda a: (a[:, 0] + a[:, 2] / 2) / height
+    centre_x = lambda a: (a[:, 1] + a[:, 3] / 2) / width
     # two-sample Kolmogorov-Smirnov: the 0.1% critical value for 10,000 vs 10,000 is 0.0276
     for name, f in (("area fraction", area), ("log aspect ratio", logr), ("centre y", centre_y),
                     ("centre x", centre_x)):
