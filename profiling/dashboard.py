@@ -9,6 +9,12 @@ the same in JupyterLab, classic Notebook, VS Code, headless test runs (the widge
 is just PNG bytes) and in a notebook exported to HTML with its widget state (the last
 frame is in the state).
 
+NOTE [ Dashboard history ]
+The recorder keeps a time series of the current epoch only (``loader.stats`` is per epoch).
+The dashboard appends one point per update to its own history (samples/s, consumer wait,
+queue depth, pool busy, each over the last second of the recorder's series), so its plots
+run on across epochs and show the effect of a knob moved mid-run.
+
 NOTE [ Dashboard threading ]
 The dashboard updates from its own daemon thread (ipywidgets sends state changes from any
 thread), so a training loop in the same cell is never blocked by it. Widget *events* from
@@ -22,6 +28,7 @@ seconds without new batches once the consumer in the background has finished.
 
 from __future__ import annotations
 
+import collections
 import html
 import io
 import threading
@@ -33,8 +40,10 @@ from .stats import STAGES, Stats
 
 __all__ = ["Dashboard"]
 
-# Seconds of the recorder's series that the "now" figures and the verdict cover.
+# Seconds of the recorder's series that the stage bar and the verdict cover, and that each
+# point of the dashboard's own history averages.
 RECENT_S = 4.0
+POINT_S = 1.0
 
 
 def _loader_closed(loader: Any) -> bool:
@@ -59,6 +68,8 @@ class Dashboard:
         by hand).
     max_threads : int, optional
         Upper end of the threads knob (default: twice the CPUs available, at least 8).
+    history : int
+        Points of history the plots keep (one per update).
 
     Attributes
     ----------
@@ -68,14 +79,24 @@ class Dashboard:
         How many times the dashboard has refreshed.
     last_stats : Stats or None
         The snapshot the current figures come from.
+    history : collections.deque
+        One point per update: ``(seconds since the dashboard started, samples/s, consumer
+        wait fraction, queue depth, pool busy fraction, threads)``, each over the last
+        ``POINT_S`` seconds of the loader's recorder.
 
     Notes
     -----
-    See NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
+    See NOTE [ Dashboard history ]
+The recorder keeps a time series of the current epoch only (``loader.stats`` is per epoch).
+The dashboard appends one point per update to its own history (samples/s, consumer wait,
+queue depth, pool busy, each over the last second of the recorder's series), so its plots
+run on across epochs and show the effect of a knob moved mid-run.
+
+NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
     """
 
     def __init__(self, loader: Any, *, interval: float = 0.5, autostart: bool = True,
-                 max_threads: int | None = None) -> None:
+                 max_threads: int | None = None, history: int = 600) -> None:
         import ipywidgets as widgets
 
         from .._threads import available_cpus
@@ -97,6 +118,10 @@ class Dashboard:
         self._lock = threading.Lock()
         self._fig = None
         self._cpu = _CpuMeter()
+        # The dashboard's own history: the recorder's series restarts with every epoch, the
+        # plots should not (NOTE [ Dashboard history ]).
+        self._t0 = time.monotonic()
+        self.history: collections.deque = collections.deque(maxlen=int(history))
 
         cpus = available_cpus()
         top = max_threads or max(8, 2 * cpus)
@@ -153,6 +178,10 @@ class Dashboard:
                 samples_per_s=now["samples_per_s"],
             )
             self.last_stats = stats
+            if stats.batches:
+                pt = _recent(stats, POINT_S)
+                self.history.append((time.monotonic() - self._t0, pt["samples_per_s"], pt["wait_fraction"],
+                                     float(stats.queue_depth), pt["busy"], float(stats.num_threads)))
             self.title.value = self._title_html(stats)
             self.figures.value = self._figures_html(stats, now, cores)
             self.verdict.value = self._verdict_html(stats)
@@ -176,10 +205,15 @@ class Dashboard:
 
     def _loop(self) -> None:
         last_batches, idle_since = -1, time.monotonic()
-        while not self._stop.wait(self.interval):
+        wait = self.interval
+        while not self._stop.wait(wait):
             if _loader_closed(self.loader):
                 break
+            t = time.monotonic()
             stats = self.update()
+            # A redraw holds the GIL; on a slow or busy machine, update less often rather
+            # than take more than about a third of one core from the loader being watched.
+            wait = max(self.interval, 2 * (time.monotonic() - t))
             if stats.batches != last_batches:
                 last_batches, idle_since = stats.batches, time.monotonic()
             elif (self._consumer is not None and not self._consumer.is_alive()
@@ -339,18 +373,19 @@ class Dashboard:
         if self._fig is None:
             self._build_figure()
         a = self._art
-        ser = stats.series
-        t = ser["t_s"]
-        a["sps"].set_data(t, ser["samples_per_s"])
-        a["idle"].set_data(t, [100 * x for x in ser["consumer_wait_fraction"]])
-        a["queue"].set_data(t, ser["queue_depth"])
-        a["busy"].set_data(t, [100 * x for x in ser["busy_fraction"]])
-        x0, x1 = (t[0] - 0.5, t[-1]) if t else (0.0, 1.0)
+        hist = list(self.history)
+        t = [h[0] for h in hist]
+        sps = [h[1] for h in hist]
+        a["sps"].set_data(t, sps)
+        a["idle"].set_data(t, [100 * h[2] for h in hist])
+        a["queue"].set_data(t, [h[3] for h in hist])
+        a["busy"].set_data(t, [100 * h[4] for h in hist])
+        x0, x1 = (t[0], t[-1]) if t else (0.0, 1.0)
         for ax in (a["ax1"], a["ax3"]):
             ax.set_xlim(x0, max(x1, x0 + 1.0))
-        top = max(ser["samples_per_s"], default=0.0)
+        top = max(sps, default=0.0)
         a["ax1"].set_ylim(0, top * 1.1 if top > 0 else 1.0)
-        a["ax3"].set_ylim(0, max(1, stats.queue_capacity) + 0.5)
+        a["ax3"].set_ylim(0, max(1, stats.queue_capacity, *(h[3] for h in hist)) + 0.5)
         n = now["samples"] or 1.0
         left = 0.0
         for bar, name in zip(a["bars"], a["bar_names"]):
@@ -364,14 +399,14 @@ class Dashboard:
         return buf.getvalue()
 
 
-def _recent(stats: Stats) -> dict:
-    """Figures over the last ``RECENT_S`` seconds of the series (the whole epoch if shorter)."""
+def _recent(stats: Stats, seconds: float = RECENT_S) -> dict:
+    """Figures over the last ``seconds`` of the recorder's series (the whole epoch if shorter)."""
     ser = stats.series
     t = ser["t_s"]
     if not t:
         return {"samples_per_s": 0.0, "busy": 0.0, "wait_fraction": 0.0, "wait_s": 0.0, "wall_s": 0.0, "samples": 0.0,
                 "stage_s": {k: 0.0 for k in STAGES}}
-    start = t[-1] - RECENT_S
+    start = t[-1] - seconds
     idx = [i for i, x in enumerate(t) if x > start]
     prev = [0.0, *t]
     dur = [t[i] - prev[i] for i in idx]
