@@ -3,7 +3,10 @@
 For each engine, the same DataLoader runs whole epochs with ``loader.recorder.enabled``
 True and False in alternating order (on, off, off, on, ...), so slow drift of the machine
 hits both alike; each epoch is consumed by an infinitely fast model. Printed: images/s
-per round, the median of each, and the overhead ``1 - median(on) / median(off)``.
+per round, the median of each, the overhead ``1 - median(on) / median(off)`` and its
+median over rounds paired (on and off run back to back), and, as a bound that noise on a
+shared machine cannot blur, the measured cost of the recorder calls one batch makes
+relative to the batch's time.
 Expected: at most 2% (the recorder takes one short lock per batch, and the kernels read a
 monotonic clock a few times per sample only when it is on).
 
@@ -16,7 +19,8 @@ Images: the demo dataset (``python -m loaderlib bench`` builds and caches it) or
 
 Usage::
 
-    python benchmarks/instrumentation.py [--data DIR] [--rounds 6] [--threads N] [--batch-size 64]
+    python benchmarks/instrumentation.py [--data DIR] [--rounds 6] [--epochs-per-round 3] [--threads N]
+                                        [--batch-size 64]
 """
 
 from __future__ import annotations
@@ -37,13 +41,32 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 
-def _epoch(loader) -> float:
-    """Images/s of one full epoch (first batch included: both settings pay it alike)."""
+def _epochs(loader, k: int) -> float:
+    """Images/s over ``k`` full epochs (epoch starts included: both settings pay them alike)."""
     n = 0
     t0 = time.perf_counter()
-    for images, _labels in loader:
-        n += images.shape[0]
+    for _ in range(k):
+        for images, _labels in loader:
+            n += images.shape[0]
     return n / (time.perf_counter() - t0)
+
+
+def _recorder_cost(batch_size: int, rounds: int = 20000) -> float:
+    """Microseconds the recorder costs per batch (every call an engine makes for one batch)."""
+    from loaderlib.profiling import StageRecorder
+
+    rec = StageRecorder()
+    rec.epoch_started(2, batch_size)
+    per_sample = np.ones((batch_size, 3), np.int64)
+    stage = {"read": 1, "decode": 2, "transform": 3, "collate": 4}
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        rec.consumer_waited(1000)
+        rec.queue_depth(1, 2)
+        rec.producer_blocked(10)
+        rec.queue_depth(2, 2)
+        rec.batch_done(batch_size, stage, 1_000_000, 2, per_sample)
+    return (time.perf_counter() - t0) / rounds * 1e6
 
 
 def _python_flip(img: np.ndarray) -> np.ndarray:
@@ -57,6 +80,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6, help="epochs per setting (default 6)")
     p.add_argument("--threads", type=int, default=None, help="loader threads (default: CPUs available)")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs-per-round", type=int, default=3, help="epochs per measurement (default 3)")
     args = p.parse_args()
 
     from loaderlib.profiling import build_demo_dataset
@@ -79,20 +103,20 @@ def main() -> int:
 
     print(machine_summary())
     print(f"data: {len(folder)} images from {root}; batch {args.batch_size}; {threads} threads; "
-          f"{args.rounds} epochs per setting, interleaved\n")
+          f"{args.rounds} rounds of {args.epochs_per_round} epochs per setting, interleaved\n")
     rows = []
     for name, ds in setups.items():
         loader = ll.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_threads=threads, seed=0)
         engine = loader.engine
-        _epoch(loader)  # warm the page cache and the pool
+        _epochs(loader, 1)  # warm the page cache and the pool
         rates = {True: [], False: []}
         for r in range(args.rounds):
             order = (True, False) if r % 2 == 0 else (False, True)
             for on in order:
                 loader.recorder.enabled = on
-                rates[on].append(_epoch(loader))
+                rates[on].append(_epochs(loader, args.epochs_per_round))
         loader.recorder.enabled = True
-        _epoch(loader)
+        _epochs(loader, 1)
         stats = loader.stats
         loader.close()
         on, off = med(rates[True]), med(rates[False])
@@ -103,9 +127,17 @@ def main() -> int:
         print("  recorder on : " + "  ".join(f"{x:8.1f}" for x in rates[True]) + f"   median {on:8.1f} images/s")
         print("  recorder off: " + "  ".join(f"{x:8.1f}" for x in rates[False]) + f"   median {off:8.1f} images/s")
         spread = (max(rates[False]) - min(rates[False])) / off
-        print(f"  overhead {100 * (1 - on / off):+.2f}%  (round-to-round spread with it off: {100 * spread:.1f}%)")
+        paired = med([1 - a / b for a, b in zip(rates[True], rates[False])])
+        print(f"  overhead {100 * (1 - on / off):+.2f}% of the medians, {100 * paired:+.2f}% paired by round "
+              f"(round-to-round spread with it off: {100 * spread:.1f}%)")
         print(f"  what it recorded: busy {100 * stats.busy_fraction:.0f}%, "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in stats.stage_mean_ms.items() if v) + " per image\n")
+    cost = _recorder_cost(args.batch_size)
+    print(f"recorder calls for one batch of {args.batch_size} (batch_done with per-sample rows, consumer_waited, "
+          f"producer_blocked, 2x queue_depth): {cost:.1f} us")
+    for name, _engine, _rates, on, _off, _stats in rows:
+        batch_ms = 1e3 * args.batch_size / on
+        print(f"  {name}: {100 * cost / 1e3 / batch_ms:.3f}% of a {batch_ms:.1f} ms batch")
     return 0
 
 
