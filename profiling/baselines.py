@@ -258,7 +258,8 @@ class _Iter:
         # driver collates (the usual hand-written loader keeps one batch in flight like this).
         # Each batch's recorded wall time runs from when its predecessor was handed over (or
         # its own submission, if later) to its own completion, so batch walls never overlap
-        # and threads x wall is the pool time the batch really had.
+        # and threads x wall is the pool time the batch really had. The driver collates
+        # alongside the pool, so the pool's busy fraction can read slightly above 100%.
         loader = self.loader
         pool = None
         pool_threads = 0
