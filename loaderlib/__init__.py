@@ -1,6 +1,8 @@
 """loaderlib: a data loader whose common path runs in nogil kernels on an OpenMP pool."""
 
-from . import batchify, sampler, transforms
+# The submodules that bind ``loaderlib.decode`` (the module) at import time come first:
+# ``from .decode import decode`` below rebinds that attribute to the function.
+from . import batchify, pipeline, sampler, transforms
 from ._build import build_info
 from .arena import BatchArena
 from .datasets import (
@@ -46,6 +48,7 @@ __all__ = [
     "decode",
     "decode_batch",
     "jpeg_info",
+    "pipeline",
     "sampler",
     "transforms",
     "write_records",

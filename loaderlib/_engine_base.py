@@ -81,7 +81,9 @@ class _EpochPlan:
         """Take up to ``count`` indices from the front of the batches not yet started.
 
         ``on_error="skip"`` fills a batch with these, so batch sizes hold; the epoch's last
-        batch ends up shorter (or is dropped when empty).
+        batch ends up shorter (or is dropped when empty). The native engine starts one batch
+        at a time, so these are the very next samples; the processes engine has several
+        batches at its workers, so its fill comes from the first batch not yet sent.
         """
         taken = []
         need = count

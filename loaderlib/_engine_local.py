@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +17,7 @@ from . import _threads
 from ._engine_base import SampleFailure, _clock, _Task
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
-from .errors import DecodeError
+from .errors import DecodeError, DecodeWarning
 
 # --------------------------------------------------------------------------- collation
 
@@ -245,6 +245,11 @@ class NativeProducer:
             if recording:
                 stage += tim.sum(axis=0)
                 per_sample.append(tim.copy())
+            for j, why in getattr(st, "warnings", {}).items():
+                # Decoded, but libjpeg had to recover from corrupt data (e.g. a truncated file).
+                warnings.warn(f"sample {int(todo[j])} {self.src.source(todo[j])!r} decoded from corrupt data "
+                              f"({why}); pass Decode(strict=True) to refuse such images", DecodeWarning,
+                              stacklevel=2)
             ok = np.asarray(st.ok, dtype=bool)
             if ok.all():
                 final.append(todo)
@@ -522,6 +527,3 @@ class HybridProducer:
         self.pool.close(wait=wait)
         self.native.close(wait=wait)
 
-
-def cpu_count() -> int:
-    return _threads.available_cpus() or os.cpu_count() or 1

@@ -125,9 +125,6 @@ class BatchArena:
         """Lease a raw slot of at least ``nbytes`` bytes."""
         return self._ring.acquire(int(nbytes))
 
-    def buffer(self, slot: int) -> Any:
-        return self._ring.buffer(slot)
-
     def clear(self) -> None:
         """Free the memory of every slot not currently leased."""
         self._ring.clear()

@@ -193,7 +193,7 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
             suffix = steps[k:]
             if suffix:
                 for fn in suffix:
-                    stages.append(("transform", "python", f"{_describe(fn)} (per sample, thread pool)"))
+                    stages.append(("transform", "python", f"{_describe(fn)} (per sample)"))
                 bad = next((fn for fn in suffix if not isinstance(fn, T.Transform)), None)
                 why_py.append(f"the chain holds a Python step ({_describe(bad)})" if bad is not None else
                               f"the chain's steps from {_describe(suffix[0])} on cannot be fused")
@@ -232,8 +232,13 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     reason = "; ".join(why_py)
     if fallback == "processes":
         reason += f"; num_workers={num_workers}: Python steps run in worker processes"
-        stages.append(("engine", "python", "each sample is loaded by dataset[i] in a worker process"))
-        return _Analysis(fallback, reason, stages)
+        # In a worker every sample goes through dataset[i]: say so instead of listing fused steps.
+        what = (f"dataset[i] per sample in {num_workers} worker processes (loaderlib's decoder and "
+                "transforms called one sample at a time)")
+        worker = [("load", "worker", what)]
+        worker += [(st, "python", d) for st, kind, d in stages if kind == "python" and st != "collate"]
+        worker.append(("collate", "worker", "batchify in the worker, into a shared-memory slot when shapes allow"))
+        return _Analysis(fallback, reason, worker)
     if hybrid is not None:
         reason += "; native steps run in the kernels, the Python steps after them on a thread pool"
         return _Analysis(fallback, reason, stages, src, plan_spec, None, hybrid, plan)

@@ -329,3 +329,33 @@ def test_unlabelled_image_list_yields_images_only(folder):
     assert [b.shape for b in batches] == [(4, 12, 12, 3), (3, 12, 12, 3)]
     ref = chain(ds[5][0])
     np.testing.assert_array_equal(batches[1][1], ref)
+
+
+def test_truncated_jpeg_warns_and_strict_refuses(folder, tmp_path):
+    data = encode(photo()[:300, :300], quality=90)
+    cut = str(tmp_path / "cut.jpg")
+    with open(cut, "wb") as f:
+        f.write(data[: len(data) * 2 // 3])
+    lst = ll.ImageListDataset([cut], [0])
+    with pytest.warns(ll.DecodeWarning, match="cut.jpg"):
+        x, _ = next(iter(DataLoader(lst.transform_first(T.Resize((16, 16))), batch_size=1)))
+    assert x.shape == (1, 16, 16, 3)
+    strict = T.Compose([T.Decode(strict=True), T.Resize((16, 16))])
+    with pytest.raises(ll.DecodeError, match="cut.jpg"):
+        next(iter(DataLoader(lst.transform_first(strict), batch_size=1)))
+
+
+def test_png_in_a_jpeg_folder(tmp_path):
+    img = photo()[:200, :240]
+    os.makedirs(tmp_path / "a")
+    with open(tmp_path / "a" / "x.jpg", "wb") as f:
+        f.write(encode(img))
+    with open(tmp_path / "a" / "y.PNG", "wb") as f:
+        f.write(encode(img, ext=".png"))
+    chain = T.Compose([T.Decode(dct_scaling=False), T.Resize((20, 24))])
+    ds = ll.ImageFolderDataset(tmp_path)
+    ((x, y),) = list(DataLoader(ds.transform_first(chain), batch_size=2))
+    ref = chain(img[:, :, ::-1].copy())
+    assert y.tolist() == [0, 0]
+    np.testing.assert_array_equal(x[1], ref)            # PNG is lossless: exact
+    assert np.abs(x[0].astype(int) - ref).max() <= 12   # the JPEG differs by its compression only
