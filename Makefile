@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.loaderlib-installed
 NATIVE := $(wildcard pyx/*.pyx pyx/*.pxd pyx/include/*.h) setup.py
 
-.PHONY: all install build test test-fast bench clean
+.PHONY: all install build test test-fast bench bench-decode clean
 
 all: build
 
@@ -34,6 +34,9 @@ test-fast: build
 	$(BIN)/python -m pytest -q tests -m "not slow"
 
 bench: build
+	$(BIN)/python -m loaderlib bench
+
+bench-decode: build
 	$(BIN)/python benchmarks/decode.py
 
 clean:

@@ -8,9 +8,10 @@ instead hold the GIL and a core and slow the loader down in a way no accelerator
 callable ``model_step(batch)`` runs as given (a real model, or a user's stand-in).
 
 NOTE [ Measured window ]
-Everything the harness reports covers the measured window only: it starts when the
-consumer receives batch ``warmup_batches`` (so pool start-up, first file-cache misses and
-allocation are left out; the first-batch latency is reported on its own) and ends after
+Everything the harness reports covers the measured window only: it opens once the
+consumer has received and processed ``warmup_batches`` batches (so pool start-up, first
+file-cache misses and allocation are left out; the first-batch latency is reported on its
+own; the harness's own bookkeeping at the opening is left out too) and ends after
 ``seconds`` or ``epochs``. Per-stage figures are the differences of the loader's
 ``stats`` between the window's ends, summed over epochs (the recorder restarts at each
 epoch).
@@ -36,22 +37,26 @@ __all__ = ["benchmark", "replay_consumer"]
 class _ResourceMonitor:
     """CPU time and peak RSS of this process and its children, sampled in a thread.
 
-    Uses psutil when it is installed (RSS of the whole process tree, sampled every
-    ``interval`` s, and the CPU time of every process in the tree); otherwise
-    ``resource.getrusage`` (this process's peak RSS since it started, and CPU time of this
-    process plus reaped children).
+    Uses psutil when it is installed: RSS of the whole process tree sampled every
+    ``interval`` seconds, and the CPU time of every process in the tree. Listing the
+    children scans every process of the machine with the GIL held (about 2 ms with 75
+    processes), so the list is refreshed only every ``refresh`` seconds to keep the
+    sampler from disturbing what it measures. Without psutil, ``resource.getrusage``: this
+    process's peak RSS since it started, and the CPU time of this process plus its reaped
+    children.
     """
 
-    def __init__(self, interval: float = 0.1) -> None:
+    def __init__(self, interval: float = 0.25, refresh: float = 1.0) -> None:
         try:
             import psutil
 
             self._proc = psutil.Process()
-            self.source = "psutil (process tree, sampled every %.0f ms)" % (interval * 1e3)
+            self.source = "psutil, process tree"
         except ImportError:
             self._proc = None
-            self.source = "resource.getrusage (this process, peak since start)"
+            self.source = "resource.getrusage, this process"
         self.interval = interval
+        self.refresh = refresh
         self.peak_rss = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,14 +64,20 @@ class _ResourceMonitor:
         self._t0 = 0.0
         self._dead_cpu = 0.0
         self._last_cpu: dict[int, float] = {}
+        self._children: list = []
+        self._t_children = -math.inf
 
     def _tree(self) -> list:
         import psutil
 
-        try:
-            return [self._proc, *self._proc.children(recursive=True)]
-        except psutil.Error:
-            return [self._proc]
+        now = time.perf_counter()
+        if now - self._t_children >= self.refresh:
+            self._t_children = now
+            try:
+                self._children = self._proc.children(recursive=True)
+            except psutil.Error:
+                self._children = []
+        return [self._proc, *self._children]
 
     def _sample(self) -> None:
         if self._proc is None:
@@ -99,6 +110,7 @@ class _ResourceMonitor:
             a = resource.getrusage(resource.RUSAGE_SELF)
             b = resource.getrusage(resource.RUSAGE_CHILDREN)
             return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+        self._t_children = -math.inf  # an exact list at the ends of the window
         self._sample()
         return self._dead_cpu + sum(self._last_cpu.values())
 
@@ -107,21 +119,20 @@ class _ResourceMonitor:
             self._sample()
 
     def start(self) -> None:
-        self._sample()
-        self._t0 = time.perf_counter()
         self._cpu0 = self._cpu()
+        self._t0 = time.perf_counter()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="loaderlib-benchmark-monitor", daemon=True)
         self._thread.start()
 
     def stop(self) -> float:
         """Stop sampling; return the CPU cores used on average since :meth:`start`."""
+        wall = time.perf_counter() - self._t0
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         cpu = self._cpu() - self._cpu0
-        wall = time.perf_counter() - self._t0
         return cpu / wall if wall > 0 else 0.0
 
 
@@ -138,7 +149,7 @@ class _Phase:
     capacity_s: float = 0.0
     blocked_s: float = 0.0
     stats: Any = None
-    cores_used: float = 0.0
+    cores_used: float | None = None
     times: list = dataclasses.field(default_factory=list)  # (t since window start, samples)
     cached: list = dataclasses.field(default_factory=list)
     peak_rss: int = 0
@@ -234,17 +245,31 @@ def _run_phase(
     monitor = _ResourceMonitor()
     seen = 0
     t_window = None
+    t_last = 0.0
+    t_progress = 0.0
+    base = None
     done = False
     epoch = 0
     t_start = time.perf_counter()
+
+    def open_window() -> None:
+        # The bookkeeping comes first, so none of it is inside the window.
+        nonlocal t_window, base, t_last
+        base = _stats_of(loader) if has_stats else None
+        monitor.start()
+        t_window = t_last = time.perf_counter()
+
     while not done and (epochs is None or epoch < epochs):
         epoch += 1
         t_iter = time.perf_counter()
         it = iter(loader)
         if t_window is not None:
             # Starting a later epoch (sampler, plan, pool) is time the consumer waits for data.
-            ph.wait_s += time.perf_counter() - t_iter
-        base = None
+            t_last = time.perf_counter()
+            ph.wait_s += t_last - t_iter
+            base = None  # the recorder restarted with this epoch
+        elif warmup == 0:
+            open_window()
         got_any = False
         window_samples_before = ph.samples
         try:
@@ -253,40 +278,42 @@ def _run_phase(
                 try:
                     batch = next(it)
                 except StopIteration:
+                    if t_window is not None:
+                        # Waiting for the loader to say the epoch is over is part of the epoch.
+                        t_last = time.perf_counter()
+                        ph.wait_s += t_last - t
                     break
                 t1 = time.perf_counter()
                 got_any = True
                 nb = _batch_len(batch)
                 if seen == 0:
                     ph.first_batch_s = t1 - t_iter
-                if t_window is None and seen >= warmup:
-                    # The window opens as batch `warmup` arrives (NOTE [ Measured window ]).
-                    t_window = t
-                    base = _stats_of(loader) if has_stats else None
-                    monitor.start()
                 seen += 1
                 if len(ph.cached) < cache:
                     ph.cached.append(_copy_batch(batch))
                 if t_window is not None:
                     ph.wait_s += t1 - t
+                ts = time.perf_counter()
                 if step is not None:
-                    ts = time.perf_counter()
                     step(batch)
-                    te = time.perf_counter()
-                    if t_window is not None:
-                        ph.model_s += te - ts
-                else:
-                    te = time.perf_counter()
+                te = time.perf_counter()
                 del batch
-                if t_window is not None:
-                    ph.samples += nb
-                    ph.batches += 1
-                    ph.times.append((te - t_window, ph.samples))
-                    if progress is not None:
-                        progress(te - t_window, ph.samples, ph.batches)
-                    if seconds is not None and te - t_window >= seconds:
-                        done = True
-                        break
+                if t_window is None:
+                    if seen == warmup:  # the window opens after the last warmup batch
+                        window_samples_before = ph.samples
+                        open_window()
+                    continue
+                ph.model_s += te - ts
+                ph.samples += nb
+                ph.batches += 1
+                ph.times.append((te - t_window, ph.samples))
+                t_last = te
+                if progress is not None and te - t_progress >= 0.1:
+                    progress(te - t_window, ph.samples, ph.batches)
+                    t_progress = time.perf_counter()
+                if seconds is not None and te - t_window >= seconds:
+                    done = True
+                    break
         finally:
             if t_window is not None and has_stats:
                 end = _stats_of(loader)
@@ -296,6 +323,9 @@ def _run_phase(
                 ph.capacity_s += cap
                 ph.blocked_s += blocked
                 ph.stats = end
+            if t_window is not None and ph.cores_used is None and (
+                    done or (epochs is not None and epoch >= epochs)):
+                ph.cores_used = monitor.stop()  # before the loader's threads are shut down
             close = getattr(it, "close", None)
             if callable(close):
                 close()
@@ -306,11 +336,16 @@ def _run_phase(
             break
         if t_window is None and time.perf_counter() - t_start > 600:
             raise RuntimeError("the loader delivered fewer batches than warmup_batches in 10 minutes")
-    if t_window is None:
+    if t_window is None or ph.batches == 0:
         raise ValueError(f"the loader delivered {seen} batches, not more than warmup_batches={warmup}; "
                          "lower warmup_batches or give more data")
-    ph.wall_s = time.perf_counter() - t_window
-    ph.cores_used = monitor.stop()
+    if progress is not None:
+        progress(t_last - t_window, ph.samples, ph.batches)
+    # The window ends with the last batch consumed (or the last epoch's end), before the
+    # iterator is closed: shutting a loader's threads down is not part of its throughput.
+    ph.wall_s = t_last - t_window
+    if ph.cores_used is None:
+        ph.cores_used = monitor.stop()
     ph.peak_rss = monitor.peak_rss
     ph.rss_source = monitor.source
     return ph
@@ -369,9 +404,15 @@ def _throughput_series(times: list, interval: float = 0.5) -> dict:
     cum = np.concatenate([[0.0], c])[np.searchsorted(t, edges, side="right")]
     starts = np.concatenate([[0.0], edges[:-1]])
     dur = np.maximum(edges - starts, 1e-9)
-    rate = np.diff(np.concatenate([[0.0], cum])) / dur
-    keep = dur > 1e-3
-    return {"t_s": tuple(edges[keep].tolist()), "samples_per_s": tuple(rate[keep].tolist())}
+    counts = np.diff(np.concatenate([[0.0], cum]))
+    if nbins > 1 and dur[-1] < interval / 2:
+        # A short last bin holds one or two batches: its rate is noise. Fold it into the previous.
+        counts[-2] += counts[-1]
+        dur[-2] += dur[-1]
+        edges[-2] = edges[-1]
+        counts, dur, edges = counts[:-1], dur[:-1], edges[:-1]
+    rate = counts / dur
+    return {"t_s": tuple(edges.tolist()), "samples_per_s": tuple(rate.tolist())}
 
 
 class _Progress:
@@ -504,7 +545,16 @@ def benchmark(
     busy = None
     stage_mean_ms = None
     if stage_s is not None:
-        busy = sum(stage_s.values()) / main.capacity_s if main.capacity_s > 0 else 0.0
+        # NOTE [ Busy fraction over the window ]: the pool's busy fraction is its stage thread
+        # time over the thread time it had in the window (threads x wall). The recorder's own
+        # figure sums threads x wall per batch, which counts twice the time of engines that
+        # keep several batches in flight (their batch walls overlap); the window's figure
+        # does not, and it also counts the time the pool idled on a full queue.
+        pool = main.stats.num_threads if main.stats is not None and main.stats.num_threads else None
+        if pool and main.wall_s > 0:
+            busy = sum(stage_s.values()) / (pool * main.wall_s)
+        else:
+            busy = sum(stage_s.values()) / main.capacity_s if main.capacity_s > 0 else 0.0
         stage_mean_ms = {k: (1e3 * v / main.samples if main.samples else 0.0) for k, v in stage_s.items()}
     threads = getattr(loader, "num_threads", None)
     verdict = diagnose(

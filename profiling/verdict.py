@@ -17,15 +17,20 @@ The verdict is decided from measured numbers only, in this order:
    whatever the thread count, so the largest share is the stage whose speed-up (or whose
    extra threads) raises the pipeline's rate most. A loader that exposes no per-stage
    timings gets no stage (``bottleneck is None``), only step 1.
-3. What to try, from the pool's busy fraction (stage thread time / threads x wall), the
-   thread count, the CPUs available and the CPU cores the process actually used:
-   * a Python step that holds the GIL: more threads cannot help; move the step into
-     native transforms or run it in worker processes;
+3. What to try, from the pool's busy fraction (stage thread time / threads x wall, see
+   NOTE [ Busy fraction over the window ] in ``harness.py``), the thread count, the CPUs
+   available and the CPU cores the process actually used:
    * a ``python`` stage on several threads while the process used about one core
-     (``GIL_CORES``): the GIL runs the Python steps one at a time, same advice;
-   * ``io`` with the process using far fewer cores than busy threads (``cores_used <
-     IO_WAIT_CORES x threads x busy``): threads sleep in reads, so more threads than cores
-     help, or pack the files into one record file;
+     (``GIL_CORES``): the GIL runs the Python steps one at a time; more threads cannot
+     help; move the step into native transforms or run it in worker processes;
+   * ``io`` or ``python`` with the process using far fewer cores than busy threads
+     (``cores_used < IO_WAIT_CORES x threads x busy``): the threads are blocked (reads,
+     sleeps, network), not computing, so they do not hold the GIL either: more threads
+     than cores help; or make reads cheaper (one record file);
+   * a Python step the engine flags as holding the GIL: same advice as the first case;
+   * a native stage (decode, transform, collate: pure computation) whose busy threads got
+     fewer cores than ``CONTENDED_CORES x min(threads, CPUs) x busy``: other processes
+     took the CPUs, so the figures understate the loader; say so first;
    * a saturated pool (busy >= ``SATURATED``) with fewer threads than CPUs: add threads;
    * a saturated pool on every CPU: make the stage cheaper (stage-specific advice);
    * an unsaturated pool (busy < ``SATURATED``): the threads wait on something that no
@@ -50,6 +55,7 @@ MODEL_BOUND_WAIT = 0.10
 SATURATED = 0.80
 IO_WAIT_CORES = 0.5
 GIL_CORES = (0.6, 1.3)
+CONTENDED_CORES = 0.7
 
 _CHEAPER = {
     "io": "pack the files into one RecordFileDataset (ll.write_records) read with pread, or move the "
@@ -208,19 +214,27 @@ def diagnose(
 
     # Rule 3: what to try.
     gil = bool(gil_held and gil_held.get(stage))
-    if gil:
+    off_cpu = cores_used is not None and cores_used < IO_WAIT_CORES * n * busy
+    gil_serialised = (kind == "python" and n >= 2 and cores_used is not None
+                      and GIL_CORES[0] <= cores_used <= GIL_CORES[1])
+    if gil_serialised:
         ev["gil_held"] = True
-        tip = ("this Python step holds the GIL, so more threads cannot help: " + _CHEAPER["python"]
-               + ", or run it in worker processes (num_workers > 0)")
-    elif (kind == "python" and n >= 2 and cores_used is not None
-          and GIL_CORES[0] <= cores_used <= GIL_CORES[1]):
         tip = (f"{n} threads ran the Python step but the process used only {cores_used:.1f} cores: the GIL "
                "runs it one thread at a time, so more threads cannot help: " + _CHEAPER["python"]
                + ", or run it in worker processes (num_workers > 0)")
-    elif kind == "io" and cores_used is not None and cores_used < IO_WAIT_CORES * n * busy:
-        tip = (f"the threads mostly wait on reads ({cores_used:.1f} cores used by {n} busy threads): "
-               f"more threads than cores help here (try num_threads={max(2 * n, cpus)}), or "
-               + _CHEAPER["io"])
+    elif kind in ("io", "python") and off_cpu:
+        what = "reads" if kind == "io" else "the Python step (sleeping or blocked, so not holding the GIL)"
+        tip = (f"the threads mostly wait on {what}: {cores_used:.1f} cores used by {n} busy threads, so more "
+               f"threads than cores help here (try num_threads={max(2 * n, cpus)}), or " + _CHEAPER[kind])
+    elif gil:
+        ev["gil_held"] = True
+        tip = ("this Python step holds the GIL, so more threads cannot help: " + _CHEAPER["python"]
+               + ", or run it in worker processes (num_workers > 0)")
+    elif kind in ("decode", "transform", "collate") and cores_used is not None and (
+            cores_used < CONTENDED_CORES * min(n, cpus) * busy):
+        tip = (f"the {n} busy threads got only {cores_used:.1f} cores: other processes compete for the "
+               "CPUs (measure on a quieter machine); then " + (f"add threads (num_threads={n} -> {cpus}), or "
+                                                               if n < cpus else "") + _CHEAPER[kind])
     elif busy >= SATURATED and n < cpus:
         tip = f"add threads (num_threads={n} -> {cpus}), or " + _CHEAPER[kind]
     elif busy >= SATURATED:

@@ -248,6 +248,21 @@ def test_replay_consumer_and_helpers():
     assert _batch_len((np.zeros((7, 3)), np.zeros(7))) == 7
     assert _batch_len({"x": np.zeros((2, 1))}) == 2
     assert _batch_len([[1, 2, 3], [4, 5, 6]]) == 3
+    s = _throughput_series([(0.2, 10), (0.4, 20), (0.9, 30), (1.3, 50)])
+    assert s["t_s"] == pytest.approx((0.5, 1.0, 1.3))
+    assert s["samples_per_s"] == pytest.approx((40.0, 20.0, 20 / 0.3))
+    # A last bin shorter than half an interval is folded into the one before.
     s = _throughput_series([(0.2, 10), (0.4, 20), (0.9, 30), (1.1, 50)])
-    assert s["t_s"] == pytest.approx((0.5, 1.0, 1.1))
-    assert s["samples_per_s"] == pytest.approx((40.0, 20.0, 200.0))
+    assert s["t_s"] == pytest.approx((0.5, 1.1))
+    assert s["samples_per_s"] == pytest.approx((40.0, 30 / 0.6))
+
+
+def test_import_loaderlib_needs_no_jupyter_or_matplotlib():
+    import subprocess
+    import sys
+
+    code = ("import sys, loaderlib, loaderlib.profiling; from loaderlib.profiling import benchmark, Report; "
+            "bad = [m for m in ('ipywidgets', 'matplotlib', 'IPython', 'tqdm') if m in sys.modules]; "
+            "assert not bad, bad")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60)
+    assert res.returncode == 0, res.stderr
