@@ -1,7 +1,5 @@
 """loaderlib: a data loader whose common path runs in nogil kernels on an OpenMP pool."""
 
-# The submodules that bind ``loaderlib.decode`` (the module) at import time come first:
-# ``from .decode import decode`` below rebinds that attribute to the function.
 from . import batchify, pipeline, sampler, transforms
 from ._build import build_info
 from .arena import BatchArena
