@@ -100,7 +100,10 @@ class _TransformDataset(Dataset):
         return src(idx) if callable(src) else None
 
     def __getitem__(self, idx: int) -> Any:
-        item = self.base[idx]
+        return self.apply(self.base[idx])
+
+    def apply(self, item: Any) -> Any:
+        """This layer's function applied to an item of ``base``."""
         if self.first:
             if isinstance(item, tuple):
                 return (self.fn(item[0]), *item[1:])
@@ -108,6 +111,15 @@ class _TransformDataset(Dataset):
         if isinstance(item, tuple):
             return self.fn(*item)
         return self.fn(item)
+
+    def unwrap(self) -> tuple[Any, list[_TransformDataset]]:
+        """The innermost dataset and the transform layers over it, innermost first."""
+        layers: list[_TransformDataset] = []
+        ds: Any = self
+        while isinstance(ds, _TransformDataset):
+            layers.append(ds)
+            ds = ds.base
+        return ds, layers[::-1]
 
     def __repr__(self) -> str:
         kind = "transform_first" if self.first else "transform"

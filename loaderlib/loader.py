@@ -436,6 +436,18 @@ class DataLoader:
         """The epoch the next ``iter()`` starts."""
         return self._epoch
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a closed loader cannot be iterated)."""
+        return self._closed
+
+    def dashboard(self, **kwargs: Any) -> Any:
+        """A live bottleneck dashboard for this loader (Jupyter; see
+        :class:`loaderlib.profiling.Dashboard`, which takes ``kwargs``)."""
+        from .profiling import Dashboard
+
+        return Dashboard(self, **kwargs)
+
     def explain(self) -> str:
         """Which engine runs, why, and what each stage runs as."""
         a = self._analysis

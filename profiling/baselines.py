@@ -153,6 +153,10 @@ class PythonThreadLoader:
         self._closed = False
 
     # -- the DataLoader interface ----------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def __len__(self) -> int:
         return (len(self.items) + self.batch_size - 1) // self.batch_size
 

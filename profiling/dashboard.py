@@ -47,10 +47,7 @@ POINT_S = 1.0
 
 
 def _loader_closed(loader: Any) -> bool:
-    closed = getattr(loader, "closed", None)
-    if isinstance(closed, bool):
-        return closed
-    return bool(getattr(loader, "_closed", False))
+    return bool(getattr(loader, "closed", False))
 
 
 class Dashboard:

@@ -47,7 +47,9 @@ def test_builds_and_shows_what_loader_stats_says():
         while loader.stats.batches < 20 and time.monotonic() < deadline:
             time.sleep(0.05)
         updates = dash.updates
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10  # redraws pace themselves on a busy machine
+        while dash.updates == updates and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert dash.updates > updates  # the update thread keeps refreshing
         dash.stop()
         snap = dash.update()
@@ -122,3 +124,18 @@ def test_stops_when_the_loader_is_closed_and_leaves_no_threads(root):
 def test_needs_a_recorder():
     with pytest.raises(TypeError, match="recorder"):
         Dashboard([1, 2, 3])
+
+
+def test_loader_dashboard_method_and_closed_flag(root):
+    loader = ll.DataLoader(ll.ImageFolderDataset(root).transform_first(T.Compose([T.CenterCrop(16)])), batch_size=4)
+    dash = loader.dashboard(autostart=False)
+    try:
+        assert isinstance(dash, Dashboard) and dash.loader is loader
+        assert loader.recorder.enabled
+        assert loader.closed is False
+    finally:
+        dash.close()
+        loader.close()
+    assert loader.closed is True
+    with pytest.raises(RuntimeError):
+        iter(loader)

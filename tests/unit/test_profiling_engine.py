@@ -89,9 +89,6 @@ class SlowReads(ll.Dataset):
         return self.base[i]
 
 
-@pytest.mark.xfail(strict=True, reason="the threads engine records a Python dataset's whole __getitem__ "
-                   "as the 'python' stage, so slow reads in a dataset wrapper cannot be told from slow "
-                   "Python transforms")
 def test_slow_reads_in_a_dataset_wrapper_are_io(root):
     chain = T.Compose([T.RandomResizedCrop(64), T.ToCHW()])
     loader = ll.DataLoader(SlowReads(ll.ImageFolderDataset(root).transform_first(chain)), batch_size=8,
