@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.loaderlib-installed
-NATIVE := $(wildcard pyx/*.pyx pyx/*.pxd pyx/include/*.h) setup.py
+TORCH_WHEELS ?= /opt/wheels
+WITH_TORCH   ?= 1
 
 .PHONY: all install build test test-fast bench bench-decode clean
 
@@ -19,6 +20,13 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml setup.py
 	$(BIN)/python -m pip install --upgrade "pip>=23" "setuptools>=68" wheel "cython>=3.0" "numpy>=1.24"
 	$(BIN)/python -m pip install --no-build-isolation -e ".[test]"
+	@# PyTorch is optional: the benchmarks compare against its DataLoader and a few tests check
+	@# zero-copy conversion. Install it only from a local CPU wheel (never a multi-GB CUDA
+	@# download); WITH_TORCH=0 skips it.
+	@whl=$$(ls $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1); \
+	if [ "$(WITH_TORCH)" = "0" ]; then echo "WITH_TORCH=0: PyTorch not installed"; \
+	elif [ -n "$$whl" ]; then $(BIN)/python -m pip install "$$whl"; \
+	else echo "no local PyTorch CPU wheel in $(TORCH_WHEELS): PyTorch comparisons will be skipped"; fi
 	touch $(STAMP)
 
 install: $(STAMP)
