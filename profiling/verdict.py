@@ -60,8 +60,8 @@ CONTENDED_CORES = 0.7
 _CHEAPER = {
     "io": "pack the files into one RecordFileDataset (ll.write_records) read with pread, or move the "
           "data to faster storage / the page cache",
-    "decode": "use RecordFileDataset/crop-region decode (RandomResizedCrop straight after decoding lets "
-              "libjpeg decode only the crop, DCT-scaled), or store smaller JPEGs",
+    "decode": "decode less: keep RandomResizedCrop/CenterCrop/Resize straight after decoding (the native "
+              "engine then decodes only the crop, DCT-scaled), store the JPEGs at a smaller size, or add cores",
     "transform": "make the chain cheaper: crop before resizing, emit uint8 and normalize on the "
                  "accelerator, or drop augmentations that cost more than they give",
     "python": "move the Python step into loaderlib.transforms (it then runs natively, without the GIL) "
