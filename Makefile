@@ -5,11 +5,12 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.loaderlib-installed
+BASE   := $(VENV)/.loaderlib-installed
+TESTS  := $(VENV)/.loaderlib-test-deps
 TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 
-.PHONY: all install build test test-fast bench bench-decode clean
+.PHONY: all install build test test-fast bench bench-decode bench-all clean
 
 all: build
 
@@ -17,35 +18,48 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Dependencies change rarely: reinstall only when the packaging files change.
-$(STAMP): $(BIN)/python pyproject.toml setup.py
-	$(BIN)/python -m pip install --upgrade "pip>=23" "setuptools>=68" wheel "cython>=3.0" "numpy>=1.24"
-	$(BIN)/python -m pip install --no-build-isolation -e ".[test]"
-	@# PyTorch is optional: the benchmarks compare against its DataLoader and a few tests check
-	@# zero-copy conversion. Install it only from a local CPU wheel (never a multi-GB CUDA
-	@# download); WITH_TORCH=0 skips it.
+$(BASE): $(BIN)/python pyproject.toml setup.py
+	$(BIN)/python -m pip install --upgrade "setuptools>=77" wheel "cython>=3.0" "numpy>=1.24"
+	$(BIN)/python -m pip install --no-build-isolation -e .
+	touch $(BASE)
+
+# Test-only dependencies. PyTorch is optional: the benchmarks compare against its
+# DataLoader and a few tests check zero-copy conversion. It is installed only from a local
+# CPU wheel (never a multi-GB CUDA download); WITH_TORCH=0 skips it.
+$(TESTS): $(BASE) requirements-test.txt
+	$(BIN)/python -m pip install -r requirements-test.txt
 	@whl=$$(ls $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1); \
 	if [ "$(WITH_TORCH)" = "0" ]; then echo "WITH_TORCH=0: PyTorch not installed"; \
 	elif [ -n "$$whl" ]; then $(BIN)/python -m pip install "$$whl"; \
-	else echo "no local PyTorch CPU wheel in $(TORCH_WHEELS): PyTorch comparisons will be skipped"; fi
-	touch $(STAMP)
+	else echo "no local PyTorch CPU wheel in $(TORCH_WHEELS): PyTorch tests and comparisons are skipped"; fi
+	touch $(TESTS)
 
-install: $(STAMP)
+install: $(BASE)
 
 # Rebuild the extensions in place whenever a .pyx/.pxd/.h changed (a no-op otherwise).
-build: $(STAMP)
+build: $(BASE)
 	$(BIN)/python setup.py -q build_ext --inplace
 
-test: build
+test: build $(TESTS)
 	$(BIN)/python -m pytest -q tests
 
-test-fast: build
+test-fast: build $(TESTS)
 	$(BIN)/python -m pytest -q tests -m "not slow"
 
+# The main job: the harness on the embedded demo dataset (PyTorch's DataLoader joins the
+# table when torch is in the venv, e.g. after `make test`).
 bench: build
 	$(BIN)/python -m loaderlib bench
 
 bench-decode: build
 	$(BIN)/python benchmarks/decode.py
+
+# Every benchmark in benchmarks/ (several minutes).
+bench-all: build $(TESTS)
+	$(BIN)/python benchmarks/decode.py
+	$(BIN)/python benchmarks/transforms.py
+	$(BIN)/python benchmarks/loader.py
+	$(BIN)/python benchmarks/instrumentation.py
 
 clean:
 	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info
