@@ -26,8 +26,8 @@ $(BASE): $(BIN)/python pyproject.toml setup.py
 # Test-only dependencies. PyTorch is optional: the benchmarks compare against its
 # DataLoader and a few tests check zero-copy conversion. It is installed only from a local
 # CPU wheel (never a multi-GB CUDA download); WITH_TORCH=0 skips it.
-$(TESTS): $(BASE) requirements-test.txt
-	$(BIN)/python -m pip install -r requirements-test.txt
+$(TESTS): $(BASE) requirements-test.txt requirements-notebook.txt
+	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-test.txt
 	@whl=$$(ls $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1); \
 	if [ "$(WITH_TORCH)" = "0" ]; then echo "WITH_TORCH=0: PyTorch not installed"; \
 	elif [ -n "$$whl" ]; then $(BIN)/python -m pip install "$$whl"; \
@@ -38,7 +38,7 @@ install: $(BASE)
 
 # Rebuild the extensions in place whenever a .pyx/.pxd/.h changed (a no-op otherwise).
 build: $(BASE)
-	$(BIN)/python setup.py -q build_ext --inplace
+	$(BIN)/python setup.py -q build_ext --inplace -j $$(nproc 2>/dev/null || echo 2)
 
 test: build $(TESTS)
 	$(BIN)/python -m pytest -q tests

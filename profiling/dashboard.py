@@ -94,7 +94,11 @@ NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
 
     def __init__(self, loader: Any, *, interval: float = 0.5, autostart: bool = True,
                  max_threads: int | None = None, history: int = 600) -> None:
-        import ipywidgets as widgets
+        try:
+            import ipywidgets as widgets
+        except ImportError:
+            raise ImportError("the dashboard needs ipywidgets: pip install 'loaderlib[notebook]' "
+                              "(or pip install ipywidgets)") from None
 
         from .._threads import available_cpus
 
