@@ -59,6 +59,24 @@ def counters():
     return (_n_alloc, _bytes_alloc, _bytes_live)
 
 
+cdef inline void _export_bytes(Py_buffer* buffer, object owner, void* ptr, Py_ssize_t nbytes,
+                               Py_ssize_t* shape, Py_ssize_t* strides):
+    """Fill ``buffer`` as a writable 1-D byte view of ``nbytes`` at ``ptr`` owned by ``owner``."""
+    shape[0] = nbytes
+    strides[0] = 1
+    buffer.buf = ptr
+    buffer.len = nbytes
+    buffer.readonly = 0
+    buffer.itemsize = 1
+    buffer.format = "B"
+    buffer.ndim = 1
+    buffer.shape = shape
+    buffer.strides = strides
+    buffer.suboffsets = NULL
+    buffer.internal = NULL
+    buffer.obj = owner
+
+
 cdef class AlignedBuffer:
     """``nbytes`` of zeroed memory whose address is a multiple of ``alignment``.
 
@@ -120,19 +138,7 @@ cdef class AlignedBuffer:
         return <size_t>self.ptr
 
     def __getbuffer__(self, Py_buffer* buffer, int flags):
-        self.shape[0] = self.nbytes
-        self.strides[0] = 1
-        buffer.buf = self.ptr
-        buffer.len = self.nbytes
-        buffer.readonly = 0
-        buffer.itemsize = 1
-        buffer.format = "B"
-        buffer.ndim = 1
-        buffer.shape = self.shape
-        buffer.strides = self.strides
-        buffer.suboffsets = NULL
-        buffer.internal = NULL
-        buffer.obj = self
+        _export_bytes(buffer, self, self.ptr, self.nbytes, self.shape, self.strides)
 
     def __releasebuffer__(self, Py_buffer* buffer):
         pass
@@ -292,19 +298,7 @@ cdef class SlotLease:
         return <size_t>self.view.buf
 
     def __getbuffer__(self, Py_buffer* buffer, int flags):
-        self.shape[0] = self.view.len
-        self.strides[0] = 1
-        buffer.buf = self.view.buf
-        buffer.len = self.view.len
-        buffer.readonly = 0
-        buffer.itemsize = 1
-        buffer.format = "B"
-        buffer.ndim = 1
-        buffer.shape = self.shape
-        buffer.strides = self.strides
-        buffer.suboffsets = NULL
-        buffer.internal = NULL
-        buffer.obj = self
+        _export_bytes(buffer, self, self.view.buf, self.view.len, self.shape, self.strides)
 
     def __releasebuffer__(self, Py_buffer* buffer):
         pass
