@@ -74,6 +74,19 @@ def collate(fn: Any, samples: list, arena: BatchArena | None) -> Any:
     return build(iter(views))
 
 
+def collate_recorded(fn: Any, samples: list, arena: BatchArena | None, rec: Any, stage_ns: dict, t0: int,
+                     threads: int) -> Any:
+    """Collate a Python engine's samples and record the batch's stages (None when empty)."""
+    if not samples:
+        return None
+    t_col = _clock()
+    batch = collate(fn, samples, arena)
+    if rec.enabled:
+        now = _clock()
+        rec.batch_done(len(samples), {**stage_ns, "collate": now - t_col}, now - t0, threads)
+    return batch
+
+
 def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -426,15 +439,8 @@ class ThreadsProducer:
             read_ns += dt_read
             python_ns += dt
         self._stream_t0 = _clock() if self._stream else 0
-        if not samples:
-            return None
-        t_col = _clock()
-        batch = collate(self.batchify_fn, samples, self.arena)
-        if self.rec.enabled:
-            now = _clock()
-            self.rec.batch_done(len(samples), {"read": read_ns, "python": python_ns, "collate": now - t_col},
-                                now - t0, nthreads)
-        return batch
+        return collate_recorded(self.batchify_fn, samples, self.arena, self.rec,
+                                {"read": read_ns, "python": python_ns}, t0, nthreads)
 
     def _result(self, f: cf.Future) -> Any:
         stop = self.info["stop"]
@@ -536,15 +542,8 @@ class HybridProducer:
                 python_ns += dt
             need = task.target - len(samples)
             todo = self.info["plan"].borrow(need) if need > 0 and self.on_error == "skip" else todo[:0]
-        if not samples:
-            return None
-        t_col = _clock()
-        batch = collate(self.batchify_fn, samples, self.arena)
-        if self.rec.enabled:
-            now = _clock()
-            self.rec.batch_done(len(samples), {**stage, "python": python_ns, "collate": now - t_col}, now - t0,
-                                max(nthreads, self.pool._pool_size))
-        return batch
+        return collate_recorded(self.batchify_fn, samples, self.arena, self.rec, {**stage, "python": python_ns},
+                                t0, max(nthreads, self.pool._pool_size))
 
     def close(self, wait: bool = True) -> None:
         self.pool.close(wait=wait)
