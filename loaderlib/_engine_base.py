@@ -16,6 +16,15 @@ indices and returns a handle, ``finish(handle)`` returns the finished batch (or 
 every sample was skipped), ``close()`` frees what it holds. The driver keeps
 ``producer.lookahead`` batches submitted, so the Python engines overlap the next batch's
 samples with this batch's collation, and puts finished batches on the queue in order.
+
+NOTE [ Batch wall time ]
+The wall time a producer reports for a batch (the recorder turns it into pool capacity,
+threads x wall, the denominator of the busy fraction) must not overlap the previous
+batch's: with several batches in flight, "since this batch was submitted" counts the same
+seconds twice and halves the busy fraction. The threads engine times each batch from the
+previous batch's end (its sample stream restarts the clock there); the processes engine,
+whose workers each hold batches, reports the time since the later of the batch's
+submission and the previous batch's end (:func:`batch_wall`).
 """
 
 from __future__ import annotations
@@ -32,6 +41,12 @@ import numpy as np
 from .errors import LoaderError
 
 _clock = time.perf_counter_ns
+
+
+def batch_wall(start: int, previous_end: int, end: int) -> int:
+    """A batch's wall time without the part that overlaps the previous batch's
+    (NOTE [ Batch wall time ])."""
+    return end - max(start, previous_end)
 
 
 class LoaderTimeoutError(LoaderError, TimeoutError):

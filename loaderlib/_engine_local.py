@@ -76,7 +76,11 @@ def collate(fn: Any, samples: list, arena: BatchArena | None) -> Any:
 
 def collate_recorded(fn: Any, samples: list, arena: BatchArena | None, rec: Any, stage_ns: dict, t0: int,
                      threads: int) -> Any:
-    """Collate a Python engine's samples and record the batch's stages (None when empty)."""
+    """Collate a Python engine's samples and record the batch's stages (None when empty).
+
+    ``t0`` is when the batch's work started, never before the previous batch's end
+    (NOTE [ Batch wall time ]).
+    """
     if not samples:
         return None
     t_col = _clock()

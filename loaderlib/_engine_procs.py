@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ._engine_base import LoaderTimeoutError, SampleFailure, WorkerError, _clock, _Task
+from ._engine_base import LoaderTimeoutError, SampleFailure, WorkerError, _clock, _Task, batch_wall
 from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
 from .arena import BatchArena
@@ -301,6 +301,7 @@ class ProcessesProducer:
         self.info = run_info
         self.lookahead = max(2, 2 * len(pool.workers))
         self._stage_ns = [0, 0]
+        self._last_end = 0   # when the previous batch finished (NOTE [ Batch wall time ])
 
     def submit(self, task: _Task) -> tuple:
         tid, wid = self.pool.submit(task.indices)
@@ -357,11 +358,13 @@ class ProcessesProducer:
             if extra is not None:
                 batch = extra if batch is None else _concat(batch, extra)
                 n += m
+        now = _clock()
         if self.rec.enabled and batch is not None:
-            now = _clock()
-            # Stage times are the workers' own; wall time is the loader's wait for this batch.
-            self.rec.batch_done(n, {"python": self._stage_ns[0], "collate": self._stage_ns[1]}, now - t0,
-                                len(self.pool.workers))
+            # Stage times are the workers' own; wall time is the loader's wait for this batch,
+            # not counting what overlaps the previous batch's (NOTE [ Batch wall time ]).
+            self.rec.batch_done(n, {"python": self._stage_ns[0], "collate": self._stage_ns[1]},
+                                batch_wall(t0, self._last_end, now), len(self.pool.workers))
+        self._last_end = now
         return batch
 
     def close(self, wait: bool = True) -> None:

@@ -111,3 +111,33 @@ def test_seconds_mode_on_native_leaves_no_threads(root):
     assert loader.recorder.enabled is False  # restored (DataLoader records only when asked)
     time.sleep(0.1)
     assert {t for t in threading.enumerate() if t.is_alive()} <= before
+
+
+def test_batch_wall_does_not_count_overlap_twice():
+    from loaderlib._engine_base import batch_wall
+
+    assert batch_wall(start=0, previous_end=0, end=10) == 10
+    assert batch_wall(start=0, previous_end=6, end=10) == 4   # in flight beside the previous batch
+    assert batch_wall(start=8, previous_end=6, end=10) == 2   # started after the previous one ended
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_busy_fraction_with_batches_in_flight(root, workers):
+    """Two threads (or worker processes) that always have a sample to work on are busy nearly
+    all the time, although the engines keep several batches in flight (NOTE [ Batch wall time ])."""
+    def step(img):
+        time.sleep(0.004)
+        return np.ascontiguousarray(img[:8, :8])
+
+    loader = ll.DataLoader(ll.ImageFolderDataset(root).transform_first(step), batch_size=8, num_threads=2,
+                           num_workers=workers, profile=True)
+    assert loader.engine == ("processes" if workers else "threads")
+    try:
+        for _ in loader:  # the first epoch pays for starting the pool or the workers
+            pass
+        for _ in loader:  # 16 batches; the recorder restarts with the epoch
+            pass
+        busy = loader.stats.busy_fraction
+    finally:
+        loader.close()
+    assert busy > 0.75, busy
