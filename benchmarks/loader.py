@@ -43,12 +43,13 @@ BATCH = 64
 def make_dataset(root: str, n: int, classes: int = 8) -> str:
     """Photo-like JPEGs of ImageNet's typical size (about 500x375, quality 90, 4:2:0)."""
     import cv2
-    from matplotlib import cbook
+
+    from loaderlib._synth import base_photo
 
     marker = os.path.join(root, f".complete-{n}")
     if os.path.exists(marker):
         return root
-    photo = cv2.imread(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+    photo = base_photo()
     rng = np.random.default_rng(0)
     for c in range(classes):
         os.makedirs(os.path.join(root, f"n{c:08d}"), exist_ok=True)

@@ -26,6 +26,8 @@ import tempfile
 
 import numpy as np
 
+from .._synth import base_photo
+
 __all__ = ["build_demo_dataset", "demo_cache_dir"]
 
 logger = logging.getLogger(__name__)
@@ -39,17 +41,6 @@ def demo_cache_dir() -> pathlib.Path:
     """``$XDG_CACHE_HOME/loaderlib/demo-v1`` (``~/.cache/loaderlib/demo-v1`` by default)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(base) / "loaderlib" / _VERSION
-
-
-def _source_photo() -> np.ndarray:
-    import cv2
-    from matplotlib import cbook
-
-    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    img = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-    if img is None:
-        raise RuntimeError(f"could not read matplotlib's sample photo {path}")
-    return img
 
 
 def _make_image(src: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, list[int], dict]:
@@ -139,7 +130,7 @@ def build_demo_dataset(
     parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
     try:
-        src = _source_photo()
+        src = base_photo()
         for c in range(n_classes):
             (tmp / f"class_{c:02d}").mkdir()
         from tqdm.auto import tqdm

@@ -6,13 +6,13 @@ import os
 
 import cv2
 import numpy as np
-from matplotlib import cbook
+
+from loaderlib._synth import base_photo
 
 
 def photo() -> np.ndarray:
-    """grace_hopper.jpg as BGR (512x600)."""
-    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    return cv2.imread(path, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    """grace_hopper.jpg as BGR (512x600), read-only."""
+    return base_photo()
 
 
 def encode(img: np.ndarray, quality: int = 90, sampling: int | None = None, ext: str = ".jpg") -> bytes:

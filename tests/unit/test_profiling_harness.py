@@ -19,6 +19,8 @@ from loaderlib.profiling.baselines import (
 )
 from loaderlib.profiling.harness import _batch_len, _throughput_series
 
+from loaderlib._synth import base_photo
+
 
 def _arr(item):
     return np.full((4, 4, 3), item[0] % 251, np.uint8)
@@ -116,8 +118,7 @@ def test_thread_loader_raises_step_errors_in_the_consumer():
 
 
 def test_resnet_transform_and_python_thread_loader_on_files(tmp_path):
-    path = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    img = cv2.imread(path)
+    img = base_photo()
     paths = []
     for i, q in enumerate((60, 90)):
         p = tmp_path / f"{i}.jpg"

@@ -15,6 +15,7 @@ from loaderlib.profiling import benchmark, diagnose
 from loaderlib.profiling.baselines import PythonThreadLoader, decode_opencv
 from loaderlib.profiling.verdict import BOTTLENECKS, MODEL_BOUND_WAIT
 
+from loaderlib._synth import base_photo
 from loaderlib._threads import available_cpus
 
 STAGE_S = {"read": 0.1, "decode": 2.0, "transform": 0.5, "python": 0.0, "collate": 0.1}
@@ -87,8 +88,7 @@ def test_no_stage_timings():
 # -- injected bottlenecks, measured ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def jpeg_bytes():
-    path = __import__("matplotlib.cbook").cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    img = cv2.imread(path, cv2.IMREAD_COLOR)
+    img = base_photo()
     big = cv2.resize(img, (2048, 1600), interpolation=cv2.INTER_CUBIC)  # a heavy decode (~3.3 MP)
     ok, buf = cv2.imencode(".jpg", big, [cv2.IMWRITE_JPEG_QUALITY, 95])
     assert ok
