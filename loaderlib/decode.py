@@ -215,8 +215,9 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
         kind = None
     if kind is None:
         raise DecodeError(f"not a recognised image format (first bytes {head[:8]!r})")
-    if kind == "PNG" and max_pixels and (_png_pixels(buf) or 0) > max_pixels:
-        raise DecodeError(f"PNG declares {_png_pixels(buf)} pixels, more than max_pixels={max_pixels}")
+    declared = _png_pixels(buf) if kind == "PNG" else None
+    if max_pixels and declared is not None and declared > max_pixels:
+        raise DecodeError(f"PNG declares {declared} pixels, more than max_pixels={max_pixels}")
     arr = np.frombuffer(buf, dtype=np.uint8)
     flags = cv2.IMREAD_IGNORE_ORIENTATION | (cv2.IMREAD_GRAYSCALE if mode == 2 else cv2.IMREAD_COLOR)
     try:
