@@ -14,8 +14,9 @@ from .datasets import (
     write_records,
 )
 from .decode import DecodeError, decode, decode_batch, jpeg_info
-from .errors import DecodeWarning, LoaderError
-from .loader import DataLoader, LoaderTimeoutError, SampleFailure, WorkerError
+from ._worker_info import WorkerInfo, get_worker_info
+from .errors import DecodeWarning, LoaderError, LoaderTimeoutError, SampleFailure, StateError, WorkerError
+from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
 
 __version__ = "0.1.0"
@@ -38,13 +39,16 @@ __all__ = [
     "SequentialSampler",
     "ShardedSampler",
     "SimpleDataset",
+    "StateError",
     "TupleDataset",
     "WeightedRandomSampler",
     "WorkerError",
+    "WorkerInfo",
     "batchify",
     "build_info",
     "decode",
     "decode_batch",
+    "get_worker_info",
     "jpeg_info",
     "pipeline",
     "sampler",

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LoaderError
+from .errors import LoaderTimeoutError
 
 _clock = time.perf_counter_ns
 
@@ -47,24 +47,6 @@ def batch_wall(start: int, previous_end: int, end: int) -> int:
     """A batch's wall time without the part that overlaps the previous batch's
     (NOTE [ Batch wall time ])."""
     return end - max(start, previous_end)
-
-
-class LoaderTimeoutError(LoaderError, TimeoutError):
-    """No batch arrived within the loader's ``timeout``."""
-
-
-class WorkerError(LoaderError, RuntimeError):
-    """A worker process died or could not start."""
-
-
-@dataclass(frozen=True)
-class SampleFailure:
-    """A sample dropped by ``on_error="skip"`` (kept in ``loader.errors``)."""
-
-    index: int
-    source: str | None
-    reason: str
-    epoch: int
 
 
 @dataclass

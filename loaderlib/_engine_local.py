@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from . import _threads
-from ._engine_base import SampleFailure, _clock, _Task
+from ._engine_base import _clock, _Task
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
 from .datasets import _TransformDataset
-from .errors import DecodeError, DecodeWarning
+from .errors import DecodeError, DecodeWarning, SampleFailure
 
 # --------------------------------------------------------------------------- collation
 

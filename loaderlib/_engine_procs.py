@@ -37,12 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from ._engine_base import LoaderTimeoutError, SampleFailure, WorkerError, _clock, _Task, batch_wall
+from ._engine_base import _clock, _Task, batch_wall
 from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
 from .arena import BatchArena
 from .batchify import Shards
-from .errors import LoaderError
+from .errors import LoaderError, LoaderTimeoutError, SampleFailure, WorkerError
 
 _DEFAULT_SLOT = 1 << 20
 # Run by import, not with ``-m``: under ``-m`` the worker module would be ``__main__`` and

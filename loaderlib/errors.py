@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["DecodeError", "DecodeWarning", "LoaderError"]
+from dataclasses import dataclass
+
+__all__ = [
+    "DecodeError",
+    "DecodeWarning",
+    "LoaderError",
+    "LoaderTimeoutError",
+    "SampleFailure",
+    "StateError",
+    "WorkerError",
+]
 
 
 class LoaderError(Exception):
@@ -40,3 +50,25 @@ class DecodeError(LoaderError, ValueError):
 
 class DecodeWarning(UserWarning):
     """An image decoded, but the decoder had to recover from corrupt data."""
+
+
+class LoaderTimeoutError(LoaderError, TimeoutError):
+    """No batch arrived within the loader's ``timeout``."""
+
+
+class WorkerError(LoaderError, RuntimeError):
+    """A worker process died or could not start."""
+
+
+@dataclass(frozen=True)
+class SampleFailure:
+    """A sample dropped by ``on_error="skip"`` (kept in ``loader.errors``)."""
+
+    index: int
+    source: str | None
+    reason: str
+    epoch: int
+
+
+class StateError(LoaderError, ValueError):
+    """A saved loader state does not fit this loader (other dataset length, seed, sampler or version)."""

@@ -27,15 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import _threads
-from ._engine_base import (
-    LoaderIterator,
-    LoaderTimeoutError,
-    SampleFailure,
-    WorkerError,
-    _EpochPlan,
-    _Knobs,
-    _Run,
-)
+from ._engine_base import LoaderIterator, _EpochPlan, _Knobs, _Run
 from ._engine_local import HybridProducer, NativeProducer, NativeSource, ThreadsProducer
 from .arena import BatchArena
 from .batchify import Stack, Tuple, default_batchify_fn
@@ -56,7 +48,7 @@ from .sampler import (
     draw_seed,
 )
 
-__all__ = ["DataLoader", "LoaderIterator", "LoaderTimeoutError", "SampleFailure", "WorkerError"]
+__all__ = ["DataLoader", "LoaderIterator"]
 
 ENGINES = ("native", "threads", "processes")
 
@@ -381,7 +373,7 @@ class DataLoader:
             self._batch_sampler = BatchSampler(sampler, self._batch_size, last_batch or "keep")
         self._knobs = _Knobs(num_threads, prefetch or max(2, 2 * num_workers))
         self.recorder = _make_recorder(profile)
-        self.errors: list[SampleFailure] = []
+        self.errors: list = []
         self._epoch = 0
         self._lock = threading.Lock()
         self._analysis = _analyze(self.dataset, batchify_fn, num_workers)
