@@ -1,14 +1,17 @@
 """The pieces every engine shares: the epoch plan, the prefetch queue, the driver thread.
 
 NOTE [ Iterator state ]
-Everything that belongs to one pass over the data lives in one :class:`_Run` object: the
-epoch number and seed, the epoch's batches (a pure function of the sampler's seed and the
-epoch, see NOTE [ Sampler order is a pure function ]), how many batches were produced and how
-many were delivered to the user, the prefetch queue, the producer and its arena. The
-iterator the user holds is a thin handle on it; the driver thread references the run, never
+Everything that belongs to one pass over the data lives in one typed :class:`RunState`,
+created before the producer: the epoch, the seed, the epoch's stream of sample indices and
+batch sizes (NOTE [ The epoch is one stream ] in ``sampler.py``), how far production has got
+(``cursor``, ``next_batch``), how many batches were delivered to the user and how much of the
+stream they consumed (``delivered``, ``position``), the batches in flight, and the samples
+skipped. Producers read and advance it; nothing about a run lives anywhere else. A resume
+needs only ``(epoch, carry, order key, delivered, position)``: the stream is recomputed and
+production restarts at ``position``. The iterator the user holds is a thin handle on a
+:class:`_Run` (state, producer, queue, driver thread); the driver references the run, never
 the handle, so dropping the handle (``break`` out of a loop) finalises the run: the driver
-stops, its threads are joined and its slots return to the arena. Exact mid-epoch resume
-restores ``(epoch, seed, delivered, carry)`` and skips the delivered batches.
+stops, its threads are joined and its slots return to the arena.
 
 NOTE [ Engine stages ]
 An engine is a *producer* with three calls: ``submit(task)`` starts work on one batch of
@@ -39,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .errors import LoaderTimeoutError
+from .sampler import EpochOrder
 
 _clock = time.perf_counter_ns
 
@@ -50,51 +54,109 @@ def batch_wall(start: int, previous_end: int, end: int) -> int:
 
 
 @dataclass
-class _Task:
+class Task:
+    """One batch to produce: its number in the epoch, its indices and where they start."""
+
     number: int            # position of the batch in the epoch
     indices: np.ndarray    # int64 sample indices
-    target: int            # samples the batch should hold (its size before any borrowing)
+    target: int            # samples the batch should hold
+    start: int             # stream position of indices[0]
 
 
-class _EpochPlan:
-    """The epoch's batches and the cursor over them (see NOTE [ Iterator state ])."""
+@dataclass
+class Produced:
+    """A finished batch, the stream position just after its last sample (loaded or skipped),
+    and its size against the batch's target."""
 
-    def __init__(self, batches: list[np.ndarray]) -> None:
-        self.batches = [np.asarray(b, dtype=np.int64).reshape(-1) for b in batches]
-        self.sizes = [b.size for b in self.batches]
-        self.next = 0
+    batch: Any
+    end: int
+    size: int
+    target: int
+
+
+class RunState:
+    """All per-epoch state of one run (see NOTE [ Iterator state ]).
+
+    Written by the driver thread (production) and by the consumer (delivery) under one lock;
+    every field is plain data.
+    """
+
+    def __init__(self, order: EpochOrder, seed: int, *, delivered: int = 0, position: int = 0) -> None:
+        self.order = order
+        self.epoch = order.epoch
+        self.seed = seed
+        self.delivered = delivered       # batches handed to the user
+        self.position = position         # stream samples consumed by delivered batches
+        self.next_batch = delivered      # next batch number to plan
+        self.cursor = position           # next stream position to plan
+        self.generation = 0              # bumped when planned-ahead batches became invalid
+        self.in_flight = 0               # batches submitted, not finished
+        self.skipped: list = []          # SampleFailure of this run (on_error="skip")
         self.lock = threading.Lock()
+        self.stop = threading.Event()
 
-    def next_task(self) -> _Task | None:
+    @property
+    def total(self) -> int:
+        """Batches this epoch holds when every sample loads."""
+        return len(self.order.targets)
+
+    @property
+    def exhausted(self) -> bool:
+        """Every batch of the epoch has been planned."""
+        return self.next_batch >= len(self.order.targets) or self.cursor >= self.order.stream.size
+
+    def next_task(self) -> Task | None:
+        """Plan the next batch: the next ``targets[k]`` samples of the stream."""
         with self.lock:
-            while self.next < len(self.batches):
-                k = self.next
-                self.next += 1
-                if self.batches[k].size:
-                    return _Task(k, self.batches[k], self.sizes[k])
-            return None
+            if self.exhausted:
+                return None
+            k = self.next_batch
+            t = self.order.targets[k]
+            start = self.cursor
+            idx = self.order.stream[start:start + t]
+            self.next_batch += 1
+            self.cursor += idx.size
+            return Task(k, idx, t, start)
 
-    def borrow(self, count: int) -> np.ndarray:
-        """Take up to ``count`` indices from the front of the batches not yet started.
+    def take(self, count: int) -> tuple[np.ndarray, int]:
+        """The next ``count`` stream samples (on_error="skip" fills): ``(indices, start)``.
 
-        ``on_error="skip"`` fills a batch with these, so batch sizes hold; the epoch's last
-        batch ends up shorter (or is dropped when empty). The native engine starts one batch
-        at a time, so these are the very next samples; the processes engine has several
-        batches at its workers, so its fill comes from the first batch not yet sent.
+        Producers with one batch in flight call it; the samples are then no longer part of
+        any later batch.
         """
-        taken = []
-        need = count
         with self.lock:
-            k = self.next
-            while need > 0 and k < len(self.batches):
-                b = self.batches[k]
-                take = b[:need]
-                if take.size:
-                    taken.append(take)
-                    self.batches[k] = b[need:]
-                    need -= take.size
-                k += 1
-        return np.concatenate(taken) if taken else np.zeros(0, np.int64)
+            start = self.cursor
+            idx = self.order.stream[start:start + max(0, count)]
+            self.cursor += idx.size
+            return idx, start
+
+    def replan_from(self, position: int, next_batch: int) -> None:
+        """Batches planned after ``next_batch - 1`` are void: plan again from ``position``.
+
+        A producer with several batches in flight calls it when a fill consumed samples that
+        later batches had been planned with (processes engine, on_error="skip").
+        """
+        with self.lock:
+            self.cursor = position
+            self.next_batch = next_batch
+            self.generation += 1
+
+    def delivered_batch(self, end: int) -> None:
+        with self.lock:
+            self.delivered += 1
+            self.position = end
+
+    def state_dict(self) -> dict:
+        """The part of a loader state that belongs to this run (JSON-serialisable)."""
+        with self.lock:
+            return {
+                "epoch": int(self.epoch),
+                "delivered": int(self.delivered),
+                "position": int(self.position),
+                "carry": self.order.carry_in.tolist(),
+                "order_key": self.order.key,
+                "finished": bool(self.position >= self.order.stream.size or self.delivered >= self.total),
+            }
 
 
 class _Knobs:
@@ -114,6 +176,46 @@ class _Knobs:
         self._prefetch = value
         for q in list(self._queues):
             q.wake()
+
+
+class HeldRecorder:
+    """A recorder front that holds a warm run's records until the run is handed to the user.
+
+    A warm next epoch (NOTE [ Warm epochs ] in ``loader.py``) produces batches while the
+    current epoch is still being consumed; its records belong to the next epoch's stats, so
+    they are kept here and replayed into the loader's recorder by :meth:`release`, right
+    after that epoch is started.
+    """
+
+    def __init__(self, recorder: Any) -> None:
+        self._rec = recorder
+        self._held: list = []
+        self._live = False
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self._rec.enabled
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._rec, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                if not self._live:
+                    self._held.append((name, args, kwargs))
+                    return None
+            return target(*args, **kwargs)
+
+        return call
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held, self._live = self._held, [], True
+            for name, args, kwargs in held:
+                getattr(self._rec, name)(*args, **kwargs)
 
 
 _END = object()
@@ -197,29 +299,72 @@ class _BatchQueue:
 
 
 class _Run:
-    """One pass over the data (see NOTE [ Iterator state ])."""
+    """One pass over the data: its state, its producer, and (unless synchronous) the prefetch
+    queue and driver thread (see NOTE [ Iterator state ])."""
 
-    def __init__(self, *, epoch: int, seed: int, plan: _EpochPlan, producer: Any, knobs: _Knobs,
-                 recorder: Any, timeout: float | None, total: int) -> None:
-        self.epoch = epoch
-        self.seed = seed
-        self.plan = plan
+    def __init__(self, *, state: RunState, producer: Any, knobs: _Knobs, recorder: Any, timeout: float | None,
+                 threaded: bool = True) -> None:
+        self.state = state
         self.producer = producer
         self.knobs = knobs
         self.recorder = recorder
         self.timeout = timeout
-        self.total = total
-        self.delivered = 0
-        self.queue = _BatchQueue(knobs, recorder)
-        self.stop = threading.Event()
+        self.queue = _BatchQueue(knobs, recorder) if threaded else None
+        self.pending: collections.deque = collections.deque()   # producer handles, in batch order
         self.thread: threading.Thread | None = None
         self.closed = False
         self.joined = False
         self.interrupted = False   # closed by a timeout or Ctrl-C: never wait for user code
+        self.on_start: Any = None  # called once, on the producing thread, before the first batch
+
+    @property
+    def epoch(self) -> int:
+        return self.state.epoch
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=_drive, args=(self,), name="loaderlib-driver", daemon=True)
-        self.thread.start()
+        if self.queue is not None:
+            self.thread = threading.Thread(target=_drive, args=(self,), name="loaderlib-driver", daemon=True)
+            self.thread.start()
+
+    def step(self) -> Produced | None:
+        """Produce the next batch, or None at the end of the epoch.
+
+        Runs on the driver thread (or the caller's, with ``num_threads=0``). Keeps
+        ``producer.lookahead`` batches submitted so the Python engines overlap batches.
+        """
+        st, prod = self.state, self.producer
+        if self.on_start is not None:
+            start, self.on_start = self.on_start, None
+            start()
+        while not st.stop.is_set():
+            while len(self.pending) < prod.lookahead:
+                task = st.next_task()
+                if task is None:
+                    break
+                self.pending.append(prod.submit(task))
+                st.in_flight += 1
+            if not self.pending:
+                return None
+            generation = st.generation
+            out = prod.finish(self.pending.popleft())
+            st.in_flight -= 1
+            if st.generation != generation:
+                self.cancel_pending()   # a fill consumed samples that batches planned ahead hold
+            if out is None:
+                continue
+            if st.order.drop_short and out.size < out.target:
+                continue   # only the stream's end is short: last_batch="discard" drops it
+            return out
+        return None
+
+    def cancel_pending(self) -> None:
+        while self.pending:
+            h = self.pending.popleft()
+            self.state.in_flight -= 1
+            try:
+                self.producer.cancel(h)
+            except Exception:  # noqa: BLE001, S110 - cancelling is best effort; close() frees the rest
+                pass
 
     def close(self, wait: bool = True) -> None:
         """Stop the pipeline. ``wait=False`` (after a timeout or Ctrl-C) only signals: a
@@ -227,98 +372,136 @@ class _Run:
         the iterator's finaliser joins them later."""
         if not self.closed:
             self.closed = True
-            self.stop.set()
-            self.queue.close()
+            self.state.stop.set()
+            if self.queue is not None:
+                self.queue.close()
             self.producer.close(wait=False)
-        if wait and not self.joined:
+        if wait and not self.joined and not self.interrupted:
+            # After a timeout or Ctrl-C the driver may be stuck in user code: it is never
+            # joined (it is a daemon thread and stops at its next check of ``stop``).
             self.joined = True
             t = self.thread
             if t is not None and t is not threading.current_thread():
                 t.join()
+            if self.queue is None:
+                self.cancel_pending()
             if not self.interrupted:
                 self.producer.close(wait=True)
 
 
 def _drive(run: _Run) -> None:
-    """Driver thread body: submit batches, finish them in order, queue them."""
-    pending: collections.deque = collections.deque()
+    """Driver thread body: produce batches in order and queue them."""
     try:
-        while not run.stop.is_set():
-            while len(pending) < run.producer.lookahead:
-                task = run.plan.next_task()
-                if task is None:
-                    break
-                pending.append(run.producer.submit(task))
-            if not pending:
+        while not run.state.stop.is_set():
+            out = run.step()
+            if out is None:
                 break
-            batch = run.producer.finish(pending.popleft())
-            if batch is None:
-                continue
-            if not run.queue.put(batch):
+            if not run.queue.put(out):
                 break
         run.queue.put(_END, force=True)
     except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
         run.queue.put(_Failure(e), force=True)
     finally:
-        for h in pending:
-            try:
-                run.producer.cancel(h)
-            except Exception:  # noqa: BLE001, S110
-                pass
+        run.cancel_pending()
 
 
 class LoaderIterator:
-    """Iterator over one epoch of a DataLoader (see NOTE [ Iterator state ])."""
+    """Iterator over one epoch of a DataLoader (see NOTE [ Iterator state ]).
+
+    ``state_dict()`` describes the position after the last batch it returned; the iterator
+    pickles through that state (unpickling gives a fresh iterator of an equal loader that
+    continues there).
+    """
 
     def __init__(self, run: _Run, owner: Any = None) -> None:
         self._run = run
         # ``for b in DataLoader(...)`` drops the loader at once: the iterator keeps it (and its
         # worker processes) alive. The loader refers back only weakly, so there is no cycle.
         self._owner = owner
-        self._finalizer = weakref.finalize(self, _Run.close, run)
+        self._finalizer = weakref.finalize(self, _finish, run, owner)
 
     def __iter__(self) -> LoaderIterator:
         return self
 
     def __len__(self) -> int:
-        return max(0, self._run.total - self._run.delivered)
+        st = self._run.state
+        return max(0, st.total - st.delivered)
 
     @property
     def epoch(self) -> int:
-        return self._run.epoch
+        return self._run.state.epoch
 
     @property
     def delivered(self) -> int:
         """Batches handed to the user so far in this epoch."""
-        return self._run.delivered
+        return self._run.state.delivered
+
+    def state_dict(self) -> dict:
+        """The loader state that continues after the last batch this iterator returned."""
+        return self._owner._state_of(self._run.state)
+
+    def __reduce__(self):
+        return (_restore_iterator, (self._owner, self.state_dict()))
 
     def __next__(self) -> Any:
         run = self._run
         if run.closed:
             raise StopIteration
-        try:
-            item = run.queue.get(run.timeout, f"batch {run.delivered} of epoch {run.epoch}")
-        except BaseException:
-            # Timeout or Ctrl-C: stop the pipeline before the exception propagates, without
-            # waiting for a Python call that may be the reason for the timeout.
-            run.interrupted = True
-            run.close(wait=False)
-            raise
-        if item is _END:
-            self.close()
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self.close()
-            exc = item.exc
+        if run.queue is None:
             try:
-                raise exc
-            finally:
-                # The traceback holds this frame: drop the locals that would close a cycle
-                # (exception -> traceback -> frame -> exception) and keep slots alive.
-                exc = item = None
-        run.delivered += 1
-        return item
+                item = run.step()
+            except BaseException:
+                self.close()
+                raise
+            if item is None:
+                self.close()
+                raise StopIteration
+        else:
+            try:
+                item = run.queue.get(run.timeout, f"batch {run.state.delivered} of epoch {run.state.epoch}")
+            except BaseException:
+                # Timeout or Ctrl-C: stop the pipeline before the exception propagates, without
+                # waiting for a Python call that may be the reason for the timeout.
+                run.interrupted = True
+                run.close(wait=False)
+                raise
+            if item is _END:
+                self.close()
+                raise StopIteration
+            if isinstance(item, _Failure):
+                self.close()
+                exc = item.exc
+                try:
+                    raise exc
+                finally:
+                    # The traceback holds this frame: drop the locals that would close a cycle
+                    # (exception -> traceback -> frame -> exception) and keep slots alive.
+                    exc = item = None
+        run.state.delivered_batch(item.end)
+        if self._owner is not None and run.state.exhausted:
+            self._owner._epoch_nearly_done(run)
+        return item.batch
+
+    def _swap(self, run: _Run) -> None:
+        """Continue on ``run`` (``loader.flush()``): the old run is stopped and joined."""
+        old = self._run
+        self._finalizer.detach()
+        old.close()
+        self._run = run
+        self._finalizer = weakref.finalize(self, _finish, run, self._owner)
 
     def close(self) -> None:
         """Stop the pipeline: join its threads, stop its work and free its slots. Idempotent."""
         self._finalizer()
+
+
+def _finish(run: _Run, owner: Any) -> None:
+    """Close ``run`` and tell its loader (iterator closed, exhausted or dropped)."""
+    run.close()
+    if owner is not None:
+        owner._iterator_closed(run)
+
+
+def _restore_iterator(loader: Any, state: dict) -> LoaderIterator:
+    loader.load_state_dict(state)
+    return iter(loader)

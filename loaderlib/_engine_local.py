@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import itertools
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -15,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from . import _threads
-from ._engine_base import _clock, _Task
+from ._worker_info import WorkerInfo, set_thread_info, worker_seed
+from ._engine_base import Produced, RunState, Task, _clock
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
 from .datasets import _TransformDataset
@@ -158,21 +161,24 @@ class NativeSource:
 
 
 class NativeProducer:
-    """One kernel pass per batch straight into an arena slot; labels gathered with ``take``."""
+    """One kernel pass per batch straight into an arena slot; labels gathered with ``take``.
+
+    Owns its compiled plan (and so the plan's per-thread decoders and scratch buffers) for
+    the run; nothing is lent out or handed back.
+    """
 
     lookahead = 1
 
-    def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, run_info: dict, arena: BatchArena,
-                 knobs: Any, recorder: Any, on_error: str, errors: list, batch_size: int) -> None:
+    def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, state: RunState, arena: BatchArena,
+                 knobs: Any, recorder: Any, on_error: str, batch_size: int) -> None:
         self.src = src
         self.plan = plan
         self.shards = shards          # num_shards per output part (None: plain array)
-        self.info = run_info          # {"seed", "epoch", "plan" (the _EpochPlan)}
+        self.state = state
         self.arena = arena
         self.knobs = knobs
         self.rec = recorder
         self.on_error = on_error
-        self.errors = errors
         self._layouts: dict[int, BatchLayout] = {}
         self._timings: np.ndarray | None = None
         if src.kind == "arrays":
@@ -192,26 +198,18 @@ class NativeProducer:
             lay = self._layouts[n] = BatchLayout.of([((n, *s), d) for s, d in self._part_specs])
         return lay
 
-    def submit(self, task: _Task) -> _Task:
+    def submit(self, task: Task) -> Task:
         return task
 
     def cancel(self, handle: Any) -> None:
         pass
 
     def close(self, wait: bool = True) -> None:
-        if not wait:
-            return  # the driver may still be inside a batch; nothing here can stop it sooner
-        self._timings = None
-        # After a full stop the plan is idle: hand it back to the loader for the next epoch.
-        # (After a timeout or Ctrl-C the run never calls this, and the plan is dropped.)
-        if self.plan is not None:
-            give = self.info.get("give_plan")
-            give = give() if give is not None else None
-            if give is not None:
-                give(self.plan)
+        if wait:
+            self._timings = None
             self.plan = None
 
-    def _finish_arrays(self, task: _Task) -> Any:
+    def _finish_arrays(self, task: Task) -> Produced:
         idx = task.indices
         t0 = _clock()
         _lease, views = self.arena.acquire(self._layout(idx.size))
@@ -220,30 +218,33 @@ class NativeProducer:
         if self.rec.enabled:
             dt = _clock() - t0
             self.rec.batch_done(idx.size, {"collate": dt}, dt, 1)
-        return self._structure(views)
+        return Produced(self._structure(views), task.start + idx.size, idx.size, task.target)
 
     def _structure(self, views: list) -> Any:
         out = [_shard(v, k) for v, k in zip(views, self.shards)]
         return out[0] if len(out) == 1 else tuple(out)
 
-    def finish(self, task: _Task) -> Any:
+    def finish(self, task: Task) -> Produced | None:
         if self.src.kind == "arrays":
             return self._finish_arrays(task)
-        res = self.produce(task.indices, task.target)
+        res = self.produce(task.indices, task.target, task.start + task.indices.size)
         if res is None:
             return None
-        out, _sel, stages, rows, nthreads, wall = res
+        out, _sel, stages, rows, nthreads, wall, end = res
         if self.rec.enabled:
             self.rec.batch_done(len(out[0]), stages, wall, nthreads, rows)
-        return self._structure(out)
+        return Produced(self._structure(out), end, len(out[0]), task.target)
 
-    def produce(self, idx: np.ndarray, n: int) -> tuple | None:
-        """Run the plan for ``idx`` into a slot; with on_error="skip", fill up to ``n`` samples.
+    def produce(self, idx: np.ndarray, n: int, end: int) -> tuple | None:
+        """Run the plan for ``idx`` into a slot; with on_error="skip", fill up to ``n`` samples
+        from the stream (NOTE [ The epoch is one stream ]). ``end`` is the stream position
+        after ``idx``.
 
-        Returns ``(arrays, indices, stage_ns, per_sample_ns, threads, wall_ns)`` or None when
-        no sample could be loaded; ``arrays`` are the images (and labels) views.
+        Returns ``(arrays, indices, stage_ns, per_sample_ns, threads, wall_ns, end)`` or None
+        when no sample could be loaded; ``arrays`` are the images (and labels) views and
+        ``end`` the stream position after the last sample used or skipped.
         """
-        nthreads = _threads.resolve_num_threads(self.knobs.num_threads)
+        nthreads = kernel_threads(self.knobs)
         recording = self.rec.enabled
         t_start = _clock()
         _lease, views = self.arena.acquire(self._layout(n))
@@ -255,7 +256,8 @@ class NativeProducer:
         final: list[np.ndarray] = []
         filled = 0
         todo = idx
-        seed, epoch = self.info["seed"], self.info["epoch"]
+        st_run = self.state
+        seed, epoch = st_run.seed, st_run.epoch
         while todo.size:
             k = todo.size
             tim = self._timings[:k] if recording else None
@@ -284,7 +286,8 @@ class NativeProducer:
                 for j in bad.tolist():
                     e = errs.get(j)
                     reason = e.reason if isinstance(e, DecodeError) else str(e or f"status {st.status[j]}")
-                    self.errors.append(SampleFailure(int(todo[j]), self.src.source(todo[j]), reason, epoch))
+                    failure = SampleFailure(int(todo[j]), self.src.source(todo[j]), reason, epoch)
+                    st_run.skipped.append(failure)
                 good = np.flatnonzero(ok)
                 if good.size:
                     # Rare path (failures only): move the good samples up, closing the gaps.
@@ -293,7 +296,11 @@ class NativeProducer:
                 final.append(todo[good])
                 filled += good.size
             need = n - filled
-            todo = self.info["plan"].borrow(need) if need > 0 and self.on_error == "skip" else todo[:0]
+            if need > 0 and self.on_error == "skip":
+                todo, start = st_run.take(need)
+                end = start + todo.size
+            else:
+                todo = todo[:0]
         if filled == 0:
             return None
         sel = np.concatenate(final) if len(final) > 1 else final[0]
@@ -309,7 +316,7 @@ class NativeProducer:
             stages = {"read": int(stage[0]), "decode": int(stage[1]), "transform": int(stage[2]),
                       "collate": now - t_col}
             rows = np.concatenate(per_sample)[:filled] if per_sample else None
-        return out, sel, stages, rows, nthreads, now - t_start
+        return out, sel, stages, rows, nthreads, now - t_start, end
 
 
 # --------------------------------------------------------------------------- threads
@@ -317,6 +324,97 @@ class NativeProducer:
 
 class _Stopped(Exception):
     """The iterator was closed while a batch was being produced."""
+
+
+def kernel_threads(knobs: Any) -> int:
+    """Threads a kernel call uses now (``num_threads=0``: the calling thread alone)."""
+    n = knobs.num_threads
+    return 1 if n == 0 else _threads.resolve_num_threads(n)
+
+
+class _InlineExecutor:
+    """An executor that runs each call at once in the submitting thread (``num_threads=0``)."""
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        f: cf.Future = cf.Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever reads the future
+            f.set_exception(e)
+        return f
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+class PythonPool:
+    """The loader's one pool of Python threads, shared by its runs (threads engine, Python
+    tails after a native prefix).
+
+    Sized from ``knobs.num_threads`` and resized between batches when it changes; with
+    ``num_threads=0`` every call runs inline in the calling thread. Each pool thread is a
+    worker in the sense of :func:`loaderlib.get_worker_info` and runs ``worker_init_fn``
+    once with its id (NOTE [ Worker info ]).
+    """
+
+    def __init__(self, knobs: Any, *, worker_init_fn: Callable | None, seed: int, dataset: Any) -> None:
+        self.knobs = knobs
+        self.worker_init_fn = worker_init_fn
+        self.seed = seed
+        self.dataset = dataset
+        self._pool: Any = None
+        self._size = -1
+        self._old: list = []
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        """Threads of the current executor (0: inline)."""
+        return max(self._size, 0)
+
+    def executor(self) -> Any:
+        n = self.knobs.num_threads
+        n = _threads.default_num_threads() if n is None else int(n)
+        with self._lock:
+            if self._pool is None or n != self._size:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)   # its queued samples still run
+                    self._old.append(self._pool)
+                self._pool = _InlineExecutor() if n == 0 else self._threaded(n)
+                self._size = n
+            return self._pool
+
+    def _threaded(self, n: int) -> cf.ThreadPoolExecutor:
+        counter = itertools.count()
+        init, seed, dataset = self.worker_init_fn, self.seed, self.dataset
+
+        def initializer() -> None:
+            wid = next(counter)
+            set_thread_info(WorkerInfo(wid, n, worker_seed(seed, wid), dataset))
+            if init is not None:
+                init(wid)
+
+        return cf.ThreadPoolExecutor(n, thread_name_prefix="loaderlib-python", initializer=initializer)
+
+    def close(self, wait: bool = True) -> None:
+        with self._lock:
+            pools = [self._pool, *self._old]
+            self._pool, self._old, self._size = None, [], -1
+        for p in pools:
+            if p is not None:
+                p.shutdown(wait=wait, cancel_futures=True)
+
+
+def result(f: cf.Future, stop: threading.Event) -> Any:
+    """``f.result()``, giving up with :class:`_Stopped` once ``stop`` is set."""
+    while True:
+        try:
+            return f.result(timeout=0.1)
+        except cf.TimeoutError:
+            if stop.is_set():
+                raise _Stopped() from None
+        except cf.CancelledError:
+            raise _Stopped() from None   # only close() cancels samples
 
 
 def _load(dataset: Any, i: int, timed: bool) -> tuple[Any, int, int]:
@@ -347,124 +445,87 @@ def _load(dataset: Any, i: int, timed: bool) -> tuple[Any, int, int]:
 
 
 class ThreadsProducer:
-    """Samples loaded by ``dataset[i]`` on a Python thread pool; collation into the arena.
+    """Samples loaded by ``dataset[i]`` on the loader's Python pool; collation into the arena.
 
     Good when the Python code releases the GIL (OpenCV, numpy, loaderlib's own decoder and
-    transforms called on one image). The pool is resized between batches when
-    ``loader.num_threads`` changes.
+    transforms called on one image).
     """
 
     lookahead = 2
 
-    def __init__(self, *, dataset: Any, batchify_fn: Any, arena: BatchArena, knobs: Any, recorder: Any,
-                 on_error: str, errors: list, run_info: dict, worker_init_fn: Callable | None = None) -> None:
+    def __init__(self, *, dataset: Any, batchify_fn: Any, arena: BatchArena, pool: PythonPool, recorder: Any,
+                 on_error: str, state: RunState) -> None:
         self.dataset = dataset
         self.batchify_fn = batchify_fn
         self.arena = arena
-        self.knobs = knobs
+        self.pool = pool
         self.rec = recorder
         self.on_error = on_error
-        self.errors = errors
-        self.info = run_info
-        self.worker_init_fn = worker_init_fn
-        self._pool: cf.ThreadPoolExecutor | None = None
-        self._pool_size = 0
-        self._old_pools: list = []
-        self._stream: collections.deque = collections.deque()   # (index, future), see NOTE [ Sample stream ]
+        self.state = state
+        self._stream: collections.deque = collections.deque()   # (index, position, future)
+        self._futures: set = set()
         self._stream_t0 = 0
-
-    def _threads(self) -> int:
-        n = self.knobs.num_threads
-        return _threads.available_cpus() if n is None else max(1, int(n))
-
-    def _get_pool(self) -> cf.ThreadPoolExecutor:
-        n = self._threads()
-        if self._pool is None or n != self._pool_size:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)   # its queued samples still run
-                self._old_pools.append(self._pool)
-            counter = iter(range(1 << 30))
-            init = self.worker_init_fn
-
-            def initializer() -> None:
-                if init is not None:
-                    init(next(counter))
-
-            self._pool = cf.ThreadPoolExecutor(n, thread_name_prefix="loaderlib-python", initializer=initializer)
-            self._pool_size = n
-        return self._pool
 
     # NOTE [ Sample stream ]: submitted samples form one ordered stream across batches, and
     # each batch takes the next ``target`` samples that load successfully. Without failures
     # that is exactly the task's indices; with on_error="skip" a batch is filled from the
     # next samples in order (already running ones first), so batch sizes hold and only the
-    # epoch's last batch comes out shorter (or is dropped when nothing is left).
+    # epoch's last batch comes out shorter (NOTE [ The epoch is one stream ]).
 
-    def _submit_indices(self, indices: np.ndarray) -> None:
-        pool = self._get_pool()
+    def _submit_indices(self, indices: np.ndarray, start: int) -> None:
+        ex = self.pool.executor()
         timed = self.rec.enabled
-        for i in indices.tolist():
-            self._stream.append((i, pool.submit(_load, self.dataset, i, timed)))
+        for j, i in enumerate(indices.tolist()):
+            self._stream.append((i, start + j, ex.submit(_load, self.dataset, i, timed)))
 
-    def submit(self, task: _Task) -> _Task:
+    def submit(self, task: Task) -> Task:
         if not self._stream_t0:
             self._stream_t0 = _clock()
-        self._submit_indices(task.indices)
+        self._submit_indices(task.indices, task.start)
         return task
 
     def cancel(self, handle: Any) -> None:
         while self._stream:
-            self._stream.popleft()[1].cancel()
+            self._stream.popleft()[2].cancel()
 
-    def finish(self, task: _Task) -> Any:
+    def _failed(self, i: int, e: BaseException) -> None:
+        failure = SampleFailure(i, _source(self.dataset, i), describe_error(e), self.state.epoch)
+        self.state.skipped.append(failure)
+
+    def finish(self, task: Task) -> Produced | None:
         t0 = self._stream_t0 or _clock()
-        nthreads = self._pool_size
+        nthreads = max(1, self.pool.size)
         samples: list = []
         python_ns = read_ns = 0
+        end = task.start
         while len(samples) < task.target:
             if not self._stream:
-                more = self.info["plan"].next_task()   # on_error="skip" only: fill from the next batch
+                more = self.state.next_task()   # on_error="skip" only: fill from the next batch
                 if more is None:
                     break
-                self._submit_indices(more.indices)
-            i, f = self._stream.popleft()
+                self._submit_indices(more.indices, more.start)
+            i, pos, f = self._stream.popleft()
+            end = pos + 1
             try:
-                item, dt_read, dt = self._result(f)
+                item, dt_read, dt = result(f, self.state.stop)
             except _Stopped:
                 raise
             except Exception as e:  # noqa: BLE001
                 if self.on_error == "raise":
                     self.cancel(None)
                     raise annotate(e, i, _source(self.dataset, i), "threads")
-                self.errors.append(SampleFailure(i, _source(self.dataset, i), describe_error(e),
-                                                 self.info["epoch"]))
+                self._failed(i, e)
                 continue
             samples.append(item)
             read_ns += dt_read
             python_ns += dt
         self._stream_t0 = _clock() if self._stream else 0
-        return collate_recorded(self.batchify_fn, samples, self.arena, self.rec,
-                                {"read": read_ns, "python": python_ns}, t0, nthreads)
-
-    def _result(self, f: cf.Future) -> Any:
-        stop = self.info["stop"]
-        while True:
-            try:
-                return f.result(timeout=0.1)
-            except cf.TimeoutError:
-                if stop.is_set():
-                    raise _Stopped() from None
-            except cf.CancelledError:
-                raise _Stopped() from None   # only close() cancels samples
+        batch = collate_recorded(self.batchify_fn, samples, self.arena, self.rec,
+                                 {"read": read_ns, "python": python_ns}, t0, nthreads)
+        return None if batch is None else Produced(batch, end, len(samples), task.target)
 
     def close(self, wait: bool = True) -> None:
-        pools = [self._pool, *self._old_pools]
-        if wait:
-            self._pool = None
-            self._old_pools = []
-        for p in pools:
-            if p is not None:
-                p.shutdown(wait=wait, cancel_futures=True)
+        self.cancel(None)
 
 
 class HybridProducer:
@@ -472,7 +533,7 @@ class HybridProducer:
 
     Each batch's samples are read, decoded and transformed by the fused native prefix of the
     chain in one kernel pass (into an arena slot); the Python suffix of the chain (and any
-    ``.transform(fn)`` on whole samples) then runs per sample on the Python thread pool, and
+    ``.transform(fn)`` on whole samples) then runs per sample on the loader's Python pool, and
     the batch is collated with the batchify function. Loaderlib transforms in the suffix get
     the same keyed randomness they would have in a fused chain.
     """
@@ -480,76 +541,77 @@ class HybridProducer:
     lookahead = 1
 
     def __init__(self, *, native: NativeProducer, suffix: Any, suffix_position: int, others: list,
-                 batchify_fn: Any, arena: BatchArena, knobs: Any, recorder: Any, on_error: str, errors: list,
-                 run_info: dict, worker_init_fn: Callable | None = None) -> None:
+                 batchify_fn: Any, arena: BatchArena, pool: PythonPool, recorder: Any, on_error: str,
+                  state: RunState) -> None:
         self.native = native
         self.suffix = suffix                    # a transforms.Compose of the Python tail, or None
         self.suffix_position = suffix_position  # transform position of its first step
         self.others = others                    # whole-sample functions, innermost first
         self.batchify_fn = batchify_fn
         self.arena = arena
+        self.pool = pool
         self.rec = recorder
         self.on_error = on_error
-        self.errors = errors
-        self.info = run_info
-        self.pool = ThreadsProducer(dataset=None, batchify_fn=None, arena=arena, knobs=knobs, recorder=recorder,
-                                    on_error=on_error, errors=errors, run_info=run_info,
-                                    worker_init_fn=worker_init_fn)
+        self.state = state
 
     def _tail(self, item: Any, index: int) -> tuple[Any, int]:
         t0 = _clock()
         if self.suffix is not None:
-            img = self.suffix(item[0] if isinstance(item, tuple) else item, seed=self.info["seed"],
-                              epoch=self.info["epoch"], index=index, position=self.suffix_position)
+            img = self.suffix(item[0] if isinstance(item, tuple) else item, seed=self.state.seed,
+                              epoch=self.state.epoch, index=index, position=self.suffix_position)
             item = (img, *item[1:]) if isinstance(item, tuple) else img
         for fn in self.others:
             item = fn(*item) if isinstance(item, tuple) else fn(item)
         return item, _clock() - t0
 
-    def submit(self, task: _Task) -> _Task:
+    def submit(self, task: Task) -> Task:
         return task
 
     def cancel(self, handle: Any) -> None:
         pass
 
-    def finish(self, task: _Task) -> Any:
+    def finish(self, task: Task) -> Produced | None:
         t0 = _clock()
         samples: list = []
         python_ns = 0
         stage = {"read": 0, "decode": 0, "transform": 0}
-        todo, need = task.indices, task.target
+        todo, need, end = task.indices, task.target, task.start + task.indices.size
         nthreads = 1
+        src = self.native.src
         while need > 0 and todo.size:
-            res = self.native.produce(todo, need)
+            res = self.native.produce(todo, need, end)
             if res is None:
                 break
-            arrays, sel, st, _rows, nthreads, _wall = res
+            arrays, sel, st, _rows, nthreads, _wall, end = res
             for k in stage:
                 stage[k] += st.get(k, 0)
-            pool = self.pool._get_pool()
+            ex = self.pool.executor()
             items = [(arrays[0][j], int(arrays[1][j])) if len(arrays) > 1 else arrays[0][j] for j in range(len(sel))]
-            futs = [pool.submit(self._tail, it, int(i)) for it, i in zip(items, sel.tolist())]
+            futs = [ex.submit(self._tail, it, int(i)) for it, i in zip(items, sel.tolist())]
             for i, f in zip(sel.tolist(), futs):
                 try:
-                    item, dt = self.pool._result(f)
+                    item, dt = result(f, self.state.stop)
                 except _Stopped:
                     raise
                 except Exception as e:  # noqa: BLE001 - user code: reported or skipped per on_error
                     if self.on_error == "raise":
                         for g in futs:
                             g.cancel()
-                        raise annotate(e, i, self.native.src.source(i), "threads")
-                    self.errors.append(SampleFailure(i, self.native.src.source(i), describe_error(e),
-                                                     self.info["epoch"]))
+                        raise annotate(e, i, src.source(i), "threads")
+                    failure = SampleFailure(i, src.source(i), describe_error(e), self.state.epoch)
+                    self.state.skipped.append(failure)
                     continue
                 samples.append(item)
                 python_ns += dt
             need = task.target - len(samples)
-            todo = self.info["plan"].borrow(need) if need > 0 and self.on_error == "skip" else todo[:0]
-        return collate_recorded(self.batchify_fn, samples, self.arena, self.rec, {**stage, "python": python_ns},
-                                t0, max(nthreads, self.pool._pool_size))
+            if need > 0 and self.on_error == "skip":
+                todo, start = self.state.take(need)
+                end = start + todo.size
+            else:
+                todo = todo[:0]
+        batch = collate_recorded(self.batchify_fn, samples, self.arena, self.rec, {**stage, "python": python_ns},
+                                 t0, max(nthreads, self.pool.size))
+        return None if batch is None else Produced(batch, end, len(samples), task.target)
 
     def close(self, wait: bool = True) -> None:
-        self.pool.close(wait=wait)
         self.native.close(wait=wait)
-

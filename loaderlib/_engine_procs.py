@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ._engine_base import _clock, _Task, batch_wall
+from ._engine_base import Produced, RunState, Task, _clock, batch_wall
 from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
 from .arena import BatchArena
@@ -291,28 +291,27 @@ class ProcessesProducer:
     """Batches loaded by the loader's worker pool (see NOTE [ Worker processes ])."""
 
     def __init__(self, *, pool: WorkerPool, timeout: float | None, knobs: Any, recorder: Any, on_error: str,
-                 errors: list, run_info: dict) -> None:
+                  state: RunState) -> None:
         self.pool = pool
         self.timeout = timeout
         self.knobs = knobs
         self.rec = recorder
         self.on_error = on_error
-        self.errors = errors
-        self.info = run_info
+        self.state = state
         self.lookahead = max(2, 2 * len(pool.workers))
         self._stage_ns = [0, 0]
         self._last_end = 0   # when the previous batch finished (NOTE [ Batch wall time ])
 
-    def submit(self, task: _Task) -> tuple:
+    def submit(self, task: Task) -> tuple:
         tid, wid = self.pool.submit(task.indices)
         return task, tid, wid, _clock()
 
     def cancel(self, handle: tuple) -> None:
         self.pool.abandon(handle[1])  # the pool keeps the slot until the worker's result arrives
 
-    def _result(self, task: _Task, tid: int, wid: int) -> tuple[Any, int]:
-        what = f"batch {task.number} of epoch {self.info['epoch']}"
-        msg, lease = self.pool.recv(wid, tid, self.timeout, what, self.info.get("stop"))
+    def _result(self, task: Task, tid: int, wid: int) -> tuple[Any, int]:
+        what = f"batch {task.number} of epoch {self.state.epoch}"
+        msg, lease = self.pool.recv(wid, tid, self.timeout, what, self.state.stop)
         if msg[0] == "error":
             _, _, index, source, text, tb, payload = msg
             exc = None
@@ -334,7 +333,7 @@ class ProcessesProducer:
         self._stage_ns[0] += python_ns
         self._stage_ns[1] += collate_ns
         for i, src, reason in failures:
-            self.errors.append(SampleFailure(i, src, reason, self.info["epoch"]))
+            self.state.skipped.append(SampleFailure(i, src, reason, self.state.epoch))
         if needed > self.pool.slot_bytes:
             # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.
             self.pool.slot_bytes = max(needed, self.pool.slot_bytes + self.pool.slot_bytes // 2)
@@ -344,20 +343,27 @@ class ProcessesProducer:
         batch = _decode(structure, whole)
         return batch, len(task.indices) - len(failures)
 
-    def finish(self, handle: tuple) -> Any:
+    def finish(self, handle: tuple) -> Produced | None:
         task, tid, wid, t0 = handle
         self._stage_ns = [0, 0]
         batch, n = self._result(task, tid, wid)
         want = task.target
-        while self.on_error == "skip" and n < want:
-            more = self.info["plan"].borrow(want - n)
-            if not more.size:
-                break
-            t2, w2 = self.pool.submit(more)
-            extra, m = self._result(_Task(task.number, more, more.size), t2, w2)
-            if extra is not None:
-                batch = extra if batch is None else _concat(batch, extra)
-                n += m
+        end = task.start + task.indices.size
+        if self.on_error == "skip" and n < want:
+            # The fill is the next samples of the stream (NOTE [ The epoch is one stream ]);
+            # batches already sent to workers were planned with them, so they are void and
+            # planned again after the fill (the driver cancels them).
+            self.state.replan_from(end, task.number + 1)
+            while n < want:
+                more, start = self.state.take(want - n)
+                if not more.size:
+                    break
+                end = start + more.size
+                t2, w2 = self.pool.submit(more)
+                extra, m = self._result(Task(task.number, more, more.size, start), t2, w2)
+                if extra is not None:
+                    batch = extra if batch is None else _concat(batch, extra)
+                    n += m
         now = _clock()
         if self.rec.enabled and batch is not None:
             # Stage times are the workers' own; wall time is the loader's wait for this batch,
@@ -365,7 +371,7 @@ class ProcessesProducer:
             self.rec.batch_done(n, {"python": self._stage_ns[0], "collate": self._stage_ns[1]},
                                 batch_wall(t0, self._last_end, now), len(self.pool.workers))
         self._last_end = now
-        return batch
+        return None if batch is None else Produced(batch, end, n, want)
 
     def close(self, wait: bool = True) -> None:
         pass  # workers persist with the loader

@@ -17,6 +17,7 @@ Engines (see DESIGN.md):
 
 from __future__ import annotations
 
+import json
 import threading
 import warnings
 import weakref
@@ -27,8 +28,16 @@ from typing import Any
 import numpy as np
 
 from . import _threads
-from ._engine_base import LoaderIterator, _EpochPlan, _Knobs, _Run
-from ._engine_local import HybridProducer, NativeProducer, NativeSource, ThreadsProducer
+from ._engine_base import HeldRecorder, LoaderIterator, RunState, _Knobs, _Run
+from ._engine_local import (
+    HybridProducer,
+    NativeProducer,
+    NativeSource,
+    PythonPool,
+    ThreadsProducer,
+    kernel_threads,
+)
+from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena
 from .batchify import Stack, Tuple, default_batchify_fn
 from .datasets import (
@@ -39,10 +48,14 @@ from .datasets import (
     SimpleDataset,
     _TransformDataset,
 )
+from .errors import StateError
+from .pipeline import compile_chain
 from .sampler import (
     LAST_BATCH_MODES,
     BatchSampler,
+    EpochOrder,
     RandomSampler,
+    Sampler,
     SequentialSampler,
     ShardedSampler,
     draw_seed,
@@ -99,7 +112,6 @@ def _steps(fns: list) -> list:
 def _native_prefix(steps: list) -> tuple[int, Any]:
     """Longest prefix of ``steps`` that compiles to a plan with a fixed sample shape."""
     from . import transforms as T
-    from .pipeline import compile_chain
 
     for k in range(len(steps), 0, -1):
         head = steps[:k]
@@ -219,7 +231,8 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     if src is not None and not why_py:
         reason = "every stage runs in native kernels (zero Python per sample)"
         if num_workers > 0:
-            reason += f"; num_workers={num_workers} is not needed and is ignored"
+            reason += (f"; no worker process is needed, so num_workers={num_workers} sets the kernel thread count "
+                       "(num_threads overrides it)")
         return _Analysis("native", reason, stages, src, plan_spec, shards, None, plan)
     reason = "; ".join(why_py)
     if fallback == "processes":
@@ -246,6 +259,48 @@ def _as_dataset(dataset: Any) -> Any:
     raise TypeError(f"dataset must have __len__ and __getitem__ (or be iterable), got {type(dataset).__name__}")
 
 
+#: Version of the dict :meth:`DataLoader.state_dict` returns; bumped when its meaning changes.
+STATE_VERSION = 1
+
+_MP_CONTEXTS = (None, "spawn", "forkserver")
+_LOAD_BALANCE = ("round_robin", "least_loaded")
+
+
+def _positive_int(value: Any, name: str, *, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _seed_from_generator(generator: Any) -> int:
+    """A 63-bit seed drawn from a ``torch.Generator`` or ``numpy.random.Generator``."""
+    if isinstance(generator, np.random.Generator):
+        return int(generator.integers(0, 1 << 63, dtype=np.int64))
+    if type(generator).__module__.startswith("torch") and hasattr(generator, "initial_seed"):
+        import torch
+
+        # What torch's RandomSampler does with a generator: draw a seed from it.
+        return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & ((1 << 63) - 1)
+    raise ValueError(f"generator must be a torch.Generator or numpy.random.Generator, got {type(generator).__name__}")
+
+
+def _mp_context_name(ctx: Any) -> str | None:
+    if ctx is None or isinstance(ctx, str):
+        name = ctx
+    elif hasattr(ctx, "get_start_method"):
+        name = ctx.get_start_method()
+    else:
+        raise ValueError(f"multiprocessing_context must be a start method name or a multiprocessing context, "
+                         f"got {ctx!r}")
+    if name not in _MP_CONTEXTS:
+        raise ValueError(f"multiprocessing_context={name!r} cannot be honoured: loaderlib workers are always fresh "
+                         "interpreters (like 'spawn'); 'fork' would inherit an OpenMP pool that hangs "
+                         "(use 'spawn', 'forkserver' or None)")
+    return name
+
+
 class DataLoader:
     """Load batches from a dataset with the fastest engine its steps allow.
 
@@ -263,24 +318,29 @@ class DataLoader:
         length is bound to ``len(dataset)``.
     last_batch : {"keep", "discard", "rollover"}
         What happens to a final short batch (default "keep"). ``drop_last=True`` is the
-        PyTorch spelling of "discard".
+        PyTorch spelling of "discard". "discard" never delivers a short batch, also when
+        ``on_error="skip"`` dropped samples.
     batch_sampler : iterable of index lists, optional
         Gives whole batches (excludes batch_size, shuffle, sampler, last_batch).
     batchify_fn : callable, optional
         Collates a list of samples (default: stack arrays field by field). ``collate_fn`` is
         the PyTorch alias.
     num_threads : int, optional
-        Threads of the native kernels and of the Python thread pool (default: available CPUs,
-        or ``LOADERLIB_NUM_THREADS``). Settable while iterating.
+        Threads of the native kernels and of the Python thread pool. Default: ``num_workers``
+        when every stage is native and ``num_workers > 0``, else the CPUs this process may use
+        (affinity mask, cgroup quota, divided by ``LOCAL_WORLD_SIZE``) or
+        ``LOADERLIB_NUM_THREADS``. ``0`` runs everything in the calling thread (same output;
+        ``pdb`` works). Settable while iterating.
     num_workers : int
-        Worker processes for Python steps (0: threads engine). Ignored when everything is
-        native.
+        Worker processes for Python steps (0: threads engine). When every stage is native no
+        process is needed, and ``num_workers`` sets the thread count instead (``explain()``
+        says so).
     prefetch : int, optional
         Batches kept ready ahead of the consumer (default ``max(2, 2 * num_workers)``).
         Settable while iterating.
     pin_memory : bool
-        Page-lock batches for faster GPU copies (needs torch with CUDA; otherwise a warning
-        and no effect).
+        Page-lock batches for faster GPU copies (needs torch with CUDA; without CUDA it
+        raises ``ValueError``).
     timeout : float
         Seconds any wait for a batch may take before :class:`LoaderTimeoutError` (None or 0:
         wait forever).
@@ -288,13 +348,38 @@ class DataLoader:
         Seeds shuffling and augmentation (drawn once when None). Output is identical for any
         thread count.
     worker_init_fn : callable, optional
-        Called with the worker id in each worker process (or pool thread).
+        ``worker_init_fn(worker_id)``, PyTorch's signature, called on every engine: once per
+        worker process, once per pool thread (threads engine), once per kernel thread slot at
+        the start of each native epoch (on the driver thread). :func:`loaderlib.get_worker_info`
+        works inside it.
     on_error : {"raise", "skip"}
         "raise": a failing sample raises in the consumer, naming its index and path. "skip":
         it is dropped, the batch is filled from the next samples, and the failure is recorded
         in :attr:`errors`.
     drop_last, collate_fn
         PyTorch aliases of ``last_batch="discard"`` and ``batchify_fn``.
+    persistent_workers : bool
+        PyTorch's keyword. Workers always persist across epochs here, and the next epoch's
+        first batches are prepared while the last ones of the current epoch are consumed
+        (no cold start at epoch boundaries); this keyword asks for it explicitly.
+    prefetch_factor : int, optional
+        PyTorch's keyword: batches prefetched per worker; ``prefetch = prefetch_factor *
+        max(1, num_workers)`` (excludes ``prefetch``).
+    generator : torch.Generator or numpy.random.Generator, optional
+        Seeds shuffling and augmentation from the generator's stream (excludes ``seed``).
+    multiprocessing_context : {None, "spawn", "forkserver"} or a context
+        Accepted for PyTorch compatibility: workers are always fresh interpreters; "fork"
+        raises ``ValueError``.
+    in_order : bool
+        PyTorch's keyword. ``False`` permits out-of-order batches; loaderlib always delivers
+        in order (exact resume depends on it), which satisfies both settings.
+    pin_memory_device : str
+        Device the pinned memory is for (requires ``pin_memory=True``).
+    load_balance : {"round_robin", "least_loaded"}
+        Processes engine: which worker gets the next batch.
+    max_in_flight : int, optional
+        Processes engine: batches sent to workers and not yet collected (default
+        ``prefetch_factor * num_workers``, i.e. 2 per worker).
     profile : bool
         Enable the stage recorder (``loader.stats``) from the start.
 
@@ -306,6 +391,12 @@ class DataLoader:
         Samples skipped with ``on_error="skip"``.
     recorder : StageRecorder
         Per-stage timings (``loader.stats`` is its snapshot).
+
+    Notes
+    -----
+    :meth:`state_dict` / :meth:`load_state_dict` save and restore the position in the data:
+    the next ``iter()`` after a load continues with the first batch not yet delivered,
+    bitwise equal to an uninterrupted run (NOTE [ Iterator state ]).
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = False, sampler: Any = None,
@@ -313,7 +404,11 @@ class DataLoader:
                  num_threads: int | None = None, num_workers: int = 0, prefetch: int | None = None,
                  pin_memory: bool = False, timeout: float | None = 120, seed: int | None = None,
                  worker_init_fn: Callable | None = None, on_error: str = "raise", *,
-                 drop_last: bool | None = None, collate_fn: Callable | None = None, profile: bool = False) -> None:
+                 drop_last: bool | None = None, collate_fn: Callable | None = None,
+                 persistent_workers: bool = False, prefetch_factor: int | None = None, generator: Any = None,
+                 multiprocessing_context: Any = None, in_order: bool = True, pin_memory_device: str = "",
+                 load_balance: str = "round_robin", max_in_flight: int | None = None,
+                 profile: bool = False) -> None:
         self.dataset = _as_dataset(dataset)
         n = len(self.dataset)
         # -- argument conflicts, PyTorch aliases ---------------------------------------
@@ -342,48 +437,81 @@ class DataLoader:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
-        if num_threads is not None:
+        if num_threads == 0 and not isinstance(num_threads, bool):
+            if num_workers > 0:
+                raise ValueError(f"num_threads=0 runs everything in the calling thread; it conflicts with "
+                                 f"num_workers={num_workers}")
+        elif num_threads is not None:
             _threads.resolve_num_threads(num_threads)  # validates
-        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
-            raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+        _positive_int(prefetch, "prefetch")
+        _positive_int(prefetch_factor, "prefetch_factor")
+        if prefetch is not None and prefetch_factor is not None:
+            raise ValueError("prefetch and prefetch_factor both set the prefetch depth: pass only one")
         if batchify_fn is not None and not callable(batchify_fn):
             raise TypeError(f"batchify_fn must be callable, got {batchify_fn!r}")
+        if generator is not None and seed is not None:
+            raise ValueError("seed and generator both seed the loader: pass only one")
+        if not isinstance(persistent_workers, bool):
+            raise ValueError(f"persistent_workers must be a bool, got {persistent_workers!r}")
+        if not isinstance(in_order, bool):
+            raise ValueError(f"in_order must be a bool, got {in_order!r}")
+        if pin_memory_device and not pin_memory:
+            raise ValueError(f"pin_memory_device={pin_memory_device!r} needs pin_memory=True")
+        if load_balance not in _LOAD_BALANCE:
+            raise ValueError(f"load_balance must be one of {_LOAD_BALANCE}, got {load_balance!r}")
+        _positive_int(max_in_flight, "max_in_flight")
+        self.multiprocessing_context = _mp_context_name(multiprocessing_context)
 
-        self.seed = draw_seed() if seed is None else int(seed)
+        self.seed = (_seed_from_generator(generator) if generator is not None
+                     else draw_seed() if seed is None else int(seed))
         self.on_error = on_error
         self.timeout = timeout if timeout else None
         self.num_workers = num_workers
         self.worker_init_fn = worker_init_fn
         self.batchify_fn = batchify_fn
+        self.persistent_workers = persistent_workers
+        self.in_order = in_order
+        self.load_balance = load_balance
+        self.prefetch_factor = prefetch_factor
+        self.max_in_flight = max_in_flight if max_in_flight is not None else (prefetch_factor or 2) * max(1, num_workers)
         self.pin_memory = bool(pin_memory)
+        self.pin_memory_device = pin_memory_device
         if batch_sampler is not None:
             self._batch_sampler = batch_sampler
             bs = getattr(batch_sampler, "batch_size", None)
             self._batch_size = int(bs) if bs else max((len(b) for b in batch_sampler), default=1)
-            self._own_sampler = False
         else:
             self._batch_size = int(batch_size)
             if sampler is None:
                 sampler = RandomSampler(n, seed=self.seed) if shuffle else SequentialSampler(n)
-                self._own_sampler = True
-            else:
-                self._own_sampler = False
-                if isinstance(sampler, ShardedSampler) and sampler._length is None:
-                    sampler = sampler.bind(n)
+            elif isinstance(sampler, ShardedSampler) and sampler._length is None:
+                sampler._length = n   # bound in place: the caller's set_epoch keeps acting on it
             self._batch_sampler = BatchSampler(sampler, self._batch_size, last_batch or "keep")
-        self._knobs = _Knobs(num_threads, prefetch or max(2, 2 * num_workers))
-        self.recorder = _make_recorder(profile)
-        self.errors: list = []
-        self._epoch = 0
-        self._lock = threading.Lock()
+        self._last_batch = getattr(self._batch_sampler, "last_batch", "keep")
         self._analysis = _analyze(self.dataset, batchify_fn, num_workers)
-        self._workers = None      # processes engine: the worker pool, created on first use
-        self._arena_ring: BatchArena | None = None
-        self._plans: list = [self._analysis.plan] if self._analysis.plan is not None else []
-        self._current: Any = None
-        self._closed = False
+        if num_threads is None and num_workers > 0 and self._analysis.engine == "native":
+            num_threads = num_workers   # explain() says so
+        depth = prefetch if prefetch is not None else (
+            prefetch_factor * max(1, num_workers) if prefetch_factor is not None else max(2, 2 * num_workers))
+        self._knobs = _Knobs(num_threads, depth)
+        self.recorder = _make_recorder(profile)
+        self._errors: list = []
+        self._init_runtime()
         if self.pin_memory:
             self._check_pin()
+
+    def _init_runtime(self) -> None:
+        """Fields that belong to this process only (rebuilt after unpickling)."""
+        self._epoch = 0            # epochs of a sampler that is not a loaderlib Sampler
+        self._lock = threading.RLock()
+        self._workers = None       # processes engine: the worker pool, created on first use
+        self._pool = None          # threads engine: the Python pool, created on first use
+        self._arena_ring: BatchArena | None = None
+        self._current: Any = None  # weak reference to the newest iterator
+        self._warm: _Run | None = None   # the next epoch, started early (NOTE [ Warm epochs ])
+        self._resume: dict | None = None
+        self._last_state: RunState | None = None   # the newest run's state (state_dict after it ends)
+        self._closed = False
 
     # -- live knobs -------------------------------------------------------------------
     @property
@@ -414,6 +542,16 @@ class DataLoader:
         return self._batch_size
 
     @property
+    def sampler(self) -> Any:
+        """The sampler that orders sample indices (None with a custom ``batch_sampler``)."""
+        bs = self._batch_sampler
+        return bs.sampler if isinstance(bs, BatchSampler) else None
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self._batch_sampler
+
+    @property
     def engine(self) -> str:
         """The engine this loader runs: "native", "threads" or "processes"."""
         return self._analysis.engine
@@ -424,9 +562,12 @@ class DataLoader:
         return self.recorder.snapshot()
 
     @property
-    def epoch(self) -> int:
-        """The epoch the next ``iter()`` starts."""
-        return self._epoch
+    def errors(self) -> list:
+        """Samples skipped with ``on_error="skip"`` (:class:`SampleFailure`), in the order
+        they were met, over the epochs this loader delivered (a warm next epoch's count once
+        it is iterated)."""
+        last = self._last_state
+        return self._errors + (list(last.skipped) if last is not None else [])
 
     @property
     def closed(self) -> bool:
@@ -444,6 +585,8 @@ class DataLoader:
         """Which engine runs, why, and what each stage runs as."""
         a = self._analysis
         lines = [f"engine: {a.engine} ({a.reason})"]
+        if self._knobs.num_threads == 0:
+            lines.append("  num_threads=0: every stage runs in the calling thread, one batch per next()")
         for stage, kind, detail in a.stages:
             lines.append(f"  {stage:<17} {kind:<7} {detail}")
         return "\n".join(lines)
@@ -455,63 +598,315 @@ class DataLoader:
     def __len__(self) -> int:
         return len(self._batch_sampler)
 
+    # -- epochs and state -------------------------------------------------------------
+    def _pure_sampler(self) -> Sampler | None:
+        """The loaderlib Sampler whose order is a pure function of the epoch, if any."""
+        s = self.sampler
+        return s if isinstance(s, Sampler) else None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` starts (the one in progress, after ``load_state_dict``)."""
+        if self._resume is not None:
+            return int(self._resume["epoch"])
+        s = self._pure_sampler()
+        return s.epoch if s is not None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` run ``epoch`` (as ``DistributedSampler.set_epoch``).
+
+        Setting the epoch a loaded state is in keeps that state's mid-epoch position.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        with self._lock:
+            if self._resume is not None and int(self._resume["epoch"]) != int(epoch):
+                self._resume = None
+            s = self._pure_sampler()
+            if s is not None:
+                s.set_epoch(int(epoch))
+            elif isinstance(self._batch_sampler, BatchSampler):
+                self._batch_sampler.set_epoch(int(epoch))
+            self._epoch = int(epoch)
+
+    def _header(self) -> dict:
+        s = self.sampler
+        return {"version": STATE_VERSION, "dataset_length": len(self.dataset), "seed": int(self.seed),
+                "batch_size": self._batch_size, "last_batch": self._last_batch,
+                "sampler": type(s).__name__ if s is not None else type(self._batch_sampler).__name__}
+
+    def _state_of(self, state: Any) -> dict:
+        """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
+        run = state.state_dict()
+        s = self._pure_sampler()
+        if run.pop("finished"):
+            return self._state_between(state.epoch + 1, state.order.carry_out)
+        d = {**self._header(), **run}
+        if s is not None:
+            d["sampler_state"] = s.state_dict()
+        else:
+            # Not a pure function of the epoch: the rest of the epoch travels explicitly.
+            order = state.order
+            d["stream"] = order.stream[state.position:].tolist()
+            d["targets"] = list(order.targets[state.delivered:])
+        return d
+
+    def _state_between(self, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
+        s = self._pure_sampler()
+        bsamp = self._batch_sampler
+        if carry is None:
+            carry = bsamp._carry if isinstance(bsamp, BatchSampler) else np.zeros(0, np.int64)
+        d = {**self._header(), "epoch": int(self.epoch if epoch is None else epoch), "delivered": 0, "position": 0,
+             "carry": np.asarray(carry, np.int64).tolist(), "order_key": s.order_key() if s is not None else {}}
+        if s is not None:
+            d["sampler_state"] = s.state_dict()
+            d["sampler_state"]["epoch"] = d["epoch"]
+        return d
+
+    def state_dict(self) -> dict:
+        """The position in the data as plain JSON (never pickle).
+
+        Counts batches delivered to the user, not prefetched ones: after
+        :meth:`load_state_dict` the next ``iter()`` continues with the first batch not yet
+        delivered, bitwise equal to an uninterrupted run. Between epochs it points at the
+        start of the next one.
+        """
+        with self._lock:
+            if self._resume is not None:
+                return json.loads(json.dumps(self._resume))
+            it = self._current() if self._current is not None else None
+            if it is not None and not it._run.closed:
+                return self._state_of(it._run.state)
+            last = self._last_state
+            return self._state_of(last) if last is not None else self._state_between()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`) at the next ``iter()``.
+
+        Raises
+        ------
+        StateError
+            The state is from another version, dataset length, seed, batch size,
+            ``last_batch`` mode or sampler; the message says which.
+        """
+        if not isinstance(state, dict):
+            raise StateError(f"a loader state is a dict, got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
+        mine = self._header()
+        for key, what in (("dataset_length", "dataset length"), ("seed", "seed"), ("batch_size", "batch size"),
+                          ("last_batch", "last_batch mode"), ("sampler", "sampler")):
+            if state.get(key) != mine[key]:
+                raise StateError(f"the state is for {what} {state.get(key)!r}, this loader has {mine[key]!r}")
+        for key in ("epoch", "delivered", "position", "carry"):
+            if key not in state:
+                raise StateError(f"the state has no {key!r} entry")
+        s = self._pure_sampler()
+        if s is None and "stream" not in state and (state["delivered"] or state["position"]):
+            raise StateError("a mid-epoch state of a sampler that is not a loaderlib Sampler needs its 'stream'")
+        with self._lock:
+            self._drop_warm()
+            if s is not None and "sampler_state" in state:
+                s.load_state_dict(state["sampler_state"])
+            self._resume = json.loads(json.dumps(state))
+
     # -- iteration --------------------------------------------------------------------
-    def _epoch_batches(self, epoch: int) -> list:
+    def _next_order(self) -> EpochOrder:
+        """The next epoch's order; moves the sampler (and the rollover carry) on."""
         bsamp = self._batch_sampler
         if isinstance(bsamp, BatchSampler):
-            return bsamp.epoch_batches(epoch if self._own_sampler else None)
-        return [np.asarray(list(b), dtype=np.int64) for b in bsamp]
+            if self._pure_sampler() is not None:
+                return bsamp.next_epoch()
+            e = self._epoch
+            self._epoch += 1
+            return bsamp.next_epoch(e) if hasattr(bsamp.sampler, "set_epoch") else bsamp.next_epoch()
+        e = self._epoch
+        self._epoch += 1
+        if hasattr(bsamp, "set_epoch"):
+            bsamp.set_epoch(e)
+        batches = [np.asarray(list(b), dtype=np.int64).reshape(-1) for b in bsamp]
+        stream = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        empty = np.zeros(0, np.int64)
+        return EpochOrder(e, stream, [b.size for b in batches], False, empty, empty, {})
+
+    def _resumed_order(self, d: dict) -> tuple[EpochOrder, int, int]:
+        bsamp = self._batch_sampler
+        epoch = int(d["epoch"])
+        if "stream" in d:
+            empty = np.zeros(0, np.int64)
+            order = EpochOrder(epoch, np.asarray(d["stream"], np.int64), [int(t) for t in d["targets"]],
+                               self._last_batch == "discard", empty, empty, {})
+            self._epoch = epoch + 1
+            return order, 0, 0
+        order = bsamp.plan_epoch(epoch, key=d.get("order_key") or None, carry=np.asarray(d["carry"], np.int64))
+        bsamp._carry = order.carry_out
+        bsamp.sampler.set_epoch(epoch + 1)
+        return order, int(d["delivered"]), int(d["position"])
 
     def __iter__(self) -> LoaderIterator:
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
         with self._lock:
-            epoch = self._epoch
-            self._epoch += 1
-        batches = self._epoch_batches(epoch)
-        plan = _EpochPlan(batches)
-        info = {"seed": self.seed, "epoch": epoch, "plan": plan}
-        producer = self._make_producer(info)
-        run = _Run(epoch=epoch, seed=self.seed, plan=plan, producer=producer, knobs=self._knobs,
-                   recorder=self.recorder, timeout=self.timeout, total=len(batches))
-        info["stop"] = run.stop
+            resume, self._resume = self._resume, None
+            if resume is not None:
+                order, delivered, position = self._resumed_order(resume)
+            else:
+                order, delivered, position = self._next_order(), 0, 0
+            run = self._take_warm(order) if resume is None else None
+            if run is None:
+                run = self._new_run(RunState(order, self.seed, delivered=delivered, position=position))
         if self.recorder.enabled:
             self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,
                                         self._batch_size)
-        run.start()
+        if isinstance(run.recorder, HeldRecorder):
+            run.recorder.release()
         it = LoaderIterator(run, self)
         self._current = weakref.ref(it)   # never keep an abandoned iterator alive
+        if self._last_state is not None:
+            self._errors.extend(self._last_state.skipped)
+        self._last_state = run.state
         return it
 
+    def _new_run(self, state: RunState, warm: bool = False) -> _Run:
+        recorder = HeldRecorder(self.recorder) if warm else self.recorder
+        producer = self._make_producer(state, recorder)
+        run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
+                   threaded=self._knobs.num_threads != 0)
+        if self.worker_init_fn is not None and self.engine == "native":
+            run.on_start = self._native_worker_init
+        run.start()
+        return run
+
+    def _native_worker_init(self) -> None:
+        # The native engine has no Python workers: worker_init_fn runs once per kernel
+        # thread slot, on the driver thread, with that slot's worker info.
+        n = kernel_threads(self._knobs)
+        try:
+            for wid in range(n):
+                set_thread_info(WorkerInfo(wid, n, worker_seed(self.seed, wid), self.dataset))
+                self.worker_init_fn(wid)
+        finally:
+            set_thread_info(None)
+
+    # NOTE [ Warm epochs ]
+    # A loader iterated epoch after epoch would idle the model at every epoch start while
+    # the prefetch queue refills. So once every batch of the current epoch has been planned
+    # (the consumer is taking the last, already prefetched ones), the next epoch's run is
+    # started: its first batches are ready when the user calls iter() again. This needs an
+    # order that is a pure function of the epoch (a loaderlib Sampler), and the warm run is
+    # used only if iter() asks for exactly that epoch, carry and order key; otherwise (a
+    # set_epoch to another epoch, new sampler weights, load_state_dict, flush) it is closed.
+    # close() and dropping the loader release it.
+
+    def _epoch_nearly_done(self, run: _Run) -> None:
+        if self._warm is not None or self._closed or self.engine == "processes":
+            return
+        s = self._pure_sampler()
+        if s is None or self._resume is not None:
+            return
+        it = self._current() if self._current is not None else None
+        if it is None or it._run is not run:
+            return
+        with self._lock:
+            if self._warm is not None:
+                return
+            order = self._batch_sampler.plan_epoch(s.epoch)
+            if not order.targets:
+                return
+            self._warm = self._new_run(RunState(order, self.seed), warm=True)
+
+    def _take_warm(self, order: EpochOrder) -> _Run | None:
+        warm, self._warm = self._warm, None
+        if warm is None:
+            return None
+        w = warm.state.order
+        if (w.epoch == order.epoch and w.key == order.key and np.array_equal(w.carry_in, order.carry_in)
+                and not warm.closed):
+            return warm
+        warm.close()
+        return None
+
+    def _drop_warm(self) -> None:
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.close()
+
+    def _iterator_closed(self, run: _Run) -> None:
+        """An iterator ended (exhausted, closed or dropped): unless a warm next epoch uses
+        them, the Python pool's threads go too, so an idle loader holds no threads."""
+        if not run.state.exhausted:
+            self._drop_warm()   # an early break: nothing of this loader keeps running
+        it = self._current() if self._current is not None else None
+        busy = self._warm is not None or (it is not None and not it._run.closed)
+        if not busy and self._pool is not None:
+            # Never wait after a timeout or Ctrl-C: a pool thread may be stuck in user code.
+            self._pool.close(wait=not run.interrupted and threading.current_thread() is not run.thread)
+
+    def flush(self) -> None:
+        """Drop prefetched batches not yet delivered and prepare them again.
+
+        Call it after ``WeightedRandomSampler.set_weights`` to apply the new weights from
+        the next batch on (otherwise they apply from the next epoch). Exact resume holds:
+        the state records the weights the rest of the epoch is drawn with.
+        """
+        with self._lock:
+            self._drop_warm()
+            it = self._current() if self._current is not None else None
+            if it is None or it._run.closed:
+                return
+            old = it._run.state
+            bsamp = self._batch_sampler
+            s = self._pure_sampler()
+            if s is not None:
+                new = bsamp.plan_epoch(old.epoch, carry=old.order.carry_in)
+                stream = np.concatenate([old.order.stream[:old.position], new.stream[old.position:]])
+                order = EpochOrder(old.epoch, stream, new.targets, new.drop_short, new.carry_in, new.carry_out,
+                                   new.key)
+                bsamp._carry = new.carry_out
+            else:
+                order = old.order
+            it._swap(self._new_run(RunState(order, self.seed, delivered=old.delivered, position=old.position)))
+            self._errors.extend(f for f in old.skipped if f.index in set(old.order.stream[:old.position].tolist()))
+            self._last_state = it._run.state
+
     def _arena(self) -> BatchArena:
-        # One ring per loader, reused by every epoch: slots are allocated once.
+        # One ring per loader, reused by every epoch: slots are allocated once. The queue,
+        # the batch being produced and the one the user holds; with warm epochs (NOTE [ Warm
+        # epochs ]) also the next epoch's queue and batch in production.
+        slots = self._knobs.prefetch + 2
+        if self._pure_sampler() is not None and self.engine != "processes":
+            slots += self._knobs.prefetch + 2
         if self._arena_ring is None:
-            self._arena_ring = BatchArena(self._knobs.prefetch + 2)
-        self._arena_ring.num_slots = self._knobs.prefetch + 2
+            self._arena_ring = BatchArena(slots)
+        self._arena_ring.num_slots = slots
         return self._arena_ring
 
-    def _make_producer(self, info: dict) -> Any:
+    def _python_pool(self) -> PythonPool:
+        if self._pool is None:
+            self._pool = PythonPool(self._knobs, worker_init_fn=self.worker_init_fn, seed=self.seed,
+                                    dataset=self.dataset)
+        return self._pool
+
+    def _make_producer(self, state: RunState, recorder: Any) -> Any:
         a = self._analysis
-        common = {"knobs": self._knobs, "recorder": self.recorder, "on_error": self.on_error,
-                  "errors": self.errors, "run_info": info}
-        info["give_plan"] = weakref.WeakMethod(self._give_plan)
+        common = {"recorder": recorder, "on_error": self.on_error, "state": state}
         if a.engine == "native":
-            plan = None if a.native_source.kind == "arrays" else self._take_plan()
-            if self.recorder.enabled:
-                self.recorder.python_gil("python", False)
+            plan = None if a.native_source.kind == "arrays" else compile_chain(a.chain)
+            if recorder.enabled:
+                recorder.python_gil("python", False)
             return NativeProducer(src=a.native_source, plan=plan, shards=a.shards, arena=self._arena(),
-                                  batch_size=self._batch_size, **common)
-        if self.recorder.enabled:
-            self.recorder.python_gil("python", True)
+                                  knobs=self._knobs, batch_size=self._batch_size, **common)
+        if recorder.enabled:
+            recorder.python_gil("python", True)
         if a.engine == "threads" and a.hybrid is not None:
-            native = NativeProducer(src=a.native_source, plan=self._take_plan(), shards=(None, None),
-                                    arena=self._arena(), batch_size=self._batch_size, **common)
+            native = NativeProducer(src=a.native_source, plan=compile_chain(a.chain), shards=(None, None),
+                                    arena=self._arena(), knobs=self._knobs, batch_size=self._batch_size, **common)
             return HybridProducer(native=native, suffix=a.hybrid["suffix"], suffix_position=a.hybrid["position"],
                                   others=a.hybrid["others"], batchify_fn=self.batchify_fn, arena=self._arena(),
-                                  worker_init_fn=self.worker_init_fn, **common)
+                                  pool=self._python_pool(), **common)
         if a.engine == "threads":
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
-                                   worker_init_fn=self.worker_init_fn, **common)
+                                   pool=self._python_pool(), **common)
         from ._engine_procs import ProcessesProducer
 
         if self._workers is None or not self._workers.alive():
@@ -526,23 +921,7 @@ class DataLoader:
             current = self._current() if self._current is not None else None
             if current is not None:
                 current.close()
-        return ProcessesProducer(pool=self._workers, timeout=self.timeout, **common)
-
-    def _take_plan(self) -> Any:
-        """A compiled plan for one iterator: plans run one batch at a time, so concurrent
-        iterators each get their own; finished iterators give theirs back, so later epochs
-        reuse its decoders and scratch buffers."""
-        with self._lock:
-            if self._plans:
-                return self._plans.pop()
-        from .pipeline import compile_chain
-
-        return compile_chain(self._analysis.chain)
-
-    def _give_plan(self, plan: Any) -> None:
-        with self._lock:
-            if len(self._plans) < 4:
-                self._plans.append(plan)
+        return ProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs, **common)
 
     def close(self) -> None:
         """Stop threads and workers and free arena slots. Idempotent."""
@@ -550,6 +929,10 @@ class DataLoader:
         if current is not None:
             current.close()
         self._current = None
+        self._drop_warm()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._workers is not None:
             self._workers.close()
             self._workers = None
@@ -565,10 +948,35 @@ class DataLoader:
 
     def __del__(self) -> None:
         try:
+            self._drop_warm()
+            if self._pool is not None:
+                self._pool.close(wait=False)
             if self._workers is not None:
                 self._workers.close()
         except Exception:  # noqa: BLE001, S110
             pass
+
+    # -- pickling: configuration travels, running state does not ------------------------
+    _RUNTIME = ("_errors", "_epoch", "_lock", "_workers", "_pool", "_arena_ring", "_current", "_warm", "_resume", "_closed",
+                "_last_state")
+
+    def __getstate__(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
+        d["_knobs"] = (self._knobs.num_threads, self._knobs.prefetch)
+        d["recorder"] = self.recorder.enabled
+        d["_saved_position"] = self.state_dict()
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        saved = d.pop("_saved_position")
+        num_threads, prefetch = d.pop("_knobs")
+        enabled = d.pop("recorder")
+        self.__dict__.update(d)
+        self._knobs = _Knobs(num_threads, prefetch)
+        self.recorder = _make_recorder(enabled)
+        self._errors = []
+        self._init_runtime()
+        self.load_state_dict(saved)
 
     def _check_pin(self) -> None:
         try:
@@ -577,8 +985,8 @@ class DataLoader:
             cuda = torch.cuda.is_available()
         except ImportError:
             cuda = False
-        why = ("page-locking arena slots is not implemented yet" if cuda
-               else "it needs torch with CUDA, which is not available here")
-        warnings.warn(f"pin_memory=True: batches are not pinned ({why})", RuntimeWarning, stacklevel=3)
-        self.pin_memory = False
-
+        if not cuda:
+            raise ValueError("pin_memory=True needs torch with CUDA, which is not available here: pass "
+                             "pin_memory=False (pinned memory only speeds up copies to a GPU)")
+        warnings.warn("pin_memory=True: arena slots are not page-locked yet; batches are copied from pageable "
+                      "memory", RuntimeWarning, stacklevel=3)

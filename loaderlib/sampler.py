@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "LAST_BATCH_MODES",
     "BatchSampler",
+    "EpochOrder",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
@@ -58,9 +59,29 @@ class Sampler:
         self._next_epoch = 0
         self._lock = threading.Lock()
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The int64 indices visited in ``epoch``, in order."""
+    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
+        """The int64 indices visited in ``epoch``, in order.
+
+        ``key`` is an :meth:`order_key` taken earlier (None: the current one); the order is a
+        pure function of ``(seed, epoch, key)``.
+        """
         raise NotImplementedError
+
+    def order_key(self) -> dict:
+        """What the order depends on besides ``(seed, epoch)``, as plain JSON (usually empty).
+
+        A loader stores it with the epoch it drew, so a resumed epoch draws the same order
+        even if the sampler changed since (see :meth:`WeightedRandomSampler.set_weights`).
+        """
+        return {}
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable state: the next epoch and the order key."""
+        return {"epoch": self._next_epoch, "key": self.order_key()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        self._next_epoch = int(state.get("epoch", self._next_epoch))
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next ``iter()`` uses."""
@@ -100,7 +121,7 @@ class SequentialSampler(Sampler):
         self._length = _check_length(length)
         self._start = int(start)
 
-    def order(self, epoch: int) -> np.ndarray:
+    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
         return np.arange(self._start, self._start + self._length, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -127,7 +148,7 @@ class RandomSampler(Sampler):
         self._length = _check_length(length)
         self.seed = draw_seed() if seed is None else int(seed)
 
-    def order(self, epoch: int) -> np.ndarray:
+    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
         return _rng(self.seed, epoch).permutation(self._length).astype(np.int64, copy=False)
 
     def __len__(self) -> int:
@@ -153,9 +174,11 @@ class WeightedRandomSampler(Sampler):
 
     Notes
     -----
-    :meth:`set_weights` may be called at any time; the order of an epoch is drawn when the
-    epoch starts, so new weights apply from the next epoch. The order is a pure function of
-    ``(seed, epoch, number of weight updates)``.
+    :meth:`set_weights` may be called at any time. A loader draws an epoch's order when the
+    epoch starts, so new weights apply from the next epoch, or from the next batch drawn after
+    ``loader.flush()``. The order is a pure function of ``(seed, epoch, weights, number of
+    weight updates)``; :meth:`order_key` holds the last two, so a saved loader state resumes
+    with the weights its epoch was drawn with.
     """
 
     def __init__(self, weights: Sequence[float], num_samples: int | None = None,
@@ -188,10 +211,27 @@ class WeightedRandomSampler(Sampler):
     def weights(self) -> np.ndarray:
         return self._weights.copy()
 
-    def order(self, epoch: int) -> np.ndarray:
-        rng = _rng(self.seed, epoch, self._version)
-        p = self._weights / self._weights.sum()
-        return rng.choice(self._weights.size, size=self._num, replace=self.replacement, p=p).astype(np.int64)
+    def order_key(self) -> dict:
+        return {"version": self._version, "weights": self._weights.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        key = state.get("key") or {}
+        if "weights" in key:
+            w = self._check_weights(key["weights"])
+            if w.shape != self._weights.shape:
+                raise ValueError(f"saved state has {w.size} weights, this sampler {self._weights.size}")
+            self._weights = w
+            self._version = int(key.get("version", 0))
+
+    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
+        if key is None:
+            version, weights = self._version, self._weights
+        else:
+            version, weights = int(key["version"]), self._check_weights(key["weights"])
+        rng = _rng(self.seed, epoch, version)
+        p = weights / weights.sum()
+        return rng.choice(weights.size, size=self._num, replace=self.replacement, p=p).astype(np.int64)
 
     def __len__(self) -> int:
         return self._num
@@ -252,7 +292,7 @@ class ShardedSampler(Sampler):
         n, k = self._need_length(), self.num_shards
         return n // k if self.drop_last else -(-n // k)
 
-    def order(self, epoch: int) -> np.ndarray:
+    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
         n, k = self._need_length(), self.num_shards
         full = _rng(self.seed, epoch).permutation(n) if self.shuffle else np.arange(n)
         per = len(self)
@@ -265,6 +305,42 @@ class ShardedSampler(Sampler):
 
     def __repr__(self) -> str:
         return f"ShardedSampler({self.num_shards}, {self.shard_id}, length={self._length})"
+
+
+class EpochOrder:
+    """One epoch as a stream of sample indices and the sizes of its batches.
+
+    NOTE [ The epoch is one stream ]
+    An epoch is the sampler's order (after the rollover carry of the previous epoch, if any)
+    cut into batches of ``targets[k]`` samples. Batch ``k`` takes the next ``targets[k]``
+    samples of the stream that load; with ``on_error="skip"`` a failed sample is replaced by
+    the next one in the stream, so batch sizes hold and only the end of the epoch comes out
+    shorter. A short last batch is delivered, except with ``last_batch="discard"``
+    (``drop_short``), which never delivers a batch smaller than ``batch_size``: there the
+    stream also holds the tail that ends no full batch, so skipped samples are replaced from
+    it first. How far the stream has been consumed by delivered batches is the one number a
+    resume needs (with the epoch, its carry and its order key).
+    """
+
+    __slots__ = ("carry_in", "carry_out", "drop_short", "epoch", "key", "stream", "targets")
+
+    def __init__(self, epoch: int, stream: np.ndarray, targets: list[int], drop_short: bool,
+                 carry_in: np.ndarray, carry_out: np.ndarray, key: dict) -> None:
+        self.epoch = epoch
+        self.stream = stream
+        self.targets = targets
+        self.drop_short = drop_short
+        self.carry_in = carry_in
+        self.carry_out = carry_out
+        self.key = key
+
+    def batches(self) -> list[np.ndarray]:
+        """The batches when every sample loads."""
+        out, pos = [], 0
+        for t in self.targets:
+            out.append(self.stream[pos:pos + t])
+            pos += t
+        return out
 
 
 class BatchSampler:
@@ -296,15 +372,19 @@ class BatchSampler:
 
     def state_dict(self) -> dict:
         """JSON-serialisable state (the rollover carry and the sampler's next epoch)."""
-        d = {"carry": self._carry.tolist()}
+        d: dict = {"carry": self._carry.tolist()}
         if isinstance(self.sampler, Sampler):
             d["epoch"] = self.sampler.epoch
+            d["sampler"] = self.sampler.state_dict()
         return d
 
     def load_state_dict(self, state: dict) -> None:
         self._carry = np.asarray(state.get("carry", []), np.int64)
-        if "epoch" in state and isinstance(self.sampler, Sampler):
-            self.sampler.set_epoch(state["epoch"])
+        if isinstance(self.sampler, Sampler):
+            if "sampler" in state:
+                self.sampler.load_state_dict(state["sampler"])
+            if "epoch" in state:
+                self.sampler.set_epoch(state["epoch"])
 
     def set_epoch(self, epoch: int) -> None:
         if isinstance(self.sampler, Sampler):
@@ -312,30 +392,57 @@ class BatchSampler:
 
     # -- batches ---------------------------------------------------------------------
 
+    def plan_epoch(self, epoch: int, key: dict | None = None, carry: np.ndarray | None = None) -> EpochOrder:
+        """The epoch's sample stream and batch sizes, without changing any state.
+
+        ``key`` and ``carry`` default to the sampler's current order key and this batch
+        sampler's rollover carry. See NOTE [ The epoch is one stream ].
+        """
+        if not isinstance(self.sampler, Sampler):
+            raise TypeError("plan_epoch needs a loaderlib Sampler (its order is a pure function of the epoch)")
+        key = self.sampler.order_key() if key is None else key
+        carry = self._carry if carry is None else np.asarray(carry, np.int64)
+        return self._plan(self.sampler.order(int(epoch), key), epoch, key, carry)
+
+    def _plan(self, order: np.ndarray, epoch: int, key: dict, carry: np.ndarray) -> EpochOrder:
+        order = np.asarray(order, np.int64).reshape(-1)
+        if self.last_batch == "rollover" and carry.size:
+            stream = np.concatenate([carry, order])
+        else:
+            stream = order
+            carry = np.zeros(0, np.int64)
+        bs = self.batch_size
+        nfull = stream.size // bs
+        targets = [bs] * nfull
+        carry_out = np.zeros(0, np.int64)
+        if self.last_batch == "keep":
+            if stream.size % bs:
+                targets.append(stream.size % bs)
+        elif self.last_batch == "rollover":
+            carry_out = stream[nfull * bs:].copy()
+            stream = stream[:nfull * bs]
+        return EpochOrder(int(epoch), stream, targets, self.last_batch == "discard", carry, carry_out, key)
+
+    def next_epoch(self, epoch: int | None = None) -> EpochOrder:
+        """Plan the next epoch (``epoch`` None: the sampler's next one) and move the sampler
+        and the rollover carry on."""
+        if isinstance(self.sampler, Sampler):
+            e = self.sampler._take_epoch() if epoch is None else int(epoch)
+            if epoch is not None:
+                self.sampler.set_epoch(e + 1)
+            plan = self.plan_epoch(e)
+        else:
+            order = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+            plan = self._plan(order, -1 if epoch is None else epoch, {}, self._carry)
+        self._carry = plan.carry_out
+        return plan
+
     def epoch_batches(self, epoch: int | None = None) -> list[np.ndarray]:
         """All batches of one epoch as int64 arrays; advances the rollover carry.
 
         ``epoch`` None takes the sampler's next epoch (and moves it on).
         """
-        if isinstance(self.sampler, Sampler):
-            e = self.sampler._take_epoch() if epoch is None else int(epoch)
-            if epoch is not None:
-                self.sampler.set_epoch(e + 1)
-            order = self.sampler.order(e)
-        else:
-            order = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
-        if self.last_batch == "rollover" and self._carry.size:
-            order = np.concatenate([self._carry, order])
-        bs = self.batch_size
-        nfull = order.size // bs
-        batches = [order[k * bs:(k + 1) * bs] for k in range(nfull)]
-        tail = order[nfull * bs:]
-        if self.last_batch == "keep":
-            if tail.size:
-                batches.append(tail)
-        elif self.last_batch == "rollover":
-            self._carry = tail.copy()
-        return batches
+        return self.next_epoch(epoch).batches()
 
     def __iter__(self) -> Iterator[list[int]]:
         for b in self.epoch_batches():

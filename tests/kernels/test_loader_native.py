@@ -185,7 +185,7 @@ def test_missing_file_raises(folder, tmp_path):
 
 
 def test_abandoned_native_iterators_leave_no_threads(folder):
-    baseline = threading.active_count()
+    before = set(threading.enumerate())
     ds = ll.ImageFolderDataset(folder).transform_first(T.Resize((16, 16)))
     loader = DataLoader(ds, batch_size=2, prefetch=3)
     for _ in range(4):
@@ -193,7 +193,7 @@ def test_abandoned_native_iterators_leave_no_threads(folder):
             break
     del _b
     gc.collect()
-    assert threading.active_count() == baseline
+    assert [t for t in threading.enumerate() if t not in before] == []
 
 
 def test_two_native_loaders_in_lockstep(folder, tmp_path):

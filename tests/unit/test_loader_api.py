@@ -20,11 +20,15 @@ def _xy(n=50):
     return x, y
 
 
-def _wait_threads(baseline, timeout=5.0):
+def _wait_threads(before, timeout=5.0):
+    """Threads started since ``before`` (a set of threads) that are still alive after up to
+    ``timeout`` seconds of waiting for them to end (a bound, not a timing assertion)."""
     end = time.monotonic() + timeout
-    while threading.active_count() > baseline and time.monotonic() < end:
+    while True:
+        new = [t for t in threading.enumerate() if t not in before]
+        if not new or time.monotonic() >= end:
+            return new
         time.sleep(0.01)
-    return threading.active_count()
 
 
 @pytest.mark.parametrize("python_step", [False, True])
@@ -176,7 +180,7 @@ def test_timeout_bounds_the_wait():
         release.wait(120)   # a sample that would block far longer than the timeout
         return a, b
 
-    baseline = threading.active_count()
+    before = set(threading.enumerate())
     loader = DataLoader(ArrayDataset(*_xy(4)).transform(stuck), batch_size=2, timeout=0.3, num_threads=1)
     t0 = time.monotonic()
     with pytest.raises(ll.LoaderTimeoutError, match="timeout=0.3"):
@@ -185,7 +189,7 @@ def test_timeout_bounds_the_wait():
     release.set()
     assert waited < 60   # not a timing check: without the timeout this would wait for 120 s
     gc.collect()
-    assert _wait_threads(baseline, 10) == baseline
+    assert _wait_threads(before, 10) == []
 
 
 def test_ctrl_c_stops_cleanly():
@@ -193,7 +197,7 @@ def test_ctrl_c_stops_cleanly():
         time.sleep(0.2)
         return a, b
 
-    baseline = threading.active_count()
+    before = set(threading.enumerate())
     loader = DataLoader(ArrayDataset(*_xy(40)).transform(slow), batch_size=2, num_threads=1, timeout=30)
     timer = threading.Timer(0.5, _thread.interrupt_main)
     timer.start()
@@ -202,12 +206,12 @@ def test_ctrl_c_stops_cleanly():
             pass
     timer.join()
     gc.collect()
-    assert _wait_threads(baseline) == baseline
+    assert _wait_threads(before) == []
 
 
 @pytest.mark.parametrize("python_step", [False, True])
 def test_abandoned_iterators_leave_no_threads(python_step):
-    baseline = threading.active_count()
+    before = set(threading.enumerate())
     ds = ArrayDataset(*_xy(200))
     if python_step:
         ds = ds.transform(lambda a, b: (a, b))
@@ -219,7 +223,7 @@ def test_abandoned_iterators_leave_no_threads(python_step):
     next(it)
     del it, _batch
     gc.collect()
-    assert _wait_threads(baseline) == baseline
+    assert _wait_threads(before) == []
 
 
 def test_kept_batches_never_overwritten():
