@@ -500,10 +500,14 @@ class ThreadsProducer:
         end = task.start
         while len(samples) < task.target:
             if not self._stream:
-                more = self.state.next_task()   # on_error="skip" only: fill from the next batch
-                if more is None:
+                # on_error="skip" only: fill from the next batch, or from the stream's tail
+                # that ends no batch (last_batch="discard").
+                more = self.state.next_task()
+                idx, start = (more.indices, more.start) if more is not None else self.state.take(
+                    task.target - len(samples))
+                if not idx.size:
                     break
-                self._submit_indices(more.indices, more.start)
+                self._submit_indices(idx, start)
             i, pos, f = self._stream.popleft()
             end = pos + 1
             try:

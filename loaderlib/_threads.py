@@ -31,22 +31,71 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (affinity and cgroup CPU sets respected)."""
+def _affinity_cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
 
 
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs the cgroup quota allows this process (``cpu.max``, or v1's CFS quota), or None.
+
+    A container limited to 4 CPUs on a 64-core host still sees 64 CPUs in its affinity mask;
+    only the quota says 4.
+    """
+    candidates = [(os.path.join(root, "cpu.max"), None)]
+    candidates += [(os.path.join(root, d, "cpu.cfs_quota_us"), os.path.join(root, d, "cpu.cfs_period_us"))
+                   for d in ("cpu", "cpu,cpuacct")]
+    for quota_path, period_path in candidates:
+        try:
+            with open(quota_path) as f:
+                text = f.read().split()
+            if period_path is None:
+                quota, period = text[0], (text[1] if len(text) > 1 else "100000")
+            else:
+                with open(period_path) as f:
+                    quota, period = text[0], f.read().split()[0]
+        except (OSError, IndexError):
+            continue
+        if quota in ("max", "-1"):
+            return None
+        try:
+            q, p = float(quota), float(period)
+        except ValueError:
+            continue
+        if q > 0 and p > 0:
+            return q / p
+    return None
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: the affinity mask, capped by the cgroup CPU quota."""
+    n = _affinity_cpus()
+    quota = cgroup_cpu_limit()
+    if quota is not None:
+        n = min(n, max(1, int(-(-quota // 1))))   # a quota of 2.5 CPUs keeps 3 threads busy
+    return n
+
+
 def default_num_threads() -> int:
+    """The default thread count: ``LOADERLIB_NUM_THREADS`` if set, else the available CPUs
+    (:func:`available_cpus`) shared among the ranks on this node (``LOCAL_WORLD_SIZE``, set by
+    torchrun), at least 1."""
     env = os.environ.get("LOADERLIB_NUM_THREADS")
     if env:
         try:
             return max(1, int(env))
         except ValueError:
             raise ValueError(f"LOADERLIB_NUM_THREADS must be an integer, got {env!r}") from None
-    return available_cpus()
+    n = available_cpus()
+    ranks = os.environ.get("LOCAL_WORLD_SIZE")
+    if ranks:
+        try:
+            n //= max(1, int(ranks))
+        except ValueError:
+            raise ValueError(f"LOCAL_WORLD_SIZE must be an integer, got {ranks!r}") from None
+    return max(1, n)
 
 
 def resolve_num_threads(num_threads: int | None) -> int:

@@ -957,7 +957,7 @@ class DataLoader:
             pass
 
     # -- pickling: configuration travels, running state does not ------------------------
-    _RUNTIME = ("_errors", "_epoch", "_lock", "_workers", "_pool", "_arena_ring", "_current", "_warm", "_resume", "_closed",
+    _RUNTIME = ("_analysis", "_errors", "_epoch", "_lock", "_workers", "_pool", "_arena_ring", "_current", "_warm", "_resume", "_closed",
                 "_last_state")
 
     def __getstate__(self) -> dict:
@@ -972,6 +972,7 @@ class DataLoader:
         num_threads, prefetch = d.pop("_knobs")
         enabled = d.pop("recorder")
         self.__dict__.update(d)
+        self._analysis = _analyze(self.dataset, self.batchify_fn, self.num_workers)
         self._knobs = _Knobs(num_threads, prefetch)
         self.recorder = _make_recorder(enabled)
         self._errors = []

@@ -59,6 +59,15 @@ class Sampler:
         self._next_epoch = 0
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        d = self.__dict__.copy()
+        d.pop("_lock", None)
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
+
     def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
         """The int64 indices visited in ``epoch``, in order.
 
