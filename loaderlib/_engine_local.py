@@ -380,7 +380,12 @@ class PythonPool:
                 if self._pool is not None:
                     self._pool.shutdown(wait=False)   # its queued samples still run
                     self._old.append(self._pool)
-                self._pool = _InlineExecutor() if n == 0 else self._threaded(n)
+                if n == 0:
+                    self._pool = _InlineExecutor()
+                    if self.worker_init_fn is not None:
+                        self.worker_init_fn(0)   # the calling thread is the one worker
+                else:
+                    self._pool = self._threaded(n)
                 self._size = n
             return self._pool
 

@@ -349,8 +349,8 @@ class DataLoader:
         thread count.
     worker_init_fn : callable, optional
         ``worker_init_fn(worker_id)``, PyTorch's signature, called on every engine: once per
-        worker process, once per pool thread (threads engine), once per kernel thread slot at
-        the start of each native epoch (on the driver thread). :func:`loaderlib.get_worker_info`
+        worker process, once per pool thread (threads engine), once per kernel thread slot
+        before the native engine's first batch (on the driver thread). :func:`loaderlib.get_worker_info`
         works inside it.
     on_error : {"raise", "skip"}
         "raise": a failing sample raises in the consumer, naming its index and path. "skip":
@@ -510,6 +510,7 @@ class DataLoader:
         self._current: Any = None  # weak reference to the newest iterator
         self._warm: _Run | None = None   # the next epoch, started early (NOTE [ Warm epochs ])
         self._resume: dict | None = None
+        self._native_init_done = False   # worker_init_fn ran for the native engine's thread slots
         self._last_state: RunState | None = None   # the newest run's state (state_dict after it ends)
         self._closed = False
 
@@ -772,14 +773,16 @@ class DataLoader:
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)
-        if self.worker_init_fn is not None and self.engine == "native":
+        if self.worker_init_fn is not None and self.engine == "native" and not self._native_init_done:
+            self._native_init_done = True
             run.on_start = self._native_worker_init
         run.start()
         return run
 
     def _native_worker_init(self) -> None:
-        # The native engine has no Python workers: worker_init_fn runs once per kernel
-        # thread slot, on the driver thread, with that slot's worker info.
+        # The native engine has no Python workers and its kernel threads persist: as with
+        # persistent workers, worker_init_fn runs once per kernel thread slot, before the
+        # first batch, on the driver thread, with that slot's worker info.
         n = kernel_threads(self._knobs)
         try:
             for wid in range(n):
