@@ -60,6 +60,7 @@ bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/transforms.py
 	$(BIN)/python benchmarks/loader.py
 	$(BIN)/python benchmarks/instrumentation.py
+	$(BIN)/python benchmarks/epochs.py
 
 clean:
 	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info
