@@ -14,11 +14,13 @@ the handle, so dropping the handle (``break`` out of a loop) finalises the run: 
 stops, its threads are joined and its slots return to the arena.
 
 NOTE [ Engine stages ]
-An engine is a *producer* with three calls: ``submit(task)`` starts work on one batch of
-indices and returns a handle, ``finish(handle)`` returns the finished batch (or None when
-every sample was skipped), ``close()`` frees what it holds. The driver keeps
+Every engine is a :class:`Producer` with one interface: ``submit(task)`` starts work on one
+batch of indices and returns a handle, ``finish(handle)`` returns the finished batch as
+:class:`Produced` (or None when the stream ran out), ``cancel(handle)`` drops a batch that
+will not be asked for, ``close()`` frees what it holds. The driver keeps
 ``producer.lookahead`` batches submitted, so the Python engines overlap the next batch's
 samples with this batch's collation, and puts finished batches on the queue in order.
+Producers read and advance the run's :class:`RunState` and nothing else about the run.
 
 NOTE [ Batch wall time ]
 The wall time a producer reports for a batch (the recorder turns it into pool capacity,
@@ -41,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LoaderTimeoutError
+from .errors import LoaderTimeoutError, SampleFailure
 from .sampler import EpochOrder
 
 _clock = time.perf_counter_ns
@@ -72,6 +74,33 @@ class Produced:
     end: int
     size: int
     target: int
+
+
+class Producer:
+    """The interface every engine implements (NOTE [ Engine stages ])."""
+
+    lookahead = 1
+
+    def __init__(self, *, state: RunState, recorder: Any, on_error: str) -> None:
+        self.state = state
+        self.rec = recorder
+        self.on_error = on_error
+
+    def submit(self, task: Task) -> Any:
+        return task
+
+    def finish(self, handle: Any) -> Produced | None:
+        raise NotImplementedError
+
+    def cancel(self, handle: Any) -> None:
+        pass
+
+    def close(self, wait: bool = True) -> None:
+        pass
+
+    def skipped(self, index: int, source: str | None, reason: str) -> None:
+        """Record a sample dropped by ``on_error="skip"``."""
+        self.state.skipped.append(SampleFailure(int(index), source, reason, self.state.epoch))
 
 
 class RunState:

@@ -18,11 +18,11 @@ import numpy as np
 
 from . import _threads
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
-from ._engine_base import Produced, RunState, Task, _clock
+from ._engine_base import Produced, Producer, RunState, Task, _clock
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
 from .datasets import _TransformDataset
-from .errors import DecodeError, DecodeWarning, SampleFailure
+from .errors import DecodeError, DecodeWarning
 
 # --------------------------------------------------------------------------- collation
 
@@ -160,7 +160,7 @@ class NativeSource:
                                      sources=[ds.keys[i] for i in idx.tolist()])
 
 
-class NativeProducer:
+class NativeProducer(Producer):
     """One kernel pass per batch straight into an arena slot; labels gathered with ``take``.
 
     Owns its compiled plan (and so the plan's per-thread decoders and scratch buffers) for
@@ -171,14 +171,12 @@ class NativeProducer:
 
     def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, state: RunState, arena: BatchArena,
                  knobs: Any, recorder: Any, on_error: str, batch_size: int) -> None:
+        super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.src = src
         self.plan = plan
         self.shards = shards          # num_shards per output part (None: plain array)
-        self.state = state
         self.arena = arena
         self.knobs = knobs
-        self.rec = recorder
-        self.on_error = on_error
         self._layouts: dict[int, BatchLayout] = {}
         self._timings: np.ndarray | None = None
         if src.kind == "arrays":
@@ -197,12 +195,6 @@ class NativeProducer:
         if lay is None:
             lay = self._layouts[n] = BatchLayout.of([((n, *s), d) for s, d in self._part_specs])
         return lay
-
-    def submit(self, task: Task) -> Task:
-        return task
-
-    def cancel(self, handle: Any) -> None:
-        pass
 
     def close(self, wait: bool = True) -> None:
         if wait:
@@ -286,8 +278,7 @@ class NativeProducer:
                 for j in bad.tolist():
                     e = errs.get(j)
                     reason = e.reason if isinstance(e, DecodeError) else str(e or f"status {st.status[j]}")
-                    failure = SampleFailure(int(todo[j]), self.src.source(todo[j]), reason, epoch)
-                    st_run.skipped.append(failure)
+                    self.skipped(todo[j], self.src.source(todo[j]), reason)
                 good = np.flatnonzero(ok)
                 if good.size:
                     # Rare path (failures only): move the good samples up, closing the gaps.
@@ -449,7 +440,7 @@ def _load(dataset: Any, i: int, timed: bool) -> tuple[Any, int, int]:
     return item, wall - cpu, cpu + (_clock() - t1)
 
 
-class ThreadsProducer:
+class ThreadsProducer(Producer):
     """Samples loaded by ``dataset[i]`` on the loader's Python pool; collation into the arena.
 
     Good when the Python code releases the GIL (OpenCV, numpy, loaderlib's own decoder and
@@ -460,13 +451,11 @@ class ThreadsProducer:
 
     def __init__(self, *, dataset: Any, batchify_fn: Any, arena: BatchArena, pool: PythonPool, recorder: Any,
                  on_error: str, state: RunState) -> None:
+        super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.dataset = dataset
         self.batchify_fn = batchify_fn
         self.arena = arena
         self.pool = pool
-        self.rec = recorder
-        self.on_error = on_error
-        self.state = state
         self._stream: collections.deque = collections.deque()   # (index, position, future)
         self._futures: set = set()
         self._stream_t0 = 0
@@ -492,10 +481,6 @@ class ThreadsProducer:
     def cancel(self, handle: Any) -> None:
         while self._stream:
             self._stream.popleft()[2].cancel()
-
-    def _failed(self, i: int, e: BaseException) -> None:
-        failure = SampleFailure(i, _source(self.dataset, i), describe_error(e), self.state.epoch)
-        self.state.skipped.append(failure)
 
     def finish(self, task: Task) -> Produced | None:
         t0 = self._stream_t0 or _clock()
@@ -523,7 +508,7 @@ class ThreadsProducer:
                 if self.on_error == "raise":
                     self.cancel(None)
                     raise annotate(e, i, _source(self.dataset, i), "threads")
-                self._failed(i, e)
+                self.skipped(i, _source(self.dataset, i), describe_error(e))
                 continue
             samples.append(item)
             read_ns += dt_read
@@ -537,7 +522,7 @@ class ThreadsProducer:
         self.cancel(None)
 
 
-class HybridProducer:
+class HybridProducer(Producer):
     """Native samples, Python after them: the threads engine when only the tail is Python.
 
     Each batch's samples are read, decoded and transformed by the fused native prefix of the
@@ -552,6 +537,7 @@ class HybridProducer:
     def __init__(self, *, native: NativeProducer, suffix: Any, suffix_position: int, others: list,
                  batchify_fn: Any, arena: BatchArena, pool: PythonPool, recorder: Any, on_error: str,
                   state: RunState) -> None:
+        super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.native = native
         self.suffix = suffix                    # a transforms.Compose of the Python tail, or None
         self.suffix_position = suffix_position  # transform position of its first step
@@ -559,9 +545,6 @@ class HybridProducer:
         self.batchify_fn = batchify_fn
         self.arena = arena
         self.pool = pool
-        self.rec = recorder
-        self.on_error = on_error
-        self.state = state
 
     def _tail(self, item: Any, index: int) -> tuple[Any, int]:
         t0 = _clock()
@@ -572,12 +555,6 @@ class HybridProducer:
         for fn in self.others:
             item = fn(*item) if isinstance(item, tuple) else fn(item)
         return item, _clock() - t0
-
-    def submit(self, task: Task) -> Task:
-        return task
-
-    def cancel(self, handle: Any) -> None:
-        pass
 
     def finish(self, task: Task) -> Produced | None:
         t0 = _clock()
@@ -607,8 +584,7 @@ class HybridProducer:
                         for g in futs:
                             g.cancel()
                         raise annotate(e, i, src.source(i), "threads")
-                    failure = SampleFailure(i, src.source(i), describe_error(e), self.state.epoch)
-                    self.state.skipped.append(failure)
+                    self.skipped(i, src.source(i), describe_error(e))
                     continue
                 samples.append(item)
                 python_ns += dt

@@ -37,12 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from ._engine_base import Produced, RunState, Task, _clock, batch_wall
+from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
 from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
 from .arena import BatchArena
 from .batchify import Shards
-from .errors import LoaderError, LoaderTimeoutError, SampleFailure, WorkerError
+from .errors import LoaderError, LoaderTimeoutError, WorkerError
 
 _DEFAULT_SLOT = 1 << 20
 # Run by import, not with ``-m``: under ``-m`` the worker module would be ``__main__`` and
@@ -287,17 +287,15 @@ def _concat(a: Any, b: Any) -> Any:
     raise LoaderError(f"on_error='skip' cannot join batches of type {type(a).__name__}")
 
 
-class ProcessesProducer:
+class ProcessesProducer(Producer):
     """Batches loaded by the loader's worker pool (see NOTE [ Worker processes ])."""
 
     def __init__(self, *, pool: WorkerPool, timeout: float | None, knobs: Any, recorder: Any, on_error: str,
                   state: RunState) -> None:
+        super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.pool = pool
         self.timeout = timeout
         self.knobs = knobs
-        self.rec = recorder
-        self.on_error = on_error
-        self.state = state
         self.lookahead = max(2, 2 * len(pool.workers))
         self._stage_ns = [0, 0]
         self._last_end = 0   # when the previous batch finished (NOTE [ Batch wall time ])
@@ -333,7 +331,7 @@ class ProcessesProducer:
         self._stage_ns[0] += python_ns
         self._stage_ns[1] += collate_ns
         for i, src, reason in failures:
-            self.state.skipped.append(SampleFailure(i, src, reason, self.state.epoch))
+            self.skipped(i, src, reason)
         if needed > self.pool.slot_bytes:
             # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.
             self.pool.slot_bytes = max(needed, self.pool.slot_bytes + self.pool.slot_bytes // 2)
@@ -373,5 +371,3 @@ class ProcessesProducer:
         self._last_end = now
         return None if batch is None else Produced(batch, end, n, want)
 
-    def close(self, wait: bool = True) -> None:
-        pass  # workers persist with the loader
