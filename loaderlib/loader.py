@@ -37,6 +37,15 @@ from ._engine_local import (
     ThreadsProducer,
     kernel_threads,
 )
+from ._iterable import (
+    IterableProducer,
+    IterableRunState,
+    cannot_resume,
+    default_rank,
+    is_iterable_dataset,
+    is_stateful,
+    resume_source,
+)
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena
 from .batchify import Stack, Tuple, default_batchify_fn
@@ -252,6 +261,8 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
 
 
 def _as_dataset(dataset: Any) -> Any:
+    if is_iterable_dataset(dataset):
+        return dataset   # consumed lazily (NOTE [ Iterable shards ])
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         return dataset
     if hasattr(dataset, "__iter__"):
@@ -299,6 +310,14 @@ def _mp_context_name(ctx: Any) -> str | None:
                          "interpreters (like 'spawn'); 'fork' would inherit an OpenMP pool that hangs "
                          "(use 'spawn', 'forkserver' or None)")
     return name
+
+
+def _iterable_analysis(dataset: Any, rank: int, world_size: int) -> _Analysis:
+    what = f"{type(dataset).__name__}: items pulled from one iterator as each batch is made"
+    if world_size > 1:
+        what += f"; rank {rank} keeps one item of every {world_size} (NOTE [ Iterable shards ])"
+    stages = [("read", "python", what), ("collate", "native", "into arena slots when shapes allow")]
+    return _Analysis("threads", "an iterable dataset is read lazily, in order, by the producing thread", stages)
 
 
 class DataLoader:
@@ -408,9 +427,17 @@ class DataLoader:
                  persistent_workers: bool = False, prefetch_factor: int | None = None, generator: Any = None,
                  multiprocessing_context: Any = None, in_order: bool = True, pin_memory_device: str = "",
                  load_balance: str = "round_robin", max_in_flight: int | None = None,
-                 profile: bool = False) -> None:
+                 rank: int | None = None, world_size: int | None = None, profile: bool = False) -> None:
         self.dataset = _as_dataset(dataset)
-        n = len(self.dataset)
+        self._iterable = is_iterable_dataset(self.dataset)
+        if self._iterable:
+            self._check_iterable(batch_size, shuffle, sampler, batch_sampler, num_workers, rank, world_size)
+            n = 0
+        elif rank is not None or world_size is not None:
+            raise ValueError("rank and world_size shard iterable datasets; a map-style dataset is sharded by "
+                             "sampler=ShardedSampler(world_size, rank)")
+        else:
+            n = len(self.dataset)
         # -- argument conflicts, PyTorch aliases ---------------------------------------
         if collate_fn is not None:
             if batchify_fn is not None and batchify_fn is not collate_fn:
@@ -464,6 +491,7 @@ class DataLoader:
 
         self.seed = (_seed_from_generator(generator) if generator is not None
                      else draw_seed() if seed is None else int(seed))
+        self._seed_given = seed is not None or generator is not None
         self.on_error = on_error
         self.timeout = timeout if timeout else None
         self.num_workers = num_workers
@@ -476,19 +504,26 @@ class DataLoader:
         self.max_in_flight = max_in_flight if max_in_flight is not None else (prefetch_factor or 2) * max(1, num_workers)
         self.pin_memory = bool(pin_memory)
         self.pin_memory_device = pin_memory_device
-        if batch_sampler is not None:
+        self._own_sampler = False
+        if self._iterable:
+            self._batch_size = int(batch_size)
+            self._batch_sampler = None
+        elif batch_sampler is not None:
             self._batch_sampler = batch_sampler
             bs = getattr(batch_sampler, "batch_size", None)
             self._batch_size = int(bs) if bs else max((len(b) for b in batch_sampler), default=1)
         else:
             self._batch_size = int(batch_size)
+            self._own_sampler = sampler is None
             if sampler is None:
                 sampler = RandomSampler(n, seed=self.seed) if shuffle else SequentialSampler(n)
             elif isinstance(sampler, ShardedSampler) and sampler._length is None:
                 sampler._length = n   # bound in place: the caller's set_epoch keeps acting on it
             self._batch_sampler = BatchSampler(sampler, self._batch_size, last_batch or "keep")
-        self._last_batch = getattr(self._batch_sampler, "last_batch", "keep")
-        self._analysis = _analyze(self.dataset, batchify_fn, num_workers)
+        self._last_batch = (last_batch or "keep") if self._iterable else getattr(self._batch_sampler, "last_batch",
+                                                                                "keep")
+        self._analysis = (_iterable_analysis(self.dataset, self.rank, self.world_size) if self._iterable
+                          else _analyze(self.dataset, batchify_fn, num_workers))
         if num_threads is None and num_workers > 0 and self._analysis.engine == "native":
             num_threads = num_workers   # explain() says so
         depth = prefetch if prefetch is not None else (
@@ -499,6 +534,25 @@ class DataLoader:
         self._init_runtime()
         if self.pin_memory:
             self._check_pin()
+
+    def _check_iterable(self, batch_size: Any, shuffle: bool, sampler: Any, batch_sampler: Any, num_workers: int,
+                        rank: int | None, world_size: int | None) -> None:
+        clash = [name for name, bad in (("shuffle", bool(shuffle)), ("sampler", sampler is not None),
+                                        ("batch_sampler", batch_sampler is not None)) if bad]
+        if clash:
+            raise ValueError(f"an iterable dataset decides its own order; it conflicts with {', '.join(clash)}")
+        if batch_size is None:
+            raise ValueError("batch_size is required for an iterable dataset")
+        if num_workers > 0:
+            raise ValueError(f"num_workers={num_workers}: iterable datasets run on the threads engine for now "
+                             "(one iterator, read lazily); pass num_workers=0")
+        r, w = default_rank()
+        self.rank = r if rank is None else rank
+        self.world_size = w if world_size is None else world_size
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size must be a positive integer, got {self.world_size!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank!r}")
 
     def _init_runtime(self) -> None:
         """Fields that belong to this process only (rebuilt after unpickling)."""
@@ -597,6 +651,13 @@ class DataLoader:
                 f"num_threads={self.num_threads}, prefetch={self.prefetch})")
 
     def __len__(self) -> int:
+        if self._iterable:
+            if not hasattr(self.dataset, "__len__"):
+                raise TypeError(f"{type(self.dataset).__name__} is an iterable dataset without __len__: the number "
+                                "of batches is unknown")
+            n, w = len(self.dataset), self.world_size
+            per = n // w if self._last_batch == "discard" else -(-n // w)
+            return per // self._batch_size if self._last_batch == "discard" else -(-per // self._batch_size)
         return len(self._batch_sampler)
 
     # -- epochs and state -------------------------------------------------------------
@@ -624,21 +685,30 @@ class DataLoader:
             if self._resume is not None and int(self._resume["epoch"]) != int(epoch):
                 self._resume = None
             s = self._pure_sampler()
-            if s is not None:
-                s.set_epoch(int(epoch))
-            elif isinstance(self._batch_sampler, BatchSampler):
-                self._batch_sampler.set_epoch(int(epoch))
+            target = s if s is not None else self.dataset if self._iterable else self._batch_sampler
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(int(epoch))
             self._epoch = int(epoch)
 
     def _header(self) -> dict:
         s = self.sampler
+        if self._iterable:
+            return {"version": STATE_VERSION, "dataset_length": None, "seed": int(self.seed),
+                    "batch_size": self._batch_size, "last_batch": self._last_batch, "sampler": "iterable",
+                    "rank": self.rank, "world_size": self.world_size}
         return {"version": STATE_VERSION, "dataset_length": len(self.dataset), "seed": int(self.seed),
                 "batch_size": self._batch_size, "last_batch": self._last_batch,
                 "sampler": type(s).__name__ if s is not None else type(self._batch_sampler).__name__}
 
     def _state_of(self, state: Any) -> dict:
         """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
+        if self._iterable and not is_stateful(self.dataset):
+            raise cannot_resume(self.dataset)
         run = state.state_dict()
+        if self._iterable:
+            if run.pop("finished"):
+                return self._state_between(state.epoch + 1)
+            return {**self._header(), **run}
         s = self._pure_sampler()
         if run.pop("finished"):
             return self._state_between(state.epoch + 1, state.order.carry_out)
@@ -653,6 +723,11 @@ class DataLoader:
         return d
 
     def _state_between(self, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
+        if self._iterable:
+            if not is_stateful(self.dataset):
+                raise cannot_resume(self.dataset)
+            return {**self._header(), "epoch": int(self._epoch if epoch is None else epoch), "delivered": 0,
+                    "position": 0, "carry": [], "order_key": {}, "source_state": self.dataset.state_dict()}
         s = self._pure_sampler()
         bsamp = self._batch_sampler
         if carry is None:
@@ -696,20 +771,38 @@ class DataLoader:
             raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
         mine = self._header()
         for key, what in (("dataset_length", "dataset length"), ("seed", "seed"), ("batch_size", "batch size"),
-                          ("last_batch", "last_batch mode"), ("sampler", "sampler")):
-            if state.get(key) != mine[key]:
+                          ("last_batch", "last_batch mode"), ("sampler", "sampler"), ("rank", "rank"),
+                          ("world_size", "world size")):
+            if key == "seed" and state.get(key) != mine[key] and not self._seed_given and state.get(key) is not None:
+                continue   # this loader drew its seed: it takes the saved run's (adopted below)
+            if key in mine and state.get(key) != mine[key]:
                 raise StateError(f"the state is for {what} {state.get(key)!r}, this loader has {mine[key]!r}")
         for key in ("epoch", "delivered", "position", "carry"):
             if key not in state:
                 raise StateError(f"the state has no {key!r} entry")
         s = self._pure_sampler()
-        if s is None and "stream" not in state and (state["delivered"] or state["position"]):
+        if self._iterable:
+            if state.get("source_state") is not None and not is_stateful(self.dataset):
+                raise StateError(f"the state holds an iterable's position, but {type(self.dataset).__name__} "
+                                 "has no load_state_dict()")
+        elif s is None and "stream" not in state and (state["delivered"] or state["position"]):
             raise StateError("a mid-epoch state of a sampler that is not a loaderlib Sampler needs its 'stream'")
         with self._lock:
             self._drop_warm()
+            if int(state["seed"]) != self.seed:
+                self._adopt_seed(int(state["seed"]))
             if s is not None and "sampler_state" in state:
                 s.load_state_dict(state["sampler_state"])
             self._resume = json.loads(json.dumps(state))
+
+    def _adopt_seed(self, seed: int) -> None:
+        """Take a saved run's seed (only when this loader's own seed was drawn, not given)."""
+        self.seed = seed
+        s = self._pure_sampler()
+        if self._own_sampler and isinstance(s, RandomSampler):
+            s.seed = seed
+        if self._pool is not None:
+            self._pool.seed = seed
 
     # -- iteration --------------------------------------------------------------------
     def _next_order(self) -> EpochOrder:
@@ -749,13 +842,16 @@ class DataLoader:
             raise RuntimeError("this DataLoader is closed")
         with self._lock:
             resume, self._resume = self._resume, None
-            if resume is not None:
+            if self._iterable:
+                run = self._iterable_run(resume)
+            elif resume is not None:
                 order, delivered, position = self._resumed_order(resume)
             else:
                 order, delivered, position = self._next_order(), 0, 0
-            run = self._take_warm(order) if resume is None else None
-            if run is None:
-                run = self._new_run(RunState(order, self.seed, delivered=delivered, position=position))
+            if not self._iterable:
+                run = self._take_warm(order) if resume is None else None
+                if run is None:
+                    run = self._new_run(RunState(order, self.seed, delivered=delivered, position=position))
         if self.recorder.enabled:
             self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,
                                         self._batch_size)
@@ -767,6 +863,21 @@ class DataLoader:
             self._errors.extend(self._last_state.skipped)
         self._last_state = run.state
         return it
+
+    def _iterable_run(self, resume: dict | None) -> _Run:
+        if resume is not None:
+            resume_source(self.dataset, resume)
+            epoch = int(resume["epoch"])
+        else:
+            epoch = self._epoch
+        self._epoch = epoch + 1
+        state = IterableRunState(epoch, self.seed, self._batch_size, self._last_batch == "discard",
+                                 length=None)
+        if resume is not None:
+            state.delivered = state.next_batch = state.produced = int(resume["delivered"])
+            state.position = state.cursor = int(resume["position"])
+            state.source_state = resume.get("source_state")
+        return self._new_run(state)
 
     def _new_run(self, state: RunState, warm: bool = False) -> _Run:
         recorder = HeldRecorder(self.recorder) if warm else self.recorder
@@ -893,6 +1004,10 @@ class DataLoader:
     def _make_producer(self, state: RunState, recorder: Any) -> Any:
         a = self._analysis
         common = {"recorder": recorder, "on_error": self.on_error, "state": state}
+        if self._iterable:
+            return IterableProducer(dataset=self.dataset, rank=self.rank, world_size=self.world_size,
+                                    pad=self._last_batch != "discard", batchify_fn=self.batchify_fn,
+                                    arena=self._arena(), **common)
         if a.engine == "native":
             plan = None if a.native_source.kind == "arrays" else compile_chain(a.chain)
             if recorder.enabled:

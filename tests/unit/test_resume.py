@@ -316,3 +316,17 @@ np.savez(sys.argv[2], *[a for b in out for a in b])
     arrays = [data[f"arr_{i}"] for i in range(len(data.files))]
     got = list(zip(arrays[0::2], arrays[1::2]))
     _assert_same(got, reference[3:])
+
+
+def test_loader_without_seed_adopts_the_saved_seed():
+    ds = ll.ArrayDataset(np.arange(40, dtype=np.float32), np.arange(40))
+    first = ll.DataLoader(ds, batch_size=4, shuffle=True)    # seed drawn at random
+    reference = [_copy(b) for b in ll.DataLoader(ds, batch_size=4, shuffle=True, seed=first.seed)]
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    second = ll.DataLoader(ds, batch_size=4, shuffle=True)   # another random seed
+    assert second.seed != first.seed
+    second.load_state_dict(state)
+    assert second.seed == first.seed
+    _assert_same([_copy(b) for b in second], reference[1:])
