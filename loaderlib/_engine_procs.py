@@ -98,7 +98,7 @@ def _exit_status(code: int | None) -> str:
 
 
 class _Worker:
-    def __init__(self, wid: int, payload: bytes) -> None:
+    def __init__(self, wid: int, payload: bytes, num_workers: int, seed: int) -> None:
         parent, child = Pipe(duplex=True)
         env = dict(os.environ)
         # Python steps get the parallelism; each worker's own kernels run single-threaded.
@@ -115,7 +115,7 @@ class _Worker:
         self.ready = False
         self.dead: str | None = None
         cwd = os.getcwd()
-        parent.send_bytes(pickle.dumps(("init", [cwd, *paths], wid, payload)))
+        parent.send_bytes(pickle.dumps(("init", [cwd, *paths], wid, payload, num_workers, seed)))
 
     def alive(self) -> bool:
         return self.dead is None and self.proc.poll() is None
@@ -133,7 +133,7 @@ class WorkerPool:
         except Exception as e:
             raise LoaderError(f"the dataset or batchify function cannot be sent to worker processes: "
                               f"{type(e).__name__}: {e}") from e
-        self.workers = [_Worker(k, payload) for k in range(num_workers)]
+        self.workers = [_Worker(k, payload, num_workers, seed) for k in range(num_workers)]
         self._blocks: weakref.WeakSet = weakref.WeakSet()
         self.arena = BatchArena(0, allocator=self._new_block)
         self.slot_bytes = _DEFAULT_SLOT

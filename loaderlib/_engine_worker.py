@@ -142,17 +142,20 @@ def _run(conn: Any) -> None:
     import cloudpickle
 
     from ._engine_local import plan_collate
+    from ._worker_info import WorkerInfo, set_process_info, worker_seed
     from .arena import BatchLayout
     from .batchify import default_batchify_fn
 
     msg = pickle.loads(conn.recv_bytes())
     assert msg[0] == "init"
-    _, paths, worker_id, payload = msg
+    _, paths, worker_id, payload, num_workers, seed = msg
     for p in reversed(paths):
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
         dataset, batchify_fn, init_fn, on_error = cloudpickle.loads(payload)
+        # NOTE [ Worker info ]: set before worker_init_fn runs, for the whole process.
+        set_process_info(WorkerInfo(worker_id, num_workers, worker_seed(seed, worker_id), dataset))
         if init_fn is not None:
             init_fn(worker_id)
     except BaseException as e:  # noqa: BLE001

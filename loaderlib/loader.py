@@ -840,21 +840,22 @@ class DataLoader:
     def __iter__(self) -> LoaderIterator:
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
+        if self.recorder.enabled:
+            # Before the run starts: its driver records from its first batch on.
+            self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,
+                                        self._batch_size)
         with self._lock:
             resume, self._resume = self._resume, None
             if self._iterable:
                 run = self._iterable_run(resume)
-            elif resume is not None:
-                order, delivered, position = self._resumed_order(resume)
             else:
-                order, delivered, position = self._next_order(), 0, 0
-            if not self._iterable:
+                if resume is not None:
+                    order, delivered, position = self._resumed_order(resume)
+                else:
+                    order, delivered, position = self._next_order(), 0, 0
                 run = self._take_warm(order) if resume is None else None
                 if run is None:
                     run = self._new_run(RunState(order, self.seed, delivered=delivered, position=position))
-        if self.recorder.enabled:
-            self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,
-                                        self._batch_size)
         if isinstance(run.recorder, HeldRecorder):
             run.recorder.release()
         it = LoaderIterator(run, self)

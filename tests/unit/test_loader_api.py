@@ -296,4 +296,6 @@ def test_threads_engine_steady_state_allocates_no_arena_memory():
     for _ in range(200):
         _a, b = next(stream)
     np.testing.assert_array_equal(b, y[(200 + 16 - 1) % 8 * 8:][:8])
-    assert arena_counters() == before
+    after = arena_counters()
+    # Process-wide counters: other tests' loaders may free memory meanwhile, never allocate.
+    assert (after["allocations"], after["bytes_allocated"]) == (before["allocations"], before["bytes_allocated"])
