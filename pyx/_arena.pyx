@@ -183,16 +183,42 @@ cdef class SlotRing:
         cdef Py_ssize_t i
         for i in range(len(self.buffers)):
             if self.states[i] == SLOT_FREE and _nbytes(self.buffers[i]) < max(nbytes, 0):
-                self.buffers[i] = None
-                self.buffers[i] = self._alloc(nbytes)
+                self._refill(i, nbytes)
         while len(self.buffers) < num_slots:
-            self.buffers.append(self._alloc(nbytes))
-            self.states.append(SLOT_FREE)
+            i = self._claim_new()
+            self._refill(i, nbytes)
+            self.states[i] = SLOT_FREE
+
+    cdef Py_ssize_t _claim_new(self):
+        # A new slot, leased before its buffer exists (NOTE [ Atomic leases ]).
+        self.buffers.append(None)
+        self.states.append(SLOT_LEASED)
+        return len(self.buffers) - 1
+
+    cdef void _refill(self, Py_ssize_t i, Py_ssize_t nbytes) except *:
+        # Give slot ``i`` a new buffer. The allocator is Python code: the slot is marked
+        # leased for the duration, so no other thread can take it half-made.
+        cdef int before = self.states[i]
+        self.states[i] = SLOT_LEASED
+        self.buffers[i] = None
+        try:
+            self.buffers[i] = self._alloc(nbytes)
+        except BaseException:
+            self.states[i] = before
+            raise
+        self.states[i] = before
 
     def acquire(self, Py_ssize_t nbytes):
-        """Lease a free slot of at least ``nbytes`` (allocating only if none fits)."""
+        """Lease a free slot of at least ``nbytes`` (allocating only if none fits).
+
+        NOTE [ Atomic leases ]
+        Choosing a free slot and marking it leased happen with no Python call in between (no
+        GIL switch point), so two threads acquiring at once never get the same slot. Only
+        then may the slot get a new buffer from the allocator, which is Python code; if that
+        fails, the slot is returned.
+        """
         cdef Py_ssize_t i, best = -1, small = -1, n = len(self.buffers)
-        cdef Py_ssize_t size
+        cdef Py_ssize_t size, grow
         for i in range(n):
             if self.states[i] != SLOT_FREE:
                 continue
@@ -202,21 +228,33 @@ cdef class SlotRing:
                 break
             if small < 0:
                 small = i
-        if best < 0 and small >= 0:
+        if best >= 0:
+            self.states[best] = SLOT_LEASED
+        elif small >= 0:
+            self.states[small] = SLOT_LEASED
+            best = small
             # NOTE [ Arena growth ]: variable shapes (Pad) plan for the largest batch seen so
             # far; growing by at least 1.5x keeps reallocations logarithmic in the growth.
             size = max(_nbytes(self.buffers[small]), 0)
-            self.buffers[small] = None
-            self.buffers[small] = self._alloc(max(nbytes, size + size // 2))
-            best = small
-        if best < 0:
-            size = max([_nbytes(b) for b in self.buffers] + [nbytes])
-            self.buffers.append(self._alloc(size))
-            self.states.append(SLOT_FREE)
-            best = n
-        self.states[best] = SLOT_LEASED
+            try:
+                self._refill(small, max(nbytes, size + size // 2))
+            except BaseException:
+                self.states[small] = SLOT_FREE
+                raise
+        else:
+            grow = max([_nbytes(b) for b in self.buffers] + [nbytes])
+            best = self._claim_new()
+            try:
+                self._refill(best, grow)
+            except BaseException:
+                self.states[best] = SLOT_FREE
+                raise
         self.acquires += 1
-        return SlotLease(self, best, self.buffers[best])
+        try:
+            return SlotLease(self, best, self.buffers[best])
+        except BaseException:
+            self.states[best] = SLOT_FREE
+            raise
 
     cdef void _release(self, Py_ssize_t slot):
         if 0 <= slot < len(self.states):
