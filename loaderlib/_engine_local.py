@@ -22,6 +22,7 @@ from ._engine_base import Produced, Producer, RunState, Task, _clock
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
 from .datasets import _TransformDataset
+from .pipeline import BatchStatus
 from .errors import DecodeError, DecodeWarning
 
 # --------------------------------------------------------------------------- collation
@@ -126,8 +127,9 @@ def _source(dataset: Any, i: int) -> str | None:
 class NativeSource:
     """Where a native batch's bytes come from, and how its labels are collated.
 
-    ``kind`` is ``"files"`` (paths), ``"records"`` (one file, offsets and sizes) or
-    ``"arrays"`` (numpy arrays gathered with ``take``; no image pipeline).
+    ``kind`` is ``"files"`` (paths), ``"records"`` (one file, offsets and sizes),
+    ``"shards"`` (byte ranges of several files: a WebDataset) or ``"arrays"`` (numpy arrays
+    gathered with ``take``; no image pipeline).
     """
 
     def __init__(self, kind: str, *, paths: Sequence[str] | None = None, dataset: Any = None,
@@ -145,7 +147,49 @@ class NativeSource:
             return self.paths[int(i)]
         if self.kind == "records":
             return self.dataset.keys[int(i)]
+        if self.kind == "shards":
+            return self.dataset.source(int(i))
         return None
+
+    def _run_shards(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int,
+                    num_threads: int, timings: np.ndarray | None) -> Any:
+        """Byte ranges of several shard files (a WebDataset): one kernel pass per shard.
+
+        Samples of one shard go to a contiguous block (the kernel reads one descriptor per
+        call); when a batch spans shards the blocks are decoded into scratch and put back in
+        batch order (one extra copy of the batch, only for mixed batches).
+        """
+        ds = self.dataset
+        shard = ds.shard_of[idx]
+
+        def run(rows_idx: np.ndarray, dst: np.ndarray, s: int, tim: np.ndarray | None) -> Any:
+            return plan.run_records_into(ds.fileno(s), np.ascontiguousarray(ds.offsets[rows_idx]),
+                                         np.ascontiguousarray(ds.sizes[rows_idx]), dst, rows_idx, seed=seed,
+                                         epoch=epoch, num_threads=num_threads, timings=tim,
+                                         sources=[ds.source(i) for i in rows_idx.tolist()])
+
+        if (shard == shard[0]).all():
+            return run(idx, out, int(shard[0]), timings)
+        order = np.argsort(shard, kind="stable")
+        scratch = np.empty_like(out)
+        tim_sorted = None if timings is None else np.zeros_like(timings)
+        status = np.zeros(idx.size, np.int32)
+        merged = BatchStatus(status=status)
+        bounds = np.flatnonzero(np.diff(shard[order])) + 1
+        for block in np.split(np.arange(idx.size), bounds):
+            lo, hi = int(block[0]), int(block[-1]) + 1
+            rows = order[lo:hi]
+            st = run(np.ascontiguousarray(idx[rows]), scratch[lo:hi], int(shard[rows[0]]),
+                     None if tim_sorted is None else tim_sorted[lo:hi])
+            status[rows] = st.status
+            for j, e in st.errors.items():
+                merged.errors[int(rows[j])] = e
+            for j, w in st.warnings.items():
+                merged.warnings[int(rows[j])] = w
+        out[order] = scratch
+        if timings is not None:
+            timings[order] = tim_sorted
+        return merged
 
     def run(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int, num_threads: int,
             timings: np.ndarray | None) -> Any:
@@ -153,6 +197,8 @@ class NativeSource:
             paths = [self.paths[i] for i in idx.tolist()]
             return plan.run_files_into(paths, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
                                        timings=timings)
+        if self.kind == "shards":
+            return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings)
         ds = self.dataset
         return plan.run_records_into(ds.fileno(), np.ascontiguousarray(ds.offsets[idx]),
                                      np.ascontiguousarray(ds.sizes[idx]), out, idx, seed=seed, epoch=epoch,

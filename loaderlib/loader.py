@@ -58,6 +58,7 @@ from .datasets import (
     _TransformDataset,
 )
 from .errors import StateError
+from .webdataset import WebDataset
 from .pipeline import compile_chain
 from .sampler import (
     LAST_BATCH_MODES,
@@ -177,6 +178,10 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         src = NativeSource("records", dataset=base, labels=base.labels, description=repr(base))
         stages.append(("read", "native", "RecordFileDataset: pread inside the kernel"))
         nparts = 2
+    elif isinstance(base, WebDataset) and (base.labels is None or isinstance(base.labels, np.ndarray)):
+        src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
+        stages.append(("read", "native", "WebDataset: byte ranges of the tar shards, pread inside the kernel"))
+        nparts = 1 if base.labels is None else 2
     elif isinstance(base, ArrayDataset) and not layers and all(
             isinstance(a, np.ndarray) and a.dtype != object and a.ndim >= 1 for a in base.arrays):
         src = NativeSource("arrays", arrays=[np.ascontiguousarray(a) for a in base.arrays],

@@ -1,0 +1,245 @@
+"""WebDataset tar shards read natively: each sample's image is a byte range of its shard.
+
+NOTE [ WebDataset layout ]
+A WebDataset shard is a plain (uncompressed) POSIX tar file. Members that share a *key*
+form one sample: the key is the member's path up to the first dot of its file name, the
+rest is the field (``n01440764/img_001.jpg`` and ``n01440764/img_001.cls`` are key
+``n01440764/img_001``, fields ``jpg`` and ``cls``). The image field is the first of ``jpg``,
+``jpeg``, ``png`` present; the label is the integer in ``cls``, or from ``json`` (an integer,
+or an object's ``"label"``/``"cls"`` entry). Opening a shard reads only the tar headers
+(``tarfile`` seeks over the data), so the dataset knows every image's offset and size and
+the DataLoader reads and decodes them inside its kernels with ``pread``, like a record file.
+Compressed shards (``.tar.gz``) have no byte ranges and are refused.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import tarfile
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .datasets import Dataset
+from .decode import decode
+from .errors import LoaderError
+
+__all__ = ["WebDataset", "expand_shards"]
+
+IMAGE_FIELDS = ("jpg", "jpeg", "png")
+_BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def expand_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Shard paths from a path, a list, a glob (``*.tar``) or a brace range
+    (``train-{0000..0099}.tar``, WebDataset's notation)."""
+    if isinstance(shards, (str, os.PathLike)):
+        pattern = os.fspath(shards)
+        m = _BRACES.search(pattern)
+        if m:
+            lo, hi = m.group(1), m.group(2)
+            width = len(lo)
+            out: list[str] = []
+            for k in range(int(lo), int(hi) + 1):
+                out += expand_shards(pattern[:m.start()] + str(k).zfill(width) + pattern[m.end():])
+            return out
+        if any(c in pattern for c in "*?["):
+            found = sorted(glob.glob(pattern))
+            if not found:
+                raise FileNotFoundError(f"no shard matches {pattern!r}")
+            return found
+        return [pattern]
+    out = []
+    for s in shards:
+        out += expand_shards(s)
+    return out
+
+
+def _label(field: str, data: bytes, where: str) -> Any:
+    text = data.decode("utf-8", "replace").strip()
+    if field == "cls":
+        try:
+            return int(text)
+        except ValueError:
+            raise LoaderError(f"{where}: .cls holds {text[:40]!r}, not an integer") from None
+    obj = json.loads(text)
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, dict):
+        for k in ("label", "cls"):
+            if isinstance(obj.get(k), int):
+                return obj[k]
+    return obj
+
+
+class WebDataset(Dataset):
+    """Samples of WebDataset tar shards: ``(HWC uint8 RGB image, label)`` or the image alone.
+
+    Parameters
+    ----------
+    shards : str, path or list
+        One shard, a list, a glob (``"train-*.tar"``) or a brace range
+        (``"train-{0000..0009}.tar"``). See NOTE [ WebDataset layout ].
+
+    Attributes
+    ----------
+    paths : list of str
+        The shards, in order.
+    keys : list of str
+        Each sample's key, shard by shard in tar order.
+    labels : numpy.ndarray or None
+        int64 labels when every sample has an integer label; None when no sample has one.
+    shard_of, offsets, sizes : numpy.ndarray
+        Where each sample's image bytes are: shard number, byte offset, length.
+
+    Notes
+    -----
+    A DataLoader over a WebDataset (with a native transform chain) runs on the native
+    engine: reads, decodes and transforms happen in the kernels. Shuffling is global (any
+    sampler works: the reads are random access); ranks use ``ShardedSampler``.
+    """
+
+    def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike]) -> None:
+        self.paths = expand_shards(shards)
+        if not self.paths:
+            raise ValueError("WebDataset needs at least one shard")
+        shard_of, offsets, sizes, keys, labels, fields = [], [], [], [], [], []
+        for s, path in enumerate(self.paths):
+            for key, (field, off, size), label in self._index(path):
+                shard_of.append(s)
+                offsets.append(off)
+                sizes.append(size)
+                keys.append(key)
+                labels.append(label)
+                fields.append(field)
+        self.shard_of = np.asarray(shard_of, np.int64)
+        self.offsets = np.asarray(offsets, np.int64)
+        self.sizes = np.asarray(sizes, np.int64)
+        self.keys = keys
+        self.fields = fields
+        if labels and all(isinstance(v, int) for v in labels):
+            self.labels: Any = np.asarray(labels, np.int64)
+        elif all(v is None for v in labels):
+            self.labels = None
+        else:
+            self.labels = labels   # Python objects (json): collated in Python
+        self._fds: list[int] = []
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _index(path: str) -> list:
+        try:
+            tf = tarfile.open(path, "r:")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"WebDataset shard {path!r} does not exist") from None
+        except tarfile.ReadError as e:
+            raise LoaderError(f"WebDataset shard {path!r} is not an uncompressed tar file ({e}); compressed "
+                              "shards cannot be read by byte range") from None
+        groups: dict[str, dict] = {}
+        order: list[str] = []
+        with tf:
+            for m in tf:
+                if not m.isfile():
+                    continue
+                base = os.path.basename(m.name)
+                if "." not in base or base.startswith("."):
+                    continue
+                dot = base.index(".")
+                key = m.name[:len(m.name) - len(base) + dot]
+                field = base[dot + 1:].lower()
+                if key not in groups:
+                    groups[key] = {}
+                    order.append(key)
+                groups[key][field] = m
+            out = []
+            skipped = 0
+            for key in order:
+                g = groups[key]
+                image = next((f for f in IMAGE_FIELDS if f in g), None)
+                if image is None:
+                    skipped += 1
+                    continue
+                m = g[image]
+                label = None
+                for f in ("cls", "json"):
+                    if f in g:
+                        data = tf.extractfile(g[f]).read()
+                        label = _label(f, data, f"{path}:{key}.{f}")
+                        break
+                out.append((key, (image, m.offset_data, m.size), label))
+        if skipped:
+            warnings.warn(f"WebDataset shard {path!r}: {skipped} sample(s) without a {'/'.join(IMAGE_FIELDS)} "
+                          "member were skipped", RuntimeWarning, stacklevel=3)
+        return out
+
+    def __len__(self) -> int:
+        return int(self.offsets.size)
+
+    def source(self, idx: int) -> str | None:
+        i = int(idx)
+        return f"{self.paths[int(self.shard_of[i])]}:{self.keys[i]}.{self.fields[i]}"
+
+    def fileno(self, shard: int) -> int:
+        """A read-only descriptor of shard ``shard`` (opened once per process)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._fds = []
+                self._pid = os.getpid()
+            while len(self._fds) <= shard:
+                self._fds.append(-1)
+            if self._fds[shard] < 0:
+                self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return self._fds[shard]
+
+    def read(self, idx: int) -> bytes:
+        """The raw image bytes of sample ``idx``."""
+        i = int(idx)
+        size = int(self.sizes[i])
+        data = os.pread(self.fileno(int(self.shard_of[i])), size, int(self.offsets[i]))
+        if len(data) != size:
+            raise LoaderError(f"{self.source(i)}: shard ends after {len(data)} of {size} bytes")
+        return data
+
+    def __getitem__(self, idx: int) -> Any:
+        i = int(idx)
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"index {idx} out of range for a WebDataset of {len(self)} samples")
+        i %= len(self)
+        img = decode(self.read(i))
+        if self.labels is None:
+            return img
+        return img, self.labels[i] if isinstance(self.labels, list) else int(self.labels[i])
+
+    def __getstate__(self) -> dict:
+        d = self.__dict__.copy()
+        d["_fds"], d["_pid"] = [], -1
+        d.pop("_lock")
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds:
+                if fd >= 0:
+                    os.close(fd)
+            self._fds = []
+
+    def __del__(self) -> None:
+        try:
+            if self._pid == os.getpid():
+                self.close()
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+    def __repr__(self) -> str:
+        return f"WebDataset({len(self.paths)} shards, {len(self)} samples)"
