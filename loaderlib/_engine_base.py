@@ -98,6 +98,10 @@ class Producer:
     def close(self, wait: bool = True) -> None:
         pass
 
+    def timed_out(self) -> str | None:
+        """The consumer gave up waiting: free what is stuck; returns what was done, for the error."""
+        return None
+
     def skipped(self, index: int, source: str | None, reason: str) -> None:
         """Record a sample dropped by ``on_error="skip"``."""
         self.state.skipped.append(SampleFailure(int(index), source, reason, self.state.epoch))
@@ -345,6 +349,7 @@ class _Run:
         self.joined = False
         self.interrupted = False   # closed by a timeout or Ctrl-C: never wait for user code
         self.on_start: Any = None  # called once, on the producing thread, before the first batch
+        self.failed = False        # ended by an error (the loader then drops a warm next epoch)
 
     @property
     def epoch(self) -> int:
@@ -375,7 +380,16 @@ class _Run:
             if not self.pending:
                 return None
             generation = st.generation
-            out = prod.finish(self.pending.popleft())
+            handle = self.pending.popleft()
+            try:
+                out = prod.finish(handle)
+            except BaseException:
+                st.in_flight -= 1
+                try:
+                    prod.cancel(handle)   # stopped or failed mid-batch: its resources go back too
+                except Exception:  # noqa: BLE001, S110
+                    pass
+                raise
             st.in_flight -= 1
             if st.generation != generation:
                 self.cancel_pending()   # a fill consumed samples that batches planned ahead hold
@@ -480,6 +494,7 @@ class LoaderIterator:
             try:
                 item = run.step()
             except BaseException:
+                run.failed = True
                 self.close()
                 raise
             if item is None:
@@ -488,6 +503,13 @@ class LoaderIterator:
         else:
             try:
                 item = run.queue.get(run.timeout, f"batch {run.state.delivered} of epoch {run.state.epoch}")
+            except LoaderTimeoutError as e:
+                run.interrupted = True
+                done = run.producer.timed_out()
+                run.close(wait=False)
+                if done:
+                    raise LoaderTimeoutError(f"{e}; {done}") from None
+                raise
             except BaseException:
                 # Timeout or Ctrl-C: stop the pipeline before the exception propagates, without
                 # waiting for a Python call that may be the reason for the timeout.
@@ -498,6 +520,7 @@ class LoaderIterator:
                 self.close()
                 raise StopIteration
             if isinstance(item, _Failure):
+                run.failed = True
                 self.close()
                 exc = item.exc
                 try:

@@ -12,27 +12,38 @@ happen).
 
 Each loader owns its workers, so several loaders with different datasets run at once. The
 loader creates every shared-memory block (the processes engine's arena slots) and is the
-only one to unlink them; workers only map them. A killed worker therefore leaks nothing, and
-if the loader's process itself dies, Python's resource tracker unlinks the blocks. A task
-names its slot; the slot stays leased until that task's result has arrived (even when the
-iterator that sent it was abandoned), so a late worker never writes into a slot that was
-handed out again. The loader notices a dead worker while waiting for its result (the
-socket closes and the process has an exit code) and raises :class:`WorkerError` naming the
-worker, its exit status and the batch.
+only one to unlink them; workers only map them, and no process keeps a descriptor of a
+block open once it is mapped. A killed worker therefore leaks nothing, and if the loader's
+process itself dies, Python's resource tracker unlinks the blocks. A task names its slot;
+the slot stays leased until that task's result has arrived or its worker is gone, so a late
+worker never writes into a slot that was handed out again.
+
+Several runs share the pool (two iterators of one loader, or the current epoch and the warm
+next one): task ids are unique per pool and results are routed by id under the pool's lock,
+so whichever run reads a worker's socket files the others' results for them. When a run
+ends early its batches still at the workers are cancelled (a worker skips a cancelled task
+it has not started) and drained, so every slot is back when the iterator is closed. A
+worker that dies, or gives no result within ``timeout`` (it is then killed), raises
+:class:`WorkerError` or :class:`LoaderTimeoutError` naming it and the batch; its slots are
+reclaimed and the next run starts a fresh process in its place (same id, ``worker_init_fn``
+again).
 """
 
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import pickle
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
-from multiprocessing import Pipe
-from multiprocessing.shared_memory import SharedMemory
+from multiprocessing import Pipe, resource_tracker
+from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 import numpy as np
@@ -40,42 +51,66 @@ import numpy as np
 from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
 from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
-from .arena import BatchArena
+from .arena import BatchArena, BatchLayout
 from .batchify import Shards
 from .errors import LoaderError, LoaderTimeoutError, WorkerError
 
 _DEFAULT_SLOT = 1 << 20
+_SHM_DIR = "/dev/shm/"
 # Run by import, not with ``-m``: under ``-m`` the worker module would be ``__main__`` and
 # the classes it pickles could not be found by the loader.
 _WORKER_MAIN = "from loaderlib._engine_worker import main; main()"
 
 
 class _ShmBlock:
-    """One shared-memory slot buffer, created and unlinked by the loader's process."""
+    """One shared-memory slot buffer, created and unlinked by the loader's process.
+
+    The block is a file in ``/dev/shm`` that is mapped and whose descriptor is closed at
+    once (``multiprocessing.shared_memory`` keeps one open per block); the resource tracker
+    unlinks it if this process dies without doing so.
+    """
 
     def __init__(self, nbytes: int) -> None:
-        self.shm = SharedMemory(create=True, size=max(int(nbytes), 1))
-        self.name = self.shm.name
-        self.buf = self.shm.buf
+        size = max(int(nbytes), 1)
+        flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            name = "psm_ll" + secrets.token_hex(8)
+            try:
+                fd = os.open(_SHM_DIR + name, flags, 0o600)
+                break
+            except FileExistsError:
+                continue
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        except BaseException:
+            os.unlink(_SHM_DIR + name)
+            raise
+        finally:
+            os.close(fd)
+        resource_tracker.register("/" + name, "shared_memory")
+        self.name = name
+        self.buf = memoryview(self._map)
         self._unlinked = False
 
     def unlink(self) -> None:
         """Remove the name now; the memory lives on while any process still maps it."""
-        if not self._unlinked and self.shm is not None:
+        if not self._unlinked:
             self._unlinked = True
             try:
-                self.shm.unlink()
+                os.unlink(_SHM_DIR + self.name)
             except FileNotFoundError:
                 pass
+            resource_tracker.unregister("/" + self.name, "shared_memory")
 
     def release(self) -> None:
         self.unlink()
-        shm, self.shm = self.shm, None
-        if shm is None:
+        buf, self.buf = self.buf, None
+        if buf is None:
             return
-        self.buf = None
         try:
-            shm.close()
+            buf.release()
+            self._map.close()
         except BufferError:
             pass  # a view is still alive somewhere: the mapping goes with it
 
@@ -122,10 +157,14 @@ class _Worker:
 
 
 class WorkerPool:
-    """A loader's persistent worker processes and their shared-memory slots."""
+    """A loader's persistent worker processes and their shared-memory slots.
+
+    Thread-safe: several runs submit to it and wait for results at once (NOTE [ Worker
+    processes ]).
+    """
 
     def __init__(self, num_workers: int, dataset: Any, batchify_fn: Any, worker_init_fn: Any, on_error: str,
-                 seed: int) -> None:
+                 seed: int, load_balance: str = "round_robin") -> None:
         import cloudpickle
 
         try:
@@ -133,13 +172,19 @@ class WorkerPool:
         except Exception as e:
             raise LoaderError(f"the dataset or batchify function cannot be sent to worker processes: "
                               f"{type(e).__name__}: {e}") from e
+        self._payload = payload
+        self._seed = seed
+        self.load_balance = load_balance
         self.workers = [_Worker(k, payload, num_workers, seed) for k in range(num_workers)]
+        self._lock = threading.RLock()
         self._blocks: weakref.WeakSet = weakref.WeakSet()
         self.arena = BatchArena(0, allocator=self._new_block)
         self.slot_bytes = _DEFAULT_SLOT
         self.inflight: dict[int, tuple] = {}   # task id -> (lease, worker id)
-        self.ready: dict[int, tuple] = {}      # task id -> (message, lease) received out of turn
+        self.ready: dict[int, tuple] = {}      # task id -> (message, lease) for whoever asks
         self.abandoned: set[int] = set()       # tasks whose results nobody will ask for
+        self.load = [0] * num_workers          # tasks in flight per worker
+        self.sent = [0] * num_workers          # tasks sent per worker, ever (load-balance checks)
         self._ids = itertools.count()
         self._rr = 0
         self.closed = False
@@ -152,83 +197,190 @@ class WorkerPool:
     def alive(self) -> bool:
         return not self.closed and all(w.alive() for w in self.workers)
 
+    def revive(self) -> None:
+        """Start a fresh process for every worker that died or was killed (same id)."""
+        with self._lock:
+            for k, w in enumerate(self.workers):
+                if not w.alive():
+                    self._reclaim(w)
+                    try:
+                        w.conn.close()
+                    except OSError:
+                        pass
+                    if w.proc.poll() is None:
+                        w.proc.kill()
+                        w.proc.wait()
+                    self.workers[k] = _Worker(k, self._payload, len(self.workers), self._seed)
+
+    def _pick(self) -> _Worker:
+        n = len(self.workers)
+        if self.load_balance == "least_loaded":
+            # Results that have arrived count as done even if nobody asked for them yet.
+            for w in self.workers:
+                try:
+                    while w.alive() and w.conn.poll(0):
+                        self._route(w, pickle.loads(w.conn.recv_bytes()))
+                except (EOFError, OSError, ConnectionResetError, WorkerError):
+                    pass   # the run that waits for this worker reports it
+            k = min(range(n), key=lambda i: (self.load[i], i))
+        else:
+            k = self._rr % n
+            self._rr += 1
+        return self.workers[k]
+
     def submit(self, indices: np.ndarray) -> tuple[int, int]:
-        w = self.workers[self._rr % len(self.workers)]
-        self._rr += 1
-        tid = next(self._ids)
-        lease = self.arena.acquire_bytes(self.slot_bytes)
-        block = lease.source
-        self.inflight[tid] = (lease, w.wid)
-        try:
-            w.conn.send_bytes(pickle.dumps(("task", tid, indices, block.name, lease.nbytes)))
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            pass  # reported by recv with the worker's exit status
-        return tid, w.wid
+        with self._lock:
+            w = self._pick()
+            tid = next(self._ids)
+            lease = self.arena.acquire_bytes(self.slot_bytes)
+            block = lease.source
+            self.inflight[tid] = (lease, w.wid)
+            self.load[w.wid] += 1
+            self.sent[w.wid] += 1
+            try:
+                w.conn.send_bytes(pickle.dumps(("task", tid, indices, block.name, lease.nbytes)))
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass  # reported by recv with the worker's exit status
+            return tid, w.wid
+
+    def _reclaim(self, w: _Worker) -> None:
+        """Free the slots of a worker that can no longer write (dead, or killed and reaped)."""
+        for tid in [t for t, (_lease, wid) in self.inflight.items() if wid == w.wid]:
+            del self.inflight[tid]
+            self.abandoned.discard(tid)
+        self.load[w.wid] = 0
 
     def _fail(self, w: _Worker, what: str) -> WorkerError:
         try:
             code = w.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            code = None
+            w.proc.kill()
+            code = w.proc.wait()
         w.dead = _exit_status(code)
-        return WorkerError(f"loaderlib worker {w.wid} (pid {w.proc.pid}) {w.dead if code is not None else 'closed its connection'} "
-                           f"while loading {what}; the batch is lost. A worker dies when its process is killed "
-                           "(e.g. out of memory) or crashes in native code.")
+        self._reclaim(w)
+        return WorkerError(f"loaderlib worker {w.wid} (pid {w.proc.pid}) {w.dead} while loading {what}; the batch "
+                           "is lost. A worker dies when its process is killed (e.g. out of memory) or crashes in "
+                           "native code; the next epoch starts a fresh one.")
+
+    def _hung(self, w: _Worker) -> None:
+        """Kill a worker that gave no result in time; its slots come back once it is reaped."""
+        if w.proc.poll() is None:
+            w.proc.kill()
+        w.proc.wait()
+        w.dead = "gave no result in time and was killed"
+        self._reclaim(w)
+
+    def kill(self, wid: int) -> None:
+        """Kill worker ``wid`` (stuck in user code); the next run starts a fresh one."""
+        with self._lock:
+            self._hung(self.workers[wid])
+
+    def _route(self, w: _Worker, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            w.ready = True
+            return
+        if kind == "init_error":
+            _, text, tb, _payload = msg
+            w.dead = "failed to start"
+            self._reclaim(w)
+            raise WorkerError(f"loaderlib worker {w.wid} could not load the dataset / batchify function: "
+                              f"{text}\n{tb}")
+        mid = msg[1]
+        entry = self.inflight.pop(mid, None)
+        if entry is not None:
+            self.load[entry[1]] = max(0, self.load[entry[1]] - 1)
+        lease = entry[0] if entry else None
+        if mid in self.abandoned:
+            self.abandoned.discard(mid)   # its slot is free again now
+        elif kind != "cancelled":
+            self.ready[mid] = (msg, lease)
 
     def recv(self, wid: int, tid: int, timeout: float | None, what: str, stop: Any = None) -> tuple:
-        """The result message of task ``tid`` (discarding results of abandoned tasks)."""
-        w = self.workers[wid]
+        """The result message of task ``tid`` (routing other tasks' results on the way)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if tid in self.ready:
-                return self.ready.pop(tid)
+            with self._lock:
+                if tid in self.ready:
+                    return self.ready.pop(tid)
+                w = self.workers[wid]
+                if tid not in self.inflight:
+                    raise WorkerError(f"loaderlib worker {wid} {w.dead or 'was replaced'}; cannot load {what}")
             if stop is not None and stop.is_set():
                 raise _Stopped()
-            if w.dead is not None:
-                raise WorkerError(f"loaderlib worker {w.wid} (pid {w.proc.pid}) {w.dead}; cannot load {what}")
             try:
-                has = w.conn.poll(0.1)
-            except (EOFError, OSError):
-                raise self._fail(w, what) from None
-            if not has:
-                if w.proc.poll() is not None:
-                    raise self._fail(w, what)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise LoaderTimeoutError(f"worker {w.wid} gave no result within timeout={timeout} s for {what}")
-                continue
-            try:
-                msg = pickle.loads(w.conn.recv_bytes())
-            except (EOFError, OSError, ConnectionResetError):
-                raise self._fail(w, what) from None
-            kind = msg[0]
-            if kind == "ready":
-                w.ready = True
-                continue
-            if kind == "init_error":
-                _, text, tb, _payload = msg
-                w.dead = "failed to start"
-                err = WorkerError(f"loaderlib worker {w.wid} could not load the dataset / batchify function: "
-                                  f"{text}\n{tb}")
-                raise err
-            mid = msg[1]
-            entry = self.inflight.pop(mid, None)
-            lease = entry[0] if entry else None
-            if mid == tid:
-                return msg, lease
-            if mid in self.abandoned:
-                self.abandoned.discard(mid)   # its slot is free again now
-            else:
-                self.ready[mid] = (msg, lease)  # a later batch's result (the skip fill path)
+                readable = bool(mp_wait([w.conn], 0.1))
+            except (OSError, ValueError):
+                readable = True   # closed: recv below says how
+            with self._lock:
+                if tid in self.ready:
+                    return self.ready.pop(tid)
+                if not readable:
+                    if w.proc.poll() is not None:
+                        raise self._fail(w, what)
+                    if deadline is not None and time.monotonic() > deadline:
+                        self._hung(w)
+                        raise LoaderTimeoutError(f"worker {wid} gave no result within timeout={timeout} s for "
+                                                 f"{what}; it was killed, and the next epoch starts a fresh one")
+                    continue
+                try:
+                    if not w.conn.poll(0):
+                        continue   # another thread took it
+                    msg = pickle.loads(w.conn.recv_bytes())
+                except (EOFError, OSError, ConnectionResetError):
+                    raise self._fail(w, what) from None
+                self._route(w, msg)
 
     def abandon(self, tid: int) -> None:
-        """Nobody will ask for task ``tid``: drop its result (and free its slot) on arrival."""
-        if self.ready.pop(tid, None) is None and tid in self.inflight:
+        """Nobody will ask for task ``tid``: the worker skips it if it has not started, and its
+        result (and slot) is dropped on arrival."""
+        with self._lock:
+            if self.ready.pop(tid, None) is not None or tid not in self.inflight:
+                return
             self.abandoned.add(tid)
+            w = self.workers[self.inflight[tid][1]]
+            try:
+                w.conn.send_bytes(pickle.dumps(("cancel", tid)))
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass
+
+    def drain(self, tids: list[int], timeout: float | None) -> None:
+        """Wait until the abandoned tasks ``tids`` have come back (their slots are free then);
+        a worker that holds one past ``timeout`` is killed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                left = [t for t in tids if t in self.inflight]
+                if not left:
+                    return
+                busy = {self.inflight[t][1] for t in left}
+            conns = [self.workers[k].conn for k in busy]
+            try:
+                mp_wait(conns, 0.1)
+            except (OSError, ValueError):
+                pass
+            with self._lock:
+                for k in busy:
+                    w = self.workers[k]
+                    try:
+                        while w.conn.poll(0):
+                            self._route(w, pickle.loads(w.conn.recv_bytes()))
+                    except (EOFError, OSError, ConnectionResetError):
+                        self._fail(w, "an abandoned batch")
+                    except WorkerError:
+                        pass
+                    if w.proc.poll() is not None and any(self.inflight.get(t, (0, -1))[1] == k for t in left):
+                        self._fail(w, "an abandoned batch")
+                if deadline is not None and time.monotonic() > deadline:
+                    for k in busy:
+                        if any(self.inflight.get(t, (0, -1))[1] == k for t in tids):
+                            self._hung(self.workers[k])
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
         for w in self.workers:
             try:
                 w.conn.send_bytes(pickle.dumps(("stop",)))
@@ -243,8 +395,10 @@ class WorkerPool:
                 w.proc.wait()
             w.conn.close()
         # No worker can write any more: every slot may go.
-        self.inflight.clear()
-        self.ready.clear()
+        with self._lock:
+            self.inflight.clear()
+            self.ready.clear()
+            self.abandoned.clear()
         self.arena.clear()
         # Batches the user still holds keep their memory, but no name outlives the pool.
         for block in list(self._blocks):
@@ -291,12 +445,20 @@ class ProcessesProducer(Producer):
     """Batches loaded by the loader's worker pool (see NOTE [ Worker processes ])."""
 
     def __init__(self, *, pool: WorkerPool, timeout: float | None, knobs: Any, recorder: Any, on_error: str,
-                  state: RunState) -> None:
+                 state: RunState, max_in_flight: int) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.pool = pool
         self.timeout = timeout
         self.knobs = knobs
-        self.lookahead = max(2, 2 * len(pool.workers))
+        self.lookahead = max(1, int(max_in_flight))
+        self._cancelled: list[int] = []
+        self._waiting: tuple | None = None   # (task id, worker id, batch number) being waited for
+        # The ring for every batch this run can hold (in flight, queued, being consumed), now:
+        # steady state then allocates no shared memory (NOTE [ Arena growth ]).
+        need = self.lookahead + knobs.prefetch + 2
+        if pool.arena.num_slots < need:
+            pool.arena.num_slots = need
+            pool.arena.reserve(BatchLayout.of([((pool.slot_bytes,), np.uint8)]))
         self._stage_ns = [0, 0]
         self._last_end = 0   # when the previous batch finished (NOTE [ Batch wall time ])
 
@@ -306,10 +468,37 @@ class ProcessesProducer(Producer):
 
     def cancel(self, handle: tuple) -> None:
         self.pool.abandon(handle[1])  # the pool keeps the slot until the worker's result arrives
+        self._cancelled.append(handle[1])
+
+    def close(self, wait: bool = True) -> None:
+        # Workers persist with the loader; this run's batches still at them come back now.
+        if wait and self._cancelled:
+            tids, self._cancelled = self._cancelled, []
+            self.pool.drain(tids, self.timeout)
+        self._cancelled.append(handle[1])
+
+    def close(self, wait: bool = True) -> None:
+        # Workers persist with the loader; this run's batches still at them come back now.
+        if wait and self._cancelled:
+            tids, self._cancelled = self._cancelled, []
+            self.pool.drain(tids, self.timeout)
+
+    def timed_out(self) -> str | None:
+        waiting = self._waiting
+        if waiting is None:
+            return None
+        tid, wid, number = waiting
+        self.pool.kill(wid)
+        return (f"worker {wid} was still on batch {number} and was killed; the next epoch starts a fresh one in "
+                "its place")
 
     def _result(self, task: Task, tid: int, wid: int) -> tuple[Any, int]:
         what = f"batch {task.number} of epoch {self.state.epoch}"
-        msg, lease = self.pool.recv(wid, tid, self.timeout, what, self.state.stop)
+        self._waiting = (tid, wid, task.number)
+        try:
+            msg, lease = self.pool.recv(wid, tid, self.timeout, what, self.state.stop)
+        finally:
+            self._waiting = None
         if msg[0] == "error":
             _, _, index, source, text, tb, payload = msg
             exc = None

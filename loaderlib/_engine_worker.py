@@ -9,6 +9,7 @@ See NOTE [ Worker processes ] in ``_engine_procs.py``.
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 import pickle
@@ -164,11 +165,34 @@ def _run(conn: Any) -> None:
     _send(conn, ("ready", os.getpid()))
     maps = _Maps()
     src_of = getattr(dataset, "source", None)
-    while True:
-        msg = pickle.loads(conn.recv_bytes())
+    pending: collections.deque = collections.deque()
+    cancelled: set = set()
+
+    def take(msg: tuple) -> bool:
         if msg[0] == "stop":
+            return False
+        if msg[0] == "cancel":
+            cancelled.add(msg[1])
+        else:
+            pending.append(msg)
+        return True
+
+    while True:
+        # Read everything that has arrived before starting a task, so a task cancelled
+        # while it waited in the socket is skipped (NOTE [ Worker processes ]).
+        if not pending and not take(pickle.loads(conn.recv_bytes())):
             return
+        while conn.poll(0):
+            if not take(pickle.loads(conn.recv_bytes())):
+                return
+        if not pending:
+            continue
+        msg = pending.popleft()
         _, task_id, indices, shm_name, shm_size = msg
+        if task_id in cancelled:
+            cancelled.discard(task_id)
+            _send(conn, ("cancelled", task_id))
+            continue
         samples, failures = [], []
         failed = None
         t0 = time.perf_counter_ns()

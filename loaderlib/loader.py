@@ -919,7 +919,7 @@ class DataLoader:
     # close() and dropping the loader release it.
 
     def _epoch_nearly_done(self, run: _Run) -> None:
-        if self._warm is not None or self._closed or self.engine == "processes":
+        if self._warm is not None or self._closed:
             return
         s = self._pure_sampler()
         if s is None or self._resume is not None:
@@ -954,8 +954,8 @@ class DataLoader:
     def _iterator_closed(self, run: _Run) -> None:
         """An iterator ended (exhausted, closed or dropped): unless a warm next epoch uses
         them, the Python pool's threads go too, so an idle loader holds no threads."""
-        if not run.state.exhausted:
-            self._drop_warm()   # an early break: nothing of this loader keeps running
+        if not run.state.exhausted or run.failed or run.interrupted:
+            self._drop_warm()   # an early break or an error: nothing of this loader keeps running
         it = self._current() if self._current is not None else None
         busy = self._warm is not None or (it is not None and not it._run.closed)
         if not busy and self._pool is not None:
@@ -1031,21 +1031,15 @@ class DataLoader:
         if a.engine == "threads":
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
                                    pool=self._python_pool(), **common)
-        from ._engine_procs import ProcessesProducer
+        from ._engine_procs import ProcessesProducer, WorkerPool
 
-        if self._workers is None or not self._workers.alive():
-            from ._engine_procs import WorkerPool
-
-            if self._workers is not None:
-                self._workers.close()
+        if self._workers is None or self._workers.closed:
             self._workers = WorkerPool(self.num_workers, self.dataset, self.batchify_fn, self.worker_init_fn,
-                                       self.on_error, self.seed)
+                                       self.on_error, self.seed, load_balance=self.load_balance)
         else:
-            # Workers are shared by the loader's iterators: only one may run at a time.
-            current = self._current() if self._current is not None else None
-            if current is not None:
-                current.close()
-        return ProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs, **common)
+            self._workers.revive()   # a worker that died or timed out gets a fresh process
+        return ProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs,
+                                 max_in_flight=self.max_in_flight, **common)
 
     def close(self) -> None:
         """Stop threads and workers and free arena slots. Idempotent."""

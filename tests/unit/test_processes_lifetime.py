@@ -1,0 +1,160 @@
+"""Processes engine lifetime: early breaks return everything, hung workers are replaced,
+iterators share the pool, load balancing, worker info."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import loaderlib as ll
+from loaderlib import DataLoader
+from loaderlib.datasets import ArrayDataset
+
+
+def _shm_names():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _xy(n=40):
+    return np.arange(n * 4, dtype=np.float32).reshape(n, 4), np.arange(n, dtype=np.int64)
+
+
+def _double(a, b):
+    return a * 2, b
+
+
+def test_thirty_early_breaks_leave_nothing_behind():
+    x, y = _xy(200)
+    shm0 = _shm_names()
+    loader = DataLoader(ArrayDataset(x, y).transform(_double), batch_size=4, num_workers=2, timeout=60)
+    for _ in range(2):           # the steady pool: workers started, ring sized
+        for _b in loader:
+            break
+    del _b
+    gc.collect()
+    shm1, fd1 = _shm_names(), _fds()
+    for _ in range(30):
+        for a, b in loader:
+            np.testing.assert_array_equal(a, x[b] * 2)
+            break
+    del a, b
+    gc.collect()
+    pool = loader._workers
+    assert pool.arena.stats["leased"] == 0 and not pool.inflight
+    assert _shm_names() == shm1
+    assert _fds() == fd1
+    loader.close()
+    assert _shm_names() == shm0
+
+
+class _HangsOnce:
+    """Blocks forever the first time any worker loads sample 5 (a flag file marks it)."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i == 5 and not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+            threading.Event().wait()
+        return np.float32(i)
+
+
+def test_hung_worker_is_replaced(tmp_path):
+    loader = DataLoader(_HangsOnce(str(tmp_path / "flag")), batch_size=2, num_workers=2, timeout=3)
+    pids = None
+    with pytest.raises(ll.LoaderTimeoutError, match="was killed"):
+        for _ in loader:
+            pids = pids or [w.proc.pid for w in loader._workers.workers]
+    assert sum(w.alive() for w in loader._workers.workers) == 1
+    got = np.concatenate(list(loader))                 # the next epoch: a fresh worker in its place
+    np.testing.assert_array_equal(got, np.arange(12, dtype=np.float32))
+    assert all(w.alive() for w in loader._workers.workers)
+    assert [w.proc.pid for w in loader._workers.workers] != pids
+    loader.close()
+
+
+def test_killed_worker_is_replaced_next_epoch():
+    x, y = _xy(80)
+    loader = DataLoader(ArrayDataset(x, y).transform(_double), batch_size=4, num_workers=2, timeout=60)
+    it = iter(loader)
+    next(it)
+    os.kill(loader._workers.workers[0].proc.pid, signal.SIGKILL)
+    with pytest.raises(ll.WorkerError, match="worker 0"):
+        for _ in it:
+            pass
+    got = [b for _, b in loader]
+    assert np.concatenate(got).tolist() == list(range(80))
+    loader.close()
+
+
+def test_two_iterators_share_the_workers():
+    x, y = _xy(48)
+    loader = DataLoader(ArrayDataset(x, y).transform(_double), batch_size=4, num_workers=2, timeout=60)
+    a, b = iter(loader), iter(loader)
+    got_a, got_b = [], []
+    for pair in zip(a, b):
+        got_a.append(pair[0][1].copy())
+        got_b.append(pair[1][1].copy())
+    got_a += [t[1].copy() for t in a]
+    got_b += [t[1].copy() for t in b]
+    assert np.concatenate(got_a).tolist() == list(range(48))
+    assert np.concatenate(got_b).tolist() == list(range(48))
+    loader.close()
+
+
+class _SlowOnWorkerZero:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        info = ll.get_worker_info()
+        if info is not None and info.id == 0:
+            time.sleep(0.02)
+        return np.float32(i)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded"])
+def test_load_balance_keeps_order(policy):
+    loader = DataLoader(_SlowOnWorkerZero(), batch_size=2, num_workers=2, load_balance=policy, max_in_flight=4,
+                        timeout=60)
+    got = np.concatenate(list(loader))
+    np.testing.assert_array_equal(got, np.arange(64, dtype=np.float32))
+    sent = loader._workers.sent   # the 32 batches, and the warm next epoch's first ones
+    assert sum(sent) >= 32
+    if policy == "round_robin":
+        assert abs(sent[0] - sent[1]) <= 1
+    else:
+        assert sent[1] > sent[0]    # the slow worker gets fewer batches
+    loader.close()
+
+
+def _record_init(wid):
+    info = ll.get_worker_info()
+    with open(os.environ["LL_TEST_INIT_LOG"], "a") as f:
+        f.write(f"{wid} {info.id} {info.num_workers} {info.seed}\n")
+
+
+def test_worker_init_fn_sees_worker_info(tmp_path, monkeypatch):
+    log = tmp_path / "init.log"
+    monkeypatch.setenv("LL_TEST_INIT_LOG", str(log))
+    x, y = _xy(8)
+    loader = DataLoader(ArrayDataset(x, y).transform(_double), batch_size=4, num_workers=2, seed=100,
+                        worker_init_fn=_record_init, timeout=60)
+    list(loader)
+    loader.close()
+    lines = sorted(log.read_text().split("\n")[:-1])
+    assert lines == ["0 0 2 100", "1 1 2 101"]
