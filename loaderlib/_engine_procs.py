@@ -52,6 +52,7 @@ from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
 from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
 from .arena import BatchArena, BatchLayout
+from ._tree import tree_map
 from .batchify import Shards
 from .errors import LoaderError, LoaderTimeoutError, WorkerError
 
@@ -411,34 +412,39 @@ class WorkerPool:
             pass
 
 
+def _view(ref: _Ref, whole: np.ndarray) -> np.ndarray:
+    n = int(np.prod(ref.shape, dtype=np.int64)) * np.dtype(ref.dtype).itemsize
+    return whole[ref.offset:ref.offset + n].view(np.dtype(ref.dtype)).reshape(ref.shape)
+
+
 def _decode(structure: Any, whole: np.ndarray) -> Any:
-    if isinstance(structure, _Ref):
-        n = int(np.prod(structure.shape, dtype=np.int64)) * np.dtype(structure.dtype).itemsize
-        return whole[structure.offset:structure.offset + n].view(np.dtype(structure.dtype)).reshape(structure.shape)
-    if isinstance(structure, _ShardsRef):
-        return Shards(_decode(structure.batch, whole), structure.num_shards)
-    if isinstance(structure, tuple):
-        return tuple(_decode(x, whole) for x in structure)
-    if isinstance(structure, list):
-        return [_decode(x, whole) for x in structure]
-    if isinstance(structure, dict):
-        return {k: _decode(v, whole) for k, v in structure.items()}
-    return structure
+    """The batch a worker described: references into the slot become views of it."""
+
+    # NOTE: no closure that refers to itself here: that cycle would keep ``whole`` (and so
+    # the slot) alive until the garbage collector runs.
+    def leaf(x: Any) -> Any:
+        if isinstance(x, _Ref):
+            return _view(x, whole)
+        if isinstance(x, _ShardsRef):
+            return Shards(_view(x.batch, whole), x.num_shards)
+        return x
+
+    return tree_map(leaf, structure)
 
 
 def _concat(a: Any, b: Any) -> Any:
     """Join two collated batches along the sample axis (the rare on_error="skip" fill path)."""
-    if isinstance(a, Shards):
-        return Shards(np.concatenate([a.batch, b.batch]), len(a))
-    if isinstance(a, np.ndarray):
-        return np.concatenate([a, b])
-    if isinstance(a, tuple):
-        return tuple(_concat(x, y) for x, y in zip(a, b))
-    if isinstance(a, list):
-        return a + b
-    if isinstance(a, dict):
-        return {k: _concat(a[k], b[k]) for k in a}
-    raise LoaderError(f"on_error='skip' cannot join batches of type {type(a).__name__}")
+
+    def leaf(x: Any, y: Any) -> Any:
+        if isinstance(x, Shards):
+            return Shards(np.concatenate([x.batch, y.batch]), len(x))
+        if isinstance(x, np.ndarray):
+            return np.concatenate([x, y])
+        if isinstance(x, list):
+            return x + y
+        raise LoaderError(f"on_error='skip' cannot join batches of type {type(x).__name__}")
+
+    return tree_map(leaf, a, b, is_leaf=lambda x: isinstance(x, list) and not isinstance(x, tuple))
 
 
 class ProcessesProducer(Producer):
@@ -453,9 +459,10 @@ class ProcessesProducer(Producer):
         self.lookahead = max(1, int(max_in_flight))
         self._cancelled: list[int] = []
         self._waiting: tuple | None = None   # (task id, worker id, batch number) being waited for
-        # The ring for every batch this run can hold (in flight, queued, being consumed), now:
-        # steady state then allocates no shared memory (NOTE [ Arena growth ]).
-        need = self.lookahead + knobs.prefetch + 2
+        # The ring for every batch this run can hold, now: in flight at the workers, queued,
+        # the one the driver is queueing, the one the user just took and the one it still
+        # keeps from before. Steady state then allocates no shared memory (NOTE [ Arena growth ]).
+        need = self.lookahead + knobs.prefetch + 3
         if pool.arena.num_slots < need:
             pool.arena.num_slots = need
             pool.arena.reserve(BatchLayout.of([((pool.slot_bytes,), np.uint8)]))

@@ -89,19 +89,17 @@ class _Encoder:
         self.needed = cursor
 
     def encode(self, obj: Any) -> Any:
+        from ._tree import tree_map
         from .batchify import Shards
 
-        if isinstance(obj, Shards):
-            return _ShardsRef(self.encode(obj.batch), len(obj))
-        if isinstance(obj, np.ndarray) and obj.dtype != object and obj.dtype.fields is None:
-            return self._array(obj)
-        if isinstance(obj, tuple):
-            return tuple(self.encode(x) for x in obj)
-        if isinstance(obj, list):
-            return [self.encode(x) for x in obj]
-        if isinstance(obj, dict):
-            return {k: self.encode(v) for k, v in obj.items()}
-        return obj
+        def leaf(x: Any) -> Any:
+            if isinstance(x, Shards):
+                return _ShardsRef(self._array(x.batch), len(x))
+            if isinstance(x, np.ndarray) and x.dtype != object and x.dtype.fields is None:
+                return self._array(x)
+            return x
+
+        return tree_map(leaf, obj)
 
     def _array(self, a: np.ndarray) -> Any:
         addr = a.ctypes.data
