@@ -37,7 +37,7 @@ from _report import machine_summary
 
 from loaderlib import transforms as T
 from loaderlib._synth import encode_jpeg, photo_like
-from loaderlib.pipeline import compile_chain
+from loaderlib._chain import compile_chain
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -1,6 +1,6 @@
 """loaderlib: a data loader whose common path runs in nogil kernels on an OpenMP pool."""
 
-from . import batchify, pipeline, sampler, transforms
+from . import batchify, sampler, transforms
 from ._build import build_info
 from .arena import BatchArena
 from .datasets import (
@@ -13,7 +13,7 @@ from .datasets import (
     TupleDataset,
     write_records,
 )
-from .decode import DecodeError, decode, decode_batch, jpeg_info
+from .decoding import DecodeError, decode, decode_batch, jpeg_info
 from ._worker_info import WorkerInfo, get_worker_info
 from .errors import DecodeWarning, LoaderError, LoaderTimeoutError, SampleFailure, StateError, WorkerError
 from .loader import DataLoader
@@ -52,7 +52,6 @@ __all__ = [
     "decode_batch",
     "get_worker_info",
     "jpeg_info",
-    "pipeline",
     "sampler",
     "transforms",
     "write_records",

@@ -22,7 +22,7 @@ from ._engine_base import Produced, Producer, RunState, Task, _clock
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
 from .datasets import _TransformDataset
-from .pipeline import BatchStatus
+from ._chain import BatchStatus
 from .errors import DecodeError, DecodeWarning
 
 # --------------------------------------------------------------------------- collation
@@ -403,6 +403,7 @@ class PythonPool:
         self._size = -1
         self._old: list = []
         self._lock = threading.Lock()
+        self.last_end = 0   # when the pool's previous batch finished (NOTE [ Batch wall time ])
 
     @property
     def size(self) -> int:
@@ -529,7 +530,8 @@ class ThreadsProducer(Producer):
             self._stream.popleft()[2].cancel()
 
     def finish(self, task: Task) -> Produced | None:
-        t0 = self._stream_t0 or _clock()
+        # Not before the pool's previous batch ended, whichever run made it (NOTE [ Batch wall time ]).
+        t0 = max(self._stream_t0 or _clock(), self.pool.last_end)
         nthreads = max(1, self.pool.size)
         samples: list = []
         python_ns = read_ns = 0
@@ -562,6 +564,7 @@ class ThreadsProducer(Producer):
         self._stream_t0 = _clock() if self._stream else 0
         batch = collate_recorded(self.batchify_fn, samples, self.arena, self.rec,
                                  {"read": read_ns, "python": python_ns}, t0, nthreads)
+        self.pool.last_end = max(self.pool.last_end, _clock())
         return None if batch is None else Produced(batch, end, len(samples), task.target)
 
     def close(self, wait: bool = True) -> None:

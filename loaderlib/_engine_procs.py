@@ -189,6 +189,10 @@ class WorkerPool:
         self._ids = itertools.count()
         self._rr = 0
         self.closed = False
+        # When the pool's previous batch finished, whichever run made it: a warm next epoch's
+        # first batch does not count the seconds the workers spent on the epoch before
+        # (NOTE [ Batch wall time ]).
+        self.last_end = 0
 
     def _new_block(self, nbytes: int) -> _ShmBlock:
         block = _ShmBlock(nbytes)
@@ -467,7 +471,6 @@ class ProcessesProducer(Producer):
             pool.arena.num_slots = need
             pool.arena.reserve(BatchLayout.of([((pool.slot_bytes,), np.uint8)]))
         self._stage_ns = [0, 0]
-        self._last_end = 0   # when the previous batch finished (NOTE [ Batch wall time ])
 
     def submit(self, task: Task) -> tuple:
         tid, wid = self.pool.submit(task.indices)
@@ -563,7 +566,7 @@ class ProcessesProducer(Producer):
             # Stage times are the workers' own; wall time is the loader's wait for this batch,
             # not counting what overlaps the previous batch's (NOTE [ Batch wall time ]).
             self.rec.batch_done(n, {"python": self._stage_ns[0], "collate": self._stage_ns[1]},
-                                batch_wall(t0, self._last_end, now), len(self.pool.workers))
-        self._last_end = now
+                                batch_wall(t0, self.pool.last_end, now), len(self.pool.workers))
+        self.pool.last_end = max(self.pool.last_end, now)
         return None if batch is None else Produced(batch, end, n, want)
 

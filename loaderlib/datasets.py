@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .decode import decode
+from .decoding import decode
 
 __all__ = [
     "IMAGE_EXTENSIONS",

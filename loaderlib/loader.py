@@ -59,7 +59,7 @@ from .datasets import (
 )
 from .errors import StateError
 from .webdataset import WebDataset
-from .pipeline import compile_chain
+from ._chain import compile_chain
 from .sampler import (
     LAST_BATCH_MODES,
     BatchSampler,

@@ -9,7 +9,7 @@ threads) that
   sample is decoded.
 
 A chain made only of these transforms (in the order decode, geometry, point-wise,
-layout) is compiled by :func:`loaderlib.pipeline.compile_chain` into one native pass per
+layout) is compiled by :func:`loaderlib._chain.compile_chain` into one native pass per
 sample (see NOTE [ Fused geometry ] in ``pyx/include/ll_chain.h``) that computes what the
 chain computes step by step: the same boxes and flips, and resampling within +-1 level
 (bitwise equal to calling the chain here when DCT scaling is off).
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from ._ext import _transform
-from .decode import DEFAULT_MAX_PIXELS
-from .decode import decode as _decode_image
+from .decoding import DEFAULT_MAX_PIXELS
+from .decoding import decode as _decode_image
 
 __all__ = [
     "Cast",
@@ -270,7 +270,7 @@ class Decode(Transform):
         enough (the largest saving for ImageNet-style crops; pixels differ slightly from a
         full decode followed by a resize). False: always decode at full resolution.
     max_pixels : int or None
-        Decompression-bomb guard (see :data:`loaderlib.decode.DEFAULT_MAX_PIXELS`).
+        Decompression-bomb guard (see :data:`loaderlib.decoding.DEFAULT_MAX_PIXELS`).
     strict : bool
         Refuse JPEGs that libjpeg can only decode by recovering from corrupt data.
 

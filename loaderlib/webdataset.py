@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .datasets import Dataset
-from .decode import decode
+from .decoding import decode
 from .errors import LoaderError
 
 __all__ = ["WebDataset", "expand_shards"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import loaderlib as ll
-from loaderlib.decode import decode_batch, jpeg_info, scale_denominator
+from loaderlib.decoding import decode_batch, jpeg_info, scale_denominator
 from tests.conftest import DATA, cv2_reference, encode_cmyk_jpeg, encode_jpeg, make_photo
 
 REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}

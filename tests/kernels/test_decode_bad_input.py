@@ -12,7 +12,7 @@ import pytest
 
 import loaderlib as ll
 from loaderlib import DecodeError, DecodeWarning
-from loaderlib.decode import DEFAULT_MAX_PIXELS, decode_batch, jpeg_info
+from loaderlib.decoding import DEFAULT_MAX_PIXELS, decode_batch, jpeg_info
 from tests.conftest import DATA, cv2_reference, encode_cmyk_jpeg, encode_jpeg, make_photo
 
 

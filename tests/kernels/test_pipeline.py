@@ -1,4 +1,4 @@
-"""The fused native executor (loaderlib.pipeline) against the same chains done step by step
+"""The fused native executor (loaderlib._chain) against the same chains done step by step
 with OpenCV and numpy, plus determinism, sources (buffers, files, records), errors and
 misuse."""
 
@@ -12,7 +12,7 @@ import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._synth import encode_jpeg
 from loaderlib.errors import DecodeError
-from loaderlib.pipeline import BatchStatus, NativePlan, compile_chain
+from loaderlib._chain import BatchStatus, NativePlan, compile_chain
 from tests.conftest import cv2_reference, encode_cmyk_jpeg, make_photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

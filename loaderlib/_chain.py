@@ -32,7 +32,7 @@ import numpy as np
 from . import _threads
 from . import transforms as T
 from ._ext import _pipeline
-from .decode import decode as _decode_image
+from .decoding import decode as _decode_image
 from .errors import DecodeError
 
 __all__ = ["BatchStatus", "NativePlan", "compile_chain"]
