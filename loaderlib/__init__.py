@@ -18,6 +18,7 @@ from ._worker_info import WorkerInfo, get_worker_info
 from .errors import DecodeWarning, LoaderError, LoaderTimeoutError, SampleFailure, StateError, WorkerError
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
+from .stats import Stats
 from .webdataset import WebDataset
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "ShardedSampler",
     "SimpleDataset",
     "StateError",
+    "Stats",
     "TupleDataset",
     "WebDataset",
     "WeightedRandomSampler",

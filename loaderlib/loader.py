@@ -77,7 +77,7 @@ ENGINES = ("native", "threads", "processes")
 
 
 def _make_recorder(enabled: bool) -> Any:
-    from .profiling.recorder import StageRecorder
+    from ._recorder import StageRecorder
 
     return StageRecorder(enabled=enabled)
 

@@ -1,10 +1,10 @@
 """Per-stage instrumentation, the infinitely-fast-model harness and notebook dashboards.
 
-Installed as ``loaderlib.profiling``. ipywidgets and matplotlib are imported lazily, only
-by the functions that draw. The recorder and the ``Stats`` snapshot are imported eagerly
-(the engines need them and they depend on numpy alone); everything else is loaded on first
-use, which also keeps ``import loaderlib`` free of import cycles (the engine imports the
-recorder while ``loaderlib`` itself is still being imported).
+Installed as ``loaderlib.profiling``. It reads the core's public API and is never imported
+by it: the recorder and the ``Stats`` snapshot live in the core (``loaderlib._recorder``,
+``loaderlib.stats``) and are re-exported here. ipywidgets and matplotlib are imported lazily,
+only by the functions that draw; everything else is loaded on first use. Baselines for
+comparisons (a plain Python thread-pool loader) live in ``loaderlib.profiling.baselines``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .recorder import StageRecorder
-from .stats import STAGES, Stats
+from .._recorder import StageRecorder
+from ..stats import STAGES, Stats
 
 __all__ = [
     "STAGES",
@@ -25,8 +25,6 @@ __all__ = [
     "benchmark",
     "build_demo_dataset",
     "diagnose",
-    "python_thread_loader",
-    "replay_consumer",
 ]
 
 _LAZY = {
@@ -34,8 +32,6 @@ _LAZY = {
     "Report": ".report",
     "Verdict": ".verdict",
     "diagnose": ".verdict",
-    "replay_consumer": ".harness",
-    "python_thread_loader": ".baselines",
     "build_demo_dataset": ".demo",
     "Dashboard": ".dashboard",
 }

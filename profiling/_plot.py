@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .stats import STAGES
+from ..stats import STAGES
 
 # One colour per stage, stable across every drawing (and the dashboard).
 STAGE_COLORS = {

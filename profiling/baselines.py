@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .recorder import StageRecorder
-from .stats import STAGES
+from .._recorder import StageRecorder
+from ..stats import STAGES
 
 __all__ = [
     "PythonThreadLoader",

@@ -18,7 +18,7 @@ import sys
 import warnings
 from typing import Any
 
-from .stats import STAGES
+from ..stats import STAGES
 
 __all__ = ["main"]
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .stats import STAGES, Stats
+from ..stats import STAGES, Stats, busy_fraction
 
 __all__ = ["Dashboard"]
 
@@ -420,7 +420,7 @@ def _recent(stats: Stats, seconds: float = RECENT_S) -> dict:
         "samples_per_s": samples / wall,
         # Pool busy over the interval, as the harness computes it (NOTE [ Busy fraction over
         # the window ] in harness.py).
-        "busy": sum(stage_s.values()) / (threads * wall),
+        "busy": busy_fraction(sum(stage_s.values()), threads * wall),
         "wait_fraction": wait_s / wall,
         "wait_s": wait_s,
         "wall_s": wall,

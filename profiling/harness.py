@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .stats import STAGES
+from ..stats import STAGES, busy_fraction
 
 __all__ = ["benchmark", "replay_consumer"]
 
@@ -551,10 +551,7 @@ def benchmark(
         # keep several batches in flight (their batch walls overlap); the window's figure
         # does not, and it also counts the time the pool idled on a full queue.
         pool = main.stats.num_threads if main.stats is not None and main.stats.num_threads else None
-        if pool and main.wall_s > 0:
-            busy = sum(stage_s.values()) / (pool * main.wall_s)
-        else:
-            busy = sum(stage_s.values()) / main.capacity_s if main.capacity_s > 0 else 0.0
+        busy = busy_fraction(sum(stage_s.values()), pool * main.wall_s if pool else main.capacity_s)
         stage_mean_ms = {k: (1e3 * v / main.samples if main.samples else 0.0) for k, v in stage_s.items()}
     threads = getattr(loader, "num_threads", None)
     verdict = diagnose(

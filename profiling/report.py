@@ -7,7 +7,7 @@ import html
 import json
 from typing import Any
 
-from .stats import STAGES, Stats, _jsonable
+from ..stats import STAGES, Stats, _jsonable
 from .verdict import Verdict
 
 __all__ = ["Report"]

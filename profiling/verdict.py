@@ -43,7 +43,7 @@ import dataclasses
 import html
 from typing import Any
 
-from .stats import STAGES
+from ..stats import STAGES
 
 __all__ = ["BOTTLENECKS", "Verdict", "diagnose"]
 

@@ -9,7 +9,8 @@ import time
 import cv2
 import numpy as np
 import pytest
-from loaderlib.profiling import STAGES, Report, benchmark, replay_consumer
+from loaderlib.profiling import STAGES, Report, benchmark
+from loaderlib.profiling.harness import replay_consumer
 from loaderlib.profiling.baselines import (
     PythonThreadLoader,
     ResNetTrainTransform,

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 from loaderlib.profiling import STAGES, StageRecorder, Stats
-from loaderlib.profiling import recorder as recorder_mod
+from loaderlib import _recorder as recorder_mod
 
 
 class FakeClock:
@@ -316,3 +316,19 @@ def test_plot_returns_a_figure(clock):
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     line = fig.axes[1].lines[0]
     assert len(line.get_xdata()) == len(rec.snapshot().series["t_s"])
+
+
+def test_core_runs_and_records_without_importing_profiling():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, loaderlib as ll\n"
+        "loader = ll.DataLoader(ll.ArrayDataset(np.zeros((8, 2)), np.arange(8)).transform(lambda a, b: (a, b)),"
+        " batch_size=4, profile=True)\n"
+        "list(loader)\n"
+        "assert isinstance(loader.stats, ll.Stats) and loader.stats.samples == 8\n"
+        "print(sorted(m for m in sys.modules if m.startswith('loaderlib.profiling')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .stats import STAGES, Stats
+from .stats import STAGES, Stats, busy_fraction
 
 __all__ = ["STAGES", "StageRecorder", "Stats"]
 
@@ -392,7 +392,7 @@ def _build_stats(s: dict, rows: np.ndarray, bins: list) -> Stats:
         d = dur / 1e9
         t_s.append((start + dur) / 1e9)
         sps.append(b.samples / d)
-        busy.append(sum(b.stage_ns) / b.capacity_ns if b.capacity_ns else 0.0)
+        busy.append(busy_fraction(sum(b.stage_ns), b.capacity_ns))
         waitf.append(min(1.0, b.wait_ns / dur))
         qd.append(b.q_sum / b.q_n if b.q_n else float("nan"))
         thr.append(float(b.threads))
@@ -424,7 +424,7 @@ def _build_stats(s: dict, rows: np.ndarray, bins: list) -> Stats:
         percentile_source=s["percentile_source"],
         producer_wall_s=s["wall_ns"] / 1e9,
         thread_capacity_s=s["capacity_ns"] / 1e9,
-        busy_fraction=(sum(s["stage_ns"]) / s["capacity_ns"]) if s["capacity_ns"] else 0.0,
+        busy_fraction=busy_fraction(sum(s["stage_ns"]), s["capacity_ns"]),
         consumer_wait_s=s["wait_ns"] / 1e9,
         consumer_waits=s["waits"],
         producer_blocked_s=s["blocked_ns"] / 1e9,

@@ -11,7 +11,17 @@ from typing import Any
 STAGES: tuple[str, ...] = ("read", "decode", "transform", "python", "collate")
 """The pipeline stages every engine times, in pipeline order."""
 
-__all__ = ["STAGES", "Stats"]
+__all__ = ["STAGES", "Stats", "busy_fraction"]
+
+
+def busy_fraction(stage_s: float, capacity_s: float) -> float:
+    """How saturated a pool was: thread time spent in stages over thread time it had.
+
+    ``capacity_s`` is the threads times the wall time they were there for (NOTE [ Stage time
+    and busy fraction ] in ``_recorder.py``). The recorder, the harness and the dashboard all
+    compute the busy fraction with this function; only the window differs.
+    """
+    return stage_s / capacity_s if capacity_s > 0 else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +208,7 @@ class Stats:
         -------
         matplotlib.figure.Figure
         """
-        from ._plot import plot_stats
+        from .profiling._plot import plot_stats  # drawing lives with the profiling tools
 
         return plot_stats(self, fig=fig)
 
