@@ -96,9 +96,10 @@ def main() -> int:
     p.add_argument("--ratio", type=float, default=1.25, help="model step / loader batch time (default 1.25)")
     args = p.parse_args()
 
+    from loaderlib.profiling import build_demo_dataset
+
     import loaderlib as ll
     from loaderlib._threads import available_cpus
-    from loaderlib.profiling import build_demo_dataset
 
     root = args.data or str(build_demo_dataset())
     items = ll.ImageFolderDataset(root).items

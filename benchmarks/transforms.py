@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import machine_summary
 
 from loaderlib import transforms as T
-from loaderlib._synth import encode_jpeg, photo_like
 from loaderlib._chain import compile_chain
+from loaderlib._synth import encode_jpeg, photo_like
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -2,6 +2,9 @@
 
 from . import batchify, sampler, transforms
 from ._build import build_info
+from ._recorder import StageRecorder
+from ._threads import available_cpus, default_num_threads
+from ._worker_info import WorkerInfo, get_worker_info
 from .arena import BatchArena
 from .datasets import (
     ArrayDataset,
@@ -14,7 +17,6 @@ from .datasets import (
     write_records,
 )
 from .decoding import DecodeError, decode, decode_batch, jpeg_info
-from ._worker_info import WorkerInfo, get_worker_info
 from .errors import DecodeWarning, LoaderError, LoaderTimeoutError, SampleFailure, StateError, WorkerError
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
@@ -41,6 +43,7 @@ __all__ = [
     "SequentialSampler",
     "ShardedSampler",
     "SimpleDataset",
+    "StageRecorder",
     "StateError",
     "Stats",
     "TupleDataset",
@@ -48,10 +51,12 @@ __all__ = [
     "WeightedRandomSampler",
     "WorkerError",
     "WorkerInfo",
+    "available_cpus",
     "batchify",
     "build_info",
     "decode",
     "decode_batch",
+    "default_num_threads",
     "get_worker_info",
     "jpeg_info",
     "sampler",

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from . import _threads
-from ._worker_info import WorkerInfo, set_thread_info, worker_seed
+from ._chain import BatchStatus
 from ._engine_base import Produced, Producer, RunState, Task, _clock
+from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
 from .datasets import _TransformDataset
-from ._chain import BatchStatus
 from .errors import DecodeError, DecodeWarning
 
 # --------------------------------------------------------------------------- collation

@@ -51,8 +51,8 @@ import numpy as np
 from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
 from ._engine_local import _Stopped, annotate
 from ._engine_worker import _Ref, _ShardsRef
-from .arena import BatchArena, BatchLayout
 from ._tree import tree_map
+from .arena import BatchArena, BatchLayout
 from .batchify import Shards
 from .errors import LoaderError, LoaderTimeoutError, WorkerError
 
@@ -485,19 +485,12 @@ class ProcessesProducer(Producer):
         if wait and self._cancelled:
             tids, self._cancelled = self._cancelled, []
             self.pool.drain(tids, self.timeout)
-        self._cancelled.append(handle[1])
-
-    def close(self, wait: bool = True) -> None:
-        # Workers persist with the loader; this run's batches still at them come back now.
-        if wait and self._cancelled:
-            tids, self._cancelled = self._cancelled, []
-            self.pool.drain(tids, self.timeout)
 
     def timed_out(self) -> str | None:
         waiting = self._waiting
         if waiting is None:
             return None
-        tid, wid, number = waiting
+        _tid, wid, number = waiting
         self.pool.kill(wid)
         return (f"worker {wid} was still on batch {number} and was killed; the next epoch starts a fresh one in "
                 "its place")

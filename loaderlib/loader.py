@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import _threads
+from ._chain import compile_chain
 from ._engine_base import HeldRecorder, LoaderIterator, RunState, _Knobs, _Run
 from ._engine_local import (
     HybridProducer,
@@ -58,8 +59,6 @@ from .datasets import (
     _TransformDataset,
 )
 from .errors import StateError
-from .webdataset import WebDataset
-from ._chain import compile_chain
 from .sampler import (
     LAST_BATCH_MODES,
     BatchSampler,
@@ -70,6 +69,7 @@ from .sampler import (
     ShardedSampler,
     draw_seed,
 )
+from .webdataset import WebDataset
 
 __all__ = ["DataLoader", "LoaderIterator"]
 
@@ -484,9 +484,9 @@ class DataLoader:
         if generator is not None and seed is not None:
             raise ValueError("seed and generator both seed the loader: pass only one")
         if not isinstance(persistent_workers, bool):
-            raise ValueError(f"persistent_workers must be a bool, got {persistent_workers!r}")
+            raise ValueError(f"persistent_workers must be a bool, got {persistent_workers!r}")  # noqa: TRY004
         if not isinstance(in_order, bool):
-            raise ValueError(f"in_order must be a bool, got {in_order!r}")
+            raise ValueError(f"in_order must be a bool, got {in_order!r}")  # noqa: TRY004
         if pin_memory_device and not pin_memory:
             raise ValueError(f"pin_memory_device={pin_memory_device!r} needs pin_memory=True")
         if load_balance not in _LOAD_BALANCE:

@@ -136,7 +136,7 @@ class WebDataset(Dataset):
     @staticmethod
     def _index(path: str) -> list:
         try:
-            tf = tarfile.open(path, "r:")
+            tf = tarfile.open(path, "r:")  # noqa: SIM115 - closed by the with block below
         except FileNotFoundError:
             raise FileNotFoundError(f"WebDataset shard {path!r} does not exist") from None
         except tarfile.ReadError as e:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .._recorder import StageRecorder
+from .. import StageRecorder
 from ..stats import STAGES, Stats
 
 __all__ = [

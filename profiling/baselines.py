@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._recorder import StageRecorder
+from .. import StageRecorder
 from ..stats import STAGES
 
 __all__ = [

@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown loader(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
 
-    from .. import ImageFolderDataset
-    from .._threads import available_cpus
+    from .. import ImageFolderDataset, available_cpus
     from .baselines import python_thread_loader
     from .demo import build_demo_dataset
     from .harness import benchmark

@@ -100,7 +100,7 @@ NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
             raise ImportError("the dashboard needs ipywidgets: pip install 'loaderlib[notebook]' "
                               "(or pip install ipywidgets)") from None
 
-        from .._threads import available_cpus
+        from .. import available_cpus
 
         if getattr(loader, "recorder", None) is None:
             raise TypeError("Dashboard needs a loader with a stage recorder (loader.recorder), "
@@ -461,6 +461,6 @@ def _int(value: Any, default: int) -> int:
 
 
 def _cpus() -> int:
-    from .._threads import available_cpus
+    from .. import available_cpus
 
     return available_cpus()

@@ -135,7 +135,7 @@ def build_demo_dataset(
             (tmp / f"class_{c:02d}").mkdir()
         from tqdm.auto import tqdm
 
-        from .._threads import available_cpus
+        from .. import available_cpus
 
         def make(i: int) -> dict:
             # Each image depends only on (seed, i), so building on threads changes nothing.

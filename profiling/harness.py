@@ -488,7 +488,7 @@ def benchmark(
     -------
     Report
     """
-    from .._threads import available_cpus
+    from .. import available_cpus
     from .report import Report
     from .verdict import diagnose
 

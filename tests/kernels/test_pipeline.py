@@ -10,9 +10,9 @@ import pytest
 
 import loaderlib as ll
 from loaderlib import transforms as T
+from loaderlib._chain import BatchStatus, NativePlan, compile_chain
 from loaderlib._synth import encode_jpeg
 from loaderlib.errors import DecodeError
-from loaderlib._chain import BatchStatus, NativePlan, compile_chain
 from tests.conftest import cv2_reference, encode_cmyk_jpeg, make_photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

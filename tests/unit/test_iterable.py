@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import operator
 
 import numpy as np
 import pytest
@@ -70,9 +72,9 @@ def test_ranks_get_equal_counts_and_disjoint_union(drop_last):
     got = []
     for rank in range(world):
         loader = ll.DataLoader(Counter(n), batch_size=2, rank=rank, world_size=world, drop_last=drop_last)
-        items = sum(_labels(loader), [])
+        items = functools.reduce(operator.iadd, _labels(loader), [])
         got.append(items)
-    flat = sum(got, [])
+    flat = functools.reduce(operator.iadd, got, [])
     if drop_last:
         # Only whole rounds of 3 items: 9 items, each once; then whole batches of 2 per rank.
         assert all(len(g) == 2 for g in got)
@@ -88,7 +90,7 @@ def test_rank_stride_model():
     # A plain-Python model of NOTE [ Iterable shards ]: rank r keeps item r of every round.
     from loaderlib._iterable import RankStride
 
-    for n in range(0, 12):
+    for n in range(12):
         for world in (1, 2, 3, 4):
             for pad in (False, True):
                 shares = [list(RankStride(iter(range(n)), r, world, pad)) for r in range(world)]

@@ -10,7 +10,6 @@ import cv2
 import numpy as np
 import pytest
 from loaderlib.profiling import STAGES, Report, benchmark
-from loaderlib.profiling.harness import replay_consumer
 from loaderlib.profiling.baselines import (
     PythonThreadLoader,
     ResNetTrainTransform,
@@ -18,7 +17,7 @@ from loaderlib.profiling.baselines import (
     python_thread_loader,
     read_file,
 )
-from loaderlib.profiling.harness import _batch_len, _throughput_series
+from loaderlib.profiling.harness import _batch_len, _throughput_series, replay_consumer
 
 from loaderlib._synth import base_photo
 

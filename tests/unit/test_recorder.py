@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 from loaderlib.profiling import STAGES, StageRecorder, Stats
+
 from loaderlib import _recorder as recorder_mod
 
 

@@ -41,7 +41,7 @@ def image_list(tmp_path_factory):
     paths = []
     for i in range(N):
         img = rng.integers(0, 256, (20 + i % 5, 24 + i % 3, 3), dtype=np.uint8)
-        ok, buf = cv2.imencode(".jpg", img)
+        _ok, buf = cv2.imencode(".jpg", img)
         data = buf.tobytes()
         if i in BAD:
             data = data[:2]
@@ -178,7 +178,7 @@ def test_state_from_another_loader_is_refused(field, change, message, image_list
 
 
 def test_iterator_pickles_through_its_state(image_list):
-    make = lambda: _loader("native", 2, "random", "keep", False, image_list)  # noqa: E731
+    make = lambda: _loader("native", 2, "random", "keep", False, image_list)
     reference = _epochs(make(), 1)[0]
     it = iter(make())
     next(it)
@@ -189,7 +189,7 @@ def test_iterator_pickles_through_its_state(image_list):
 
 
 def test_set_epoch_chooses_the_epoch(image_list):
-    make = lambda: _loader("native", 1, "random", "keep", False, image_list)  # noqa: E731
+    make = lambda: _loader("native", 1, "random", "keep", False, image_list)
     reference = _epochs(make(), 3)
     loader = make()
     loader.set_epoch(2)
@@ -202,7 +202,7 @@ def test_set_epoch_chooses_the_epoch(image_list):
 
 
 def test_set_epoch_keeps_a_loaded_mid_epoch_state(image_list):
-    make = lambda: _loader("threads", 2, "random", "keep", False, image_list)  # noqa: E731
+    make = lambda: _loader("threads", 2, "random", "keep", False, image_list)
     reference = _epochs(make(), 2)
     first = make()
     list(first)
@@ -273,7 +273,7 @@ def test_sigkilled_training_script_resumes_exactly(tmp_path, kill_at):
 
     def run(state, log, kill):
         return subprocess.run([sys.executable, str(script), str(state), str(log), str(kill)], env=env,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, check=False)
 
     never = 10**6
     ref_log = tmp_path / "ref.log"
@@ -290,14 +290,14 @@ def test_sigkilled_training_script_resumes_exactly(tmp_path, kill_at):
 
 
 def test_resume_in_a_fresh_process(tmp_path, image_list):
-    make = lambda: _loader("native", 2, "random", "keep", True, image_list)  # noqa: E731
+    make = lambda: _loader("native", 2, "random", "keep", True, image_list)
     reference = _epochs(make(), 1)[0]
     loader = make()
     it = iter(loader)
     for _ in range(3):
         next(it)
     (tmp_path / "state.json").write_text(json.dumps(loader.state_dict()))
-    paths, labels = image_list
+    paths, _labels = image_list
     code = f"""
 import json, sys, numpy as np, loaderlib as ll
 from loaderlib import transforms as T
@@ -310,7 +310,7 @@ np.savez(sys.argv[2], *[a for b in out for a in b])
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "state.json"), str(tmp_path / "out.npz")],
-                       env=env, capture_output=True, text=True, timeout=120)
+                       env=env, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     data = np.load(tmp_path / "out.npz")
     arrays = [data[f"arr_{i}"] for i in range(len(data.files))]

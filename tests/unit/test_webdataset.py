@@ -16,7 +16,7 @@ wds = pytest.importorskip("webdataset")
 
 
 def _jpeg(rng, h, w):
-    ok, buf = cv2.imencode(".jpg", rng.integers(0, 256, (h, w, 3), dtype=np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 90])
+    _ok, buf = cv2.imencode(".jpg", rng.integers(0, 256, (h, w, 3), dtype=np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 90])
     return buf.tobytes()
 
 
@@ -92,7 +92,7 @@ def test_native_loader_equals_decoding_the_files(shards, threads):
 
 
 def test_truncated_member_is_named(tmp_path, shards):
-    paths, images, _ = shards
+    _paths, images, _ = shards
     bad = tmp_path / "bad.tar"
     with wds.TarWriter(str(bad)) as sink:
         sink.write({"__key__": "ok", "jpg": images[0], "cls": b"1"})
