@@ -32,6 +32,7 @@ import numpy as np
 from . import _threads
 from . import transforms as T
 from ._ext import _pipeline
+from .decoding import STATUS
 from .decoding import decode as _decode_image
 from .errors import DecodeError
 
@@ -39,7 +40,8 @@ __all__ = ["BatchStatus", "NativePlan", "compile_chain"]
 
 _MSG_LEN = 200
 _MODES = {"RGB": 0, "BGR": 1, "GRAY": 2}
-_OK, _WARNED, _ERR_NOT_JPEG, _ERR_SHAPE, _ERR_STRICT, _ERR_READ = 0, 1, -3, -5, -7, -11
+_OK, _WARNED, _ERR_NOT_JPEG, _ERR_SHAPE, _ERR_READ = (STATUS[k] for k in ("OK", "WARNED", "ERR_NOT_JPEG", "ERR_SHAPE",
+                                                                          "ERR_READ"))
 _GEOMETRY = (T.RandomResizedCrop, T.Resize, T.CenterCrop, T.RandomHorizontalFlip)
 _POINTWISE = (T.Normalize, T.Cast)
 
@@ -235,10 +237,7 @@ class NativePlan:
             elif st == _ERR_NOT_JPEG:
                 self._fallback(i, fetch, out, idx, seed_u, epoch_u, timings, src, result)
             else:
-                reason = _msg(msgs, i) or f"status {st}"
-                if st == _ERR_STRICT:
-                    reason = f"corrupt data ({reason}); refused because strict=True"
-                result.errors[i] = DecodeError(reason, int(idx[i]), src)
+                result.errors[i] = DecodeError.from_status(st, _msg(msgs, i), int(idx[i]), src)
         return result
 
     def _fallback(self, i: int, fetch, out: np.ndarray, idx: np.ndarray, seed: int, epoch: int,

@@ -273,6 +273,14 @@ class NativeProducer(Producer):
             self.rec.batch_done(len(out[0]), stages, wall, nthreads, rows)
         return Produced(self._structure(out), end, len(out[0]), task.target)
 
+    def _error(self, errs: dict, st: Any, j: int, todo: np.ndarray) -> DecodeError:
+        """The plan's error for item ``j``, naming the sample index and its source."""
+        j = int(j)
+        e = errs.get(j)
+        if isinstance(e, DecodeError):
+            return DecodeError(e.reason, int(todo[j]), self.src.source(todo[j]))
+        return DecodeError.from_status(int(st.status[j]), str(e or ""), int(todo[j]), self.src.source(todo[j]))
+
     def produce(self, idx: np.ndarray, n: int, end: int) -> tuple | None:
         """Run the plan for ``idx`` into a slot; with on_error="skip", fill up to ``n`` samples
         from the stream (NOTE [ The epoch is one stream ]). ``end`` is the stream position
@@ -317,14 +325,9 @@ class NativeProducer(Producer):
                 bad = np.flatnonzero(~ok)
                 errs = st.errors
                 if self.on_error == "raise":
-                    j = int(bad[0])
-                    e = errs.get(j)
-                    reason = e.reason if isinstance(e, DecodeError) else str(e or f"status {st.status[j]}")
-                    raise DecodeError(reason, int(todo[j]), self.src.source(todo[j]))
+                    raise self._error(errs, st, bad[0], todo)
                 for j in bad.tolist():
-                    e = errs.get(j)
-                    reason = e.reason if isinstance(e, DecodeError) else str(e or f"status {st.status[j]}")
-                    self.skipped(todo[j], self.src.source(todo[j]), reason)
+                    self.skipped(todo[j], self.src.source(todo[j]), self._error(errs, st, j, todo).reason)
                 good = np.flatnonzero(ok)
                 if good.size:
                     # Rare path (failures only): move the good samples up, closing the gaps.

@@ -30,6 +30,7 @@ from .errors import DecodeError, DecodeWarning
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
+    "STATUS",
     "BatchDecodeResult",
     "JpegInfo",
     "decode",
@@ -48,9 +49,10 @@ _SUBSAMPLING = {444: "4:4:4", 422: "4:2:2", 420: "4:2:0", 440: "4:4:0", 411: "4:
 _INFO_COL = {name: k for k, name in enumerate(_jpeg.INFO_FIELDS)}
 _MSG_LEN = 200
 
-# Status codes (pyx/include/ll_common.h).
-OK, WARNED = 0, 1
-ERR_DECODE, ERR_EMPTY, ERR_NOT_JPEG, ERR_TOO_LARGE, ERR_SHAPE, ERR_CROP, ERR_STRICT = -1, -2, -3, -4, -5, -6, -7
+#: Per-item status codes of the kernels, by name (defined once, in pyx/include/ll_common.h).
+STATUS: dict[str, int] = dict(_jpeg.STATUS)
+OK, WARNED = STATUS["OK"], STATUS["WARNED"]
+ERR_NOT_JPEG, ERR_SHAPE, ERR_CROP = STATUS["ERR_NOT_JPEG"], STATUS["ERR_SHAPE"], STATUS["ERR_CROP"]
 
 Crop = tuple[int, int, int, int] | None
 
@@ -468,10 +470,7 @@ def decode_batch(
             continue
         if st == ERR_CROP and _single:
             raise ValueError(_msg(msgs, i))
-        reason = _msg(msgs, i) or f"decoder status {st}"
-        if st == ERR_STRICT:
-            reason = f"corrupt data ({reason}); refused because strict=True"
-        errors[i] = DecodeError(reason, index, src)
+        errors[i] = DecodeError.from_status(st, _msg(msgs, i), index, src)
         images[i] = None
     result = BatchDecodeResult(images=images, status=status, errors=errors)
     if on_error == "raise" and not _single:

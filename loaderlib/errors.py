@@ -47,6 +47,20 @@ class DecodeError(LoaderError, ValueError):
     def __reduce__(self):
         return (type(self), (self.reason, self.index, self.source))
 
+    @classmethod
+    def from_status(cls, status: int, message: str, index: int | None = None,
+                    source: str | None = None) -> DecodeError:
+        """The error for a kernel's per-item status code and message (the one place that
+        turns a status into a DecodeError)."""
+        from .decoding import STATUS
+
+        reason = message or f"decoder status {status}"
+        if status == STATUS["ERR_STRICT"]:
+            reason = f"corrupt data ({reason}); refused because strict=True"
+        elif status == STATUS["ERR_READ"] and not message:
+            reason = "read failed"
+        return cls(reason, index, source)
+
 
 class DecodeWarning(UserWarning):
     """An image decoded, but the decoder had to recover from corrupt data."""

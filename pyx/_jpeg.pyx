@@ -27,6 +27,15 @@ INFO_FIELDS = ("width", "height", "components", "color_space", "subsampling", "p
 cdef enum:
     N_INFO = 11
 
+# The status codes of every kernel, exported once from include/ll_common.h (their only
+# definition); Python owners read them from here.
+STATUS = {
+    "OK": LL_OK, "WARNED": LL_WARNED, "ERR_DECODE": LL_ERR_DECODE, "ERR_EMPTY": LL_ERR_EMPTY,
+    "ERR_NOT_JPEG": LL_ERR_NOT_JPEG, "ERR_TOO_LARGE": LL_ERR_TOO_LARGE, "ERR_SHAPE": LL_ERR_SHAPE,
+    "ERR_CROP": LL_ERR_CROP, "ERR_STRICT": LL_ERR_STRICT, "ERR_NOMEM": LL_ERR_NOMEM,
+    "ERR_UNSUPPORTED": LL_ERR_UNSUPPORTED, "ERR_STATE": LL_ERR_STATE, "ERR_READ": LL_ERR_READ,
+}
+
 JPEG_COLOR_SPACES = {JCS_GRAYSCALE: "GRAY", JCS_RGB: "RGB", JCS_YCbCr: "YCbCr",
                      JCS_CMYK: "CMYK", JCS_YCCK: "YCCK"}
 
