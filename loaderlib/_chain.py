@@ -31,7 +31,7 @@ import numpy as np
 
 from . import _threads
 from . import transforms as T
-from ._ext import _pipeline
+from ._ext import _jpeg, _pipeline
 from .decoding import STATUS
 from .decoding import decode as _decode_image
 from .errors import DecodeError
@@ -222,7 +222,7 @@ class NativePlan:
             raise RuntimeError("a NativePlan runs one batch at a time; use one plan per thread")
         try:
             if self._workers is None or self._workers.size < nthreads:
-                self._workers = _pipeline.Workers(nthreads)
+                self._workers = _jpeg.Workers(nthreads)
             _pipeline.run_into(self._chain, self._workers, kind, items, fd, offsets, out, idx, seed_u, epoch_u,
                                nthreads, timings, status, msgs)
         finally:

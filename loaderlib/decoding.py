@@ -147,7 +147,7 @@ def _borrow_pool(size: int):
                 pool = _free_pools.pop(k)
                 break
     if pool is None:
-        pool = _jpeg.DecoderPool(size)
+        pool = _jpeg.Workers(size)
     try:
         yield pool
     finally:

@@ -17,6 +17,7 @@ from cython.parallel cimport prange, threadid
 
 from _common cimport *
 from jpeglib cimport *
+from worker cimport ll_worker, ll_worker_init, ll_worker_free
 from omp cimport LL_HAVE_OPENMP, omp_get_max_threads
 
 cnp.import_array()
@@ -52,35 +53,43 @@ def build_facts():
     }
 
 
-cdef class DecoderPool:
-    """A set of libjpeg decompressors, one per OpenMP thread id of a parallel region.
+cdef class Workers:
+    """The per-thread pool of every kernel: one decoder and scratch buffers per OpenMP
+    thread id (NOTE [ One per-thread pool ] in include/ll_worker.h).
 
-    Created before the region and reused across calls; NOT thread-safe: one caller (one
-    ``prange`` team) at a time. The owner module hands pools out from a free list.
+    Created before a parallel region and reused across calls; NOT thread-safe: one caller
+    (one ``prange`` team) at a time. ``_pipeline.run_into`` takes it too (by ``address``).
     """
-    cdef ll_jpeg_dec* decs
+    cdef ll_worker* w
     cdef readonly int size
 
     def __cinit__(self, int size):
+        self.w = NULL
+        self.size = 0
         if size < 1:
-            raise ValueError("DecoderPool size must be >= 1")
-        self.decs = <ll_jpeg_dec*>calloc(size, sizeof(ll_jpeg_dec))
-        if self.decs == NULL:
+            raise ValueError("Workers size must be >= 1")
+        self.w = <ll_worker*>calloc(size, sizeof(ll_worker))
+        if self.w == NULL:
             raise MemoryError()
         cdef int i
         for i in range(size):
-            if ll_jpeg_create(&self.decs[i]) != LL_OK:
-                self.size = i
+            if ll_worker_init(&self.w[i]) != LL_OK:
+                self.size = i + 1
                 raise MemoryError("could not create a libjpeg decompressor")
         self.size = size
 
     def __dealloc__(self):
         cdef int i
-        if self.decs != NULL:
+        if self.w != NULL:
             for i in range(self.size):
-                ll_jpeg_destroy(&self.decs[i])
-            free(self.decs)
-            self.decs = NULL
+                ll_worker_free(&self.w[i])
+            free(self.w)
+            self.w = NULL
+
+    @property
+    def address(self):
+        """The C array's address (for the other kernel module; keep this object alive)."""
+        return <uintptr_t>self.w
 
 
 cdef class _Inputs:
@@ -153,7 +162,7 @@ cdef int _plan_one(ll_jpeg_dec* d, const uint8_t* buf, size_t size, int mode, in
 def read_headers_into(list bufs, int mode, int denom, const int32_t[:, ::1] crops not None,
                       long long max_pixels, int64_t[:, ::1] info not None,
                       int32_t[::1] status not None, uint8_t[:, ::1] msgs not None,
-                      int num_threads, DecoderPool pool not None):
+                      int num_threads, Workers pool not None):
     """Parse every item's JPEG header and plan its output shape, in parallel.
 
     Per item: status[i] is LL_OK and info[i] holds INFO_FIELDS, or an error code with the
@@ -171,7 +180,7 @@ def read_headers_into(list bufs, int mode, int denom, const int32_t[:, ::1] crop
         # NOTE [ Dynamic schedule ]: JPEGs differ in size by 10x or more, so a static split
         # leaves threads idle; dynamic hands out one item at a time.
         for i in prange(n, nogil=True, schedule="dynamic", num_threads=num_threads):
-            status[i] = _plan_one(&pool.decs[threadid()], inp.ptrs[i], inp.sizes[i], mode, denom,
+            status[i] = _plan_one(&pool.w[threadid()].dec, inp.ptrs[i], inp.sizes[i], mode, denom,
                                   &crops[i, 0], max_pixels, &info[i, 0], <char*>&msgs[i, 0])
     finally:
         inp.release()
@@ -181,7 +190,7 @@ def read_headers_into(list bufs, int mode, int denom, const int32_t[:, ::1] crop
 @cython.wraparound(False)
 def decode_into(list bufs, list outs, int mode, int denom, const int32_t[:, ::1] crops not None,
                 long long max_pixels, int strict, int32_t[::1] status not None,
-                uint8_t[:, ::1] msgs not None, int num_threads, DecoderPool pool not None):
+                uint8_t[:, ::1] msgs not None, int num_threads, Workers pool not None):
     """Decode item i of ``bufs`` into ``outs[i]`` (C-contiguous uint8 HWC), in parallel.
 
     ``outs[i]`` may be None to skip an item (its status is left untouched). Per item:
@@ -224,7 +233,7 @@ def decode_into(list bufs, list outs, int mode, int denom, const int32_t[:, ::1]
             if optr[i] == 0:
                 continue
             status[i] = ll_jpeg_decode_item(
-                &pool.decs[threadid()], inp.ptrs[i], inp.sizes[i], mode, denom,
+                &pool.w[threadid()].dec, inp.ptrs[i], inp.sizes[i], mode, denom,
                 crops[i, 0], crops[i, 1], crops[i, 2], crops[i, 3], max_pixels, strict,
                 <uint8_t*>optr[i], <Py_ssize_t>oshape[3 * i + 1] * oshape[3 * i + 2],
                 oshape[3 * i], oshape[3 * i + 1], oshape[3 * i + 2], <char*>&msgs[i, 0])

@@ -103,35 +103,6 @@ cdef class CompiledChain:
         self.plan = NULL
 
 
-cdef class Workers:
-    """Per-thread native state: a libjpeg decoder and growable scratch buffers per
-    OpenMP thread id. Created before the parallel region and reused across batches;
-    one caller at a time."""
-    cdef ll_worker* w
-    cdef readonly int size
-
-    def __cinit__(self, int size):
-        if size < 1:
-            raise ValueError("Workers size must be >= 1")
-        self.w = <ll_worker*>calloc(size, sizeof(ll_worker))
-        if self.w == NULL:
-            raise MemoryError()
-        cdef int i
-        for i in range(size):
-            if ll_worker_init(&self.w[i]) != LL_OK:
-                self.size = i + 1
-                raise MemoryError("could not create a libjpeg decompressor")
-        self.size = size
-
-    def __dealloc__(self):
-        cdef int i
-        if self.w != NULL:
-            for i in range(self.size):
-                ll_worker_free(&self.w[i])
-            free(self.w)
-            self.w = NULL
-
-
 cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* buf, size_t size,
                    const char* path, int fd, long long offset, uint64_t seed, uint64_t epoch, uint64_t index,
                    void* out, char* msg, int64_t* times) noexcept nogil:
@@ -165,7 +136,7 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-def run_into(CompiledChain chain not None, Workers workers not None, int kind, list items, int fd,
+def run_into(CompiledChain chain not None, object workers, int kind, list items, int fd,
              const int64_t[::1] offsets, cnp.ndarray out not None, const int64_t[::1] indices not None,
              uint64_t seed, uint64_t epoch, int num_threads, int64_t[:, ::1] timings,
              int32_t[::1] status not None, uint8_t[:, ::1] msgs not None):
@@ -182,6 +153,11 @@ def run_into(CompiledChain chain not None, Workers workers not None, int kind, l
         raise ValueError("run_into: inconsistent table sizes")
     if timings is not None and (timings.shape[0] != n or timings.shape[1] != 3):
         raise ValueError("run_into: timings must be (N, 3)")
+    # ``workers`` is a loaderlib._ext._jpeg.Workers (NOTE [ One per-thread pool ]); the
+    # caller keeps it alive for the call.
+    if type(workers).__name__ != "Workers" or type(workers).__module__.rpartition(".")[2] != "_jpeg":
+        raise TypeError("run_into: workers must be a loaderlib._ext._jpeg.Workers")
+    cdef ll_worker* wks = <ll_worker*><uintptr_t>workers.address
     if num_threads < 1 or num_threads > workers.size:
         raise ValueError("run_into: workers smaller than num_threads")
     if kind == 2 and (offsets is None or offsets.shape[0] != n):
@@ -230,7 +206,7 @@ def run_into(CompiledChain chain not None, Workers workers not None, int kind, l
         # NOTE [ Dynamic schedule ] (see _jpeg.pyx): item cost varies with the JPEG size.
         for i in prange(n, nogil=True, schedule="dynamic", num_threads=num_threads):
             status[i] = _run_item(
-                chain.plan, &workers.w[threadid()], kind,
+                chain.plan, &wks[threadid()], kind,
                 <const uint8_t*>ptrs[i] if kind == 0 else NULL, sizes[i],
                 <const char*>ptrs[i] if kind == 1 else NULL, fd,
                 offsets[i] if kind == 2 else 0, seed, epoch, <uint64_t>indices[i],

@@ -5,6 +5,7 @@
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint64_t
 
 from jpeglib cimport ll_jpeg_dec
+from worker cimport ll_buf, ll_buf_free, ll_buf_reserve, ll_worker, ll_worker_free, ll_worker_init
 
 
 cdef extern from "ll_rng.h":
@@ -18,13 +19,6 @@ cdef extern from "ll_rng.h":
 
 cdef extern from "ll_resize.h":
     const int LL_INTERP_LINEAR, LL_INTERP_AREA, LL_INTERP_NEAREST
-
-    ctypedef struct ll_buf:
-        unsigned char* p
-        size_t cap
-
-    int ll_buf_reserve(ll_buf* b, size_t need) noexcept nogil
-    void ll_buf_free(ll_buf* b) noexcept nogil
 
 
 cdef extern from "ll_read.h":
@@ -55,12 +49,6 @@ cdef extern from "ll_chain.h":
         float lutf[1024]
         uint8_t lut8[1024]
 
-    ctypedef struct ll_worker:
-        ll_jpeg_dec dec
-        ll_buf file
-
-    int ll_worker_init(ll_worker* w) noexcept nogil
-    void ll_worker_free(ll_worker* w) noexcept nogil
     int64_t ll_now_ns() noexcept nogil
     int ll_chain_run(const ll_plan* pl, ll_worker* wk, const uint8_t* buf, size_t size, uint64_t seed,
                      uint64_t epoch, uint64_t index, void* out, char* msg, int64_t* t_dec,

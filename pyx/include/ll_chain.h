@@ -51,6 +51,7 @@
 #include "ll_read.h"
 #include "ll_resize.h"
 #include "ll_rng.h"
+#include "ll_worker.h"
 
 #define LL_OP_RRC 1
 #define LL_OP_RESIZE 2
@@ -81,33 +82,6 @@ typedef struct {
     float lutf[4 * 256];   /* per channel: output value for each uint8 value (float32 output) */
     uint8_t lut8[4 * 256]; /* the same for uint8 output when use_lut */
 } ll_plan;
-
-/* Per-thread state: one decoder and the scratch buffers, reused for every sample. */
-typedef struct {
-    ll_jpeg_dec dec;
-    int dec_ok;
-    ll_buf file, region, taps, hbuf, misc;
-    ll_buf inter[2]; /* intermediate images of multi-stage chains (NOTE [ Fused geometry ]) */
-} ll_worker;
-
-static int ll_worker_init(ll_worker *w) {
-    memset(w, 0, sizeof(*w));
-    if (ll_jpeg_create(&w->dec) != LL_OK) return LL_ERR_NOMEM;
-    w->dec_ok = 1;
-    return LL_OK;
-}
-
-static void ll_worker_free(ll_worker *w) {
-    if (w->dec_ok) ll_jpeg_destroy(&w->dec);
-    w->dec_ok = 0;
-    ll_buf_free(&w->file);
-    ll_buf_free(&w->region);
-    ll_buf_free(&w->taps);
-    ll_buf_free(&w->hbuf);
-    ll_buf_free(&w->misc);
-    ll_buf_free(&w->inter[0]);
-    ll_buf_free(&w->inter[1]);
-}
 
 static inline int64_t ll_now_ns(void) {
     struct timespec ts;

@@ -29,4 +29,29 @@
 /* Length of per-item message buffers. */
 #define LL_MSG_LEN 200
 
+#include <stdlib.h>
+
+/* A growable scratch buffer: grows geometrically, never shrinks, freed by its owner. */
+typedef struct {
+    unsigned char *p;
+    size_t cap;
+} ll_buf;
+
+static int ll_buf_reserve(ll_buf *b, size_t need) {
+    if (need <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < need) cap *= 2;
+    unsigned char *p = (unsigned char *)realloc(b->p, cap);
+    if (p == NULL) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static void ll_buf_free(ll_buf *b) {
+    free(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
 #endif

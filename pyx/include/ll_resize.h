@@ -42,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ll_common.h"
+
 #define LL_INTERP_LINEAR 0
 #define LL_INTERP_AREA 1
 #define LL_INTERP_NEAREST 2
@@ -51,28 +53,6 @@
 #define LL_WBITS 14
 #define LL_WONE (1 << LL_WBITS)
 
-/* A growable scratch buffer: grows geometrically, never shrinks, freed by its owner. */
-typedef struct {
-    unsigned char *p;
-    size_t cap;
-} ll_buf;
-
-static int ll_buf_reserve(ll_buf *b, size_t need) {
-    if (need <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < need) cap *= 2;
-    unsigned char *p = (unsigned char *)realloc(b->p, cap);
-    if (p == NULL) return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static void ll_buf_free(ll_buf *b) {
-    free(b->p);
-    b->p = NULL;
-    b->cap = 0;
-}
 
 /* Taps of one axis: output o reads ntap[o] consecutive pixels from start[o] with weights
  * w[o*maxt .. o*maxt+ntap[o]). ntap[o] == 0 means the output pixel is 0 (padding). */

@@ -1,0 +1,45 @@
+/* The one per-thread pool entry of every kernel: a libjpeg decoder and growable scratch.
+ *
+ * NOTE [ One per-thread pool ]
+ * Every parallel kernel (the plain decoder in _jpeg.pyx, the fused chain in _pipeline.pyx)
+ * runs with an array of these, one per OpenMP thread id, owned by one Python object
+ * (``loaderlib._ext._jpeg.Workers``) that is created before the parallel region and freed
+ * in its ``__dealloc__``. A decoder is created once per entry and reused for every image;
+ * scratch buffers grow geometrically and are reused, so the hot path does not allocate.
+ */
+#ifndef LL_WORKER_H
+#define LL_WORKER_H
+
+#include <string.h>
+
+#include "ll_common.h"
+#include "ll_jpeg.h"
+
+/* Per-thread state: one decoder and the scratch buffers, reused for every sample. */
+typedef struct {
+    ll_jpeg_dec dec;
+    int dec_ok;
+    ll_buf file, region, taps, hbuf, misc;
+    ll_buf inter[2]; /* intermediate images of multi-stage chains (NOTE [ Fused geometry ]) */
+} ll_worker;
+
+static int ll_worker_init(ll_worker *w) {
+    memset(w, 0, sizeof(*w));
+    if (ll_jpeg_create(&w->dec) != LL_OK) return LL_ERR_NOMEM;
+    w->dec_ok = 1;
+    return LL_OK;
+}
+
+static void ll_worker_free(ll_worker *w) {
+    if (w->dec_ok) ll_jpeg_destroy(&w->dec);
+    w->dec_ok = 0;
+    ll_buf_free(&w->file);
+    ll_buf_free(&w->region);
+    ll_buf_free(&w->taps);
+    ll_buf_free(&w->hbuf);
+    ll_buf_free(&w->misc);
+    ll_buf_free(&w->inter[0]);
+    ll_buf_free(&w->inter[1]);
+}
+
+#endif
