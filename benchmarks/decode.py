@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 import cv2
 import numpy as np
 
+from loaderlib.transforms import random_resized_crop_box
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _report import machine_summary, med, median_rate
@@ -44,18 +46,9 @@ def make_dataset(n: int) -> list[bytes]:
 
 
 def rrc_box(w: int, h: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """torchvision RandomResizedCrop.get_params (scale=(0.08, 1), ratio=(3/4, 4/3))."""
-    area = w * h
-    log_r = (math.log(3 / 4), math.log(4 / 3))
-    for _ in range(10):
-        target = area * rng.uniform(0.08, 1.0)
-        ar = math.exp(rng.uniform(*log_r))
-        cw = round(math.sqrt(target * ar))
-        ch = round(math.sqrt(target / ar))
-        if 0 < cw <= w and 0 < ch <= h:
-            return int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1)), cw, ch
-    s = min(w, h)
-    return (w - s) // 2, (h - s) // 2, s, s
+    """torchvision RandomResizedCrop.get_params (scale=(0.08, 1), ratio=(3/4, 4/3)) as ``(x, y, w, h)``."""
+    top, left, ch, cw = random_resized_crop_box(w, h, rng=rng)
+    return left, top, cw, ch
 
 
 def dct_denominator(cw: int, ch: int, size: int = 224) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import threading
 import time
 
 import numpy as np
+
+from loaderlib.transforms import random_resized_crop_box
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MEAN = (0.485, 0.456, 0.406)
@@ -98,16 +99,7 @@ class CvPipeline:
         self.inv_std = 1.0 / (np.array(STD, np.float32) * 255)
 
     def crop_box(self, h: int, w: int) -> tuple[int, int, int, int]:
-        area = h * w
-        for _ in range(10):   # torchvision's RandomResizedCrop.get_params
-            target = area * self.rng.uniform(0.08, 1.0)
-            ratio = math.exp(self.rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw = round(math.sqrt(target * ratio))
-            ch = round(math.sqrt(target / ratio))
-            if 0 < cw <= w and 0 < ch <= h:
-                return int(self.rng.integers(0, h - ch + 1)), int(self.rng.integers(0, w - cw + 1)), ch, cw
-        s = min(h, w)
-        return (h - s) // 2, (w - s) // 2, s, s
+        return random_resized_crop_box(w, h, rng=self.rng)   # torchvision's get_params
 
     def __call__(self, path: str) -> np.ndarray:
         import cv2

@@ -52,6 +52,7 @@ __all__ = [
     "Resize",
     "ToCHW",
     "Transform",
+    "random_resized_crop_box",
 ]
 
 _M64 = (1 << 64) - 1
@@ -99,7 +100,33 @@ class _Rng:
         return (self.u64(c) * n) >> 64
 
 
-def _rrc_params(rng: _Rng, width: int, height: int, scale: tuple, ratio: tuple) -> tuple[int, int, int, int]:
+class _GeneratorDraws:
+    """numpy Generator draws in the interface of :class:`_Rng` (the counter is ignored)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def uniform(self, c: int) -> float:
+        return float(self.rng.random())
+
+    def below(self, c: int, n: int) -> int:
+        return int(self.rng.integers(0, n))
+
+
+def random_resized_crop_box(width: int, height: int, scale: tuple = (0.08, 1.0), ratio: tuple = (3 / 4, 4 / 3),
+                            rng: np.random.Generator | None = None) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params``: ``(top, left, height, width)`` of a box.
+
+    The one definition of the random-resized-crop box. The loader draws with its
+    counter-based generator keyed by ``(seed, epoch, index)`` (bit-identical to the C
+    kernel's ``ll_rrc_params``); this entry point draws from a numpy ``Generator`` (a new
+    ``default_rng()`` when None), for baselines and one-off use.
+    """
+    return _rrc_params(_GeneratorDraws(rng if rng is not None else np.random.default_rng()), width, height,
+                       scale, ratio)
+
+
+def _rrc_params(rng: Any, width: int, height: int, scale: tuple, ratio: tuple) -> tuple[int, int, int, int]:
     """torchvision's ``RandomResizedCrop.get_params`` with draws from ``rng``.
 
     Attempt k uses draws 4k (area fraction, uniform in ``scale``), 4k+1 (aspect ratio,

@@ -12,7 +12,6 @@ Python callable (which is how the profiling tests inject slow reads or slow Pyth
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import queue
 import threading
 import time
@@ -23,6 +22,7 @@ import numpy as np
 
 from .. import StageRecorder
 from ..stats import STAGES
+from ..transforms import random_resized_crop_box
 
 __all__ = [
     "PythonThreadLoader",
@@ -74,19 +74,7 @@ class ResNetTrainTransform:
 
         rng = np.random.default_rng((self.seed, index))
         h, w = img.shape[:2]
-        area = h * w
-        for _ in range(10):  # torchvision's rejection sampling, then its centre-crop fallback
-            target = area * rng.uniform(0.08, 1.0)
-            ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw = round(math.sqrt(target * ratio))
-            ch = round(math.sqrt(target / ratio))
-            if 0 < cw <= w and 0 < ch <= h:
-                y = int(rng.integers(0, h - ch + 1))
-                x = int(rng.integers(0, w - cw + 1))
-                break
-        else:
-            ch, cw = min(h, w), min(h, w)
-            y, x = (h - ch) // 2, (w - cw) // 2
+        y, x, ch, cw = random_resized_crop_box(w, h, rng=rng)   # torchvision's get_params
         out = cv2.resize(img[y:y + ch, x:x + cw], (self.size, self.size), interpolation=cv2.INTER_LINEAR)
         if rng.random() < 0.5:
             out = out[:, ::-1]

@@ -118,3 +118,35 @@ def test_geometric_transforms_need_an_hwc_image():
         T.CenterCrop(4)(np.zeros((4, 4), np.uint8))
     with pytest.raises(TypeError):
         T.RandomResizedCrop(4)([1, 2, 3])
+
+
+def test_random_resized_crop_box_matches_a_plain_model():
+    """The one RRC box definition, with numpy draws, against torchvision's algorithm written out."""
+    import math
+
+    import numpy as np
+
+    from loaderlib.transforms import random_resized_crop_box
+
+    def model(width, height, scale, ratio, rng):
+        area = width * height
+        for _ in range(10):
+            target = area * (scale[0] + (scale[1] - scale[0]) * rng.random())
+            lr0, lr1 = math.log(ratio[0]), math.log(ratio[1])
+            ar = math.exp(lr0 + (lr1 - lr0) * rng.random())
+            w, h = round(math.sqrt(target * ar)), round(math.sqrt(target / ar))
+            if 0 < w <= width and 0 < h <= height:
+                return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+        in_ratio = width / height
+        if in_ratio < min(ratio):
+            w, h = width, round(width / min(ratio))
+        elif in_ratio > max(ratio):
+            h, w = height, round(height * max(ratio))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    for k, (w, h) in enumerate([(500, 375), (64, 48), (10, 300), (300, 10), (1, 1)]):
+        for scale, ratio in [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (0.2, 5.0))]:
+            got = random_resized_crop_box(w, h, scale, ratio, rng=np.random.default_rng(k))
+            assert got == model(w, h, scale, ratio, np.random.default_rng(k))
