@@ -918,8 +918,12 @@ class DataLoader:
     # set_epoch to another epoch, new sampler weights, load_state_dict, flush) it is closed.
     # close() and dropping the loader release it.
 
+    #: Start the next epoch early (NOTE [ Warm epochs ]); benchmarks/epochs.py turns it off on
+    #: one loader to measure what it saves.
+    _warm_epochs = True
+
     def _epoch_nearly_done(self, run: _Run) -> None:
-        if self._warm is not None or self._closed:
+        if self._warm is not None or self._closed or not self._warm_epochs:
             return
         s = self._pure_sampler()
         if s is None or self._resume is not None:
