@@ -11,14 +11,13 @@ from .datasets import (
     Dataset,
     ImageFolderDataset,
     ImageListDataset,
-    RecordFileDataset,
     SimpleDataset,
     TupleDataset,
-    write_records,
 )
 from .decoding import DecodeError, decode, decode_batch, jpeg_info
 from .errors import DecodeWarning, LoaderError, LoaderTimeoutError, SampleFailure, StateError, WorkerError
 from .loader import DataLoader
+from .records import RecordFileDataset, write_records
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
 from .stats import Stats
 from .webdataset import WebDataset

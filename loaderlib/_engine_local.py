@@ -127,9 +127,9 @@ def _source(dataset: Any, i: int) -> str | None:
 class NativeSource:
     """Where a native batch's bytes come from, and how its labels are collated.
 
-    ``kind`` is ``"files"`` (paths), ``"records"`` (one file, offsets and sizes),
-    ``"shards"`` (byte ranges of several files: a WebDataset) or ``"arrays"`` (numpy arrays
-    gathered with ``take``; no image pipeline).
+    ``kind`` is ``"files"`` (paths), ``"shards"`` (byte ranges of one or more files: record
+    shards, WebDataset tars) or ``"arrays"`` (numpy arrays gathered with ``take``; no image
+    pipeline).
     """
 
     def __init__(self, kind: str, *, paths: Sequence[str] | None = None, dataset: Any = None,
@@ -145,8 +145,6 @@ class NativeSource:
     def source(self, i: int) -> str | None:
         if self.kind == "files":
             return self.paths[int(i)]
-        if self.kind == "records":
-            return self.dataset.keys[int(i)]
         if self.kind == "shards":
             return self.dataset.source(int(i))
         return None
@@ -199,12 +197,7 @@ class NativeSource:
                                        timings=timings)
         if self.kind == "shards":
             return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings)
-        ds = self.dataset
-        return plan.run_records_into(ds.fileno(), np.ascontiguousarray(ds.offsets[idx]),
-                                     np.ascontiguousarray(ds.sizes[idx]), out, idx, seed=seed, epoch=epoch,
-                                     num_threads=num_threads, timings=timings,
-                                     sources=[ds.keys[i] for i in idx.tolist()])
-
+        raise ValueError(f"no native reader for a {self.kind!r} source")
 
 class NativeProducer(Producer):
     """One kernel pass per batch straight into an arena slot; labels gathered with ``take``.

@@ -10,9 +10,8 @@ image with the same decoder.
 from __future__ import annotations
 
 import os
-import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,10 +24,8 @@ __all__ = [
     "Dataset",
     "ImageFolderDataset",
     "ImageListDataset",
-    "RecordFileDataset",
     "SimpleDataset",
     "TupleDataset",
-    "write_records",
 ]
 
 #: File extensions (lower case) that the image datasets treat as images; matching is
@@ -335,179 +332,3 @@ class ImageListDataset(_ImageFiles):
         return f"ImageListDataset({len(self)} images)"
 
 
-# --------------------------------------------------------------------------- record files
-
-_INDEX_VERSION = 1
-
-
-def record_paths(path: str | os.PathLike) -> tuple[str, str]:
-    """``(data_path, index_path)`` for a record file given as ``X`` or ``X.rec``."""
-    p = os.fspath(path)
-    if p.endswith(".idx"):
-        p = p[:-4] + ".rec"
-    if not p.endswith(".rec"):
-        p = p + ".rec"
-    return p, p[:-4] + ".idx"
-
-
-def write_records(path: str | os.PathLike, items: Iterable[Any], labels: Sequence[int] | None = None, *,
-                  keys: Sequence[str] | None = None, synsets: Sequence[str] | None = None) -> tuple[str, str]:
-    """Pack many small records (encoded images) into one data file plus an index.
-
-    Parameters
-    ----------
-    path : str or path
-        ``X`` or ``X.rec``: writes ``X.rec`` (the records back to back) and ``X.idx`` (offsets,
-        sizes, labels, keys; a numpy ``.npz`` archive). Both are written to temporary names and
-        renamed, so a reader never sees a half-written pair.
-    items : iterable
-        Each a bytes-like record, or a path whose file content becomes the record.
-    labels : sequence of int, optional
-        One label per record (default 0).
-    keys : sequence of str, optional
-        A name per record used in error messages (default: the path for path items, else
-        ``"record <i>"``).
-    synsets : sequence of str, optional
-        Class names, stored in the index (``RecordFileDataset.synsets``).
-
-    Returns
-    -------
-    (data_path, index_path)
-    """
-    data_path, index_path = record_paths(path)
-    offsets, sizes, names = [], [], []
-    tmp_data, tmp_index = data_path + ".tmp", index_path + ".tmp"
-    off = 0
-    try:
-        with open(tmp_data, "wb") as f:
-            for i, item in enumerate(items):
-                if isinstance(item, (str, os.PathLike)):
-                    name = os.fspath(item)
-                    blob = _read_file(name)
-                else:
-                    name = f"record {i}"
-                    blob = memoryview(item).cast("B")
-                f.write(blob)
-                offsets.append(off)
-                sizes.append(len(blob))
-                names.append(name)
-                off += len(blob)
-        n = len(offsets)
-        lab = np.zeros(n, np.int64) if labels is None else np.asarray(labels, dtype=np.int64).reshape(-1)
-        if lab.shape[0] != n:
-            raise ValueError(f"write_records: {n} records but {lab.shape[0]} labels")
-        if keys is not None:
-            if len(keys) != n:
-                raise ValueError(f"write_records: {n} records but {len(keys)} keys")
-            names = [str(k) for k in keys]
-        with open(tmp_index, "wb") as f:
-            np.savez(f, version=np.int64(_INDEX_VERSION), offsets=np.asarray(offsets, np.int64),
-                     sizes=np.asarray(sizes, np.int64), labels=lab, keys=np.asarray(names, dtype=str),
-                     synsets=np.asarray(list(synsets or []), dtype=str))
-        os.replace(tmp_data, data_path)
-        os.replace(tmp_index, index_path)
-    finally:
-        for t in (tmp_data, tmp_index):
-            if os.path.exists(t):
-                os.unlink(t)
-    return data_path, index_path
-
-
-class RecordFileDataset(Dataset):
-    """Records packed by :func:`write_records`; item ``i`` is ``(image, label)``.
-
-    Records are read with ``pread`` on one file descriptor (no seek, so reads from many
-    threads never interfere); millions of small files become one sequential file.
-
-    Parameters
-    ----------
-    path : str or path
-        ``X``, ``X.rec`` or ``X.idx`` of a pair written by :func:`write_records`.
-    raw : bool
-        Items are ``(bytes, label)`` instead of decoded images.
-
-    Attributes
-    ----------
-    offsets, sizes, labels : numpy.ndarray
-        int64 per record.
-    keys : list of str
-        Per-record names (source paths when packed from files).
-    synsets : list of str
-        Class names stored at packing time.
-    """
-
-    def __init__(self, path: str | os.PathLike, raw: bool = False) -> None:
-        self.path, self.index_path = record_paths(path)
-        if not os.path.exists(self.path) or not os.path.exists(self.index_path):
-            raise FileNotFoundError(f"RecordFileDataset: need both {self.path!r} and {self.index_path!r}")
-        with np.load(self.index_path, allow_pickle=False) as z:
-            version = int(z["version"])
-            if version != _INDEX_VERSION:
-                raise ValueError(f"{self.index_path!r}: unsupported index version {version}")
-            self.offsets = np.ascontiguousarray(z["offsets"], np.int64)
-            self.sizes = np.ascontiguousarray(z["sizes"], np.int64)
-            self.labels = np.ascontiguousarray(z["labels"], np.int64)
-            self.keys = [str(k) for k in z["keys"]]
-            self.synsets = [str(s) for s in z["synsets"]]
-        size = os.path.getsize(self.path)
-        if len(self.offsets) and int((self.offsets + self.sizes).max()) > size:
-            raise ValueError(f"{self.index_path!r} points past the end of {self.path!r} (truncated file?)")
-        self.raw = bool(raw)
-        self._fd = -1
-        self._pid = -1
-        self._lock = threading.Lock()
-
-    def fileno(self) -> int:
-        """A read-only descriptor of the data file, opened once per process."""
-        if self._fd < 0 or self._pid != os.getpid():
-            with self._lock:
-                if self._fd < 0 or self._pid != os.getpid():
-                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    self._pid = os.getpid()
-        return self._fd
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def source(self, idx: int) -> str | None:
-        return self.keys[_check_index(idx, len(self.offsets))]
-
-    def read(self, idx: int) -> bytes:
-        """The raw bytes of record ``idx``."""
-        i = _check_index(idx, len(self.offsets))
-        n = int(self.sizes[i])
-        data = os.pread(self.fileno(), n, int(self.offsets[i]))
-        if len(data) != n:
-            raise OSError(f"short read of record {i} ({self.keys[i]!r}) in {self.path!r}")
-        return data
-
-    def __getitem__(self, idx: int) -> Any:
-        i = _check_index(idx, len(self.offsets))
-        data = self.read(i)
-        if self.raw:
-            return data, int(self.labels[i])
-        return decode(data, source=self.keys[i]), int(self.labels[i])
-
-    def __getstate__(self) -> dict:
-        d = dict(self.__dict__)
-        d["_fd"], d["_pid"] = -1, -1
-        del d["_lock"]
-        return d
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        if self._fd >= 0 and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = -1
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001, S110
-            pass
-
-    def __repr__(self) -> str:
-        return f"RecordFileDataset({self.path!r}: {len(self)} records)"

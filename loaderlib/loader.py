@@ -54,11 +54,11 @@ from .datasets import (
     ArrayDataset,
     ImageFolderDataset,
     ImageListDataset,
-    RecordFileDataset,
     SimpleDataset,
     _TransformDataset,
 )
 from .errors import StateError
+from .records import RecordFileDataset
 from .sampler import (
     LAST_BATCH_MODES,
     BatchSampler,
@@ -175,8 +175,8 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         stages.append(("read", "native", f"{type(base).__name__}: POSIX reads inside the kernel"))
         nparts = 1 if labels is None else 2
     elif isinstance(base, RecordFileDataset) and not base.raw:
-        src = NativeSource("records", dataset=base, labels=base.labels, description=repr(base))
-        stages.append(("read", "native", "RecordFileDataset: pread inside the kernel"))
+        src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
+        stages.append(("read", "native", "RecordFileDataset: pread of the record shards inside the kernel"))
         nparts = 2
     elif isinstance(base, WebDataset) and (base.labels is None or isinstance(base.labels, np.ndarray)):
         src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))

@@ -11,14 +11,14 @@ from loaderlib.datasets import (
     ArrayDataset,
     ImageFolderDataset,
     ImageListDataset,
-    RecordFileDataset,
     SimpleDataset,
     TupleDataset,
-    write_records,
 )
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
 from _loader_images import make_image_folder
+
+from loaderlib import RecordFileDataset, write_records
 
 
 def _ref(path):
@@ -103,8 +103,8 @@ def test_records_roundtrip(folder, tmp_path):
         src = ImageFolderDataset(folder)
     paths = [p for p, _ in src.items]
     data_path, index_path = write_records(tmp_path / "pack", paths, src.labels, synsets=src.synsets)
-    assert data_path.endswith(".rec") and os.path.exists(index_path)
-    rec = RecordFileDataset(tmp_path / "pack.rec")
+    assert data_path.endswith(".llrec") and os.path.exists(index_path)
+    rec = RecordFileDataset(tmp_path / "pack.llrec")
     assert len(rec) == len(src) and rec.synsets == src.synsets and rec.keys == paths
     for i in (0, 5, 11):
         img, lab = rec[i]
@@ -126,7 +126,7 @@ def test_write_records_bytes_and_errors(tmp_path):
         RecordFileDataset(tmp_path / "b")[0]
     with pytest.raises(ValueError, match="labels"):
         write_records(tmp_path / "c", blobs, labels=[1])
-    assert not os.path.exists(tmp_path / "c.rec")
+    assert not os.path.exists(tmp_path / "c.llrec")
 
 
 def test_pack_command(folder, tmp_path):

@@ -1,0 +1,449 @@
+"""Record files: many small encoded images packed into shards of one data file plus an index.
+
+NOTE [ Record shard format ]
+A shard is a pair ``NAME.llrec`` (data) and ``NAME.llidx`` (index). The data file starts
+with a 32-byte header: the magic ``LLREC\\x02\\0\\0`` and a random 16-byte identifier, then the
+records back to back. The index is a numpy ``.npz`` archive (no pickle) holding the same
+identifier, the data file's size, per-record offsets, sizes, labels and keys, the class
+names, and a CRC-32 of all of those. Opening a shard checks the magic, that both files carry
+the same identifier (two ``pack`` runs racing to one name can never pair one's data with the
+other's index), the size, the checksum, and that every record lies inside the data file; a
+failure names the file and the record. Writing goes to unique temporary names in the target
+folder, is fsynced, and is published with ``link`` (refusing to overwrite unless asked) or
+``rename``. The pre-2 format (``NAME.rec`` + ``NAME.idx`` without header) is still read. An
+MXNet RecordIO ``.rec`` is recognised by its magic number and pointed to
+:class:`~loaderlib.ImageRecordDataset`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tempfile
+import threading
+import uuid
+import zipfile
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .datasets import Dataset, _check_index, _read_file
+from .decoding import decode
+from .errors import LoaderError
+
+__all__ = ["INDEX_EXT", "RECORD_EXT", "RecordFileDataset", "parse_size", "record_paths", "write_records"]
+
+RECORD_EXT, INDEX_EXT = ".llrec", ".llidx"
+_MAGIC = b"LLREC\x02\x00\x00"
+_HEADER = 32
+_VERSION = 2
+_MXNET_MAGIC = 0xCED7230A
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from an int or a string such as ``"512MB"``, ``"1GB"``, ``"64k"`` (powers of 1024)."""
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        n = int(size)
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(size).lower())
+        if not m:
+            raise ValueError(f"cannot read {size!r} as a size (e.g. 512MB, 1GB)")
+        n = int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))
+    if n <= 0:
+        raise ValueError(f"a size must be positive, got {size!r}")
+    return n
+
+
+def record_paths(path: str | os.PathLike) -> tuple[str, str]:
+    """``(data_path, index_path)`` of the shard named ``X``, ``X.llrec`` or ``X.llidx`` (or the
+    older ``X.rec``/``X.idx``)."""
+    p = os.fspath(path)
+    for ext, idx in ((RECORD_EXT, INDEX_EXT), (INDEX_EXT, INDEX_EXT), (".rec", ".idx"), (".idx", ".idx")):
+        if p.endswith(ext):
+            base = p[:-len(ext)]
+            return (base + (RECORD_EXT if idx == INDEX_EXT else ".rec")), base + idx
+    if not os.path.exists(p + RECORD_EXT) and os.path.exists(p + ".rec"):
+        return p + ".rec", p + ".idx"
+    return p + RECORD_EXT, p + INDEX_EXT
+
+
+def _checksum(offsets: np.ndarray, sizes: np.ndarray, labels: np.ndarray, keys: Sequence[str],
+              ident: str, data_size: int) -> int:
+    c = zlib.crc32(np.ascontiguousarray(offsets, np.int64).tobytes())
+    c = zlib.crc32(np.ascontiguousarray(sizes, np.int64).tobytes(), c)
+    c = zlib.crc32(np.ascontiguousarray(labels, np.int64).tobytes(), c)
+    c = zlib.crc32("\0".join(keys).encode("utf-8", "surrogateescape"), c)
+    return zlib.crc32(f"{ident}:{data_size}".encode(), c)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _publish(tmp: str, final: str, overwrite: bool) -> None:
+    if overwrite:
+        os.replace(tmp, final)
+        return
+    try:
+        os.link(tmp, final)   # atomic, and fails if ``final`` exists: never clobbers
+    except FileExistsError:
+        raise FileExistsError(f"{final!r} exists; pass overwrite=True (--force) to replace it") from None
+    os.unlink(tmp)
+
+
+class _ShardWriter:
+    """One shard being written to unique temporary files next to its final names."""
+
+    def __init__(self, base: str) -> None:
+        self.data_path, self.index_path = record_paths(base)
+        folder = os.path.dirname(os.path.abspath(self.data_path))
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"output folder {folder!r} does not exist")
+        name = os.path.basename(self.data_path)
+        fd, self.tmp_data = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        self.f = os.fdopen(fd, "wb")
+        self.ident = uuid.uuid4().hex
+        self.f.write(_MAGIC + bytes.fromhex(self.ident) + bytes(_HEADER - len(_MAGIC) - 16))
+        self.off = _HEADER
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self.tmp_index: str | None = None
+
+    def add(self, blob: Any) -> None:
+        self.f.write(blob)
+        n = memoryview(blob).nbytes
+        self.offsets.append(self.off)
+        self.sizes.append(n)
+        self.off += n
+
+    def finish(self, labels: np.ndarray, keys: list[str], synsets: Sequence[str], overwrite: bool) -> tuple[str, str]:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        offsets, sizes = np.asarray(self.offsets, np.int64), np.asarray(self.sizes, np.int64)
+        folder = os.path.dirname(os.path.abspath(self.index_path))
+        fd, self.tmp_index = tempfile.mkstemp(prefix=f".{os.path.basename(self.index_path)}.", suffix=".tmp",
+                                              dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, version=np.int64(_VERSION), ident=np.asarray(self.ident), data_size=np.int64(self.off),
+                     offsets=offsets, sizes=sizes, labels=labels, keys=np.asarray(keys, dtype=str),
+                     synsets=np.asarray(list(synsets), dtype=str),
+                     checksum=np.int64(_checksum(offsets, sizes, labels, keys, self.ident, self.off)))
+            f.flush()
+            os.fsync(f.fileno())
+        _publish(self.tmp_data, self.data_path, overwrite)
+        try:
+            _publish(self.tmp_index, self.index_path, overwrite)
+        except BaseException:
+            os.unlink(self.data_path)   # ours, just linked: no index for it may stay behind
+            raise
+        _fsync_dir(self.data_path)
+        return self.data_path, self.index_path
+
+    def discard(self) -> None:
+        try:
+            self.f.close()
+        except OSError:
+            pass
+        for t in (self.tmp_data, self.tmp_index):
+            if t is not None and os.path.exists(t):
+                os.unlink(t)
+
+
+def _blobs(items: Iterable[Any]) -> Iterator[tuple[Any, str]]:
+    for i, item in enumerate(items):
+        if isinstance(item, (str, os.PathLike)):
+            name = os.fspath(item)
+            try:
+                yield _read_file(name), name
+            except OSError as e:
+                raise LoaderError(f"write_records: cannot read item {i} {name!r}: {e.strerror or e}") from None
+        else:
+            try:
+                yield memoryview(item).cast("B"), f"record {i}"
+            except TypeError:
+                raise TypeError(f"write_records: item {i} is {type(item).__name__}, not bytes or a path") from None
+
+
+def write_records(path: str | os.PathLike, items: Iterable[Any], labels: Sequence[int] | None = None, *,
+                  keys: Sequence[str] | None = None, synsets: Sequence[str] | None = None, overwrite: bool = False,
+                  shard_size: int | str | None = None) -> Any:
+    """Pack encoded images into record shards (NOTE [ Record shard format ]).
+
+    Parameters
+    ----------
+    path : str or path
+        ``X`` (or ``X.llrec``): writes ``X.llrec`` and ``X.llidx``; with ``shard_size``,
+        ``X-00000.llrec``, ``X-00001.llrec``, ... and their indexes.
+    items : iterable
+        Each a bytes-like record, or a path whose file content becomes the record.
+    labels : sequence of int, optional
+        One label per record (default 0).
+    keys : sequence of str, optional
+        A name per record for error messages (default: the path for path items, else
+        ``"record <i>"``).
+    synsets : sequence of str, optional
+        Class names, stored in every index (``RecordFileDataset.synsets``).
+    overwrite : bool
+        Replace existing files (default: refuse with ``FileExistsError``).
+    shard_size : int or str, optional
+        Start a new shard once one holds this many bytes (``"1GB"``).
+
+    Returns
+    -------
+    ``(data_path, index_path)``, or a list of them with ``shard_size``.
+    """
+    base = os.fspath(path)
+    for ext in (RECORD_EXT, INDEX_EXT, ".rec", ".idx"):
+        if base.endswith(ext):
+            base = base[:-len(ext)]
+            break
+    limit = parse_size(shard_size) if shard_size is not None else None
+    lab_all = None if labels is None else np.asarray(labels, dtype=np.int64).reshape(-1)
+    if hasattr(items, "__len__"):
+        for what, seq in (("labels", lab_all), ("keys", keys)):
+            if seq is not None and len(seq) != len(items):
+                raise ValueError(f"write_records: {len(items)} records but {len(seq)} {what}")
+    out: list[tuple[str, str]] = []
+    writer: _ShardWriter | None = None
+    names: list[str] = []
+    first = 0   # index of the shard's first record
+    n = 0
+
+    def close_shard() -> None:
+        nonlocal writer, names, first
+        k = len(writer.offsets)
+        if lab_all is not None and lab_all.shape[0] < first + k:
+            raise ValueError(f"write_records: more records than the {lab_all.shape[0]} labels given")
+        lab = np.zeros(k, np.int64) if lab_all is None else lab_all[first:first + k]
+        ks = names if keys is None else [str(x) for x in keys[first:first + k]]
+        out.append(writer.finish(lab, ks, synsets or [], overwrite))
+        writer, names, first = None, [], first + k
+
+    try:
+        for blob, name in _blobs(items):
+            if writer is None:
+                target = f"{base}-{len(out):05d}" if limit is not None else base
+                if not overwrite:
+                    for p in record_paths(target + RECORD_EXT):
+                        if os.path.exists(p):
+                            raise FileExistsError(f"{p!r} exists; pass overwrite=True (--force) to replace it")
+                writer = _ShardWriter(target + RECORD_EXT)
+            writer.add(blob)
+            names.append(name)
+            n += 1
+            if limit is not None and writer.off - _HEADER >= limit:
+                close_shard()
+        if writer is None and not out:
+            writer = _ShardWriter((f"{base}-00000" if limit is not None else base) + RECORD_EXT)
+        if writer is not None:
+            close_shard()
+        for what, seq in (("labels", lab_all), ("keys", keys)):
+            if seq is not None and len(seq) != n:
+                raise ValueError(f"write_records: {n} records but {len(seq)} {what}")
+    except BaseException:
+        if writer is not None:
+            writer.discard()
+        for pair in out:   # this call's shards: none may outlive a failed pack
+            for p in pair:
+                if os.path.exists(p):
+                    os.unlink(p)
+        raise
+    return out if limit is not None else out[0]
+
+
+def _expand(paths: Any) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        p = os.fspath(paths)
+        if any(c in p for c in "*?["):
+            found = sorted(f for f in glob.glob(p) if not f.endswith((INDEX_EXT, ".idx")))
+            if not found:
+                raise FileNotFoundError(f"no record shard matches {p!r}")
+            return found
+        return [p]
+    out: list[str] = []
+    for q in paths:
+        out += _expand(q)
+    if not out:
+        raise ValueError("RecordFileDataset needs at least one shard")
+    return out
+
+
+def _open_shard(data_path: str, index_path: str) -> dict:
+    for p in (data_path, index_path):
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"RecordFileDataset: {p!r} does not exist (a shard needs both "
+                                    f"{os.path.basename(data_path)!r} and {os.path.basename(index_path)!r})")
+    size = os.path.getsize(data_path)
+    with open(data_path, "rb") as f:
+        head = f.read(_HEADER)
+    if len(head) >= 4 and int.from_bytes(head[:4], "little") == _MXNET_MAGIC:
+        raise LoaderError(f"{data_path!r} is an MXNet RecordIO file: open it with ll.ImageRecordDataset")
+    try:
+        with np.load(index_path, allow_pickle=False) as z:
+            d = {k: z[k] for k in z.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise LoaderError(f"{index_path!r} is not a loaderlib record index ({e})") from None
+    version = int(d.get("version", -1))
+    if version not in (1, _VERSION):
+        raise LoaderError(f"{index_path!r}: unsupported index version {version}")
+    offsets = np.ascontiguousarray(d["offsets"], np.int64)
+    sizes = np.ascontiguousarray(d["sizes"], np.int64)
+    labels = np.ascontiguousarray(d["labels"], np.int64)
+    keys = [str(k) for k in d["keys"]]
+    n = offsets.shape[0]
+    if sizes.shape[0] != n or labels.shape[0] != n or len(keys) != n:
+        raise LoaderError(f"{index_path!r}: {n} offsets but {sizes.shape[0]} sizes, {labels.shape[0]} labels, "
+                          f"{len(keys)} keys")
+    start = 0
+    if version == _VERSION:
+        ident = str(d["ident"])
+        if head[:len(_MAGIC)] != _MAGIC:
+            raise LoaderError(f"{data_path!r} is not a loaderlib record file (bad magic)")
+        if head[len(_MAGIC):len(_MAGIC) + 16].hex() != ident:
+            raise LoaderError(f"{data_path!r} and {index_path!r} belong to different pack runs (their identifiers "
+                              "differ): the pair was overwritten half-way; pack it again")
+        if int(d["data_size"]) != size:
+            raise LoaderError(f"{data_path!r} has {size} bytes, its index expects {int(d['data_size'])} (truncated "
+                              "or appended to?)")
+        if int(d["checksum"]) != _checksum(offsets, sizes, labels, keys, ident, size):
+            raise LoaderError(f"{index_path!r}: checksum mismatch: the index was modified or damaged")
+        start = _HEADER
+    bad = np.flatnonzero((sizes < 0) | (offsets < start) | (offsets + sizes > size))
+    if bad.size:
+        k = int(bad[0])
+        raise LoaderError(f"{index_path!r}: record {k} ({keys[k]!r}) has offset {int(offsets[k])} and size "
+                          f"{int(sizes[k])}, outside {data_path!r} ({size} bytes)")
+    return {"offsets": offsets, "sizes": sizes, "labels": labels, "keys": keys,
+            "synsets": [str(s) for s in d["synsets"]]}
+
+
+class RecordFileDataset(Dataset):
+    """Records packed by :func:`write_records`; item ``i`` is ``(image, label)``.
+
+    Records are read with ``pread`` (no seek, so reads from many threads never interfere);
+    millions of small files become a few sequential files.
+
+    Parameters
+    ----------
+    paths : str, path or list
+        One shard (``X``, ``X.llrec`` or ``X.llidx``), a list of them, or a glob
+        (``"train-*.llrec"``). See NOTE [ Record shard format ].
+    raw : bool
+        Items are ``(bytes, label)`` instead of decoded images.
+
+    Attributes
+    ----------
+    paths, index_paths : list of str
+        The shards' data and index files.
+    shard_of, offsets, sizes, labels : numpy.ndarray
+        int64 per record: its shard, byte offset, length and label.
+    keys : list of str
+        Per-record names (source paths when packed from files).
+    synsets : list of str
+        Class names stored at packing time (the first shard's).
+    """
+
+    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], raw: bool = False) -> None:
+        pairs = [record_paths(p) for p in _expand(paths)]
+        self.paths = [d for d, _ in pairs]
+        self.index_paths = [i for _, i in pairs]
+        shards = [_open_shard(d, i) for d, i in pairs]
+        self.offsets = np.concatenate([s["offsets"] for s in shards])
+        self.sizes = np.concatenate([s["sizes"] for s in shards])
+        self.labels = np.concatenate([s["labels"] for s in shards])
+        self.shard_of = np.concatenate([np.full(s["offsets"].shape[0], k, np.int64) for k, s in enumerate(shards)])
+        self.keys = [k for s in shards for k in s["keys"]]
+        self.synsets = shards[0]["synsets"]
+        self.raw = bool(raw)
+        self._fds: list[int] = []
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    @property
+    def path(self) -> str:
+        """The first shard's data file."""
+        return self.paths[0]
+
+    @property
+    def index_path(self) -> str:
+        return self.index_paths[0]
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Records per shard, in order."""
+        return np.bincount(self.shard_of, minlength=len(self.paths)).tolist()
+
+    def fileno(self, shard: int = 0) -> int:
+        """A read-only descriptor of shard ``shard``'s data file, opened once per process."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._fds, self._pid = [], os.getpid()
+            while len(self._fds) <= shard:
+                self._fds.append(-1)
+            if self._fds[shard] < 0:
+                self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return self._fds[shard]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def source(self, idx: int) -> str | None:
+        return self.keys[_check_index(idx, len(self.offsets))]
+
+    def read(self, idx: int) -> bytes:
+        """The raw bytes of record ``idx``."""
+        i = _check_index(idx, len(self.offsets))
+        n = int(self.sizes[i])
+        s = int(self.shard_of[i])
+        data = os.pread(self.fileno(s), n, int(self.offsets[i]))
+        if len(data) != n:
+            raise OSError(f"short read of record {i} ({self.keys[i]!r}) in {self.paths[s]!r}")
+        return data
+
+    def __getitem__(self, idx: int) -> Any:
+        i = _check_index(idx, len(self.offsets))
+        data = self.read(i)
+        if self.raw:
+            return data, int(self.labels[i])
+        return decode(data, source=self.keys[i]), int(self.labels[i])
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_fds"], d["_pid"] = [], -1
+        del d["_lock"]
+        return d
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                for fd in self._fds:
+                    if fd >= 0:
+                        os.close(fd)
+            self._fds = []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+    def __repr__(self) -> str:
+        where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} shards"
+        return f"RecordFileDataset({where!r}: {len(self)} records)"
