@@ -17,6 +17,7 @@ from .datasets import (
 from .decoding import DecodeError, decode, decode_batch, jpeg_info
 from .errors import DecodeWarning, LoaderError, LoaderTimeoutError, SampleFailure, StateError, WorkerError
 from .loader import DataLoader
+from .recordio import ImageRecordDataset
 from .records import RecordFileDataset, write_records
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
 from .stats import Stats
@@ -34,6 +35,7 @@ __all__ = [
     "DecodeWarning",
     "ImageFolderDataset",
     "ImageListDataset",
+    "ImageRecordDataset",
     "LoaderError",
     "LoaderTimeoutError",
     "RandomSampler",

@@ -223,7 +223,7 @@ class NativeProducer(Producer):
         else:
             parts = [((batch_size, *plan.sample_shape), plan.dtype)]
             if src.labels is not None:
-                parts.append(((batch_size,), np.int64))
+                parts.append(((batch_size, *src.labels.shape[1:]), src.labels.dtype))
         self._part_specs = [(shape[1:], dtype) for shape, dtype in parts]
         # The whole ring now: mapping a slot costs microseconds, its pages are faulted in by
         # the first batch written to it (NOTE [ Large slots come from mmap ]).
@@ -341,7 +341,7 @@ class NativeProducer(Producer):
         t_col = _clock()
         if self.src.labels is not None:
             lab = views[1][:filled]
-            np.take(self.src.labels, sel, out=lab)
+            np.take(self.src.labels, sel, axis=0, out=lab)
             out.append(lab)
         now = _clock()
         stages, rows = {}, None

@@ -58,6 +58,7 @@ from .datasets import (
     _TransformDataset,
 )
 from .errors import StateError
+from .recordio import ImageRecordDataset
 from .records import RecordFileDataset
 from .sampler import (
     LAST_BATCH_MODES,
@@ -174,6 +175,10 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         src = NativeSource("files", paths=base.paths, labels=labels, description=repr(base))
         stages.append(("read", "native", f"{type(base).__name__}: POSIX reads inside the kernel"))
         nparts = 1 if labels is None else 2
+    elif isinstance(base, ImageRecordDataset):
+        src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
+        stages.append(("read", "native", "ImageRecordDataset (MXNet RecordIO): pread inside the kernel"))
+        nparts = 2
     elif isinstance(base, RecordFileDataset) and not base.raw:
         src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
         stages.append(("read", "native", "RecordFileDataset: pread of the record shards inside the kernel"))
