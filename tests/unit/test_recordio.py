@@ -109,3 +109,46 @@ def test_damaged_files_are_named(tmp_path):
     (tmp_path / "junk.rec").write_bytes(b"\0" * 64)
     with pytest.raises(ll.LoaderError, match="no RecordIO magic at byte 0"):
         ll.ImageRecordDataset(tmp_path / "junk.rec")
+
+
+_MX_WRITER = r"""
+import sys
+import mxnet as mx
+
+out, paths = sys.argv[1], sys.argv[2:]
+rec = mx.recordio.MXIndexedRecordIO(out + ".idx", out + ".rec", "w")
+for i, path in enumerate(paths):
+    with open(path, "rb") as f:
+        data = f.read()
+    header = mx.recordio.IRHeader(2, [float(i), 0.5], i, 0)   # two float labels per record
+    rec.write_idx(i, mx.recordio.pack(header, data))
+rec.close()
+"""
+
+
+def test_files_written_by_mxnet(tmp_path):
+    """An independent writer: mxnet.recordio in the side environment `make test` creates."""
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    mx_python = os.environ.get("LOADERLIB_MXNET_PYTHON", os.path.join(root, ".venv-mxnet", "bin", "python"))
+    if not os.path.exists(mx_python):
+        pytest.skip("no mxnet side environment (make test creates .venv-mxnet)")
+    images = _jpegs(4)
+    paths = []
+    for k, data in enumerate(images):
+        p = tmp_path / f"{k}.jpg"
+        p.write_bytes(data)
+        paths.append(str(p))
+    (tmp_path / "w.py").write_text(_MX_WRITER)
+    r = subprocess.run([mx_python, str(tmp_path / "w.py"), str(tmp_path / "mx"), *paths], capture_output=True,
+                       text=True, timeout=120, check=False)
+    if r.returncode != 0 and "No module named 'mxnet'" in r.stderr:
+        pytest.skip("mxnet is not importable in the side environment")
+    assert r.returncode == 0, r.stderr
+    ds = ll.ImageRecordDataset(tmp_path / "mx.rec")
+    assert len(ds) == 4 and ds.keys == [0, 1, 2, 3]
+    np.testing.assert_array_equal(ds.labels, np.array([[k, 0.5] for k in range(4)], np.float32))
+    for k in range(4):
+        np.testing.assert_array_equal(ds[k][0], _rgb(images[k]))
