@@ -128,7 +128,8 @@ class NativeSource:
     """Where a native batch's bytes come from, and how its labels are collated.
 
     ``kind`` is ``"files"`` (paths), ``"shards"`` (byte ranges of one or more files: record
-    shards, WebDataset tars) or ``"arrays"`` (numpy arrays gathered with ``take``; no image
+    shards, WebDataset tars, RecordIO), ``"buffers"`` (encoded images in memory, from the
+    dataset's ``buffers(indices)``) or ``"arrays"`` (numpy arrays gathered with ``take``; no image
     pipeline).
     """
 
@@ -145,7 +146,7 @@ class NativeSource:
     def source(self, i: int) -> str | None:
         if self.kind == "files":
             return self.paths[int(i)]
-        if self.kind == "shards":
+        if self.kind in ("shards", "buffers"):
             return self.dataset.source(int(i))
         return None
 
@@ -197,6 +198,10 @@ class NativeSource:
                                        timings=timings)
         if self.kind == "shards":
             return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings)
+        if self.kind == "buffers":
+            return plan.run_buffers_into(self.dataset.buffers(idx.tolist()), out, idx, seed=seed, epoch=epoch,
+                                         num_threads=num_threads, timings=timings,
+                                         sources=[self.dataset.source(i) for i in idx.tolist()])
         raise ValueError(f"no native reader for a {self.kind!r} source")
 
 class NativeProducer(Producer):

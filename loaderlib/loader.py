@@ -175,6 +175,10 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         src = NativeSource("files", paths=base.paths, labels=labels, description=repr(base))
         stages.append(("read", "native", f"{type(base).__name__}: POSIX reads inside the kernel"))
         nparts = 1 if labels is None else 2
+    elif type(base).__name__ == "HFImageDataset" and type(base).__module__ == "loaderlib.integrations.huggingface":
+        src = NativeSource("buffers", dataset=base, labels=base.labels, description=repr(base))
+        stages.append(("read", "native", "HFImageDataset: encoded bytes from the Arrow table, one gather per batch"))
+        nparts = 1 if base.labels is None else 2
     elif isinstance(base, ImageRecordDataset):
         src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
         stages.append(("read", "native", "ImageRecordDataset (MXNet RecordIO): pread inside the kernel"))
