@@ -26,6 +26,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "ShardShuffleSampler",
     "ShardedSampler",
     "WeightedRandomSampler",
 ]
@@ -244,6 +245,60 @@ class WeightedRandomSampler(Sampler):
 
     def __len__(self) -> int:
         return self._num
+
+
+class ShardShuffleSampler(Sampler):
+    """A shuffle for streaming reads of shards: shard order, then a bounded shuffle buffer.
+
+    Each epoch the shards' order is shuffled, their samples are streamed shard by shard, and
+    a buffer of ``buffer_size`` samples mixes them as ``tf.data``'s ``shuffle(buffer_size)``
+    does (each output is a random element of the buffer, replaced by the next sample). Reads
+    stay close to sequential (at most a few shards are open at a time) while batches still
+    mix shards. The order is a pure function of ``(seed, epoch)``, so resume is exact.
+
+    Parameters
+    ----------
+    shard_sizes : sequence of int
+        Samples per shard, in dataset order (``RecordFileDataset.shard_sizes``,
+        ``WebDataset.shard_sizes``).
+    buffer_size : int
+        Samples in the shuffle buffer (1: shard order only).
+    seed : int, optional
+        As in :class:`RandomSampler`.
+    """
+
+    def __init__(self, shard_sizes: Sequence[int], buffer_size: int = 1024, seed: int | None = None) -> None:
+        super().__init__()
+        self.shard_sizes = [_check_length(n, "a shard size") for n in shard_sizes]
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, (int, np.integer)) or buffer_size < 1:
+            raise ValueError(f"buffer_size must be a positive integer, got {buffer_size!r}")
+        self.buffer_size = int(buffer_size)
+        self.seed = draw_seed() if seed is None else int(seed)
+        self._starts = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+
+    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
+        rng = _rng(self.seed, epoch)
+        perm = rng.permutation(len(self.shard_sizes))
+        stream = np.concatenate([np.arange(self._starts[k], self._starts[k + 1], dtype=np.int64) for k in perm]
+                                or [np.zeros(0, np.int64)])
+        n, b = stream.size, min(self.buffer_size, stream.size)
+        if b <= 1:
+            return stream
+        out = np.empty(n, np.int64)
+        buf = stream[:b].copy()
+        picks = rng.integers(0, b, size=n - b)
+        for j in range(n - b):
+            k = picks[j]
+            out[j] = buf[k]
+            buf[k] = stream[b + j]
+        out[n - b:] = buf[rng.permutation(b)]
+        return out
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __repr__(self) -> str:
+        return f"ShardShuffleSampler({len(self.shard_sizes)} shards, buffer_size={self.buffer_size}, seed={self.seed})"
 
 
 class ShardedSampler(Sampler):

@@ -182,6 +182,11 @@ class WebDataset(Dataset):
     def __len__(self) -> int:
         return int(self.offsets.size)
 
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in order (for ``sampler.ShardShuffleSampler``)."""
+        return np.bincount(self.shard_of, minlength=len(self.paths)).tolist()
+
     def source(self, idx: int) -> str | None:
         i = int(idx)
         return f"{self.paths[int(self.shard_of[i])]}:{self.keys[i]}.{self.fields[i]}"

@@ -195,3 +195,59 @@ def test_pack_command_shards_and_force(tmp_path):
     r = subprocess.run([sys.executable, "-m", "loaderlib", "pack", str(tmp_path / "nope"), str(out)],
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 1 and "is not a folder" in r.stderr
+
+
+def test_three_ranks_over_ten_shards(tmp_path):
+    from loaderlib.sampler import ShardedSampler
+
+    blobs = [bytes([k % 251]) * (8 + k % 5) for k in range(61)]
+    shards = write_records(tmp_path / "s", blobs, list(range(61)), shard_size=60)
+    assert len(shards) >= 10
+    ds = RecordFileDataset(str(tmp_path / "s-*.llrec"), raw=True)
+
+    def collate(samples):
+        return np.array([lab for _b, lab in samples])
+
+    for drop_last in (True, False):
+        per_rank = []
+        for rank in range(3):
+            loader = ll.DataLoader(ds, batch_size=4, collate_fn=collate, num_threads=1,
+                                   sampler=ShardedSampler(3, rank, shuffle=True, seed=5, drop_last=drop_last))
+            per_rank.append([b.tolist() for b in loader])
+        assert len({len(r) for r in per_rank}) == 1          # the same number of batches on every rank
+        items = [i for r in per_rank for b in r for i in b]
+        if drop_last:
+            assert len(items) == len(set(items)) == 60       # disjoint
+        else:
+            assert set(items) == set(range(61)) and len(items) == 63   # padded by wrapping around
+
+
+def test_resume_mid_shard_with_shard_shuffle(tmp_path):
+    import json
+
+    from loaderlib.sampler import ShardShuffleSampler
+
+    blobs = _jpegs(30)
+    write_records(tmp_path / "r", blobs, list(range(30)), shard_size=3000)
+    ds = RecordFileDataset(str(tmp_path / "r-*.llrec"))
+    chain = T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip(), T.ToCHW()])
+
+    def make():
+        return ll.DataLoader(ds.transform_first(chain), batch_size=4, seed=9, num_threads=2,
+                             sampler=ShardShuffleSampler(ds.shard_sizes, buffer_size=6, seed=4))
+
+    loader = make()
+    ref = [[(np.array(a), np.array(b)) for a, b in loader] for _ in range(2)]
+    first = make()
+    list(first)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    second = make()
+    second.load_state_dict(state)
+    rest = [(np.array(a), np.array(b)) for a, b in second]
+    assert len(rest) == len(ref[1]) - 3
+    for (a, b), (ra, rb) in zip(rest, ref[1][3:]):
+        np.testing.assert_array_equal(b, rb)
+        np.testing.assert_array_equal(a, ra)

@@ -106,3 +106,34 @@ def test_weighted():
     assert set(s) == {7}
     with pytest.raises(ValueError):
         s.set_weights(np.zeros(10))
+
+
+def test_shard_shuffle_sampler_matches_a_buffer_model():
+    """Against a plain-Python model of tf.data's shuffle(buffer_size) over shuffled shards."""
+    import numpy as np
+
+    from loaderlib.sampler import ShardShuffleSampler, _rng
+
+    sizes = [5, 0, 7, 3, 9]
+    for buffer_size in (1, 4, 100):
+        s = ShardShuffleSampler(sizes, buffer_size=buffer_size, seed=3)
+        for epoch in (0, 1):
+            rng = _rng(3, epoch)
+            starts = np.concatenate([[0], np.cumsum(sizes)])
+            perm = rng.permutation(len(sizes))
+            stream = [i for k in perm for i in range(starts[k], starts[k + 1])]
+            b = min(buffer_size, len(stream))
+            if b <= 1:
+                want = stream
+            else:
+                buf, want = list(stream[:b]), []
+                picks = rng.integers(0, b, size=len(stream) - b)
+                for j, k in enumerate(picks):
+                    want.append(buf[k])
+                    buf[k] = stream[b + j]
+                want += [buf[k] for k in rng.permutation(b)]
+            got = s.order(epoch).tolist()
+            assert got == want and sorted(got) == list(range(24))
+    assert len(ShardShuffleSampler(sizes)) == 24
+    with pytest.raises(ValueError, match="buffer_size"):
+        ShardShuffleSampler(sizes, buffer_size=0)
