@@ -67,6 +67,7 @@ bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/loader.py
 	$(BIN)/python benchmarks/instrumentation.py
 	$(BIN)/python benchmarks/epochs.py
+	$(BIN)/python benchmarks/shards.py
 
 clean:
 	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV)

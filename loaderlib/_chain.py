@@ -176,13 +176,20 @@ class NativePlan:
                          epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
                          sources: Sequence[str] | None = None) -> BatchStatus:
         """Like :meth:`run_buffers_into`, reading record i as ``sizes[i]`` bytes at
-        ``offsets[i]`` of the open file ``fd`` (an int or an object with ``fileno()``)
-        with ``pread`` inside the parallel pass."""
-        fdn = fd if isinstance(fd, int) else fd.fileno()
+        ``offsets[i]`` of the open file ``fd`` (an int, an object with ``fileno()``, or an
+        int array with one descriptor per record: several shard files in one pass) with
+        ``pread`` inside the parallel pass."""
         offs = np.ascontiguousarray(offsets, dtype=np.int64)
         szs = [int(s) for s in np.asarray(sizes).reshape(-1)]
         if offs.ndim != 1 or len(offs) != len(szs):
             raise ValueError(f"offsets ({offs.shape}) and sizes ({len(szs)}) must be 1-d of the same length")
+        if isinstance(fd, np.ndarray):
+            fds = np.ascontiguousarray(fd, dtype=np.int32)
+            if fds.shape != (len(szs),):
+                raise ValueError(f"{fds.shape[0] if fds.ndim else 0} descriptors for {len(szs)} records")
+            return self._run(_pipeline.SOURCE_RECORDS, szs, -1, offs, out, indices, seed, epoch, num_threads, timings,
+                             sources, lambda i: os.pread(int(fds[i]), szs[i], int(offs[i])), fds=fds)
+        fdn = fd if isinstance(fd, int) else fd.fileno()
         return self._run(_pipeline.SOURCE_RECORDS, szs, fdn, offs, out, indices, seed, epoch, num_threads, timings,
                          sources, lambda i: os.pread(fdn, szs[i], int(offs[i])))
 
@@ -200,7 +207,7 @@ class NativePlan:
 
     def _run(self, kind: int, items: list, fd: int, offsets: np.ndarray | None, out: np.ndarray, indices: Any,
              seed: int, epoch: int, num_threads: int | None, timings: np.ndarray | None,
-             sources: Sequence[str] | None, fetch) -> BatchStatus:
+             sources: Sequence[str] | None, fetch, fds: np.ndarray | None = None) -> BatchStatus:
         n = len(items)
         self._check_out(out, n)
         idx = np.ascontiguousarray(indices, dtype=np.int64)
@@ -224,7 +231,7 @@ class NativePlan:
             if self._workers is None or self._workers.size < nthreads:
                 self._workers = _jpeg.Workers(nthreads)
             _pipeline.run_into(self._chain, self._workers, kind, items, fd, offsets, out, idx, seed_u, epoch_u,
-                               nthreads, timings, status, msgs)
+                               nthreads, timings, status, msgs, fds)
         finally:
             self._lock.release()
         result = BatchStatus(status=status)

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from . import _threads
-from ._chain import BatchStatus
 from ._engine_base import Produced, Producer, RunState, Task, _clock
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, BatchLayout
@@ -152,43 +151,15 @@ class NativeSource:
 
     def _run_shards(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int,
                     num_threads: int, timings: np.ndarray | None) -> Any:
-        """Byte ranges of several shard files (a WebDataset): one kernel pass per shard.
-
-        Samples of one shard go to a contiguous block (the kernel reads one descriptor per
-        call); when a batch spans shards the blocks are decoded into scratch and put back in
-        batch order (one extra copy of the batch, only for mixed batches).
-        """
+        """Byte ranges of one or more files (record shards, WebDataset tars, RecordIO): one
+        kernel pass, each sample read with ``pread`` from its own shard's descriptor."""
         ds = self.dataset
         shard = ds.shard_of[idx]
-
-        def run(rows_idx: np.ndarray, dst: np.ndarray, s: int, tim: np.ndarray | None) -> Any:
-            return plan.run_records_into(ds.fileno(s), np.ascontiguousarray(ds.offsets[rows_idx]),
-                                         np.ascontiguousarray(ds.sizes[rows_idx]), dst, rows_idx, seed=seed,
-                                         epoch=epoch, num_threads=num_threads, timings=tim,
-                                         sources=[ds.source(i) for i in rows_idx.tolist()])
-
-        if (shard == shard[0]).all():
-            return run(idx, out, int(shard[0]), timings)
-        order = np.argsort(shard, kind="stable")
-        scratch = np.empty_like(out)
-        tim_sorted = None if timings is None else np.zeros_like(timings)
-        status = np.zeros(idx.size, np.int32)
-        merged = BatchStatus(status=status)
-        bounds = np.flatnonzero(np.diff(shard[order])) + 1
-        for block in np.split(np.arange(idx.size), bounds):
-            lo, hi = int(block[0]), int(block[-1]) + 1
-            rows = order[lo:hi]
-            st = run(np.ascontiguousarray(idx[rows]), scratch[lo:hi], int(shard[rows[0]]),
-                     None if tim_sorted is None else tim_sorted[lo:hi])
-            status[rows] = st.status
-            for j, e in st.errors.items():
-                merged.errors[int(rows[j])] = e
-            for j, w in st.warnings.items():
-                merged.warnings[int(rows[j])] = w
-        out[order] = scratch
-        if timings is not None:
-            timings[order] = tim_sorted
-        return merged
+        used, where = np.unique(shard, return_inverse=True)
+        fds = np.asarray([ds.fileno(int(s)) for s in used.tolist()], np.int32)[where.reshape(-1)]
+        return plan.run_records_into(fds, np.ascontiguousarray(ds.offsets[idx]), np.ascontiguousarray(ds.sizes[idx]),
+                                     out, idx, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings,
+                                     sources=[ds.source(i) for i in idx.tolist()])
 
     def run(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int, num_threads: int,
             timings: np.ndarray | None) -> Any:

@@ -139,12 +139,13 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
 def run_into(CompiledChain chain not None, object workers, int kind, list items, int fd,
              const int64_t[::1] offsets, cnp.ndarray out not None, const int64_t[::1] indices not None,
              uint64_t seed, uint64_t epoch, int num_threads, int64_t[:, ::1] timings,
-             int32_t[::1] status not None, uint8_t[:, ::1] msgs not None):
+             int32_t[::1] status not None, uint8_t[:, ::1] msgs not None, const int32_t[::1] fds=None):
     """Run the fused chain for every item of a batch, in parallel, into ``out[i]``.
 
     ``kind``: 0 = ``items`` are bytes-like buffers; 1 = ``items`` are file paths
-    (bytes), read inside the pass; 2 = records of the open file ``fd``: ``offsets[i]``
-    and ``items[i]`` (the size, an int). Per item: status[i] is LL_OK, LL_WARNED or an
+    (bytes), read inside the pass; 2 = records of the open file ``fd`` (or of ``fds[i]``
+    when given: records of several shard files in one pass): ``offsets[i]`` and
+    ``items[i]`` (the size, an int). Per item: status[i] is LL_OK, LL_WARNED or an
     error code with the reason in msgs[i]. Thread-safe only with workers no other caller
     is using.
     """
@@ -180,6 +181,7 @@ def run_into(CompiledChain chain not None, object workers, int kind, list items,
     cdef long long sz
     cdef bint timed = timings is not None
     cdef int64_t* tptr = NULL
+    cdef const int32_t* fdp = NULL
     try:
         for i in range(n):
             it = items[i]
@@ -203,12 +205,17 @@ def run_into(CompiledChain chain not None, object workers, int kind, list items,
                 sizes[i] = <size_t>sz
         if timed:
             tptr = &timings[0, 0] if n > 0 else NULL
+        if fds is not None:
+            if fds.shape[0] != n:
+                raise ValueError(f"run_into: {fds.shape[0]} descriptors for {n} items")
+            if n > 0:
+                fdp = &fds[0]
         # NOTE [ Dynamic schedule ] (see _jpeg.pyx): item cost varies with the JPEG size.
         for i in prange(n, nogil=True, schedule="dynamic", num_threads=num_threads):
             status[i] = _run_item(
                 chain.plan, &wks[threadid()], kind,
                 <const uint8_t*>ptrs[i] if kind == 0 else NULL, sizes[i],
-                <const char*>ptrs[i] if kind == 1 else NULL, fd,
+                <const char*>ptrs[i] if kind == 1 else NULL, fdp[i] if fdp != NULL else fd,
                 offsets[i] if kind == 2 else 0, seed, epoch, <uint64_t>indices[i],
                 base + i * item_bytes, <char*>&msgs[i, 0], tptr + 3 * i if timed else NULL)
     finally:
