@@ -39,7 +39,9 @@ def _write_tars(items, root: str, per_shard: int) -> list[str]:
         with tarfile.open(path, "w") as tf:
             for k, (p, label) in enumerate(items[s:s + per_shard]):
                 key = f"sample{s + k:07d}"
-                for name, data in ((f"{key}.jpg", open(p, "rb").read()), (f"{key}.cls", str(label).encode())):
+                with open(p, "rb") as f:
+                    image = f.read()
+                for name, data in ((f"{key}.jpg", image), (f"{key}.cls", str(label).encode())):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tf.addfile(info, io.BytesIO(data))
@@ -63,9 +65,10 @@ def main() -> int:
     p.add_argument("--shard-size", default="16MB")
     args = p.parse_args()
 
+    from loaderlib.profiling import build_demo_dataset
+
     import loaderlib as ll
     from loaderlib import transforms as T
-    from loaderlib.profiling import build_demo_dataset
     from loaderlib.records import parse_size
 
     root = args.data or str(build_demo_dataset())
