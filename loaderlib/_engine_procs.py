@@ -233,9 +233,20 @@ class WorkerPool:
             self._rr += 1
         return self.workers[k]
 
-    def submit(self, indices: np.ndarray) -> tuple[int, int]:
+    def start_iterable(self, rank: int, world_size: int, pad: bool) -> None:
+        """Every worker opens its share of an iterable dataset for a new epoch."""
         with self._lock:
-            w = self._pick()
+            for w in self.workers:
+                try:
+                    w.conn.send_bytes(pickle.dumps(("iter_start", rank, world_size, pad)))
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    pass  # reported by recv with the worker's exit status
+
+    def submit(self, indices: Any, wid: int | None = None) -> tuple[int, int]:
+        """Send a batch (sample indices, or for an iterable dataset the number of items to
+        take) to worker ``wid`` (None: by the load-balance policy)."""
+        with self._lock:
+            w = self._pick() if wid is None else self.workers[wid]
             tid = next(self._ids)
             lease = self.arena.acquire_bytes(self.slot_bytes)
             block = lease.source
@@ -520,6 +531,8 @@ class ProcessesProducer(Producer):
                 pass
             raise exc
         _, _, structure, failures, needed, python_ns, collate_ns = msg
+        if isinstance(task.indices, int):   # an iterable's batch: as many items as arrived
+            return (None if structure is None else _decode(structure, np.frombuffer(lease, np.uint8))), -1
         self._stage_ns[0] += python_ns
         self._stage_ns[1] += collate_ns
         for i, src, reason in failures:
@@ -563,3 +576,57 @@ class ProcessesProducer(Producer):
         self.pool.last_end = max(self.pool.last_end, now)
         return None if batch is None else Produced(batch, end, n, want)
 
+
+
+class IterableProcessesProducer(ProcessesProducer):
+    """An iterable dataset on the worker processes: each worker iterates its own share and
+    makes whole batches; batch ``k`` comes from worker ``k mod num_workers``, skipping workers
+    whose share has ended, so the order is deterministic (NOTE [ Iterable shards ])."""
+
+    def __init__(self, *, rank: int, world_size: int, pad: bool, batch_size: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        n = len(self.pool.workers)
+        self.lookahead = n          # one batch per worker in flight: the order stays fixed
+        self.batch_size = batch_size
+        self._ended: set[int] = set()
+        self._next_worker = 0
+        self.pool.start_iterable(rank, world_size, pad)
+
+    def submit(self, task: Task) -> tuple:
+        n = len(self.pool.workers)
+        live = [k for k in range(n) if k not in self._ended]
+        if not live:
+            return task, None, None, _clock()
+        while self._next_worker % n in self._ended:
+            self._next_worker += 1
+        wid = self._next_worker % n
+        self._next_worker += 1
+        tid, wid = self.pool.submit(self.batch_size, wid=wid)
+        return Task(task.number, self.batch_size, task.target, task.start), tid, wid, _clock()
+
+    def finish(self, handle: tuple) -> Produced | None:
+        task, tid, wid, _t0 = handle
+        st = self.state
+        if tid is None:
+            st.ended = True
+            return None
+        batch, _ = self._result(task, tid, wid)
+        size = _batch_len(batch) if batch is not None else 0
+        if size < self.batch_size:
+            self._ended.add(wid)
+            if len(self._ended) == len(self.pool.workers):
+                st.ended = True
+        if batch is None or size == 0:
+            return None
+        with st.lock:
+            st.cursor += size
+            st.produced += 1
+            end = st.cursor
+        return Produced(batch, end, size, self.batch_size)
+
+
+def _batch_len(batch: Any) -> int:
+    first = batch
+    while isinstance(first, (tuple, list)) and not isinstance(first, Shards) and first:
+        first = first[0]
+    return int(first.shape[0]) if hasattr(first, "shape") and first.ndim else len(first)

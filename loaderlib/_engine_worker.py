@@ -10,6 +10,7 @@ See NOTE [ Worker processes ] in ``_engine_procs.py``.
 from __future__ import annotations
 
 import collections
+import itertools
 import mmap
 import os
 import pickle
@@ -141,6 +142,7 @@ def _run(conn: Any) -> None:
     import cloudpickle
 
     from ._engine_local import plan_collate
+    from ._iterable import RankStride
     from ._worker_info import WorkerInfo, set_process_info, worker_seed
     from .arena import BatchLayout
     from .batchify import default_batchify_fn
@@ -165,6 +167,7 @@ def _run(conn: Any) -> None:
     src_of = getattr(dataset, "source", None)
     pending: collections.deque = collections.deque()
     cancelled: set = set()
+    own: Any = iter(())   # this worker's items of an iterable dataset's epoch
 
     def take(msg: tuple) -> bool:
         if msg[0] == "stop":
@@ -186,6 +189,13 @@ def _run(conn: Any) -> None:
         if not pending:
             continue
         msg = pending.popleft()
+        if msg[0] == "iter_start":
+            # An iterable dataset's epoch: this worker's share of this rank's share of the
+            # stream (NOTE [ Iterable shards ]).
+            _, rank, world, pad = msg
+            stream = iter(RankStride(iter(dataset), rank, world, pad))
+            own = itertools.islice(stream, worker_id, None, num_workers)
+            continue
         _, task_id, indices, shm_name, shm_size = msg
         if task_id in cancelled:
             cancelled.discard(task_id)
@@ -194,6 +204,14 @@ def _run(conn: Any) -> None:
         samples, failures = [], []
         failed = None
         t0 = time.perf_counter_ns()
+        if isinstance(indices, int):   # a batch of the iterable: the next ``indices`` items
+            try:
+                samples = list(itertools.islice(own, indices))
+            except Exception as e:  # noqa: BLE001 - the iterator itself failed: reported, never skipped
+                _send(conn, ("error", task_id, None, None, f"{type(e).__name__}: {e}",
+                             "".join(traceback.format_exception(e)), _exc_payload(e)))
+                continue
+            indices = np.zeros(0, np.int64)
         for i in indices.tolist():
             try:
                 samples.append(dataset[i])

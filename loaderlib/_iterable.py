@@ -226,7 +226,11 @@ def resume_source(dataset: Any, state: dict) -> None:
     dataset.load_state_dict(snap)
 
 
-def cannot_resume(dataset: Any) -> StateError:
+def cannot_resume(dataset: Any, num_workers: int = 0) -> StateError:
+    if num_workers > 0:
+        return StateError(f"cannot save the position of {type(dataset).__name__} read by {num_workers} worker "
+                          "processes (each holds its own iterator); resume needs num_workers=0 and a stateful "
+                          "iterable")
     return StateError(f"cannot save the position of {type(dataset).__name__}: an iterable dataset can resume only "
                       "if it has state_dict() and load_state_dict() (torchdata's Stateful protocol); "
                       "give it those, or use a map-style dataset (with __len__ and __getitem__)")

@@ -326,7 +326,13 @@ def _mp_context_name(ctx: Any) -> str | None:
     return name
 
 
-def _iterable_analysis(dataset: Any, rank: int, world_size: int) -> _Analysis:
+def _iterable_analysis(dataset: Any, rank: int, world_size: int, num_workers: int) -> _Analysis:
+    if num_workers > 0:
+        what = (f"{type(dataset).__name__}: each of {num_workers} worker processes iterates its own copy and keeps "
+                f"one item of every {num_workers} (of this rank's share)")
+        stages = [("read", "worker", what), ("collate", "worker", "batchify in the worker, into shared memory")]
+        return _Analysis("processes", f"an iterable dataset is read by {num_workers} worker processes; batch k "
+                                      f"comes from worker k mod {num_workers}", stages)
     what = f"{type(dataset).__name__}: items pulled from one iterator as each batch is made"
     if world_size > 1:
         what += f"; rank {rank} keeps one item of every {world_size} (NOTE [ Iterable shards ])"
@@ -536,8 +542,8 @@ class DataLoader:
             self._batch_sampler = BatchSampler(sampler, self._batch_size, last_batch or "keep")
         self._last_batch = (last_batch or "keep") if self._iterable else getattr(self._batch_sampler, "last_batch",
                                                                                 "keep")
-        self._analysis = (_iterable_analysis(self.dataset, self.rank, self.world_size) if self._iterable
-                          else _analyze(self.dataset, batchify_fn, num_workers))
+        self._analysis = (_iterable_analysis(self.dataset, self.rank, self.world_size, num_workers)
+                          if self._iterable else _analyze(self.dataset, batchify_fn, num_workers))
         if num_threads is None and num_workers > 0 and self._analysis.engine == "native":
             num_threads = num_workers   # explain() says so
         depth = prefetch if prefetch is not None else (
@@ -557,9 +563,6 @@ class DataLoader:
             raise ValueError(f"an iterable dataset decides its own order; it conflicts with {', '.join(clash)}")
         if batch_size is None:
             raise ValueError("batch_size is required for an iterable dataset")
-        if num_workers > 0:
-            raise ValueError(f"num_workers={num_workers}: iterable datasets run on the threads engine for now "
-                             "(one iterator, read lazily); pass num_workers=0")
         r, w = default_rank()
         self.rank = r if rank is None else rank
         self.world_size = w if world_size is None else world_size
@@ -716,8 +719,8 @@ class DataLoader:
 
     def _state_of(self, state: Any) -> dict:
         """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
-        if self._iterable and not is_stateful(self.dataset):
-            raise cannot_resume(self.dataset)
+        if self._iterable and (self.num_workers > 0 or not is_stateful(self.dataset)):
+            raise cannot_resume(self.dataset, self.num_workers)
         run = state.state_dict()
         if self._iterable:
             if run.pop("finished"):
@@ -738,8 +741,8 @@ class DataLoader:
 
     def _state_between(self, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
         if self._iterable:
-            if not is_stateful(self.dataset):
-                raise cannot_resume(self.dataset)
+            if self.num_workers > 0 or not is_stateful(self.dataset):
+                raise cannot_resume(self.dataset, self.num_workers)
             return {**self._header(), "epoch": int(self._epoch if epoch is None else epoch), "delivered": 0,
                     "position": 0, "carry": [], "order_key": {}, "source_state": self.dataset.state_dict()}
         s = self._pure_sampler()
@@ -1023,7 +1026,7 @@ class DataLoader:
     def _make_producer(self, state: RunState, recorder: Any) -> Any:
         a = self._analysis
         common = {"recorder": recorder, "on_error": self.on_error, "state": state}
-        if self._iterable:
+        if self._iterable and self.num_workers == 0:
             return IterableProducer(dataset=self.dataset, rank=self.rank, world_size=self.world_size,
                                     pad=self._last_batch != "discard", batchify_fn=self.batchify_fn,
                                     arena=self._arena(), **common)
@@ -1051,6 +1054,13 @@ class DataLoader:
                                        self.on_error, self.seed, load_balance=self.load_balance)
         else:
             self._workers.revive()   # a worker that died or timed out gets a fresh process
+        if self._iterable:
+            from ._engine_procs import IterableProcessesProducer
+
+            return IterableProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs,
+                                             max_in_flight=self.max_in_flight, rank=self.rank,
+                                             world_size=self.world_size, pad=self._last_batch != "discard",
+                                             batch_size=self._batch_size, **common)
         return ProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs,
                                  max_in_flight=self.max_in_flight, **common)
 
