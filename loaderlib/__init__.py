@@ -15,7 +15,15 @@ from .datasets import (
     TupleDataset,
 )
 from .decoding import DecodeError, decode, decode_batch, jpeg_info
-from .errors import DecodeWarning, LoaderError, LoaderTimeoutError, SampleFailure, StateError, WorkerError
+from .errors import (
+    DecodeWarning,
+    LoaderError,
+    LoaderTimeoutError,
+    SampleFailure,
+    SkipWarning,
+    StateError,
+    WorkerError,
+)
 from .loader import DataLoader
 from .recordio import ImageRecordDataset
 from .records import RecordFileDataset, write_records
@@ -44,6 +52,7 @@ __all__ = [
     "SequentialSampler",
     "ShardedSampler",
     "SimpleDataset",
+    "SkipWarning",
     "StageRecorder",
     "StateError",
     "Stats",

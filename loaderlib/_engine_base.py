@@ -35,18 +35,21 @@ submission and the previous batch's end (:func:`batch_wall`).
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import LoaderTimeoutError, SampleFailure
+from .errors import LoaderTimeoutError, SampleFailure, SkipWarning
 from .sampler import EpochOrder
 
 _clock = time.perf_counter_ns
+_log = logging.getLogger("loaderlib")
 
 
 def batch_wall(start: int, previous_end: int, end: int) -> int:
@@ -499,6 +502,7 @@ class LoaderIterator:
                 raise
             if item is None:
                 self.close()
+                _report_skips(run.state)
                 raise StopIteration
         else:
             try:
@@ -518,6 +522,7 @@ class LoaderIterator:
                 raise
             if item is _END:
                 self.close()
+                _report_skips(run.state)
                 raise StopIteration
             if isinstance(item, _Failure):
                 run.failed = True
@@ -545,6 +550,19 @@ class LoaderIterator:
     def close(self) -> None:
         """Stop the pipeline: join its threads, stop its work and free its slots. Idempotent."""
         self._finalizer()
+
+
+def _report_skips(state: RunState) -> None:
+    """One summary per epoch of the samples ``on_error="skip"`` dropped (log and warning)."""
+    n = len(state.skipped)
+    if not n:
+        return
+    first = state.skipped[0]
+    text = (f"loaderlib: {n} sample{'s' if n != 1 else ''} skipped in epoch {state.epoch} (on_error='skip'); "
+            f"first: sample {first.index}{f' {first.source!r}' if first.source else ''}: {first.reason}. "
+            "All are in loader.errors.")
+    _log.warning(text)
+    warnings.warn(text, SkipWarning, stacklevel=3)
 
 
 def _finish(run: _Run, owner: Any) -> None:

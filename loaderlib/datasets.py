@@ -9,7 +9,9 @@ image with the same decoder.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -209,8 +211,23 @@ class TupleDataset(Dataset):
 
 
 def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    """A regular file's bytes. Anything else (a FIFO, a device such as ``/dev/zero``, a
+    directory) is refused without blocking or reading without bound, as the native reader does."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class _ImageFiles(Dataset):

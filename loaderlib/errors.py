@@ -10,6 +10,7 @@ __all__ = [
     "LoaderError",
     "LoaderTimeoutError",
     "SampleFailure",
+    "SkipWarning",
     "StateError",
     "WorkerError",
 ]
@@ -64,6 +65,10 @@ class DecodeError(LoaderError, ValueError):
 
 class DecodeWarning(UserWarning):
     """An image decoded, but the decoder had to recover from corrupt data."""
+
+
+class SkipWarning(UserWarning):
+    """An epoch ended with samples dropped by ``on_error="skip"`` (listed in ``loader.errors``)."""
 
 
 class LoaderTimeoutError(LoaderError, TimeoutError):

@@ -43,6 +43,7 @@ typedef struct {
     char msg[JMSG_LENGTH_MAX];  /* fatal error message */
     char warn[JMSG_LENGTH_MAX]; /* first warning of the current image */
     int nwarn;
+    int truncated;              /* the data ended before the image did (JWRN_JPEG_EOF) */
 } ll_jpeg_err;
 
 typedef struct {
@@ -71,6 +72,11 @@ static void ll_jpeg_error_exit(j_common_ptr cinfo) {
 static void ll_jpeg_emit_message(j_common_ptr cinfo, int msg_level) {
     ll_jpeg_err *err = (ll_jpeg_err *)cinfo->err;
     if (msg_level < 0) { /* a warning: corrupt data libjpeg recovered from */
+        /* NOTE [ Truncated JPEG is an error ]: libjpeg "recovers" from data that ends early
+         * by filling the rest of the image with grey. A training set must not train on that,
+         * and PIL and PyTorch users expect an error, so a truncated image fails; other
+         * recoverable damage stays a warning unless strict. */
+        if (cinfo->err->msg_code == JWRN_JPEG_EOF) err->truncated = 1;
         if (err->nwarn == 0) err->pub.format_message(cinfo, err->warn);
         err->nwarn++;
         err->pub.num_warnings++;
@@ -135,6 +141,7 @@ static int ll_jpeg_header(ll_jpeg_dec *d, const unsigned char *buf, size_t size,
     struct jpeg_decompress_struct *c = &d->cinfo;
     d->have_header = 0;
     d->err.nwarn = 0;
+    d->err.truncated = 0;
     d->err.msg[0] = 0;
     d->err.warn[0] = 0;
     if (size == 0 || buf == NULL) return LL_ERR_EMPTY;
@@ -288,6 +295,10 @@ static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, i
         }
     }
     jpeg_abort_decompress(c); /* cheaper than finish_decompress, and allowed mid-image */
+    if (d->err.truncated) { /* NOTE [ Truncated JPEG is an error ] */
+        snprintf(d->err.msg, sizeof(d->err.msg), "truncated: the data ends before the image (%s)", d->err.warn);
+        return LL_ERR_DECODE;
+    }
     if (d->err.nwarn > 0) return strict ? LL_ERR_STRICT : LL_WARNED;
     return LL_OK;
 stalled: /* cannot happen with a memory source; never loop forever if it does */

@@ -52,7 +52,9 @@ static int ll_pread_all(int fd, unsigned char *dst, size_t size, long long offse
 /* Read a whole file into b; *size gets its length. */
 static int ll_read_file(const char *path, ll_buf *b, size_t *size, char *msg) {
     int fd;
-    do { fd = open(path, O_RDONLY | O_CLOEXEC); } while (fd < 0 && errno == EINTR);
+    /* O_NONBLOCK: opening a FIFO (or a device) must never block the kernel; anything that
+     * is not a regular file is refused below. It changes nothing for regular files. */
+    do { fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); } while (fd < 0 && errno == EINTR);
     if (fd < 0) {
         ll_errno_msg(msg, "cannot open", errno);
         return LL_ERR_READ;

@@ -43,16 +43,29 @@ def test_empty_input():
         jpeg_info(b"")
 
 
-def test_truncated_jpeg_warns_or_raises_per_strict(photo_jpeg):
+def _damaged(jpeg: bytes) -> bytes:
+    """A bogus restart marker in the middle of the scan: libjpeg recovers with a warning."""
+    mid = jpeg.index(b"\xff\xda") + 2000
+    return jpeg[:mid] + b"\xff\xd0" + jpeg[mid:]
+
+
+def test_truncated_jpeg_raises(photo_jpeg):
+    """NOTE [ Truncated JPEG is an error ]: a cut file is refused (as PIL does), not greyed out."""
     cut = photo_jpeg[: len(photo_jpeg) // 2]
-    ref = cv2_reference(photo_jpeg)
-    with pytest.warns(DecodeWarning, match="Premature end"):
-        img = ll.decode(cut)
-    assert img.shape == ref.shape
-    # The rows before the cut are intact (a baseline JPEG is coded top to bottom).
-    assert np.array_equal(img[:64], ref[:64])
-    with pytest.raises(DecodeError, match="strict"):
+    with pytest.raises(DecodeError, match="truncated: the data ends before the image"):
+        ll.decode(cut)
+    with pytest.raises(DecodeError, match="truncated"):
         ll.decode(cut, strict=True)
+
+
+def test_recoverable_damage_warns_or_raises_per_strict(photo_jpeg):
+    bad = _damaged(photo_jpeg)
+    ref = cv2_reference(photo_jpeg)
+    with pytest.warns(DecodeWarning, match="premature end of data segment"):
+        img = ll.decode(bad)
+    assert img.shape == ref.shape
+    with pytest.raises(DecodeError, match="strict"):
+        ll.decode(bad, strict=True)
     # Truncated inside the headers: nothing to decode.
     with pytest.raises(DecodeError):
         ll.decode(photo_jpeg[:150])
@@ -122,12 +135,15 @@ def test_batch_errors_name_item_and_source(photo_jpeg):
 
 
 def test_batch_warnings_and_strict(photo_jpeg):
-    cut = photo_jpeg[: len(photo_jpeg) * 2 // 3]
+    bad = _damaged(photo_jpeg)
     with pytest.warns(DecodeWarning, match="item 1 'x.jpg'"):
-        res = decode_batch([photo_jpeg, cut], sources=["w.jpg", "x.jpg"])
+        res = decode_batch([photo_jpeg, bad], sources=["w.jpg", "x.jpg"])
     assert list(res.status) == [0, 1]
-    res = decode_batch([photo_jpeg, cut], strict=True, on_error="return")
+    res = decode_batch([photo_jpeg, bad], strict=True, on_error="return")
     assert list(res.status) == [0, -7]
+    cut = photo_jpeg[: len(photo_jpeg) * 2 // 3]
+    res = decode_batch([photo_jpeg, cut], on_error="return")
+    assert list(res.status) == [0, -1] and "truncated" in str(res.errors[1])
 
 
 # --------------------------------------------------------------------------- mutations

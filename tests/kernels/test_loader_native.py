@@ -331,17 +331,23 @@ def test_unlabelled_image_list_yields_images_only(folder):
     np.testing.assert_array_equal(batches[1][1], ref)
 
 
-def test_truncated_jpeg_warns_and_strict_refuses(folder, tmp_path):
+def test_truncated_jpeg_raises_and_damage_warns(folder, tmp_path):
     data = encode(photo()[:300, :300], quality=90)
     cut = str(tmp_path / "cut.jpg")
     with open(cut, "wb") as f:
         f.write(data[: len(data) * 2 // 3])
-    lst = ll.ImageListDataset([cut], [0])
-    with pytest.warns(ll.DecodeWarning, match="cut.jpg"):
+    with pytest.raises(ll.DecodeError, match=r"cut.jpg.*truncated"):
+        next(iter(DataLoader(ll.ImageListDataset([cut], [0]).transform_first(T.Resize((16, 16))), batch_size=1)))
+    mid = data.index(b"\xff\xda") + 2000
+    damaged = str(tmp_path / "damaged.jpg")
+    with open(damaged, "wb") as f:
+        f.write(data[:mid] + b"\xff\xd0" + data[mid:])
+    lst = ll.ImageListDataset([damaged], [0])
+    with pytest.warns(ll.DecodeWarning, match="damaged.jpg"):
         x, _ = next(iter(DataLoader(lst.transform_first(T.Resize((16, 16))), batch_size=1)))
     assert x.shape == (1, 16, 16, 3)
     strict = T.Compose([T.Decode(strict=True), T.Resize((16, 16))])
-    with pytest.raises(ll.DecodeError, match="cut.jpg"):
+    with pytest.raises(ll.DecodeError, match="damaged.jpg"):
         next(iter(DataLoader(lst.transform_first(strict), batch_size=1)))
 
 

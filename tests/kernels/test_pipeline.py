@@ -330,7 +330,7 @@ def test_corrupt_and_foreign_items(jpegs):
     items = [jpegs[0], trunc, b"not an image at all", png, b"", bad_header]
     out, st = _run(plan, items, seed=3, indices=np.arange(20, 26))
     assert st.status[0] == 0
-    assert st.status[1] == 1 and 1 in st.warnings  # libjpeg recovered: written, with a warning
+    assert st.status[1] < 0 and "truncated" in st.errors[1].reason   # NOTE [ Truncated JPEG is an error ]
     assert st.status[2] < 0 and "not a recognised image format" in st.errors[2].reason
     assert st.errors[2].index == 22
     assert st.status[3] == 0  # PNG: OpenCV decode, then the same steps with the same key
@@ -338,9 +338,11 @@ def test_corrupt_and_foreign_items(jpegs):
         ll.decode(png), seed=3, epoch=0, index=23)
     assert np.array_equal(out[3], png_ref)
     assert st.status[4] < 0 and st.status[5] < 0
-    assert set(st.errors) == {2, 4, 5}
+    assert set(st.errors) == {1, 2, 4, 5}
     strict = compile_chain(T.Compose([T.Decode(strict=True), T.RandomResizedCrop(32)]))
-    _, st = _run(strict, [trunc])
+    mid = jpegs[0].index(b"\xff\xda") + 2000
+    damaged = jpegs[0][:mid] + b"\xff\xd0" + jpegs[0][mid:]   # recoverable: strict refuses it
+    _, st = _run(strict, [damaged])
     assert st.status[0] == -7 and "strict=True" in st.errors[0].reason
 
 

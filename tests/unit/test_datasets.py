@@ -139,3 +139,23 @@ def test_pack_command(folder, tmp_path):
         src = ImageFolderDataset(folder)
     assert len(rec) == len(src) and rec.labels.tolist() == src.labels.tolist()
     np.testing.assert_array_equal(rec[4][0], src[4][0])
+
+
+def test_special_files_are_refused_without_blocking(tmp_path):
+    """A FIFO (a stand-in for a hung mount) or a device named .jpg is refused, never read
+    without bound or waited on, by the Python path and by the native reader alike."""
+    from loaderlib import transforms as T
+
+    fifo = tmp_path / "stuck.jpg"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.jpg"
+    os.symlink("/dev/zero", zero)
+    for special in (fifo, zero):
+        ds = ImageListDataset([str(special)], [0])
+        with pytest.raises(OSError, match="not a regular file"):
+            ds[0]
+        loader = ll.DataLoader(ds.transform_first(T.Resize((8, 8))), batch_size=1, timeout=30)
+        with pytest.raises(ll.DecodeError, match="not a regular file"):
+            next(iter(loader))
+    with pytest.raises(ll.LoaderError, match="not a regular file"):
+        write_records(tmp_path / "p", [str(fifo)])

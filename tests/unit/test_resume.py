@@ -330,3 +330,11 @@ def test_loader_without_seed_adopts_the_saved_seed():
     second.load_state_dict(state)
     assert second.seed == first.seed
     _assert_same([_copy(b) for b in second], reference[1:])
+
+
+def test_skips_are_summarised_once_per_epoch(image_list, caplog):
+    loader = _loader("threads", 2, "sequential", "keep", True, image_list)
+    with pytest.warns(ll.SkipWarning, match=r"2 samples skipped in epoch 0 .* first: sample 5"):
+        list(loader)
+    assert "2 samples skipped in epoch 0" in caplog.text
+    assert [e.index for e in loader.errors] == list(BAD)
