@@ -32,7 +32,7 @@ import numpy as np
 from . import _threads
 from . import transforms as T
 from ._ext import _jpeg, _pipeline
-from .decoding import STATUS
+from .decoding import STATUS, strict_level
 from .decoding import decode as _decode_image
 from .errors import DecodeError
 
@@ -114,7 +114,7 @@ class NativePlan:
         if self.sample_shape is not None:
             max_px = 0 if decode.max_pixels is None else int(decode.max_pixels)
             self._chain = _pipeline.CompiledChain(
-                ops, _MODES[decode.mode], decode.channels, bool(decode.dct_scaling), bool(decode.strict), max_px,
+                ops, _MODES[decode.mode], decode.channels, bool(decode.dct_scaling), strict_level(decode.strict), max_px,
                 _pipeline.DTYPE_FLOAT32 if self.dtype == np.float32 else _pipeline.DTYPE_UINT8, chw, lut,
                 int(spec.height), int(spec.width))
 

@@ -49,6 +49,17 @@ _SUBSAMPLING = {444: "4:4:4", 422: "4:2:2", 420: "4:2:0", 440: "4:4:0", 411: "4:
 _INFO_COL = {name: k for k, name in enumerate(_jpeg.INFO_FIELDS)}
 _MSG_LEN = 200
 
+def strict_level(strict: bool | None) -> int:
+    """The kernels' strictness for ``strict`` (NOTE [ Truncated JPEG is an error ] in ll_jpeg.h):
+    None (default) refuses truncated data and warns on other damage, True refuses any damage,
+    False keeps partial images with a warning."""
+    if strict is None:
+        return 2
+    if not isinstance(strict, (bool, np.bool_)):
+        raise TypeError(f"strict must be True, False or None, got {strict!r}")
+    return 1 if strict else 0
+
+
 #: Per-item status codes of the kernels, by name (defined once, in pyx/include/ll_common.h).
 STATUS: dict[str, int] = dict(_jpeg.STATUS)
 OK, WARNED = STATUS["OK"], STATUS["WARNED"]
@@ -293,7 +304,7 @@ def decode(
     crop: Crop = None,
     *,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    strict: bool = False,
+    strict: bool | None = None,
     source: str | None = None,
 ) -> np.ndarray:
     """Decode one image to a HWC uint8 array.
@@ -318,10 +329,11 @@ def decode(
     max_pixels : int or None
         Refuse images whose header declares more pixels (decompression-bomb guard);
         None disables the guard.
-    strict : bool
-        If True, corrupt data that libjpeg can recover from (e.g. a truncated file, which
-        it pads with grey) raises DecodeError; if False it decodes and warns with
-        :class:`DecodeWarning`.
+    strict : bool or None
+        None (default): a truncated file (which libjpeg would pad with grey) raises
+        DecodeError, other corrupt data libjpeg can recover from decodes with a
+        :class:`DecodeWarning`. True: any such data raises. False: partial images are kept,
+        with a warning (PIL's ``LOAD_TRUNCATED_IMAGES``).
     source : str, optional
         Name used in error messages (e.g. the file path).
 
@@ -354,7 +366,7 @@ def decode_batch(
     num_threads: int | None = None,
     out: Any = None,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    strict: bool = False,
+    strict: bool | None = None,
     sources: Sequence[str] | None = None,
     on_error: str = "raise",
     _single: bool = False,
@@ -431,7 +443,7 @@ def decode_batch(
             for i in range(n):
                 if status[i] == OK:
                     outs[i] = np.empty((int(info[i, oh]), int(info[i, ow]), int(info[i, oc])), np.uint8)
-        _jpeg.decode_into(bufs, outs, mode_c, denom, crops, max_px, int(bool(strict)), status, msgs, nthreads, pool)
+        _jpeg.decode_into(bufs, outs, mode_c, denom, crops, max_px, strict_level(strict), status, msgs, nthreads, pool)
 
     errors: dict[int, DecodeError] = {}
     images: list = list(outs)

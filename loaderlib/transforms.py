@@ -298,8 +298,10 @@ class Decode(Transform):
         full decode followed by a resize). False: always decode at full resolution.
     max_pixels : int or None
         Decompression-bomb guard (see :data:`loaderlib.decoding.DEFAULT_MAX_PIXELS`).
-    strict : bool
-        Refuse JPEGs that libjpeg can only decode by recovering from corrupt data.
+    strict : bool or None
+        None (default): refuse truncated JPEGs, warn on other data libjpeg recovered from;
+        True: refuse any such JPEG; False: keep partial images with a warning (PIL's
+        ``LOAD_TRUNCATED_IMAGES``). See NOTE [ Truncated JPEG is an error ].
 
     Called on an already decoded numpy image, Decode returns it unchanged.
     """
@@ -307,12 +309,14 @@ class Decode(Transform):
     mode: str = "RGB"
     dct_scaling: bool = True
     max_pixels: int | None = DEFAULT_MAX_PIXELS
-    strict: bool = False
+    strict: bool | None = None
 
     def __post_init__(self) -> None:
         if str(self.mode).upper() not in ("RGB", "BGR", "GRAY"):
             raise ValueError(f"mode must be 'RGB', 'BGR' or 'GRAY', got {self.mode!r}")
         object.__setattr__(self, "mode", str(self.mode).upper())
+        if self.strict is not None and not isinstance(self.strict, bool):
+            raise TypeError(f"strict must be True, False or None, got {self.strict!r}")
 
     @property
     def channels(self) -> int:

@@ -44,7 +44,7 @@ cdef class CompiledChain:
     cdef ll_plan* plan
     cdef readonly int out_h, out_w, channels, dtype, chw
 
-    def __cinit__(self, list ops, int mode, int channels, bint dct_scaling, bint strict, long long max_pixels,
+    def __cinit__(self, list ops, int mode, int channels, bint dct_scaling, int strict, long long max_pixels,
                   int dtype, bint chw, object lut, int out_h, int out_w):
         """``ops``: tuples (kind, pos, h, w, interp, antialias, s0, s1, r0, r1, p);
         ``lut``: None or a (channels, 256) float32 (dtype float32) or uint8 array."""

@@ -26,6 +26,11 @@
 #define LL_MODE_BGR 1
 #define LL_MODE_GRAY 2
 
+/* How strict a decode is about data libjpeg recovered from (NOTE [ Truncated JPEG is an error ]). */
+#define LL_STRICT_NONE 0      /* keep partial images: warnings only */
+#define LL_STRICT_ALL 1       /* any recovered damage is an error */
+#define LL_STRICT_TRUNCATED 2 /* the default: truncated data is an error, other damage a warning */
+
 /* Length of per-item message buffers. */
 #define LL_MSG_LEN 200
 

@@ -74,8 +74,11 @@ static void ll_jpeg_emit_message(j_common_ptr cinfo, int msg_level) {
     if (msg_level < 0) { /* a warning: corrupt data libjpeg recovered from */
         /* NOTE [ Truncated JPEG is an error ]: libjpeg "recovers" from data that ends early
          * by filling the rest of the image with grey. A training set must not train on that,
-         * and PIL and PyTorch users expect an error, so a truncated image fails; other
-         * recoverable damage stays a warning unless strict. */
+         * and PIL and PyTorch users expect an error, so by default (LL_STRICT_TRUNCATED) a
+         * truncated image fails. Other recoverable damage (extraneous bytes before a marker,
+         * a bad restart marker) stays a warning: ImageNet has such files and PIL reads them.
+         * strict=True (LL_STRICT_ALL) refuses every warning; strict=False (LL_STRICT_NONE)
+         * keeps partial images, as PIL's LOAD_TRUNCATED_IMAGES does. */
         if (cinfo->err->msg_code == JWRN_JPEG_EOF) err->truncated = 1;
         if (err->nwarn == 0) err->pub.format_message(cinfo, err->warn);
         err->nwarn++;
@@ -295,11 +298,16 @@ static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, i
         }
     }
     jpeg_abort_decompress(c); /* cheaper than finish_decompress, and allowed mid-image */
-    if (d->err.truncated) { /* NOTE [ Truncated JPEG is an error ] */
-        snprintf(d->err.msg, sizeof(d->err.msg), "truncated: the data ends before the image (%s)", d->err.warn);
-        return LL_ERR_DECODE;
+    if (d->err.nwarn > 0) {
+        if (strict == LL_STRICT_ALL) return LL_ERR_STRICT;
+        if (d->err.truncated && strict == LL_STRICT_TRUNCATED) { /* NOTE [ Truncated JPEG is an error ] */
+            snprintf(d->err.msg, sizeof(d->err.msg),
+                     "truncated: the data ends before the image (%s); pass strict=False to keep partial images",
+                     d->err.warn);
+            return LL_ERR_DECODE;
+        }
+        return LL_WARNED;
     }
-    if (d->err.nwarn > 0) return strict ? LL_ERR_STRICT : LL_WARNED;
     return LL_OK;
 stalled: /* cannot happen with a memory source; never loop forever if it does */
     snprintf(d->err.msg, sizeof(d->err.msg), "decoder stopped at scanline %u", c->output_scanline);

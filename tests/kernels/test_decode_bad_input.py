@@ -54,7 +54,7 @@ def test_truncated_jpeg_raises(photo_jpeg):
     cut = photo_jpeg[: len(photo_jpeg) // 2]
     with pytest.raises(DecodeError, match="truncated: the data ends before the image"):
         ll.decode(cut)
-    with pytest.raises(DecodeError, match="truncated"):
+    with pytest.raises(DecodeError, match=r"Premature end of JPEG file.*strict=True"):
         ll.decode(cut, strict=True)
 
 
@@ -224,3 +224,17 @@ def test_mutation_sweep_never_crashes():
                     assert img.shape[:2] == (8, 8)
     # The sweep must exercise both outcomes, or it tests nothing.
     assert outcomes["decoded"] > 200 and outcomes["error"] > 200, outcomes
+
+
+def test_strict_false_keeps_partial_images(photo_jpeg):
+    """PIL's LOAD_TRUNCATED_IMAGES: with strict=False a cut file decodes, padded, with a warning."""
+    cut = photo_jpeg[: len(photo_jpeg) // 2]
+    ref = cv2_reference(photo_jpeg)
+    with pytest.warns(DecodeWarning, match="Premature end"):
+        img = ll.decode(cut, strict=False)
+    assert img.shape == ref.shape
+    assert np.array_equal(img[:64], ref[:64])   # the rows before the cut are intact
+    with pytest.raises(TypeError, match="strict must be True, False or None"):
+        ll.decode(cut, strict="yes")
+    with pytest.raises(TypeError, match="strict must be True, False or None"):
+        ll.transforms.Decode(strict=1)
