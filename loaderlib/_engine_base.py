@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LoaderTimeoutError, SampleFailure, SkipWarning
+from .errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
 from .sampler import EpochOrder
 
 _clock = time.perf_counter_ns
@@ -106,8 +106,20 @@ class Producer:
         return None
 
     def skipped(self, index: int, source: str | None, reason: str) -> None:
-        """Record a sample dropped by ``on_error="skip"``."""
-        self.state.skipped.append(SampleFailure(int(index), source, reason, self.state.epoch))
+        """Record a sample dropped by ``on_error="skip"`` (logged; the circuit breaker
+        ``max_skipped`` raises once too many were)."""
+        st = self.state
+        failure = SampleFailure(int(index), source, reason, st.epoch)
+        st.skipped.append(failure)
+        _log.info("loaderlib: skipped sample %d%s in epoch %d: %s", failure.index,
+                  f" ({source!r})" if source else "", st.epoch, reason)
+        limit = st.max_skipped
+        if limit is not None and len(st.skipped) > limit:
+            listed = "; ".join(f"{f.index}{f' {f.source!r}' if f.source else ''}: {f.reason}"
+                               for f in st.skipped[:10])
+            more = f" (and {len(st.skipped) - 10} more)" if len(st.skipped) > 10 else ""
+            raise LoaderError(f"{len(st.skipped)} samples failed in epoch {st.epoch}, more than max_skipped="
+                              f"{limit}: the dataset looks broken. {listed}{more}")
 
 
 class RunState:
@@ -128,6 +140,7 @@ class RunState:
         self.generation = 0              # bumped when planned-ahead batches became invalid
         self.in_flight = 0               # batches submitted, not finished
         self.skipped: list = []          # SampleFailure of this run (on_error="skip")
+        self.max_skipped: int | None = None   # the circuit breaker (DataLoader(max_skipped=...))
         self.lock = threading.Lock()
         self.stop = threading.Event()
 

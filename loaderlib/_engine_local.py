@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import itertools
+import queue
 import threading
 import time
 import warnings
@@ -356,6 +357,72 @@ class _InlineExecutor:
         pass
 
 
+class _DaemonThreadPool:
+    """A fixed set of daemon threads running submitted calls in order.
+
+    NOTE [ Stuck user code ]
+    A ``dataset[i]`` or a Python transform may never return (a hung network mount). The
+    standard ``ThreadPoolExecutor`` joins its threads when the interpreter exits, so one
+    stuck call would keep a finished training script alive for ever. These threads are
+    daemonic: after a timeout the loader stops waiting for them, and they never block exit.
+    """
+
+    def __init__(self, n: int, initializer: Callable[[], None] | None = None) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._threads = [threading.Thread(target=self._work, args=(initializer,), name=f"loaderlib-python-{k}",
+                                          daemon=True) for k in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _work(self, initializer: Callable[[], None] | None) -> None:
+        if initializer is not None:
+            try:
+                initializer()
+            except BaseException as e:  # noqa: BLE001 - reported through every future of the pool
+                self._broken = e
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            f, fn, args = item
+            if not f.set_running_or_notify_cancel():
+                continue
+            if self._broken is not None:
+                f.set_exception(RuntimeError(f"worker_init_fn failed: {type(self._broken).__name__}: "
+                                             f"{self._broken}"))
+                continue
+            try:
+                f.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever reads the future
+                f.set_exception(e)
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        if self._closed:
+            raise RuntimeError("the loader's Python pool is closed")
+        f: cf.Future = cf.Future()
+        self._queue.put((f, fn, args))
+        return f
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        self._closed = True
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+
 class PythonPool:
     """The loader's one pool of Python threads, shared by its runs (threads engine, Python
     tails after a native prefix).
@@ -399,7 +466,7 @@ class PythonPool:
                 self._size = n
             return self._pool
 
-    def _threaded(self, n: int) -> cf.ThreadPoolExecutor:
+    def _threaded(self, n: int) -> _DaemonThreadPool:
         counter = itertools.count()
         init, seed, dataset = self.worker_init_fn, self.seed, self.dataset
 
@@ -409,7 +476,7 @@ class PythonPool:
             if init is not None:
                 init(wid)
 
-        return cf.ThreadPoolExecutor(n, thread_name_prefix="loaderlib-python", initializer=initializer)
+        return _DaemonThreadPool(n, initializer)   # NOTE [ Stuck user code ]
 
     def close(self, wait: bool = True) -> None:
         with self._lock:

@@ -96,8 +96,14 @@ class _Analysis:
 
 
 def _describe(fn: Any) -> str:
+    """A step's name for explain(): its qualified name for functions (never cut), else its repr
+    (long reprs are shortened in the middle, so both ends stay readable)."""
+    name = getattr(fn, "__qualname__", None)
+    if name is not None and callable(fn) and not isinstance(fn, type):
+        module = getattr(fn, "__module__", None)
+        return f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
     r = repr(fn)
-    return r if len(r) <= 80 else r[:77] + "..."
+    return r if len(r) <= 120 else r[:70] + " ... " + r[-45:]
 
 
 def _unwrap(dataset: Any) -> tuple[Any, list]:
@@ -419,6 +425,10 @@ class DataLoader:
     max_in_flight : int, optional
         Processes engine: batches sent to workers and not yet collected (default
         ``prefetch_factor * num_workers``, i.e. 2 per worker).
+    max_skipped : int or float, optional
+        With ``on_error="skip"``, a circuit breaker: more skipped samples in one epoch than
+        this count (or this fraction of the epoch) raises :class:`LoaderError` listing them,
+        instead of training on a mostly broken dataset.
     profile : bool
         Enable the stage recorder (``loader.stats``) from the start.
 
@@ -447,7 +457,8 @@ class DataLoader:
                  persistent_workers: bool = False, prefetch_factor: int | None = None, generator: Any = None,
                  multiprocessing_context: Any = None, in_order: bool = True, pin_memory_device: str = "",
                  load_balance: str = "round_robin", max_in_flight: int | None = None,
-                 rank: int | None = None, world_size: int | None = None, profile: bool = False) -> None:
+                 rank: int | None = None, world_size: int | None = None, max_skipped: float | None = None,
+                 profile: bool = False) -> None:
         self.dataset = _as_dataset(dataset)
         self._iterable = is_iterable_dataset(self.dataset)
         if self._iterable:
@@ -482,6 +493,20 @@ class DataLoader:
             raise ValueError("shuffle=True conflicts with sampler: the sampler decides the order")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if batch_size is not None:
+            _positive_int(batch_size, "batch_size")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or timeout < 0):
+            raise ValueError(f"timeout must be a non-negative number of seconds (0 or None: wait forever), "
+                             f"got {timeout!r}")
+        if max_skipped is not None:
+            ok = (isinstance(max_skipped, (int, np.integer)) and not isinstance(max_skipped, bool)
+                  and max_skipped >= 0) or (isinstance(max_skipped, float) and 0 < max_skipped < 1)
+            if not ok:
+                raise ValueError(f"max_skipped must be a count (int >= 0) or a fraction of the epoch (0 < float < "
+                                 f"1), got {max_skipped!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
         if num_threads == 0 and not isinstance(num_threads, bool):
@@ -513,6 +538,7 @@ class DataLoader:
                      else draw_seed() if seed is None else int(seed))
         self._seed_given = seed is not None or generator is not None
         self.on_error = on_error
+        self.max_skipped = max_skipped
         self.timeout = timeout if timeout else None
         self.num_workers = num_workers
         self.worker_init_fn = worker_init_fn
@@ -1025,6 +1051,10 @@ class DataLoader:
 
     def _make_producer(self, state: RunState, recorder: Any) -> Any:
         a = self._analysis
+        if self.max_skipped is not None:
+            n = state.order.stream.size if not self._iterable else 0
+            state.max_skipped = (int(self.max_skipped) if isinstance(self.max_skipped, (int, np.integer))
+                                 else max(1, int(self.max_skipped * n)) if n else None)
         common = {"recorder": recorder, "on_error": self.on_error, "state": state}
         if self._iterable and self.num_workers == 0:
             return IterableProducer(dataset=self.dataset, rank=self.rank, world_size=self.world_size,

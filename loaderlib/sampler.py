@@ -470,6 +470,9 @@ class BatchSampler:
 
     def _plan(self, order: np.ndarray, epoch: int, key: dict, carry: np.ndarray) -> EpochOrder:
         order = np.asarray(order, np.int64).reshape(-1)
+        if order.size and int(order.min()) < 0:
+            raise ValueError(f"the sampler gave a negative index ({int(order.min())}) in epoch {epoch}: indices "
+                             "must be 0 <= i < len(dataset)")
         if self.last_batch == "rollover" and carry.size:
             stream = np.concatenate([carry, order])
         else:
