@@ -206,9 +206,50 @@ _OPENCV_MAGIC = (
 )
 
 
-def _png_pixels(buf: memoryview) -> int | None:
-    if len(buf) >= 24 and bytes(buf[12:16]) == b"IHDR":
-        return int.from_bytes(buf[16:20], "big") * int.from_bytes(buf[20:24], "big")
+def _declared_size(kind: str, buf: memoryview) -> tuple[int, int] | None:
+    """``(width, height)`` as the image's header declares it, read before any pixel is decoded
+    (the decompression-bomb guard for the formats OpenCV decodes); None if the header is cut off
+    or malformed."""
+    head = bytes(buf[:64])
+    le = int.from_bytes
+    try:
+        if kind == "PNG":
+            if head[12:16] != b"IHDR":
+                return None
+            return le(head[16:20], "big"), le(head[20:24], "big")
+        if kind == "BMP":
+            if le(head[14:18], "little") == 12:   # BITMAPCOREHEADER: 16-bit sizes
+                return le(head[18:20], "little"), le(head[20:22], "little")
+            w = le(head[18:22], "little", signed=True)
+            h = le(head[22:26], "little", signed=True)   # negative: stored top-down
+            return abs(w), abs(h)
+        if kind == "GIF":
+            return le(head[6:8], "little"), le(head[8:10], "little")
+        if kind == "WebP":
+            chunk = head[12:16]
+            if chunk == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+                return le(head[26:28], "little") & 0x3FFF, le(head[28:30], "little") & 0x3FFF
+            if chunk == b"VP8L" and head[20] == 0x2F:
+                bits = le(head[21:25], "little")
+                return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+            if chunk == b"VP8X":
+                return le(head[24:27], "little") + 1, le(head[27:30], "little") + 1
+            return None
+        if kind == "TIFF":
+            order = "little" if head[:2] == b"II" else "big"
+            ifd = le(bytes(buf[4:8]), order)
+            count = le(bytes(buf[ifd:ifd + 2]), order)
+            size = {}
+            for k in range(min(count, 512)):
+                e = bytes(buf[ifd + 2 + 12 * k: ifd + 14 + 12 * k])
+                if len(e) < 12:
+                    return None
+                tag, typ = le(e[0:2], order), le(e[2:4], order)
+                if tag in (256, 257):
+                    size[tag] = le(e[8:10], order) if typ == 3 else le(e[8:12], order)
+            return (size[256], size[257]) if len(size) == 2 else None
+    except (IndexError, ValueError, KeyError):
+        return None
     return None
 
 
@@ -228,9 +269,12 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
         kind = None
     if kind is None:
         raise DecodeError(f"not a recognised image format (first bytes {head[:8]!r})")
-    declared = _png_pixels(buf) if kind == "PNG" else None
-    if max_pixels and declared is not None and declared > max_pixels:
-        raise DecodeError(f"PNG declares {declared} pixels, more than max_pixels={max_pixels}")
+    size = _declared_size(kind, buf)
+    if size is None:
+        raise DecodeError(f"cannot read the {kind} header (cut off or malformed)")
+    if max_pixels and size[0] * size[1] > max_pixels:
+        raise DecodeError(f"{kind} declares {size[0]}x{size[1]} = {size[0] * size[1]} pixels, more than "
+                          f"max_pixels={max_pixels}; refused before decoding")
     arr = np.frombuffer(buf, dtype=np.uint8)
     flags = cv2.IMREAD_IGNORE_ORIENTATION | (cv2.IMREAD_GRAYSCALE if mode == 2 else cv2.IMREAD_COLOR)
     try:

@@ -238,3 +238,57 @@ def test_strict_false_keeps_partial_images(photo_jpeg):
         ll.decode(cut, strict="yes")
     with pytest.raises(TypeError, match="strict must be True, False or None"):
         ll.transforms.Decode(strict=1)
+
+
+def _bombs() -> dict:
+    """Tiny files whose headers declare 20000 x 20000 pixels (400 megapixels)."""
+    import struct
+    import zlib
+
+    W = H = 20000
+    bmp = (b"BM" + struct.pack("<IHHI", 1080, 0, 0, 54) + struct.pack("<IiiHHIIiiII", 40, W, H, 1, 8, 1, 1026, 0, 0,
+                                                                        0, 0) + bytes(1026))
+    tiff = (b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 3)
+            + struct.pack("<HHII", 256, 4, 1, W) + struct.pack("<HHII", 257, 4, 1, H)
+            + struct.pack("<HHII", 258, 3, 1, 8) + struct.pack("<I", 0) + bytes(46000))
+    gif = b"GIF89a" + struct.pack("<HH", W, H) + b"\x00\x00\x00" + b",\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;"
+    webp = b"RIFF" + struct.pack("<I", 30) + b"WEBPVP8X" + struct.pack("<I", 10) + b"\x00\x00\x00\x00" \
+        + (W - 1).to_bytes(3, "little") + (H - 1).to_bytes(3, "little")
+    ihdr = struct.pack(">IIBBBBB", W, H, 8, 2, 0, 0, 0)
+    png = (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr
+           + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr)) + bytes(100))
+    return {"BMP": bmp, "TIFF": tiff, "GIF": gif, "WebP": webp, "PNG": png}
+
+
+@pytest.mark.parametrize("kind", ["BMP", "TIFF", "GIF", "WebP", "PNG"])
+def test_bombs_are_refused_from_the_header(kind):
+    data = _bombs()[kind]
+    with pytest.raises(DecodeError, match=rf"{kind} declares 20000x20000 = 400000000 pixels.*refused before"):
+        ll.decode(data)
+    res = decode_batch([data], on_error="return")
+    assert res.status[0] < 0 and "max_pixels" in str(res.errors[0])
+
+
+def test_bombs_cost_no_memory(tmp_path):
+    """Peak memory (VmHWM, per process) of refusing every bomb: far below what decoding would take."""
+    import subprocess
+    import sys
+
+    code = (
+        "import loaderlib as ll, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from test_decode_bad_input import _bombs\n"
+        "def hwm():\n"
+        "    return int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])\n"
+        "before = hwm()\n"
+        "for data in _bombs().values():\n"
+        "    try:\n"
+        "        ll.decode(data)\n"
+        "    except ll.DecodeError:\n"
+        "        pass\n"
+        "print(hwm() - before)\n"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120, check=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    assert int(r.stdout.strip()) < 50 * 1024   # KiB: refused before 50 MB
