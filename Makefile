@@ -11,7 +11,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all clean
+.PHONY: all install build test test-fast bench bench-decode bench-all soak clean
 
 all: build
 
@@ -68,6 +68,10 @@ bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/instrumentation.py
 	$(BIN)/python benchmarks/epochs.py
 	$(BIN)/python benchmarks/shards.py
+
+# Long runs, on purpose only: 100 epochs and 1,000 abandoned iterators per engine.
+soak: build
+	$(BIN)/python benchmarks/soak.py
 
 clean:
 	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV)
