@@ -55,6 +55,7 @@ from .datasets import (
     ImageFolderDataset,
     ImageListDataset,
     SimpleDataset,
+    TupleDataset,
     _TransformDataset,
 )
 from .errors import StateError
@@ -280,9 +281,25 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     return _Analysis(fallback, reason, stages)
 
 
+def _single_array(d: Any) -> np.ndarray | None:
+    """The array behind a one-array ArrayDataset or a bare array (items are its rows)."""
+    if isinstance(d, np.ndarray) and d.ndim >= 1 and d.dtype != object:
+        return d
+    if type(d) is ArrayDataset and len(d.arrays) == 1 and isinstance(d.arrays[0], np.ndarray) \
+            and d.arrays[0].dtype != object:
+        return d.arrays[0]
+    return None
+
+
 def _as_dataset(dataset: Any) -> Any:
     if is_iterable_dataset(dataset):
         return dataset   # consumed lazily (NOTE [ Iterable shards ])
+    if isinstance(dataset, np.ndarray) and dataset.ndim >= 1 and dataset.dtype != object:
+        return ArrayDataset(dataset)   # runs natively: rows gathered with take
+    if isinstance(dataset, TupleDataset):
+        arrays = [_single_array(d) for d in dataset.datasets]
+        if all(a is not None for a in arrays):
+            return ArrayDataset(*arrays)   # the same items, gathered natively
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         return dataset
     if hasattr(dataset, "__iter__"):

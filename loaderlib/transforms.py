@@ -227,6 +227,10 @@ def _check_image(img: Any, what: str) -> np.ndarray:
     if not isinstance(img, np.ndarray) or img.ndim != 3:
         raise TypeError(f"{what} expects an HWC numpy image (H, W, C), got "
                         f"{type(img).__name__}{getattr(img, 'shape', '')}")
+    if img.shape[2] not in (1, 2, 3, 4) and img.shape[0] in (1, 3, 4):
+        # A CHW array would otherwise be cropped along channels and silently misshaped.
+        raise ValueError(f"{what} expects an HWC image (H, W, C); {img.shape} looks like CHW: pass "
+                         "img.transpose(1, 2, 0), or put ToCHW() last in the chain")
     return img
 
 
@@ -519,6 +523,10 @@ class Normalize(Transform):
             raise ValueError(f"mean and std need the same length, got {len(mean)} and {len(std)}")
         if any(s == 0 for s in std):
             raise ValueError("std must not contain zeros")
+        if any(abs(m) > 1.5 for m in mean) or any(abs(s) > 1.5 for s in std):
+            # torchvision's convention: x / 255 first, so mean and std are in 0-1 scale.
+            raise ValueError(f"Normalize takes 0-1 scale mean and std (as torchvision: x / 255, then (x - mean) / "
+                             f"std), got mean={mean}, std={std}: divide them by 255")
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
 

@@ -90,3 +90,35 @@ def test_interpreter_exits_while_a_dataset_call_is_stuck(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env, check=False)
     assert r.returncode == 0, r.stderr
     assert "timed out" in r.stdout
+
+
+def test_chw_input_is_refused_with_the_fix():
+    from loaderlib import transforms as T
+
+    chw = np.zeros((3, 64, 48), np.uint8)
+    with pytest.raises(ValueError, match=r"looks like CHW: pass img.transpose\(1, 2, 0\)"):
+        T.RandomResizedCrop(32)(chw, seed=0)
+    assert T.RandomResizedCrop(32)(chw.transpose(1, 2, 0).copy(), seed=0).shape == (32, 32, 3)
+
+
+def test_normalize_in_0_255_scale_is_refused():
+    from loaderlib import transforms as T
+
+    with pytest.raises(ValueError, match="0-1 scale mean and std .* divide them by 255"):
+        T.Normalize(mean=(123.7, 116.3, 103.5), std=(58.4, 57.1, 57.4))
+    T.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+
+
+def test_tuple_of_arrays_and_bare_arrays_run_natively():
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    y = np.arange(10)
+    tup = ll.TupleDataset(ll.ArrayDataset(x), ll.ArrayDataset(y))
+    loader = ll.DataLoader(tup, batch_size=4, shuffle=True, seed=1)
+    assert loader.engine == "native"
+    order = ll.sampler.RandomSampler(10, seed=1).order(0)
+    got = list(loader)
+    np.testing.assert_array_equal(np.concatenate([a for a, _ in got]), x[order])
+    np.testing.assert_array_equal(np.concatenate([b for _, b in got]), y[order])
+    bare = ll.DataLoader(x, batch_size=3)
+    assert bare.engine == "native"
+    np.testing.assert_array_equal(np.concatenate(list(bare)), x)
