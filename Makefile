@@ -11,7 +11,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all soak clean
+.PHONY: all install build test test-fast bench bench-decode bench-all soak fuzz clean
 
 all: build
 
@@ -68,6 +68,14 @@ bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/instrumentation.py
 	$(BIN)/python benchmarks/epochs.py
 	$(BIN)/python benchmarks/shards.py
+
+# Coverage-guided fuzzing of the decoders and the fused chain (atheris); new inputs go to
+# build/fuzz-corpus, the seed corpus is fuzz/corpus. FUZZ_RUNS inputs (default 100,000).
+FUZZ_RUNS ?= 100000
+fuzz: build
+	$(BIN)/python -m pip install -q atheris==3.0.0
+	mkdir -p build/fuzz-corpus
+	$(BIN)/python fuzz/fuzz_decode.py -runs=$(FUZZ_RUNS) -print_final_stats=1 build/fuzz-corpus fuzz/corpus
 
 # Long runs, on purpose only: 100 epochs and 1,000 abandoned iterators per engine.
 soak: build

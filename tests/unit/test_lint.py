@@ -16,6 +16,6 @@ def test_ruff_clean():
     ruff = shutil.which("ruff", path=os.path.dirname(sys.executable)) or shutil.which("ruff")
     if ruff is None:
         pytest.skip("ruff is not installed (make test installs it)")
-    out = subprocess.run([ruff, "check", "--output-format", "concise", "loaderlib", "profiling", "tests",
+    out = subprocess.run([ruff, "check", "--output-format", "concise", "loaderlib", "profiling", "tests", "fuzz",
                           "benchmarks"], cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
