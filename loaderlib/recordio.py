@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 from typing import Any
 
 import numpy as np
 
+from ._shardfiles import ShardFiles
 from .datasets import Dataset, _check_index
 from .decoding import decode
 from .errors import LoaderError
@@ -33,7 +33,7 @@ _FRAME = struct.Struct("<II")
 _IRHEADER = struct.Struct("<IfQQ")
 
 
-class ImageRecordDataset(Dataset):
+class ImageRecordDataset(ShardFiles, Dataset):
     """Images packed with MXNet's ``im2rec`` / ``recordio.pack_img``: ``(image, label)`` items.
 
     Parameters
@@ -84,9 +84,8 @@ class ImageRecordDataset(Dataset):
         if lab.shape[1] == 1:
             lab = lab[:, 0]
         self.labels = lab.astype(np.int64) if np.all(np.mod(lab, 1) == 0) else lab
-        self._fd = -1
-        self._pid = -1
-        self._lock = threading.Lock()
+        self.paths = [self.path]
+        self._init_files()
 
     def _read_idx(self) -> tuple[list[int], list[int]]:
         keys, starts = [], []
@@ -146,14 +145,6 @@ class ImageRecordDataset(Dataset):
                               "than its header")
         return body, img, labels
 
-    def fileno(self, shard: int = 0) -> int:
-        """A read-only descriptor of the ``.rec`` file, opened once per process."""
-        with self._lock:
-            if self._fd < 0 or self._pid != os.getpid():
-                self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                self._pid = os.getpid()
-            return self._fd
-
     def __len__(self) -> int:
         return len(self.keys)
 
@@ -174,23 +165,6 @@ class ImageRecordDataset(Dataset):
         img = decode(self.read(i), source=self.source(i))
         lab = self.labels[i]
         return img, (int(lab) if self.labels.dtype == np.int64 and self.labels.ndim == 1 else lab)
-
-    def __getstate__(self) -> dict:
-        d = dict(self.__dict__)
-        d["_fd"], d["_pid"] = -1, -1
-        del d["_lock"]
-        return d
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def __del__(self) -> None:
-        try:
-            if self._fd >= 0 and self._pid == os.getpid():
-                os.close(self._fd)
-        except Exception:  # noqa: BLE001, S110
-            pass
 
     def __repr__(self) -> str:
         return f"ImageRecordDataset({self.path!r}: {len(self)} records)"

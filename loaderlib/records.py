@@ -21,7 +21,6 @@ import glob
 import os
 import re
 import tempfile
-import threading
 import uuid
 import zipfile
 import zlib
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ._shardfiles import ShardFiles
 from .datasets import Dataset, _check_index, _read_file
 from .decoding import decode
 from .errors import LoaderError
@@ -330,7 +330,7 @@ def _open_shard(data_path: str, index_path: str) -> dict:
             "synsets": [str(s) for s in d["synsets"]]}
 
 
-class RecordFileDataset(Dataset):
+class RecordFileDataset(ShardFiles, Dataset):
     """Records packed by :func:`write_records`; item ``i`` is ``(image, label)``.
 
     Records are read with ``pread`` (no seek, so reads from many threads never interfere);
@@ -368,9 +368,7 @@ class RecordFileDataset(Dataset):
         self.keys = [k for s in shards for k in s["keys"]]
         self.synsets = shards[0]["synsets"]
         self.raw = bool(raw)
-        self._fds: list[int] = []
-        self._pid = -1
-        self._lock = threading.Lock()
+        self._init_files()
 
     @property
     def path(self) -> str:
@@ -385,17 +383,6 @@ class RecordFileDataset(Dataset):
     def shard_sizes(self) -> list[int]:
         """Records per shard, in order."""
         return np.bincount(self.shard_of, minlength=len(self.paths)).tolist()
-
-    def fileno(self, shard: int = 0) -> int:
-        """A read-only descriptor of shard ``shard``'s data file, opened once per process."""
-        with self._lock:
-            if self._pid != os.getpid():
-                self._fds, self._pid = [], os.getpid()
-            while len(self._fds) <= shard:
-                self._fds.append(-1)
-            if self._fds[shard] < 0:
-                self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            return self._fds[shard]
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -419,30 +406,6 @@ class RecordFileDataset(Dataset):
         if self.raw:
             return data, int(self.labels[i])
         return decode(data, source=self.keys[i]), int(self.labels[i])
-
-    def __getstate__(self) -> dict:
-        d = dict(self.__dict__)
-        d["_fds"], d["_pid"] = [], -1
-        del d["_lock"]
-        return d
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._pid == os.getpid():
-                for fd in self._fds:
-                    if fd >= 0:
-                        os.close(fd)
-            self._fds = []
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001, S110
-            pass
 
     def __repr__(self) -> str:
         where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} shards"

@@ -19,13 +19,13 @@ import json
 import os
 import re
 import tarfile
-import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ._shardfiles import ShardFiles
 from .datasets import Dataset
 from .decoding import decode
 from .errors import LoaderError
@@ -78,7 +78,7 @@ def _label(field: str, data: bytes, where: str) -> Any:
     return obj
 
 
-class WebDataset(Dataset):
+class WebDataset(ShardFiles, Dataset):
     """Samples of WebDataset tar shards: ``(HWC uint8 RGB image, label)`` or the image alone.
 
     Parameters
@@ -129,9 +129,7 @@ class WebDataset(Dataset):
             self.labels = None
         else:
             self.labels = labels   # Python objects (json): collated in Python
-        self._fds: list[int] = []
-        self._pid = -1
-        self._lock = threading.Lock()
+        self._init_files()
 
     @staticmethod
     def _index(path: str) -> list:
@@ -191,18 +189,6 @@ class WebDataset(Dataset):
         i = int(idx)
         return f"{self.paths[int(self.shard_of[i])]}:{self.keys[i]}.{self.fields[i]}"
 
-    def fileno(self, shard: int) -> int:
-        """A read-only descriptor of shard ``shard`` (opened once per process)."""
-        with self._lock:
-            if self._pid != os.getpid():
-                self._fds = []
-                self._pid = os.getpid()
-            while len(self._fds) <= shard:
-                self._fds.append(-1)
-            if self._fds[shard] < 0:
-                self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            return self._fds[shard]
-
     def read(self, idx: int) -> bytes:
         """The raw image bytes of sample ``idx``."""
         i = int(idx)
@@ -221,30 +207,6 @@ class WebDataset(Dataset):
         if self.labels is None:
             return img
         return img, self.labels[i] if isinstance(self.labels, list) else int(self.labels[i])
-
-    def __getstate__(self) -> dict:
-        d = self.__dict__.copy()
-        d["_fds"], d["_pid"] = [], -1
-        d.pop("_lock")
-        return d
-
-    def __setstate__(self, d: dict) -> None:
-        self.__dict__.update(d)
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            for fd in self._fds:
-                if fd >= 0:
-                    os.close(fd)
-            self._fds = []
-
-    def __del__(self) -> None:
-        try:
-            if self._pid == os.getpid():
-                self.close()
-        except Exception:  # noqa: BLE001, S110
-            pass
 
     def __repr__(self) -> str:
         return f"WebDataset({len(self.paths)} shards, {len(self)} samples)"

@@ -1,0 +1,58 @@
+"""Read-only descriptors of a dataset's data files, opened once per process.
+
+The one owner of the descriptors that record shards, WebDataset tars and RecordIO files are
+read through (with ``pread``, so threads never interfere). A forked or unpickled copy opens
+its own; ``close()`` (or garbage collection) closes them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+
+class ShardFiles:
+    """Mixin for datasets whose samples are byte ranges of the files in ``self.paths``."""
+
+    paths: list[str]
+
+    def _init_files(self) -> None:
+        self._fds: list[int] = []
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def fileno(self, shard: int = 0) -> int:
+        """A read-only descriptor of file ``shard`` of ``self.paths``, opened once per process."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._fds, self._pid = [], os.getpid()
+            while len(self._fds) <= shard:
+                self._fds.append(-1)
+            if self._fds[shard] < 0:
+                self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return self._fds[shard]
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_fds"], d["_pid"] = [], -1
+        del d["_lock"]
+        return d
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close this process's descriptors (they reopen on the next read)."""
+        with self._lock:
+            if self._pid == os.getpid():
+                for fd in self._fds:
+                    if fd >= 0:
+                        os.close(fd)
+            self._fds = []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
