@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -401,8 +400,10 @@ class DataLoader:
         Batches kept ready ahead of the consumer (default ``max(2, 2 * num_workers)``).
         Settable while iterating.
     pin_memory : bool
-        Page-lock batches for faster GPU copies (needs torch with CUDA; without CUDA it
-        raises ``ValueError``).
+        Page-lock the arena slots once, when they are allocated (torch's pinned allocator), so
+        batches copy to a GPU asynchronously at no per-batch cost. Needs torch with CUDA
+        (``ValueError`` otherwise) and an in-process engine (``ValueError`` on the processes
+        engine for now).
     timeout : float
         Seconds any wait for a batch may take before :class:`LoaderTimeoutError` (None or 0:
         wait forever).
@@ -1056,7 +1057,7 @@ class DataLoader:
         if self._pure_sampler() is not None and self.engine != "processes":
             slots += self._knobs.prefetch + 2
         if self._arena_ring is None:
-            self._arena_ring = BatchArena(slots)
+            self._arena_ring = BatchArena(slots, allocator=self._pinned_allocator())
         self._arena_ring.num_slots = slots
         return self._arena_ring
 
@@ -1177,5 +1178,20 @@ class DataLoader:
         if not cuda:
             raise ValueError("pin_memory=True needs torch with CUDA, which is not available here: pass "
                              "pin_memory=False (pinned memory only speeds up copies to a GPU)")
-        warnings.warn("pin_memory=True: arena slots are not page-locked yet; batches are copied from pageable "
-                      "memory", RuntimeWarning, stacklevel=3)
+        if self.num_workers > 0 and self.engine == "processes":
+            raise ValueError("pin_memory=True cannot be honoured on the processes engine yet (its slots are shared "
+                             "memory, not page-locked): pass pin_memory=False, or num_workers=0")
+
+    def _pinned_allocator(self) -> Callable[[int], Any] | None:
+        """With ``pin_memory``, arena slots are page-locked once, when allocated (torch's pinned
+        host allocator, page aligned), so pinning costs nothing per batch."""
+        if not self.pin_memory:
+            return None
+        import torch
+
+        def allocate(nbytes: int) -> Any:
+            # cudaHostAlloc memory is page aligned (BatchLayout needs 64 bytes); the numpy view
+            # shares it and keeps the tensor alive for as long as the slot exists.
+            return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, pin_memory=True).numpy()
+
+        return allocate
