@@ -32,16 +32,13 @@ import numpy as np
 from . import _threads
 from . import transforms as T
 from ._ext import _jpeg, _pipeline
-from .decoding import STATUS, strict_level
+from ._ext._jpeg import Status
 from .decoding import decode as _decode_image
+from .decoding import mode_code, status_message, status_tables, strict_level
 from .errors import DecodeError
 
 __all__ = ["BatchStatus", "NativePlan", "compile_chain"]
 
-_MSG_LEN = 200
-_MODES = {"RGB": 0, "BGR": 1, "GRAY": 2}
-_OK, _WARNED, _ERR_NOT_JPEG, _ERR_SHAPE, _ERR_READ = (STATUS[k] for k in ("OK", "WARNED", "ERR_NOT_JPEG", "ERR_SHAPE",
-                                                                          "ERR_READ"))
 _GEOMETRY = (T.RandomResizedCrop, T.Resize, T.CenterCrop, T.RandomHorizontalFlip)
 _POINTWISE = (T.Normalize, T.Cast)
 
@@ -70,12 +67,6 @@ class BatchStatus:
     def ok(self) -> np.ndarray:
         """Boolean mask of the items that were written."""
         return self.status >= 0
-
-
-def _msg(msgs: np.ndarray, i: int) -> str:
-    raw = msgs[i].tobytes()
-    end = raw.find(b"\0")
-    return raw[: end if end >= 0 else len(raw)].decode("utf-8", "replace")
 
 
 def _describe_interp(t: Any) -> str:
@@ -114,7 +105,7 @@ class NativePlan:
         if self.sample_shape is not None:
             max_px = 0 if decode.max_pixels is None else int(decode.max_pixels)
             self._chain = _pipeline.CompiledChain(
-                ops, _MODES[decode.mode], decode.channels, bool(decode.dct_scaling), strict_level(decode.strict), max_px,
+                ops, mode_code(decode.mode), decode.channels, bool(decode.dct_scaling), strict_level(decode.strict), max_px,
                 _pipeline.DTYPE_FLOAT32 if self.dtype == np.float32 else _pipeline.DTYPE_UINT8, chw, lut,
                 int(spec.height), int(spec.width))
 
@@ -223,8 +214,7 @@ class NativePlan:
         seed_u = int(seed) & ((1 << 64) - 1)
         epoch_u = int(epoch) & ((1 << 64) - 1)
         nthreads = min(_threads.resolve_num_threads(num_threads), max(n, 1))
-        status = np.zeros(n, np.int32)
-        msgs = np.zeros((n, _MSG_LEN), np.uint8)
+        status, msgs = status_tables(n)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("a NativePlan runs one batch at a time; use one plan per thread")
         try:
@@ -235,51 +225,45 @@ class NativePlan:
         finally:
             self._lock.release()
         result = BatchStatus(status=status)
-        for i in np.flatnonzero(status != _OK):
+        for i in np.flatnonzero(status != Status.OK):
             i = int(i)
-            st = int(status[i])
-            src = None if sources is None else str(sources[i])
-            if st == _WARNED:
-                result.warnings[i] = _msg(msgs, i)
-            elif st == _ERR_NOT_JPEG:
-                self._fallback(i, fetch, out, idx, seed_u, epoch_u, timings, src, result)
-            else:
-                result.errors[i] = DecodeError.from_status(st, _msg(msgs, i), int(idx[i]), src)
+            reason = status_message(msgs, i)
+            if status[i] == Status.WARNED:
+                result.warnings[i] = reason
+                continue
+            if status[i] == Status.ERR_NOT_JPEG:
+                status[i], reason = self._fallback(i, fetch, out, idx, seed_u, epoch_u, timings, sources)
+            if status[i] != Status.OK:
+                src = None if sources is None else str(sources[i])
+                result.errors[i] = DecodeError.from_status(int(status[i]), reason, int(idx[i]), src)
         return result
 
     def _fallback(self, i: int, fetch, out: np.ndarray, idx: np.ndarray, seed: int, epoch: int,
-                  timings: np.ndarray | None, src: str | None, result: BatchStatus) -> None:
-        """A non-JPEG item: OpenCV decode, then the chain step by step with the same key."""
+                  timings: np.ndarray | None, sources: Sequence[str] | None) -> tuple[int, str]:
+        """A non-JPEG item: OpenCV decode, then the chain step by step with the same key.
+        Returns the item's status code and, when it failed, the reason."""
         t0 = time.perf_counter_ns()
         try:
             data = fetch(i)
             t1 = time.perf_counter_ns()
             d = self.decode_spec
-            img = _decode_image(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict, source=src)
+            img = _decode_image(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict)
             t2 = time.perf_counter_ns()
-            res = self.transform(img, seed=seed, epoch=epoch, index=int(idx[i]))
-            res = np.asarray(res)
+            res = np.asarray(self.transform(img, seed=seed, epoch=epoch, index=int(idx[i])))
             if res.shape != out.shape[1:]:
-                raise DecodeError(f"the chain gave shape {res.shape} for this image, the batch needs "
-                                  f"{out.shape[1:]}", int(idx[i]), src)
+                return Status.ERR_SHAPE, (f"the chain gave shape {res.shape} for this image, the batch needs "
+                                          f"{out.shape[1:]}")
             out[i] = res
             t3 = time.perf_counter_ns()
         except DecodeError as e:
-            result.status[i] = _ERR_SHAPE if "the batch needs" in e.reason else -1
-            result.errors[i] = DecodeError(e.reason, int(idx[i]), src)
-            return
+            return Status.ERR_DECODE, e.reason
         except OSError as e:
-            result.status[i] = _ERR_READ
-            result.errors[i] = DecodeError(f"read failed: {e.strerror or e}", int(idx[i]), src)
-            return
+            return Status.ERR_READ, f"read failed: {e.strerror or e}"
         except Exception as e:  # noqa: BLE001 - a per-item failure must never abort the batch
-            result.status[i] = -1
-            result.errors[i] = DecodeError(f"the transform chain failed on this image: {type(e).__name__}: {e}",
-                                           int(idx[i]), src)
-            return
-        result.status[i] = _OK
+            return Status.ERR_DECODE, f"the transform chain failed on this image: {type(e).__name__}: {e}"
         if timings is not None:
             timings[i] = (t1 - t0, t2 - t1, t3 - t2)
+        return Status.OK, ""
 
 
 def _flatten(transform: Any) -> list:

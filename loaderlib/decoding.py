@@ -26,11 +26,11 @@ import numpy as np
 
 from . import _threads
 from ._ext import _jpeg
+from ._ext._jpeg import Status
 from .errors import DecodeError, DecodeWarning
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
-    "STATUS",
     "BatchDecodeResult",
     "JpegInfo",
     "decode",
@@ -44,26 +44,39 @@ __all__ = [
 #: MAX_IMAGE_PIXELS of 89,478,485): about 179 megapixels, 537 MB as RGB.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
 
-_MODES = {"RGB": 0, "BGR": 1, "GRAY": 2}
 _SUBSAMPLING = {444: "4:4:4", 422: "4:2:2", 420: "4:2:0", 440: "4:4:0", 411: "4:1:1", 410: "4:1:0", 0: "gray"}
 _INFO_COL = {name: k for k, name in enumerate(_jpeg.INFO_FIELDS)}
-_MSG_LEN = 200
+
 
 def strict_level(strict: bool | None) -> int:
     """The kernels' strictness for ``strict`` (NOTE [ Truncated JPEG is an error ] in ll_jpeg.h):
     None (default) refuses truncated data and warns on other damage, True refuses any damage,
     False keeps partial images with a warning."""
-    if strict is None:
-        return 2
-    if not isinstance(strict, (bool, np.bool_)):
+    if strict is not None and not isinstance(strict, (bool, np.bool_)):
         raise TypeError(f"strict must be True, False or None, got {strict!r}")
-    return 1 if strict else 0
+    return _jpeg.STRICT_LEVELS[None if strict is None else bool(strict)]
 
 
-#: Per-item status codes of the kernels, by name (defined once, in pyx/include/ll_common.h).
-STATUS: dict[str, int] = dict(_jpeg.STATUS)
-OK, WARNED = STATUS["OK"], STATUS["WARNED"]
-ERR_NOT_JPEG, ERR_SHAPE, ERR_CROP = STATUS["ERR_NOT_JPEG"], STATUS["ERR_SHAPE"], STATUS["ERR_CROP"]
+def mode_code(mode: str) -> int:
+    """The kernels' code for ``mode`` ("RGB", "BGR" or "GRAY", any case)."""
+    try:
+        return _jpeg.MODES[mode.upper()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"mode must be one of {sorted(_jpeg.MODES)}, got {mode!r}") from None
+
+
+def status_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The per-item ``status`` codes and ``msgs`` rows every kernel call over ``n`` items fills
+    (NOTE [ Status codes ] in ll_common.h); read a row with :func:`status_message`."""
+    return np.zeros(n, np.int32), np.zeros((n, _jpeg.MSG_LEN), np.uint8)
+
+
+def status_message(msgs: np.ndarray, i: int) -> str:
+    """The reason the kernel wrote for item ``i`` (a NUL-terminated row of ``msgs``)."""
+    raw = msgs[i].tobytes()
+    end = raw.find(b"\0")
+    return raw[: end if end >= 0 else len(raw)].decode("utf-8", "replace")
+
 
 Crop = tuple[int, int, int, int] | None
 
@@ -124,13 +137,6 @@ def scale_denominator(scale: Any) -> int:
     return f.denominator
 
 
-def _mode_code(mode: str) -> int:
-    try:
-        return _MODES[mode.upper()]
-    except (KeyError, AttributeError):
-        raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}") from None
-
-
 def _crop_row(crop: Any, what: str = "crop") -> tuple[int, int, int, int]:
     if crop is None:
         return (0, 0, 0, 0)
@@ -187,11 +193,6 @@ def _as_bytes_like(data: Any, index: int | None = None):
 
 def _item(index: int | None) -> str:
     return "" if index is None else f"item {index}: "
-
-
-def _msg(msgs: np.ndarray, i: int) -> str:
-    raw = msgs[i].tobytes()
-    return raw[: raw.find(b"\0")].decode("utf-8", "replace") if b"\0" in raw else raw.decode("utf-8", "replace")
 
 
 # --------------------------------------------------------------------------- OpenCV path
@@ -322,12 +323,11 @@ def jpeg_info(data: Any) -> JpegInfo:
     """
     buf = _as_bytes_like(data)
     info = np.zeros((1, len(_jpeg.INFO_FIELDS)), np.int64)
-    status = np.zeros(1, np.int32)
-    msgs = np.zeros((1, _MSG_LEN), np.uint8)
+    status, msgs = status_tables(1)
     with _borrow_pool(1) as pool:
         _jpeg.read_headers_into([buf], 0, 1, np.zeros((1, 4), np.int32), 0, info, status, msgs, 1, pool)
     if status[0] < 0:
-        raise DecodeError(_msg(msgs, 0))
+        raise DecodeError.from_status(int(status[0]), status_message(msgs, 0))
     row = info[0]
     return JpegInfo(
         width=int(row[_INFO_COL["width"]]),
@@ -396,8 +396,7 @@ def decode(
         strict=strict, sources=None if source is None else [source], _single=True,
     )
     if res.errors:
-        err = res.errors[0]
-        raise DecodeError(err.reason, None, source) from None
+        raise res.errors[0] from None
     return res.images[0]
 
 
@@ -451,7 +450,7 @@ def decode_batch(
         raise ValueError(f"on_error must be 'raise' or 'return', got {on_error!r}")
     bufs = [_as_bytes_like(b, i) for i, b in enumerate(buffers)]
     n = len(bufs)
-    mode_c = _mode_code(mode)
+    mode_c = mode_code(mode)
     denom = scale_denominator(scale)
     if sources is not None and len(sources) != n:
         raise ValueError(f"sources has {len(sources)} entries for {n} buffers")
@@ -470,8 +469,7 @@ def decode_batch(
         raise ValueError("max_pixels must be positive or None")
     nthreads = 1 if _single else min(_threads.resolve_num_threads(num_threads), max(n, 1))
 
-    status = np.zeros(n, np.int32)
-    msgs = np.zeros((n, _MSG_LEN), np.uint8)
+    status, msgs = status_tables(n)
     if out is not None:
         outs = list(out)
         if len(outs) != n:
@@ -485,48 +483,45 @@ def decode_batch(
             _jpeg.read_headers_into(bufs, mode_c, denom, crops, max_px, info, status, msgs, nthreads, pool)
             oh, ow, oc = _INFO_COL["out_h"], _INFO_COL["out_w"], _INFO_COL["out_c"]
             for i in range(n):
-                if status[i] == OK:
+                if status[i] == Status.OK:
                     outs[i] = np.empty((int(info[i, oh]), int(info[i, ow]), int(info[i, oc])), np.uint8)
         _jpeg.decode_into(bufs, outs, mode_c, denom, crops, max_px, strict_level(strict), status, msgs, nthreads, pool)
 
     errors: dict[int, DecodeError] = {}
     images: list = list(outs)
-    for i in np.flatnonzero(status != OK):
+    for i in np.flatnonzero(status != Status.OK):
         i = int(i)
-        st = int(status[i])
         src = None if sources is None else str(sources[i])
-        index = None if _single else i
-        if st == WARNED:
+        reason = status_message(msgs, i)
+        if status[i] == Status.WARNED:
             warnings.warn(
                 f"{'' if _single else f'item {i} '}{'' if src is None else repr(src) + ' '}"
-                f"decoded from corrupt data ({_msg(msgs, i)}); pass strict=True to refuse such images",
+                f"decoded from corrupt data ({reason}); pass strict=True to refuse such images",
                 DecodeWarning,
                 stacklevel=3 if _single else 2,
             )
             continue
-        if st == ERR_NOT_JPEG:
+        if status[i] == Status.ERR_NOT_JPEG:
             try:
                 img = _decode_opencv(bufs[i], mode_c, denom, tuple(int(v) for v in crops[i]), max_px)
             except DecodeError as e:
-                errors[i] = DecodeError(e.reason, index, src)
+                reason = e.reason
             else:
                 if out is None:
                     images[i] = img
-                    status[i] = OK
+                    status[i] = Status.OK
                 elif outs[i].shape == img.shape:
                     outs[i][...] = img
-                    status[i] = OK
+                    status[i] = Status.OK
                 else:
-                    status[i] = ERR_SHAPE
-                    errors[i] = DecodeError(
-                        f"output buffer is {'x'.join(map(str, outs[i].shape))} but the decoded image is "
-                        f"{'x'.join(map(str, img.shape))}", index, src)
-            if status[i] != OK:
-                images[i] = None
+                    status[i] = Status.ERR_SHAPE
+                    reason = (f"output buffer is {'x'.join(map(str, outs[i].shape))} but the decoded image is "
+                              f"{'x'.join(map(str, img.shape))}")
+        if status[i] == Status.OK:
             continue
-        if st == ERR_CROP and _single:
-            raise ValueError(_msg(msgs, i))
-        errors[i] = DecodeError.from_status(st, _msg(msgs, i), index, src)
+        if status[i] == Status.ERR_CROP and _single:
+            raise ValueError(reason)
+        errors[i] = DecodeError.from_status(int(status[i]), reason, None if _single else i, src)
         images[i] = None
     result = BatchDecodeResult(images=images, status=status, errors=errors)
     if on_error == "raise" and not _single:

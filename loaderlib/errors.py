@@ -51,15 +51,27 @@ class DecodeError(LoaderError, ValueError):
     @classmethod
     def from_status(cls, status: int, message: str, index: int | None = None,
                     source: str | None = None) -> DecodeError:
-        """The error for a kernel's per-item status code and message (the one place that
-        turns a status into a DecodeError)."""
-        from .decoding import STATUS
+        """The error for a kernel's per-item status code and message: the one place a
+        status becomes a DecodeError (NOTE [ Status codes ] in ``pyx/include/ll_common.h``).
 
-        reason = message or f"decoder status {status}"
-        if status == STATUS["ERR_STRICT"]:
-            reason = f"corrupt data ({reason}); refused because strict=True"
-        elif status == STATUS["ERR_READ"] and not message:
-            reason = "read failed"
+        Parameters
+        ----------
+        status : int
+            The item's (negative) status code.
+        message : str
+            The reason the kernel or the owner wrote; empty: the code's own message.
+        index, source
+            As in the constructor.
+        """
+        from ._ext._jpeg import Status
+
+        try:
+            code = Status(status)
+        except ValueError:
+            return cls(message or f"unknown decoder status {status}", index, source)
+        reason = message or code.message
+        if code == Status.ERR_STRICT and message:
+            reason = f"corrupt data ({message}); refused because strict=True"
         return cls(reason, index, source)
 
 

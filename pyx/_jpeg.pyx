@@ -1,5 +1,5 @@
 # cython: freethreading_compatible = False
-"""JPEG decode kernels (owner: loaderlib/decode.py).
+"""JPEG decode kernels (owner: loaderlib/decoding.py).
 
 Two tiers, as everywhere in loaderlib: ``*_into`` entries that take caller-owned outputs
 and an explicit ``num_threads`` and run one ``prange``; per-item work in the guarded C
@@ -10,6 +10,8 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
+
+import enum
 
 cimport cython
 cimport numpy as cnp
@@ -28,14 +30,34 @@ INFO_FIELDS = ("width", "height", "components", "color_space", "subsampling", "p
 cdef enum:
     N_INFO = 11
 
-# The status codes of every kernel, exported once from include/ll_common.h (their only
-# definition); Python owners read them from here.
-STATUS = {
-    "OK": LL_OK, "WARNED": LL_WARNED, "ERR_DECODE": LL_ERR_DECODE, "ERR_EMPTY": LL_ERR_EMPTY,
-    "ERR_NOT_JPEG": LL_ERR_NOT_JPEG, "ERR_TOO_LARGE": LL_ERR_TOO_LARGE, "ERR_SHAPE": LL_ERR_SHAPE,
-    "ERR_CROP": LL_ERR_CROP, "ERR_STRICT": LL_ERR_STRICT, "ERR_NOMEM": LL_ERR_NOMEM,
-    "ERR_UNSUPPORTED": LL_ERR_UNSUPPORTED, "ERR_STATE": LL_ERR_STATE, "ERR_READ": LL_ERR_READ,
-}
+
+class _StatusCode(enum.IntEnum):
+    """A kernel's per-item status code, with its name and fallback message."""
+
+    def __new__(cls, code, message):
+        member = int.__new__(cls, code)
+        member._value_ = code
+        member.message = message
+        return member
+
+
+# NOTE [ Status codes ] (include/ll_common.h): the one Python table of the codes, built
+# from the header's list (their only definition); every Python owner reads it from here.
+Status = _StatusCode(
+    "Status",
+    [(ll_status_table[k].name.decode(), (ll_status_table[k].code, ll_status_table[k].message.decode()))
+     for k in range(LL_STATUS_COUNT)],
+    module=__name__,
+    qualname="Status",
+)
+
+#: Length of a per-item message row (the ``msgs`` tables of every kernel).
+MSG_LEN = LL_MSG_LEN
+#: Output channel order by name (``mode`` of the kernels).
+MODES = {"RGB": LL_MODE_RGB, "BGR": LL_MODE_BGR, "GRAY": LL_MODE_GRAY}
+#: The kernels' ``strict`` level for Python's ``strict`` argument (NOTE [ Truncated JPEG is
+#: an error ] in include/ll_jpeg.h).
+STRICT_LEVELS = {None: LL_STRICT_TRUNCATED, True: LL_STRICT_ALL, False: LL_STRICT_NONE}
 
 JPEG_COLOR_SPACES = {JCS_GRAYSCALE: "GRAY", JCS_RGB: "RGB", JCS_YCbCr: "YCbCr",
                      JCS_CMYK: "CMYK", JCS_YCCK: "YCCK"}
@@ -58,10 +80,9 @@ cdef class Workers:
     thread id (NOTE [ One per-thread pool ] in include/ll_worker.h).
 
     Created before a parallel region and reused across calls; NOT thread-safe: one caller
-    (one ``prange`` team) at a time. ``_pipeline.run_into`` takes it too (by ``address``).
+    (one ``prange`` team) at a time. Declared in loaderlib/_ext/_jpeg.pxd, so that
+    ``_pipeline.run_into`` takes it typed.
     """
-    cdef ll_worker* w
-    cdef readonly int size
 
     def __cinit__(self, int size):
         self.w = NULL
@@ -86,22 +107,13 @@ cdef class Workers:
             free(self.w)
             self.w = NULL
 
-    @property
-    def address(self):
-        """The C array's address (for the other kernel module; keep this object alive)."""
-        return <uintptr_t>self.w
 
-
-cdef class _Inputs:
+cdef class Inputs:
     """Borrowed pointers into a list of buffer-protocol objects (no copy).
 
     Holds the buffers until released, so the memory stays valid while kernels run
-    without the GIL.
+    without the GIL. Declared in loaderlib/_ext/_jpeg.pxd (``_pipeline.run_into`` uses it).
     """
-    cdef Py_buffer* views
-    cdef const uint8_t** ptrs
-    cdef size_t* sizes
-    cdef Py_ssize_t n, acquired
 
     def __cinit__(self, list bufs):
         self.n = len(bufs)
@@ -174,7 +186,7 @@ def read_headers_into(list bufs, int mode, int denom, const int32_t[:, ::1] crop
         raise ValueError("read_headers_into: inconsistent table sizes")
     if num_threads > pool.size:
         raise ValueError("read_headers_into: pool smaller than num_threads")
-    cdef _Inputs inp = _Inputs(bufs)
+    cdef Inputs inp = Inputs(bufs)
     cdef Py_ssize_t i
     try:
         # NOTE [ Dynamic schedule ]: JPEGs differ in size by 10x or more, so a static split
@@ -211,7 +223,7 @@ def decode_into(list bufs, list outs, int mode, int denom, const int32_t[:, ::1]
         raise MemoryError()
     cdef Py_ssize_t i
     cdef cnp.ndarray a
-    cdef _Inputs inp = None
+    cdef Inputs inp = None
     try:
         for i in range(n):
             o = outs[i]
@@ -227,7 +239,7 @@ def decode_into(list bufs, list outs, int mode, int denom, const int32_t[:, ::1]
             oshape[3 * i] = <int32_t>a.shape[0]
             oshape[3 * i + 1] = <int32_t>a.shape[1]
             oshape[3 * i + 2] = <int32_t>a.shape[2]
-        inp = _Inputs(bufs)
+        inp = Inputs(bufs)
         # See NOTE [ Dynamic schedule ] in read_headers_into.
         for i in prange(n, nogil=True, schedule="dynamic", num_threads=num_threads):
             if optr[i] == 0:

@@ -1,5 +1,5 @@
 # cython: freethreading_compatible = False
-"""The fused per-sample executor (owner: loaderlib/pipeline.py).
+"""The fused per-sample executor (owner: loaderlib/_chain.py).
 
 ``run_into`` runs one ``prange`` over a batch: per item it reads the bytes (from a
 buffer, a file, or a record of an open file), then ``ll_chain_run`` (include/ll_chain.h)
@@ -8,10 +8,11 @@ into the item's output slot. Per-item failures become status codes and messages;
 module never raises for them.
 """
 
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
+
+import numpy as np
 
 cimport cython
 cimport numpy as cnp
@@ -19,7 +20,7 @@ from cython.parallel cimport prange, threadid
 
 from _common cimport *
 from fused cimport *
-from jpeglib cimport ll_jpeg_dec
+from loaderlib._ext._jpeg cimport Inputs, Workers
 
 cnp.import_array()
 
@@ -31,9 +32,15 @@ MAX_OPS = LL_MAX_OPS
 DTYPE_UINT8 = LL_DTYPE_UINT8
 DTYPE_FLOAT32 = LL_DTYPE_FLOAT32
 
-SOURCE_BUFFERS = 0
-SOURCE_FILES = 1
-SOURCE_RECORDS = 2
+# Where run_into's items come from.
+cdef enum:
+    SRC_BUFFERS = 0
+    SRC_FILES = 1
+    SRC_RECORDS = 2
+
+SOURCE_BUFFERS = SRC_BUFFERS
+SOURCE_FILES = SRC_FILES
+SOURCE_RECORDS = SRC_RECORDS
 
 
 cdef class CompiledChain:
@@ -73,29 +80,18 @@ cdef class CompiledChain:
         p.chw = chw
         p.out_h = out_h
         p.out_w = out_w
-        cdef const float[:, ::1] lf
-        cdef const uint8_t[:, ::1] l8
-        cdef int c, v
-        if dtype == LL_DTYPE_FLOAT32:
-            if lut is None:
-                raise ValueError("float32 output needs a lookup table")
-            lf = lut
-            if lf.shape[0] != channels or lf.shape[1] != 256:
-                raise ValueError("lookup table must be (channels, 256)")
-            for c in range(channels):
-                for v in range(256):
-                    p.lutf[256 * c + v] = lf[c, v]
-        elif dtype == LL_DTYPE_UINT8:
-            if lut is not None:
-                l8 = lut
-                if l8.shape[0] != channels or l8.shape[1] != 256:
-                    raise ValueError("lookup table must be (channels, 256)")
-                for c in range(channels):
-                    for v in range(256):
-                        p.lut8[256 * c + v] = l8[c, v]
-                p.use_lut = 1
-        else:
+        if dtype != LL_DTYPE_FLOAT32 and dtype != LL_DTYPE_UINT8:
             raise ValueError(f"unknown output dtype code {dtype}")
+        if dtype == LL_DTYPE_FLOAT32 and lut is None:
+            raise ValueError("float32 output needs a lookup table")
+        cdef const uint8_t[::1] raw
+        if lut is not None:
+            want = np.float32 if dtype == LL_DTYPE_FLOAT32 else np.uint8
+            if not isinstance(lut, np.ndarray) or lut.dtype != want or lut.shape != (channels, 256):
+                raise ValueError(f"lookup table must be a ({channels}, 256) {np.dtype(want).name} array")
+            raw = np.ascontiguousarray(lut).reshape(-1).view(np.uint8)
+            memcpy(<void*>p.lutf if dtype == LL_DTYPE_FLOAT32 else <void*>p.lut8, &raw[0], raw.shape[0])
+            p.use_lut = dtype == LL_DTYPE_UINT8
         self.out_h, self.out_w, self.channels, self.dtype, self.chw = out_h, out_w, channels, dtype, chw
 
     def __dealloc__(self):
@@ -114,10 +110,10 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
     msg[0] = 0
     if times != NULL:
         t0 = ll_now_ns()
-    if kind == 1:
+    if kind == SRC_FILES:
         st = ll_read_file(path, &wk.file, &n, msg)
         buf = wk.file.p
-    elif kind == 2:
+    elif kind == SRC_RECORDS:
         if ll_buf_reserve(&wk.file, size if size > 0 else 1) != 0:
             st = LL_ERR_NOMEM
         else:
@@ -136,32 +132,27 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-def run_into(CompiledChain chain not None, object workers, int kind, list items, int fd,
+def run_into(CompiledChain chain not None, Workers workers not None, int kind, list items, int fd,
              const int64_t[::1] offsets, cnp.ndarray out not None, const int64_t[::1] indices not None,
              uint64_t seed, uint64_t epoch, int num_threads, int64_t[:, ::1] timings,
              int32_t[::1] status not None, uint8_t[:, ::1] msgs not None, const int32_t[::1] fds=None):
     """Run the fused chain for every item of a batch, in parallel, into ``out[i]``.
 
-    ``kind``: 0 = ``items`` are bytes-like buffers; 1 = ``items`` are file paths
-    (bytes), read inside the pass; 2 = records of the open file ``fd`` (or of ``fds[i]``
-    when given: records of several shard files in one pass): ``offsets[i]`` and
-    ``items[i]`` (the size, an int). Per item: status[i] is LL_OK, LL_WARNED or an
-    error code with the reason in msgs[i]. Thread-safe only with workers no other caller
-    is using.
+    ``kind``: SOURCE_BUFFERS: ``items`` are bytes-like buffers; SOURCE_FILES: ``items``
+    are file paths (bytes), read inside the pass; SOURCE_RECORDS: records of the open file
+    ``fd`` (or of ``fds[i]`` when given: records of several shard files in one pass):
+    ``offsets[i]`` and ``items[i]`` (the size, an int). ``workers``: the per-thread pool
+    (NOTE [ One per-thread pool ]). Per item: status[i] is LL_OK, LL_WARNED or an error
+    code with the reason in msgs[i]. Thread-safe only with workers no other caller is using.
     """
     cdef Py_ssize_t n = len(items)
     if indices.shape[0] != n or status.shape[0] != n or msgs.shape[0] != n or msgs.shape[1] < LL_MSG_LEN:
         raise ValueError("run_into: inconsistent table sizes")
     if timings is not None and (timings.shape[0] != n or timings.shape[1] != 3):
         raise ValueError("run_into: timings must be (N, 3)")
-    # ``workers`` is a loaderlib._ext._jpeg.Workers (NOTE [ One per-thread pool ]); the
-    # caller keeps it alive for the call.
-    if type(workers).__name__ != "Workers" or type(workers).__module__.rpartition(".")[2] != "_jpeg":
-        raise TypeError("run_into: workers must be a loaderlib._ext._jpeg.Workers")
-    cdef ll_worker* wks = <ll_worker*><uintptr_t>workers.address
     if num_threads < 1 or num_threads > workers.size:
         raise ValueError("run_into: workers smaller than num_threads")
-    if kind == 2 and (offsets is None or offsets.shape[0] != n):
+    if kind == SRC_RECORDS and (offsets is None or offsets.shape[0] != n):
         raise ValueError("run_into: offsets must have one entry per record")
     if out.shape[0] != n or not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out):
         raise ValueError("run_into: out must be a writeable C-contiguous (N, ...) array")
@@ -171,38 +162,35 @@ def run_into(CompiledChain chain not None, object workers, int kind, list items,
     if n > 0 and item_bytes != expect:
         raise ValueError(f"run_into: each output slot has {item_bytes} bytes, the chain writes {expect}")
     cdef char* base = <char*>cnp.PyArray_DATA(out)
-    cdef Py_buffer* views = <Py_buffer*>calloc(max(n, 1), sizeof(Py_buffer))
     cdef uintptr_t* ptrs = <uintptr_t*>calloc(max(n, 1), sizeof(uintptr_t))
     cdef size_t* sizes = <size_t*>calloc(max(n, 1), sizeof(size_t))
-    if views == NULL or ptrs == NULL or sizes == NULL:
-        free(views); free(ptrs); free(sizes)
+    if ptrs == NULL or sizes == NULL:
+        free(ptrs); free(sizes)
         raise MemoryError()
-    cdef Py_ssize_t i, acquired = 0
+    cdef Py_ssize_t i
     cdef long long sz
     cdef bint timed = timings is not None
     cdef int64_t* tptr = NULL
     cdef const int32_t* fdp = NULL
+    cdef Inputs inp = None
     try:
-        for i in range(n):
-            it = items[i]
-            if kind == 0:
-                try:
-                    PyObject_GetBuffer(it, &views[i], PyBUF_SIMPLE)
-                except (TypeError, BufferError) as e:
-                    raise TypeError(f"item {i}: expected a contiguous bytes-like object, got "
-                                    f"{type(it).__name__}: {e}") from None
-                acquired = i + 1
-                ptrs[i] = <uintptr_t>views[i].buf
-                sizes[i] = <size_t>views[i].len
-            elif kind == 1:
-                if not isinstance(it, bytes):
-                    raise TypeError(f"item {i}: paths must be bytes (os.fsencode)")
-                ptrs[i] = <uintptr_t><const char*>(<bytes>it)
-            else:
-                sz = it
-                if sz < 0 or offsets[i] < 0:
-                    raise ValueError(f"record {i}: negative offset or size")
-                sizes[i] = <size_t>sz
+        if kind == SRC_BUFFERS:
+            inp = Inputs(items)
+            for i in range(n):
+                ptrs[i] = <uintptr_t>inp.ptrs[i]
+                sizes[i] = inp.sizes[i]
+        else:
+            for i in range(n):
+                it = items[i]
+                if kind == SRC_FILES:
+                    if not isinstance(it, bytes):
+                        raise TypeError(f"item {i}: paths must be bytes (os.fsencode)")
+                    ptrs[i] = <uintptr_t><const char*>(<bytes>it)
+                else:
+                    sz = it
+                    if sz < 0 or offsets[i] < 0:
+                        raise ValueError(f"record {i}: negative offset or size")
+                    sizes[i] = <size_t>sz
         if timed:
             tptr = &timings[0, 0] if n > 0 else NULL
         if fds is not None:
@@ -213,14 +201,13 @@ def run_into(CompiledChain chain not None, object workers, int kind, list items,
         # NOTE [ Dynamic schedule ] (see _jpeg.pyx): item cost varies with the JPEG size.
         for i in prange(n, nogil=True, schedule="dynamic", num_threads=num_threads):
             status[i] = _run_item(
-                chain.plan, &wks[threadid()], kind,
-                <const uint8_t*>ptrs[i] if kind == 0 else NULL, sizes[i],
-                <const char*>ptrs[i] if kind == 1 else NULL, fdp[i] if fdp != NULL else fd,
-                offsets[i] if kind == 2 else 0, seed, epoch, <uint64_t>indices[i],
+                chain.plan, &workers.w[threadid()], kind,
+                <const uint8_t*>ptrs[i] if kind == SRC_BUFFERS else NULL, sizes[i],
+                <const char*>ptrs[i] if kind == SRC_FILES else NULL, fdp[i] if fdp != NULL else fd,
+                offsets[i] if kind == SRC_RECORDS else 0, seed, epoch, <uint64_t>indices[i],
                 base + i * item_bytes, <char*>&msgs[i, 0], tptr + 3 * i if timed else NULL)
     finally:
-        for i in range(acquired):
-            PyBuffer_Release(&views[i])
-        free(views)
+        if inp is not None:
+            inp.release()
         free(ptrs)
         free(sizes)

@@ -1,6 +1,6 @@
 /* The fused per-sample executor: decode -> crop -> resize -> flip -> normalize -> layout.
  *
- * A chain of native transforms is compiled once (loaderlib/pipeline.py) into an ll_plan:
+ * A chain of native transforms is compiled once (loaderlib/_chain.py) into an ll_plan:
  * an array of geometric ops plus a per-channel lookup table for the point-wise tail
  * (Normalize / Cast) and the output layout. Per sample, ll_chain_run():
  *   1. reads the JPEG header (width, height);
@@ -398,8 +398,7 @@ static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, si
             if (ll_buf_reserve(&wk->region, (size_t)rw * rh * C + 16) != 0) goto nomem;
             st = ll_jpeg_decode(&wk->dec, pl->mode, d, rx0, ry0, rw, rh, wk->region.p, (ptrdiff_t)rw * C,
                                 pl->strict);
-            if (st == LL_WARNED || st == LL_ERR_STRICT) ll_copy_msg(msg, wk->dec.err.warn);
-            else if (st != LL_OK) ll_copy_msg(msg, wk->dec.err.msg[0] ? wk->dec.err.msg : "decode failed");
+            ll_jpeg_status_msg(&wk->dec, st, msg);
             if (st < 0) return st;
             if (t_dec) t_decode += ll_now_ns() - t1;
             ll_taps_shift(&tx, rx0);
@@ -458,9 +457,7 @@ static int ll_resize_image(const uint8_t *src, int sh, int sw, int C, uint8_t *d
         ll_plan *pl = (ll_plan *)&direct_plan;
         st = ll_chain_resample(pl, &wk, src, (ptrdiff_t)sw * C, sh, &tx, &ty, C, dst);
     }
-    ll_buf_free(&wk.taps);
-    ll_buf_free(&wk.hbuf);
-    ll_buf_free(&wk.misc);
+    ll_worker_free(&wk); /* no decoder was created: frees the scratch only */
     return st;
 }
 

@@ -1,25 +1,56 @@
-/* Project-wide status codes shared by the C helpers and the Cython kernels.
+/* Project-wide status codes, modes and the growable scratch buffer, shared by the C helpers
+ * and the Cython kernels.
  *
+ * NOTE [ Status codes ]
  * Kernels never raise inside a parallel region: every item gets one of these codes and
- * the Python owner module turns non-zero codes into exceptions (loaderlib/errors.py).
- * Codes >= 0 mean the output was written; codes < 0 mean it was not.
+ * the Python owner module turns non-zero codes into exceptions (DecodeError.from_status in
+ * loaderlib/errors.py). Codes >= 0 mean the output was written; codes < 0 mean it was not.
+ * LL_STATUS_LIST is their only definition: the enum below, ll_status_table and the Python
+ * table loaderlib._ext._jpeg.Status (code -> name and message) are all generated from it.
+ * The message is the fallback reason when a kernel wrote none of its own.
  */
 #ifndef LL_COMMON_H
 #define LL_COMMON_H
 
-#define LL_OK 0
-#define LL_WARNED 1             /* decoded, but libjpeg recovered from corrupt data */
-#define LL_ERR_DECODE (-1)      /* libjpeg fatal error; message in the item's text */
-#define LL_ERR_EMPTY (-2)       /* zero-length input */
-#define LL_ERR_NOT_JPEG (-3)    /* no SOI marker: the owner may try another decoder */
-#define LL_ERR_TOO_LARGE (-4)   /* declared pixels exceed max_pixels */
-#define LL_ERR_SHAPE (-5)       /* caller's output buffer does not match the decoded shape */
-#define LL_ERR_CROP (-6)        /* crop box outside the image */
-#define LL_ERR_STRICT (-7)      /* strict mode: a recoverable libjpeg warning */
-#define LL_ERR_NOMEM (-8)       /* scratch allocation failed */
-#define LL_ERR_UNSUPPORTED (-9) /* colour space or layout this build cannot produce */
-#define LL_ERR_STATE (-10)      /* internal misuse (decode without header) */
-#define LL_ERR_READ (-11)       /* reading the source failed (I/O) */
+#include <stdlib.h>
+
+/* X(name, code, message) */
+#define LL_STATUS_LIST(X) \
+    X(OK, 0, "written") \
+    X(WARNED, 1, "written, but libjpeg recovered from corrupt data") \
+    X(ERR_DECODE, -1, "the decoder failed") \
+    X(ERR_EMPTY, -2, "empty input (0 bytes)") \
+    X(ERR_NOT_JPEG, -3, "not a JPEG (no SOI marker)") \
+    X(ERR_TOO_LARGE, -4, "the image has more pixels than max_pixels") \
+    X(ERR_SHAPE, -5, "the output buffer does not match the decoded shape") \
+    X(ERR_CROP, -6, "the crop box is outside the image") \
+    X(ERR_STRICT, -7, "corrupt data, refused because strict=True") \
+    X(ERR_NOMEM, -8, "out of memory") \
+    X(ERR_UNSUPPORTED, -9, "a colour space or layout this build cannot produce") \
+    X(ERR_STATE, -10, "internal error: decode without a header") \
+    X(ERR_READ, -11, "read failed")
+
+#define LL_STATUS_ENUM(name, code, message) LL_##name = (code),
+enum { LL_STATUS_LIST(LL_STATUS_ENUM) };
+#undef LL_STATUS_ENUM
+
+typedef struct {
+    int code;
+    const char *name;
+    const char *message;
+} ll_status_info;
+
+#define LL_STATUS_ROW(name, code, message) {(code), #name, message},
+static const ll_status_info ll_status_table[] = { LL_STATUS_LIST(LL_STATUS_ROW) };
+#undef LL_STATUS_ROW
+#define LL_STATUS_COUNT ((int)(sizeof(ll_status_table) / sizeof(ll_status_table[0])))
+
+/* The fallback message of a code ("" for a code not in the list). */
+static const char *ll_status_message(int code) {
+    for (int k = 0; k < LL_STATUS_COUNT; k++)
+        if (ll_status_table[k].code == code) return ll_status_table[k].message;
+    return "";
+}
 
 /* Output modes (channel order of the HWC result). */
 #define LL_MODE_RGB 0
@@ -34,9 +65,9 @@
 /* Length of per-item message buffers. */
 #define LL_MSG_LEN 200
 
-#include <stdlib.h>
-
-/* A growable scratch buffer: grows geometrically, never shrinks, freed by its owner. */
+/* A growable scratch buffer: grows geometrically, never shrinks, freed by its owner. The
+ * one growable buffer of every kernel (per-thread scratch in ll_worker.h, the decoder's row
+ * buffer in ll_jpeg.h). */
 typedef struct {
     unsigned char *p;
     size_t cap;

@@ -51,8 +51,7 @@ typedef struct {
     ll_jpeg_err err;
     int created;
     int have_header;
-    unsigned char *scratch; /* one output row (crop margins, CMYK conversion); grows, reused */
-    size_t scratch_size;
+    ll_buf row; /* one output row (crop margins, CMYK conversion); grows, reused */
 } ll_jpeg_dec;
 
 /* Header facts. subsampling: 444, 422, 420, 440, 411, 410, 0 (grayscale), -1 (other). */
@@ -92,9 +91,7 @@ static void ll_jpeg_destroy(ll_jpeg_dec *d) {
     if (d == NULL) return;
     if (d->created) jpeg_destroy_decompress(&d->cinfo);
     d->created = 0;
-    free(d->scratch);
-    d->scratch = NULL;
-    d->scratch_size = 0;
+    ll_buf_free(&d->row);
 }
 
 /* Returns LL_OK, or LL_ERR_NOMEM when libjpeg could not allocate its state. */
@@ -107,17 +104,6 @@ static int ll_jpeg_create(ll_jpeg_dec *d) {
     if (setjmp(d->err.jb)) return LL_ERR_NOMEM;
     jpeg_create_decompress(&d->cinfo);
     d->created = 1;
-    return LL_OK;
-}
-
-static int ll_jpeg_scratch(ll_jpeg_dec *d, size_t need) {
-    if (need <= d->scratch_size) return LL_OK;
-    size_t size = d->scratch_size ? d->scratch_size : 4096;
-    while (size < need) size *= 2; /* geometric growth: a handful of reallocations per thread */
-    unsigned char *p = (unsigned char *)realloc(d->scratch, size);
-    if (p == NULL) return LL_ERR_NOMEM;
-    d->scratch = p;
-    d->scratch_size = size;
     return LL_OK;
 }
 
@@ -270,14 +256,14 @@ static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, i
     }
     int skip_cols = x0 - (int)xoff;
     int direct = (!cmyk && xoff == 0 && (int)c->output_width == w);
-    if (!direct && ll_jpeg_scratch(d, (size_t)c->output_width * (size_t)in_ch) != LL_OK) {
+    if (!direct && ll_buf_reserve(&d->row, (size_t)c->output_width * (size_t)in_ch) != 0) {
         jpeg_abort_decompress(c);
         return LL_ERR_NOMEM;
     }
     int ys = y0 - mh < 0 ? 0 : y0 - mh;
     if (ys > 0) jpeg_skip_scanlines(c, (JDIMENSION)ys);
     while ((int)c->output_scanline < y0) { /* the margin rows: decoded for context, dropped */
-        JSAMPROW row = d->scratch;
+        JSAMPROW row = d->row.p;
         if (direct) row = out; /* full-width rows: output row 0 is free until y0 */
         if (jpeg_read_scanlines(c, &row, 1) != 1) goto stalled;
     }
@@ -290,9 +276,9 @@ static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, i
             while (n < 4 && r + n < h) { rows[n] = dst + (ptrdiff_t)n * out_stride; n++; }
             if (jpeg_read_scanlines(c, rows, (JDIMENSION)n) == 0) goto stalled;
         } else {
-            JSAMPROW row = d->scratch;
+            JSAMPROW row = d->row.p;
             if (jpeg_read_scanlines(c, &row, 1) != 1) goto stalled;
-            const unsigned char *src = d->scratch + (size_t)skip_cols * in_ch;
+            const unsigned char *src = d->row.p + (size_t)skip_cols * in_ch;
             if (cmyk) ll_cmyk_row(src, dst, w, mode);
             else memcpy(dst, src, (size_t)w * nch);
         }
@@ -321,6 +307,13 @@ static void ll_copy_msg(char *dst, const char *src) {
     dst[LL_MSG_LEN - 1] = 0;
 }
 
+/* The reason for status st of the last ll_jpeg_decode on d: libjpeg's first warning for
+ * LL_WARNED / LL_ERR_STRICT, its fatal message otherwise. Writes nothing for LL_OK. */
+static void ll_jpeg_status_msg(const ll_jpeg_dec *d, int st, char *msg) {
+    if (st == LL_WARNED || st == LL_ERR_STRICT) ll_copy_msg(msg, d->err.warn);
+    else if (st != LL_OK) ll_copy_msg(msg, d->err.msg[0] ? d->err.msg : ll_status_message(st));
+}
+
 /* Header phase of one item: parse, apply the max_pixels guard, and compute the output
  * shape (*oh, *ow, *oc) of a decode with these parameters. msg (LL_MSG_LEN bytes) gets
  * the reason for any non-zero code. */
@@ -329,8 +322,7 @@ static int ll_jpeg_plan_item(ll_jpeg_dec *d, const unsigned char *buf, size_t si
                              int *x0, int *y0, int *oh, int *ow, int *oc, char *msg) {
     int st = ll_jpeg_header(d, buf, size, info);
     if (st == LL_ERR_DECODE) { ll_copy_msg(msg, d->err.msg); return st; }
-    if (st == LL_ERR_EMPTY) { ll_copy_msg(msg, "empty input (0 bytes)"); return st; }
-    if (st == LL_ERR_NOT_JPEG) { ll_copy_msg(msg, "not a JPEG (no SOI marker)"); return st; }
+    if (st == LL_ERR_EMPTY || st == LL_ERR_NOT_JPEG) { ll_copy_msg(msg, ll_status_message(st)); return st; }
     if (max_pixels > 0 && (long long)info->width * (long long)info->height > max_pixels) {
         d->have_header = 0;
         if (msg) snprintf(msg, LL_MSG_LEN, "image declares %dx%d = %lld pixels, more than max_pixels=%lld "
@@ -367,8 +359,7 @@ static int ll_jpeg_decode_item(ll_jpeg_dec *d, const unsigned char *buf, size_t 
         return LL_ERR_SHAPE;
     }
     st = ll_jpeg_decode(d, mode, denom, x0, y0, ow, oh, out, out_stride, strict);
-    if (st == LL_WARNED || st == LL_ERR_STRICT) ll_copy_msg(msg, d->err.warn);
-    else if (st != LL_OK) ll_copy_msg(msg, d->err.msg[0] ? d->err.msg : "decode failed");
+    ll_jpeg_status_msg(d, st, msg);
     return st;
 }
 

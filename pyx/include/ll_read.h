@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include "ll_common.h"
-#include "ll_resize.h"
 
 static void ll_errno_msg(char *msg, const char *what, int err) {
     char tmp[128];
