@@ -19,13 +19,24 @@ __all__ = ["Pad", "Shards", "Stack", "Tuple", "default_batchify_fn"]
 
 
 def _as_array(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
-        return np.asarray(x)
-    if isinstance(x, (bool, int, float, complex, np.generic)):
-        return np.asarray(x)
-    return np.asarray(x)
+    return x if isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def _arrays(samples: Sequence[Any], verb: str) -> list[np.ndarray]:
+    """The samples of a batch as arrays; ValueError for an empty batch."""
+    arrs = [_as_array(s) for s in samples]
+    if not arrs:
+        raise ValueError(f"cannot {verb} an empty batch")
+    return arrs
+
+
+def _fields(samples: Sequence[Any], n: int, who: str) -> list[list]:
+    """The ``n`` fields of tuple samples, one list per field (ValueError naming the first
+    sample that is not an ``n``-tuple)."""
+    for i, s in enumerate(samples):
+        if not isinstance(s, (tuple, list)) or len(s) != n:
+            raise ValueError(f"{who}: sample {i} is not a {n}-tuple like sample 0")
+    return [[s[k] for s in samples] for k in range(n)]
 
 
 def _check_shards(num_shards: Any) -> int | None:
@@ -74,9 +85,7 @@ class Stack:
 
     def plan(self, samples: Sequence[Any]) -> tuple[tuple, np.dtype]:
         """Shape and dtype of the batch of ``samples``; ValueError if shapes differ."""
-        arrs = [_as_array(s) for s in samples]
-        if not arrs:
-            raise ValueError("cannot stack an empty batch")
+        arrs = _arrays(samples, "stack")
         shape = arrs[0].shape
         for i, a in enumerate(arrs):
             if a.shape != shape:
@@ -128,9 +137,7 @@ class Pad:
         self.num_shards = _check_shards(num_shards)
 
     def plan(self, samples: Sequence[Any]) -> tuple[tuple, np.dtype]:
-        arrs = [_as_array(s) for s in samples]
-        if not arrs:
-            raise ValueError("cannot pad an empty batch")
+        arrs = _arrays(samples, "pad")
         ndim = arrs[0].ndim
         for i, a in enumerate(arrs):
             if a.ndim != ndim:
@@ -182,11 +189,8 @@ class Tuple:
     def __call__(self, samples: Sequence[Any]) -> tuple:
         if not samples:
             raise ValueError("cannot batchify an empty batch")
-        n = len(self.fns)
-        for i, s in enumerate(samples):
-            if not isinstance(s, (tuple, list)) or len(s) != n:
-                raise ValueError(f"Tuple with {n} functions: sample {i} is not a {n}-tuple")
-        return tuple(f([s[k] for s in samples]) for k, f in enumerate(self.fns))
+        fields = _fields(samples, len(self.fns), f"Tuple with {len(self.fns)} functions")
+        return tuple(f(field) for f, field in zip(self.fns, fields))
 
     def __repr__(self) -> str:
         return f"Tuple({', '.join(map(repr, self.fns))})"
@@ -204,11 +208,7 @@ def default_batchify_fn(samples: Sequence[Any]) -> Any:
         raise ValueError("cannot batchify an empty batch")
     first = samples[0]
     if isinstance(first, (tuple, list)):
-        n = len(first)
-        for i, s in enumerate(samples):
-            if not isinstance(s, (tuple, list)) or len(s) != n:
-                raise ValueError(f"default_batchify_fn: sample {i} has a different structure than sample 0")
-        return tuple(default_batchify_fn([s[k] for s in samples]) for k in range(n))
+        return tuple(default_batchify_fn(field) for field in _fields(samples, len(first), "default_batchify_fn"))
     if isinstance(first, dict):
         return {k: default_batchify_fn([s[k] for s in samples]) for k in first}
     if isinstance(first, (str, bytes)):

@@ -11,9 +11,12 @@ import pytest
 import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._chain import BatchStatus, NativePlan, compile_chain
+from loaderlib._ext import _jpeg
 from loaderlib._synth import encode_jpeg
 from loaderlib.errors import DecodeError
 from tests.conftest import cv2_reference, encode_cmyk_jpeg, make_photo
+
+Status = _jpeg.Status
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
@@ -142,33 +145,23 @@ def test_dct_scaled_crop_has_exact_geometry(jpegs):
     within +-1 level. So the only difference from a full-resolution decode is the DCT
     scaling itself, measured in the next test."""
     plan = compile_chain(T.Compose([T.RandomResizedCrop(224)]))
-    out, st = _run(plan, jpegs, seed=5)
-    assert st.ok.all()
     seen = set()
-    for i, data in enumerate(jpegs):
-        info = ll.jpeg_info(data)
-        top, left, h, w = T.RandomResizedCrop(224).get_params(info.width, info.height, T._Rng(5, 0, i, 0))
-        d = max([k for k in (1, 2, 4, 8) if -(-w // k) >= 224 and -(-h // k) >= 224], default=1)
-        if d == 1:
-            continue
-        seen.add(d)
-        red = cv2.imdecode(np.frombuffer(data, np.uint8), REDUCED[d] | cv2.IMREAD_IGNORE_ORIENTATION)[:, :, ::-1]
-        dom = ((top // d, -(-(top + h) // d)), (left // d, -(-(left + w) // d)))
-        ref = _bilinear_reference(red, (h / 224 / d, w / 224 / d), (top / d, left / d), dom, (224, 224))
-        diff = np.abs(out[i] - ref)
-        assert diff.max() <= 1.0, f"item {i} at 1/{d}: max diff {diff.max()}"
     many = [encode_jpeg(make_photo(1600, 1200, seed=s), 90) for s in range(6)]
-    out2, _ = _run(plan, many, seed=5)
-    for i, data in enumerate(many):
-        top, left, h, w = T.RandomResizedCrop(224).get_params(1600, 1200, T._Rng(5, 0, i, 0))
-        d = max([k for k in (1, 2, 4, 8) if -(-w // k) >= 224 and -(-h // k) >= 224], default=1)
-        if d == 1:
-            continue
-        seen.add(d)
-        red = cv2.imdecode(np.frombuffer(data, np.uint8), REDUCED[d] | cv2.IMREAD_IGNORE_ORIENTATION)[:, :, ::-1]
-        dom = ((top // d, -(-(top + h) // d)), (left // d, -(-(left + w) // d)))
-        ref = _bilinear_reference(red, (h / 224 / d, w / 224 / d), (top / d, left / d), dom, (224, 224))
-        assert np.abs(out2[i] - ref).max() <= 1.0, f"large item {i} at 1/{d}"
+    for images in (jpegs, many):
+        out, st = _run(plan, images, seed=5)
+        assert st.ok.all()
+        for i, data in enumerate(images):
+            info = ll.jpeg_info(data)
+            top, left, h, w = T.RandomResizedCrop(224).get_params(info.width, info.height, T._Rng(5, 0, i, 0))
+            d = max([k for k in (1, 2, 4, 8) if -(-w // k) >= 224 and -(-h // k) >= 224], default=1)
+            if d == 1:
+                continue
+            seen.add(d)
+            red = cv2.imdecode(np.frombuffer(data, np.uint8), REDUCED[d] | cv2.IMREAD_IGNORE_ORIENTATION)[:, :, ::-1]
+            dom = ((top // d, -(-(top + h) // d)), (left // d, -(-(left + w) // d)))
+            ref = _bilinear_reference(red, (h / 224 / d, w / 224 / d), (top / d, left / d), dom, (224, 224))
+            diff = np.abs(out[i] - ref)
+            assert diff.max() <= 1.0, f"{info.width}x{info.height} item {i} at 1/{d}: max diff {diff.max()}"
     assert seen & {2, 4}, "no draw exercised DCT scaling"
 
 
@@ -309,7 +302,7 @@ def test_read_errors_name_the_path_and_the_reason(jpegs, tmp_path):
                              num_threads=2)
     assert isinstance(st, BatchStatus)
     assert st.ok.tolist() == [True, False, False]
-    assert st.status[1] == -11 and st.status[2] == -11
+    assert st.status[1] == Status.ERR_READ and st.status[2] == Status.ERR_READ
     err = st.errors[1]
     assert isinstance(err, DecodeError) and err.index == 11 and err.source == str(missing)
     assert "No such file or directory" in str(err) and str(missing) in str(err)
@@ -343,7 +336,7 @@ def test_corrupt_and_foreign_items(jpegs):
     mid = jpegs[0].index(b"\xff\xda") + 2000
     damaged = jpegs[0][:mid] + b"\xff\xd0" + jpegs[0][mid:]   # recoverable: strict refuses it
     _, st = _run(strict, [damaged])
-    assert st.status[0] == -7 and "strict=True" in st.errors[0].reason
+    assert st.status[0] == Status.ERR_STRICT and "strict=True" in st.errors[0].reason
 
 
 def test_tiny_huge_and_extreme_images_are_safe():
