@@ -36,13 +36,11 @@ from loaderlib._synth import encode_jpeg, photo_like
 SIZES = [(500, 375), (375, 500), (500, 333), (500, 400), (640, 480), (800, 600), (1024, 768), (400, 300)]
 
 
-def make_dataset(n: int) -> list[bytes]:
-    out = []
-    for i in range(n):
-        w, h = SIZES[i % len(SIZES)]
-        img = photo_like(w, h, seed=1000 + i)
-        out.append(encode_jpeg(img, quality=(75, 85, 90, 95)[i % 4], sampling=("420", "420", "444", "422")[i % 4]))
-    return out
+def make_images(sizes: list[tuple[int, int]]) -> list[bytes]:
+    """Photo-like JPEGs of the given (width, height) sizes, qualities 75-95, 4:2:0/4:4:4/4:2:2
+    (also the images of benchmarks/transforms.py)."""
+    return [encode_jpeg(photo_like(w, h, seed=1000 + i), quality=(75, 85, 90, 95)[i % 4],
+                        sampling=("420", "420", "444", "422")[i % 4]) for i, (w, h) in enumerate(sizes)]
 
 
 def rrc_box(w: int, h: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
@@ -64,7 +62,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
 
-    data = make_dataset(args.images)
+    data = make_images([SIZES[i % len(SIZES)] for i in range(args.images)])
     arrays = [np.frombuffer(d, np.uint8) for d in data]
     infos = [ll.jpeg_info(d) for d in data]
     n = len(data)

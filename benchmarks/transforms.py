@@ -34,21 +34,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _report import machine_summary
+from decode import SIZES, make_images  # the ImageNet-like mix and its JPEGs
 
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
-from loaderlib._synth import encode_jpeg, photo_like
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-# The ImageNet-like mix of benchmarks/decode.py (ImageNet's median image is about 500x375).
-SIZES = [(500, 375), (375, 500), (500, 333), (500, 400), (640, 480), (800, 600), (1024, 768), (400, 300)]
 LARGE = [(2000, 1500), (3000, 2000)]
-
-
-def make_images(sizes) -> list[bytes]:
-    return [encode_jpeg(photo_like(w, h, seed=1000 + i), quality=(75, 85, 90, 95)[i % 4],
-                        sampling=("420", "420", "444", "422")[i % 4]) for i, (w, h) in enumerate(sizes)]
 
 
 def opencv_chain(bufs, out, seed, epoch, normalize):
