@@ -30,6 +30,16 @@ def _arrays(samples: Sequence[Any], verb: str) -> list[np.ndarray]:
     return arrs
 
 
+def _shared(arrs: list[np.ndarray], attr: str, who: str, hint: str = "") -> Any:
+    """The ``attr`` ("shape" or "ndim") every sample shares with sample 0 (ValueError naming
+    the first one that differs)."""
+    ref = getattr(arrs[0], attr)
+    for i, a in enumerate(arrs):
+        if getattr(a, attr) != ref:
+            raise ValueError(f"{who}: sample {i} has {attr} {getattr(a, attr)} but sample 0 has {attr} {ref}{hint}")
+    return ref
+
+
 def _fields(samples: Sequence[Any], n: int, who: str) -> list[list]:
     """The ``n`` fields of tuple samples, one list per field (ValueError naming the first
     sample that is not an ``n``-tuple)."""
@@ -86,12 +96,7 @@ class Stack:
     def plan(self, samples: Sequence[Any]) -> tuple[tuple, np.dtype]:
         """Shape and dtype of the batch of ``samples``; ValueError if shapes differ."""
         arrs = _arrays(samples, "stack")
-        shape = arrs[0].shape
-        for i, a in enumerate(arrs):
-            if a.shape != shape:
-                raise ValueError(
-                    f"Stack: sample {i} has shape {a.shape} but sample 0 has {shape}; use Pad for "
-                    "variable shapes")
+        shape = _shared(arrs, "shape", "Stack", "; use Pad for variable shapes")
         dtype = self.dtype or np.result_type(*arrs)
         return (len(arrs), *shape), dtype
 
@@ -138,10 +143,7 @@ class Pad:
 
     def plan(self, samples: Sequence[Any]) -> tuple[tuple, np.dtype]:
         arrs = _arrays(samples, "pad")
-        ndim = arrs[0].ndim
-        for i, a in enumerate(arrs):
-            if a.ndim != ndim:
-                raise ValueError(f"Pad: sample {i} has {a.ndim} dimensions but sample 0 has {ndim}")
+        ndim = _shared(arrs, "ndim", "Pad")
         shape = tuple(max(a.shape[d] for a in arrs) for d in range(ndim))
         if self.axis is not None:
             axes = {self.axis % ndim} if isinstance(self.axis, int) else {a % ndim for a in self.axis}

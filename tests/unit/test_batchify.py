@@ -16,9 +16,17 @@ def test_stack_ints_and_dtype():
     assert Stack(dtype=np.float32)([1, 2]).dtype == np.float32
 
 
-def test_stack_shape_mismatch():
-    with pytest.raises(ValueError, match="Pad"):
-        Stack()([np.zeros(3), np.zeros(4)])
+def test_mismatched_and_empty_batches_name_the_sample():
+    with pytest.raises(ValueError, match=r"Stack: sample 2 has shape \(4,\) but sample 0 has shape \(3,\); use Pad"):
+        Stack()([np.zeros(3), np.zeros(3), np.zeros(4)])
+    with pytest.raises(ValueError, match="Pad: sample 1 has ndim 2 but sample 0 has ndim 1"):
+        Pad()([np.zeros(3), np.zeros((2, 2))])
+    with pytest.raises(ValueError, match="cannot stack an empty batch"):
+        Stack()([])
+    with pytest.raises(ValueError, match="cannot pad an empty batch"):
+        Pad()([])
+    with pytest.raises(ValueError, match="default_batchify_fn: sample 1 is not a 2-tuple like sample 0"):
+        default_batchify_fn([(1, 2), (3,)])
 
 
 def test_stack_shards_are_views_without_copy():
