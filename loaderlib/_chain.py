@@ -33,6 +33,7 @@ from . import _threads
 from . import transforms as T
 from ._ext import _jpeg, _pipeline
 from ._ext._jpeg import Status
+from .datasets import _read_file
 from .decoding import decode as _decode_image
 from .decoding import mode_code, status_message, status_tables, strict_level
 from .errors import DecodeError
@@ -155,13 +156,8 @@ class NativePlan:
         item with the system's reason and the path."""
         names = [os.fspath(p) for p in paths]
         enc = [os.fsencode(p) for p in names]
-
-        def read(i: int) -> bytes:
-            with open(names[i], "rb") as f:
-                return f.read()
-
         return self._run(_pipeline.SOURCE_FILES, enc, -1, None, out, indices, seed, epoch, num_threads, timings,
-                         [os.fsdecode(p) for p in names], read)
+                         [os.fsdecode(p) for p in names], lambda i: _read_file(names[i]))
 
     def run_records_into(self, fd: Any, offsets: Any, sizes: Any, out: np.ndarray, indices: Any, *, seed: int,
                          epoch: int, num_threads: int | None, timings: np.ndarray | None = None,

@@ -53,10 +53,7 @@ class Dataset:
 
         With ``lazy=False`` every item is transformed now and kept in memory.
         """
-        if not callable(fn):
-            raise TypeError(f"transform needs a callable, got {fn!r}")
-        ds = _TransformDataset(self, fn, first=False)
-        return ds if lazy else SimpleDataset([ds[i] for i in range(len(ds))])
+        return self._transformed(fn, False, lazy)
 
     def transform_first(self, fn: Callable, lazy: bool = True) -> Dataset:
         """A dataset whose items have ``fn`` applied to their first element only.
@@ -64,14 +61,23 @@ class Dataset:
         For the image datasets, ``fn`` made of :mod:`loaderlib.transforms` specs lets the
         DataLoader run the whole pipeline natively.
         """
+        return self._transformed(fn, True, lazy)
+
+    def _transformed(self, fn: Callable, first: bool, lazy: bool) -> Dataset:
         if not callable(fn):
-            raise TypeError(f"transform_first needs a callable, got {fn!r}")
-        ds = _TransformDataset(self, fn, first=True)
+            raise TypeError(f"{'transform_first' if first else 'transform'} needs a callable, got {fn!r}")
+        ds = _TransformDataset(self, fn, first=first)
         return ds if lazy else SimpleDataset([ds[i] for i in range(len(ds))])
 
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
+
+
+def _source_of(data: Any, idx: int) -> str | None:
+    """``data.source(idx)`` when the wrapped object has one (a path or record key), else None."""
+    src = getattr(data, "source", None)
+    return src(idx) if callable(src) else None
 
 
 def _check_index(idx: Any, n: int) -> int:
@@ -95,8 +101,7 @@ class _TransformDataset(Dataset):
         return len(self.base)
 
     def source(self, idx: int) -> str | None:
-        src = getattr(self.base, "source", None)
-        return src(idx) if callable(src) else None
+        return _source_of(self.base, idx)
 
     def __getitem__(self, idx: int) -> Any:
         return self.apply(self.base[idx])
@@ -140,8 +145,7 @@ class SimpleDataset(Dataset):
         return self._data[idx]
 
     def source(self, idx: int) -> str | None:
-        src = getattr(self._data, "source", None)
-        return src(idx) if callable(src) else None
+        return _source_of(self._data, idx)
 
 
 class ArrayDataset(Dataset):

@@ -264,8 +264,12 @@ def test_timings_are_filled_only_when_asked(jpegs):
 
 
 def test_files_and_records_give_the_same_output(jpegs, tmp_path):
+    """The same output from buffers, files and records, a PNG (the OpenCV fallback, which
+    reads the item again in Python) included."""
     plan = compile_chain(T.Compose(CHAINS["rrc-flip-normalize-chw"]))
-    ref, _ = _run(plan, jpegs, seed=4)
+    jpegs = [*jpegs, cv2.imencode(".png", make_photo(90, 70, seed=2))[1].tobytes()]
+    ref, st = _run(plan, jpegs, seed=4)
+    assert st.ok.all()
     paths = []
     for i, data in enumerate(jpegs):
         p = tmp_path / f"img{i}.jpg"
