@@ -448,7 +448,7 @@ def decode_batch(
     """
     if on_error not in ("raise", "return"):
         raise ValueError(f"on_error must be 'raise' or 'return', got {on_error!r}")
-    bufs = [_as_bytes_like(b, i) for i, b in enumerate(buffers)]
+    bufs = [_as_bytes_like(b, None if _single else i) for i, b in enumerate(buffers)]
     n = len(bufs)
     mode_c = mode_code(mode)
     denom = scale_denominator(scale)
@@ -463,7 +463,7 @@ def decode_batch(
             if len(crop) != n:
                 raise ValueError(f"crop has {len(crop)} entries for {n} buffers")
             for i, c in enumerate(crop):
-                crops[i] = _crop_row(c, f"crop[{i}]")
+                crops[i] = _crop_row(c, "crop" if _single else f"crop[{i}]")
     max_px = 0 if max_pixels is None else int(max_pixels)
     if max_px < 0:
         raise ValueError("max_pixels must be positive or None")

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ._ext import _transform
-from .decoding import DEFAULT_MAX_PIXELS
+from .decoding import DEFAULT_MAX_PIXELS, mode_code, strict_level
 from .decoding import decode as _decode_image
 
 __all__ = [
@@ -316,15 +316,15 @@ class Decode(Transform):
     strict: bool | None = None
 
     def __post_init__(self) -> None:
-        if str(self.mode).upper() not in ("RGB", "BGR", "GRAY"):
-            raise ValueError(f"mode must be 'RGB', 'BGR' or 'GRAY', got {self.mode!r}")
-        object.__setattr__(self, "mode", str(self.mode).upper())
-        if self.strict is not None and not isinstance(self.strict, bool):
-            raise TypeError(f"strict must be True, False or None, got {self.strict!r}")
+        mode_code(self.mode)  # the decoder's own checks: ValueError / TypeError with the choices
+        strict_level(self.strict)
+        object.__setattr__(self, "mode", self.mode.upper())
+        if self.strict is not None:
+            object.__setattr__(self, "strict", bool(self.strict))
 
     @property
     def channels(self) -> int:
-        return 1 if self.mode.upper() == "GRAY" else 3
+        return 1 if self.mode == "GRAY" else 3
 
     def _apply(self, img: Any, rng: _Rng) -> np.ndarray:
         if isinstance(img, np.ndarray) and img.ndim == 3:

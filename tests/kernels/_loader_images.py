@@ -1,4 +1,5 @@
-"""Photo-like JPEG fixtures for the engine tests, generated from matplotlib's sample photo."""
+"""Photo-like JPEG fixtures for the kernel and engine tests, generated from matplotlib's sample
+photo, and the one recoverably damaged JPEG they use."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ def encode(img: np.ndarray, quality: int = 90, sampling: int | None = None, ext:
     ok, buf = cv2.imencode(ext if ext.lower() != ".jpeg" else ".jpg", img, params)
     assert ok
     return buf.tobytes()
+
+
+def damaged(jpeg: bytes) -> bytes:
+    """A bogus restart marker in the middle of the scan: libjpeg recovers with a warning
+    (a DecodeWarning by default, an error with strict=True)."""
+    mid = jpeg.index(b"\xff\xda") + 2000
+    return jpeg[:mid] + b"\xff\xd0" + jpeg[mid:]
 
 
 def make_image_folder(root, num_classes: int = 3, per_class: int = 6, seed: int = 0) -> str:

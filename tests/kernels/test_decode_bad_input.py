@@ -14,6 +14,7 @@ import loaderlib as ll
 from loaderlib import DecodeError, DecodeWarning
 from loaderlib.decoding import DEFAULT_MAX_PIXELS, decode_batch, jpeg_info
 from tests.conftest import DATA, cv2_reference, encode_cmyk_jpeg, encode_jpeg, make_photo
+from tests.kernels._loader_images import damaged
 
 
 def _sof_offset(data: bytes) -> int:
@@ -43,12 +44,6 @@ def test_empty_input():
         jpeg_info(b"")
 
 
-def _damaged(jpeg: bytes) -> bytes:
-    """A bogus restart marker in the middle of the scan: libjpeg recovers with a warning."""
-    mid = jpeg.index(b"\xff\xda") + 2000
-    return jpeg[:mid] + b"\xff\xd0" + jpeg[mid:]
-
-
 def test_truncated_jpeg_raises(photo_jpeg):
     """NOTE [ Truncated JPEG is an error ]: a cut file is refused (as PIL does), not greyed out."""
     cut = photo_jpeg[: len(photo_jpeg) // 2]
@@ -59,7 +54,7 @@ def test_truncated_jpeg_raises(photo_jpeg):
 
 
 def test_recoverable_damage_warns_or_raises_per_strict(photo_jpeg):
-    bad = _damaged(photo_jpeg)
+    bad = damaged(photo_jpeg)
     ref = cv2_reference(photo_jpeg)
     with pytest.warns(DecodeWarning, match="premature end of data segment"):
         img = ll.decode(bad)
@@ -67,7 +62,7 @@ def test_recoverable_damage_warns_or_raises_per_strict(photo_jpeg):
     with pytest.raises(DecodeError, match="strict"):
         ll.decode(bad, strict=True)
     # Truncated inside the headers: nothing to decode.
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError, match="^cannot decode image: "):
         ll.decode(photo_jpeg[:150])
 
 
@@ -75,14 +70,14 @@ def test_corrupt_headers_and_random_bytes(photo_jpeg):
     rng = np.random.default_rng(1)
     with pytest.raises(DecodeError, match="not a recognised image format"):
         ll.decode(rng.integers(0, 256, 5000, dtype=np.uint8).tobytes())
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError, match="^cannot decode image: "):   # libjpeg's own reason
         ll.decode(b"\xff\xd8\xff" + rng.integers(0, 256, 5000, dtype=np.uint8).tobytes())
     with pytest.raises(DecodeError, match="not a recognised image format"):
         ll.decode(b"this is a text file, not an image\n" * 20)
     b = bytearray(photo_jpeg)
     s = _sof_offset(photo_jpeg)
     b[s + 4 : s + 20] = b"\x00" * 16  # zero precision, dimensions and components
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError, match=r"Empty JPEG image"):
         ll.decode(bytes(b))
 
 
@@ -135,7 +130,7 @@ def test_batch_errors_name_item_and_source(photo_jpeg):
 
 
 def test_batch_warnings_and_strict(photo_jpeg):
-    bad = _damaged(photo_jpeg)
+    bad = damaged(photo_jpeg)
     with pytest.warns(DecodeWarning, match="item 1 'x.jpg'"):
         res = decode_batch([photo_jpeg, bad], sources=["w.jpg", "x.jpg"])
     assert list(res.status) == [0, 1]

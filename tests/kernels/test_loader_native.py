@@ -16,7 +16,7 @@ import loaderlib as ll
 from loaderlib import DataLoader
 from loaderlib import transforms as T
 from loaderlib.arena import arena_counters
-from tests.kernels._loader_images import encode, make_image_folder, photo
+from tests.kernels._loader_images import damaged, encode, make_image_folder, photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -338,11 +338,10 @@ def test_truncated_jpeg_raises_and_damage_warns(folder, tmp_path):
         f.write(data[: len(data) * 2 // 3])
     with pytest.raises(ll.DecodeError, match=r"cut.jpg.*truncated"):
         next(iter(DataLoader(ll.ImageListDataset([cut], [0]).transform_first(T.Resize((16, 16))), batch_size=1)))
-    mid = data.index(b"\xff\xda") + 2000
-    damaged = str(tmp_path / "damaged.jpg")
-    with open(damaged, "wb") as f:
-        f.write(data[:mid] + b"\xff\xd0" + data[mid:])
-    lst = ll.ImageListDataset([damaged], [0])
+    bad = str(tmp_path / "damaged.jpg")
+    with open(bad, "wb") as f:
+        f.write(damaged(data))
+    lst = ll.ImageListDataset([bad], [0])
     with pytest.warns(ll.DecodeWarning, match="damaged.jpg"):
         x, _ = next(iter(DataLoader(lst.transform_first(T.Resize((16, 16))), batch_size=1)))
     assert x.shape == (1, 16, 16, 3)

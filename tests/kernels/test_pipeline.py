@@ -15,6 +15,7 @@ from loaderlib._ext import _jpeg
 from loaderlib._synth import encode_jpeg
 from loaderlib.errors import DecodeError
 from tests.conftest import cv2_reference, encode_cmyk_jpeg, make_photo
+from tests.kernels._loader_images import damaged
 
 Status = _jpeg.Status
 
@@ -259,7 +260,7 @@ def test_timings_are_filled_only_when_asked(jpegs):
     assert (tm[:, 0] >= 0).all() and (tm[:, 1] > 0).all() and (tm[:, 2] > 0).all()
     # the 2000x1500 photo costs more to decode than the 17x13 one
     assert tm[7, 1] > tm[6, 1]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"timings must be a C-contiguous \(\d+, 3\) int64 array"):
         _run(plan, jpegs, timings=np.zeros((len(jpegs), 2), np.int64))
 
 
@@ -337,9 +338,7 @@ def test_corrupt_and_foreign_items(jpegs):
     assert st.status[4] < 0 and st.status[5] < 0
     assert set(st.errors) == {1, 2, 4, 5}
     strict = compile_chain(T.Compose([T.Decode(strict=True), T.RandomResizedCrop(32)]))
-    mid = jpegs[0].index(b"\xff\xda") + 2000
-    damaged = jpegs[0][:mid] + b"\xff\xd0" + jpegs[0][mid:]   # recoverable: strict refuses it
-    _, st = _run(strict, [damaged])
+    _, st = _run(strict, [damaged(jpegs[0])])   # recoverable: strict refuses it
     assert st.status[0] == Status.ERR_STRICT and "strict=True" in st.errors[0].reason
 
 
@@ -403,18 +402,18 @@ def test_compile_chain_plans_and_refuses():
 
 def test_misuse_raises(jpegs):
     plan = compile_chain(T.Compose([T.RandomResizedCrop(16)]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"out must be \(2, 16, 16, 3\) uint8, got \(2, 16, 16, 3\) float32"):
         plan.run_buffers_into(jpegs[:2], np.zeros((2, 16, 16, 3), np.float32), [0, 1], seed=0, epoch=0,
                               num_threads=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"out must be \(2, 16, 16, 3\) uint8, got \(3, 16, 16, 3\)"):
         plan.run_buffers_into(jpegs[:2], np.zeros((3, 16, 16, 3), np.uint8), [0, 1, 2], seed=0, epoch=0,
                               num_threads=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"indices must have shape \(2,\), got \(1,\)"):
         plan.run_buffers_into(jpegs[:2], np.zeros((2, 16, 16, 3), np.uint8), [0], seed=0, epoch=0, num_threads=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="out must be C-contiguous and writeable"):
         plan.run_buffers_into(jpegs[:2], np.zeros((2, 16, 16, 3), np.uint8)[:, ::-1], [0, 1], seed=0, epoch=0,
                               num_threads=1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="item 1: expected a contiguous bytes-like object .* got int"):
         plan.run_buffers_into([jpegs[0], 5], np.zeros((2, 16, 16, 3), np.uint8), [0, 1], seed=0, epoch=0,
                               num_threads=1)
     varying = compile_chain(None)

@@ -15,6 +15,7 @@ from loaderlib._chain import compile_chain
 from loaderlib._ext import _jpeg
 from loaderlib.decoding import decode_batch
 from tests.conftest import encode_jpeg, make_photo
+from tests.kernels._loader_images import damaged
 
 Status = _jpeg.Status
 
@@ -30,12 +31,6 @@ def test_the_table_is_the_headers_list():
     assert len({s.message for s in Status}) == len(Status)
     assert Status(-11) is Status.ERR_READ and Status.ERR_READ == -11
     assert pickle.loads(pickle.dumps(Status.ERR_STRICT)) is Status.ERR_STRICT
-
-
-def _damaged(jpeg: bytes) -> bytes:
-    """A bogus restart marker in the middle of the scan: libjpeg recovers with a warning."""
-    mid = jpeg.index(b"\xff\xda") + 2000
-    return jpeg[:mid] + b"\xff\xd0" + jpeg[mid:]
 
 
 def test_each_code_the_decoder_writes_arrives_by_name():
@@ -55,9 +50,9 @@ def test_each_code_the_decoder_writes_arrives_by_name():
     crop = decode_batch([jpeg], crop=(150, 0, 20, 20), on_error="return")
     assert crop.status[0] == Status.ERR_CROP and "outside the 160x120 image" in crop.errors[0].reason
     with pytest.warns(UserWarning, match="corrupt data"):
-        warned = decode_batch([_damaged(encode_jpeg(make_photo(640, 480, seed=4), 90))], on_error="return")
+        warned = decode_batch([damaged(encode_jpeg(make_photo(640, 480, seed=4), 90))], on_error="return")
     assert warned.status[0] == Status.WARNED and not warned.errors
-    strict = decode_batch([_damaged(encode_jpeg(make_photo(640, 480, seed=4), 90))], strict=True,
+    strict = decode_batch([damaged(encode_jpeg(make_photo(640, 480, seed=4), 90))], strict=True,
                           on_error="return")
     assert strict.status[0] == Status.ERR_STRICT
     assert strict.errors[0].reason.endswith("refused because strict=True")

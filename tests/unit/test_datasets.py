@@ -65,7 +65,7 @@ def test_tuple_dataset():
     d = TupleDataset([SimpleDataset([1, 2]), SimpleDataset(["a", "b"])])
     assert d[1] == (2, "b") and len(d) == 2
     assert TupleDataset(SimpleDataset([1]), SimpleDataset([2]))[0] == (1, 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="TupleDataset: dataset 0 has 1 samples, dataset 1 has 2"):
         TupleDataset([SimpleDataset([1]), SimpleDataset([1, 2])])
 
 
@@ -82,7 +82,7 @@ def test_image_folder(folder):
     assert label == 1
     np.testing.assert_array_equal(img, _ref(path))
     assert ds.source(5) == path
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match="index 12 out of range"):
         ds[12]
 
 
