@@ -55,8 +55,8 @@ Status = _StatusCode(
 MSG_LEN = LL_MSG_LEN
 #: Output channel order by name (``mode`` of the kernels).
 MODES = {"RGB": LL_MODE_RGB, "BGR": LL_MODE_BGR, "GRAY": LL_MODE_GRAY}
-#: The kernels' ``strict`` level for Python's ``strict`` argument (NOTE [ Truncated JPEG is
-#: an error ] in include/ll_jpeg.h).
+#: The kernels' ``strict`` level for Python's ``strict`` argument
+#: (NOTE [ Truncated JPEG is an error ] in include/ll_jpeg.h).
 STRICT_LEVELS = {None: LL_STRICT_TRUNCATED, True: LL_STRICT_ALL, False: LL_STRICT_NONE}
 
 JPEG_COLOR_SPACES = {JCS_GRAYSCALE: "GRAY", JCS_RGB: "RGB", JCS_YCbCr: "YCbCr",

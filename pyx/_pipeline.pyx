@@ -152,6 +152,8 @@ def run_into(CompiledChain chain not None, Workers workers not None, int kind, l
         raise ValueError("run_into: timings must be (N, 3)")
     if num_threads < 1 or num_threads > workers.size:
         raise ValueError("run_into: workers smaller than num_threads")
+    if kind != SRC_BUFFERS and kind != SRC_FILES and kind != SRC_RECORDS:
+        raise ValueError(f"run_into: unknown source kind {kind}")
     if kind == SRC_RECORDS and (offsets is None or offsets.shape[0] != n):
         raise ValueError("run_into: offsets must have one entry per record")
     if out.shape[0] != n or not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out):
