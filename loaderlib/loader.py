@@ -874,7 +874,7 @@ class DataLoader:
                 return bsamp.next_epoch()
             e = self._epoch
             self._epoch += 1
-            return bsamp.next_epoch(e) if hasattr(bsamp.sampler, "set_epoch") else bsamp.next_epoch()
+            return bsamp.next_epoch(e)
         e = self._epoch
         self._epoch += 1
         if hasattr(bsamp, "set_epoch"):

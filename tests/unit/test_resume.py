@@ -338,3 +338,14 @@ def test_skips_are_summarised_once_per_epoch(image_list, caplog):
         list(loader)
     assert "2 samples skipped in epoch 0" in caplog.text
     assert [e.index for e in loader.errors] == list(BAD)
+
+
+def test_plain_list_sampler_epochs_are_numbered():
+    """A sampler that is a plain list still gets epoch 0, 1, ... (the augmentation key and the state)."""
+    loader = ll.DataLoader(ll.ArrayDataset(np.arange(6, dtype=np.float32)), batch_size=2, sampler=[5, 4, 3, 2, 1, 0])
+    for epoch in range(2):
+        it = iter(loader)
+        assert it.epoch == epoch
+        next(it)
+        assert loader.state_dict()["epoch"] == epoch
+        list(it)
