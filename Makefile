@@ -11,7 +11,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all soak fuzz clean
+.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers soak fuzz clean
 
 all: build
 
@@ -69,6 +69,16 @@ bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/epochs.py
 	$(BIN)/python benchmarks/shards.py
 
+# loaderlib beside TurboLoader and DALI's CPU pipeline (and PyTorch's DataLoader), interleaved
+# rounds in one run. The peers live in their own virtualenv (DALI's wheel is large and pins
+# its own dependencies); nothing here is needed by make test.
+PEERS_VENV ?= .venv-peers
+bench-peers: build $(TESTS)
+	@if [ ! -x $(PEERS_VENV)/bin/python ] || ! $(PEERS_VENV)/bin/python -c "import turboloader, nvidia.dali" 2>/dev/null; then \
+	  $(PYTHON) -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/pip install -q "numpy<2.5" opencv-python-headless psutil \
+	    turboloader==2.39.0 nvidia-dali-cuda120==2.4.0; fi
+	$(BIN)/python benchmarks/loader.py --peers $(PEERS_VENV)/bin/python --repeat 5
+
 # Coverage-guided fuzzing of the decoders and the fused chain (atheris); new inputs go to
 # build/fuzz-corpus, the seed corpus is fuzz/corpus. FUZZ_RUNS inputs (default 100,000).
 FUZZ_RUNS ?= 100000
@@ -82,4 +92,4 @@ soak: build
 	$(BIN)/python benchmarks/soak.py
 
 clean:
-	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV)
+	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(PEERS_VENV)
