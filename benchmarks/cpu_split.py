@@ -74,7 +74,7 @@ def _our_modules() -> set:
 
 def classify(dso: str, ours: set) -> str:
     name = os.path.basename(dso)
-    if name.startswith("libjpeg") or name.startswith("libturbojpeg"):
+    if name.startswith(("libjpeg", "libturbojpeg")):
         return "libjpeg"
     if name in ours:
         return "ours"
