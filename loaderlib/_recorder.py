@@ -256,7 +256,7 @@ class StageRecorder:
                 st[j] += stage[j]
             self._place_stage(stage, now - wall_ns, now)
             self._wall_ns += wall_ns
-            b = self._bin(self._index(now))
+            b = self._bin(self._index(now - 1))  # a batch ending on a bin's edge belongs to the bin it ends
             b.samples += n
             b.batches += 1
             b.threads = threads
@@ -315,7 +315,7 @@ class StageRecorder:
         """The bins that ``[a, b]`` overlaps, each with its share of the interval."""
         a = max(a, self._t0)
         if b <= a:
-            bin_ = self._bin(self._index(b))
+            bin_ = self._bin(self._index(b - 1))
             return [(bin_, 1.0)] if bin_ is not None else []
         interval = self._interval_ns
         first = max(self._index(a), self._bins[0].index)
@@ -411,7 +411,7 @@ class StageRecorder:
                 self._q_capacity = int(c)
                 self._q_sum += int(a)
                 self._q_n += 1
-                b = self._bin(self._index(t))
+                b = self._bin(self._index(t - 1))
                 if b is not None:
                     b.q_sum += int(a)
                     b.q_n += 1
