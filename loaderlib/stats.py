@@ -200,6 +200,8 @@ def window_of(
     start_s: float,
     end_s: float,
     deliveries: Sequence[Delivery] | None = None,
+    *,
+    closed: bool = True,
 ) -> Window:
     """Account ``[start_s, end_s]`` (profiling clock, seconds) once, from recorder bins and deliveries.
 
@@ -259,7 +261,7 @@ def window_of(
         samples = batches = wait = boundary = model = 0.0
         n_epochs = 0
         for d in deliveries:
-            if start_s < d.t <= end_s and d.samples:
+            if start_s <= d.t and (d.t < end_s or (closed and d.t == end_s)) and d.samples:
                 samples += d.samples
                 batches += 1
                 n_epochs += d.boundary
@@ -288,7 +290,8 @@ def split_window(
     """
     parts = max(1, int(parts))
     step = (end_s - start_s) / parts
-    return [window_of(epochs, start_s + i * step, start_s + (i + 1) * step, deliveries) for i in range(parts)]
+    edges = [start_s + i * step for i in range(parts)] + [end_s]
+    return [window_of(epochs, edges[i], edges[i + 1], deliveries, closed=i == parts - 1) for i in range(parts)]
 
 
 @dataclasses.dataclass(frozen=True)
