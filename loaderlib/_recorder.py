@@ -152,6 +152,7 @@ class StageRecorder:
         with self._lock:
             self._reset_epoch(0, 0)
             self._gil.clear()
+        self._previous: Stats | None = None
 
     def _reset_epoch(self, num_threads: int, batch_size: int) -> None:
         # Caller holds the lock.
@@ -188,9 +189,19 @@ class StageRecorder:
         if not self._enabled:
             return
         with self._lock:
+            ended = self._capture() if self._batches else None
             gil = dict(self._gil)
             self._reset_epoch(num_threads, batch_size)
             self._gil.update(gil)  # which steps hold the GIL is a property of the pipeline
+        self._previous = _build_stats(*ended) if ended is not None else None
+
+    def previous_epoch(self) -> Stats | None:
+        """The final figures of the epoch before the current one (None if there was none).
+
+        A reader that polls (the dashboard) sees an epoch's last moments here even when its
+        last poll came before the epoch ended.
+        """
+        return self._previous
 
     def batch_done(
         self,
@@ -441,50 +452,55 @@ class StageRecorder:
         the moment of the call: a snapshot taken after the run has ended shows the run.
         """
         with self._lock:
-            if self._enabled:
-                self._fold_events()
-                self._credit(self._t_last)
-            rows = self._rows[: self._row_count].copy()
-            interval = self._interval_ns
-            elapsed = self._t_last - self._t0
-            bins_out = []
-            for x in self._bins:
-                start = x.index * interval
-                dur = min(interval, elapsed - start)
-                if dur > 0 or (x.index == 0 and (x.samples or x.wait_ns or x.boundary_ns)):
-                    bins_out.append((start, max(dur, 1), _copy_bin(x)))
-            if self._rows_from_samples and self._rows_from_batches:
-                source = "mixed"
-            elif self._rows_from_samples:
-                source = "per-sample"
-            elif self._rows_from_batches:
-                source = "per-batch mean"
-            else:
-                source = "none"
-            state = {
-                "enabled": self._enabled,
-                "num_threads": self._num_threads,
-                "batch_size": self._batch_size,
-                "batches": self._batches,
-                "samples": self._samples,
-                "elapsed_ns": elapsed,
-                "started_ns": self._t0,
-                "stage_ns": tuple(self._stage_ns),
-                "unattributed_ns": self._unattributed_ns,
-                "ahead_ns": tuple(self._ahead_ns),
-                "wall_ns": self._wall_ns,
-                "capacity_ns": self._capacity_ns,
-                "wait_ns": self._wait_ns,
-                "boundary_ns": self._boundary_ns,
-                "waits": self._waits,
-                "blocked_ns": self._blocked_ns,
-                "q_depth": self._q_depth,
-                "q_capacity": self._q_capacity,
-                "q_mean": self._q_sum / self._q_n if self._q_n else 0.0,
-                "gil": dict(self._gil),
-                "percentile_source": source,
-            }
-        return _build_stats(state, rows, bins_out)
+            captured = self._capture()
+        return _build_stats(*captured)
+
+    def _capture(self) -> tuple:
+        # Caller holds the lock.
+        if self._enabled:
+            self._fold_events()
+            self._credit(self._t_last)
+        rows = self._rows[: self._row_count].copy()
+        interval = self._interval_ns
+        elapsed = self._t_last - self._t0
+        bins_out = []
+        for x in self._bins:
+            start = x.index * interval
+            dur = min(interval, elapsed - start)
+            if dur > 0 or (x.index == 0 and (x.samples or x.wait_ns or x.boundary_ns)):
+                bins_out.append((start, max(dur, 1), _copy_bin(x)))
+        if self._rows_from_samples and self._rows_from_batches:
+            source = "mixed"
+        elif self._rows_from_samples:
+            source = "per-sample"
+        elif self._rows_from_batches:
+            source = "per-batch mean"
+        else:
+            source = "none"
+        state = {
+            "enabled": self._enabled,
+            "num_threads": self._num_threads,
+            "batch_size": self._batch_size,
+            "batches": self._batches,
+            "samples": self._samples,
+            "elapsed_ns": elapsed,
+            "started_ns": self._t0,
+            "stage_ns": tuple(self._stage_ns),
+            "unattributed_ns": self._unattributed_ns,
+            "ahead_ns": tuple(self._ahead_ns),
+            "wall_ns": self._wall_ns,
+            "capacity_ns": self._capacity_ns,
+            "wait_ns": self._wait_ns,
+            "boundary_ns": self._boundary_ns,
+            "waits": self._waits,
+            "blocked_ns": self._blocked_ns,
+            "q_depth": self._q_depth,
+            "q_capacity": self._q_capacity,
+            "q_mean": self._q_sum / self._q_n if self._q_n else 0.0,
+            "gil": dict(self._gil),
+            "percentile_source": source,
+        }
+        return state, rows, bins_out
 
 
 def _copy_bin(b: _Bin) -> _Bin:

@@ -104,14 +104,21 @@ def draw_throughput(ax: Any, t_s: Any, samples_per_s: Any, dur_s: Any = None, ti
     ax.set_title(title, fontsize=TITLE_PT)
 
 
-def figure_svg(fig: Any) -> str:
-    """The figure as an inline SVG string that scales to its container's width (text as paths,
-    so it renders the same with any installed fonts)."""
+def figure_svg(fig: Any, text: bool = True) -> str:
+    """The figure as an inline SVG string that scales to its container's width.
+
+    With ``text``, labels stay text (small, fast, crisp) in matplotlib's sans-serif stack,
+    which ends in the generic ``sans-serif``, so a browser never falls back to a serif font;
+    otherwise they are paths (identical everywhere, larger and slower).
+    """
     import io
     import re
 
+    import matplotlib
+
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+    with matplotlib.rc_context({"svg.fonttype": "none" if text else "path"}):
+        fig.savefig(buf, format="svg")
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]
     svg = re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1 width="100%" style="max-width:980px;height:auto"',

@@ -2,13 +2,14 @@
 
 NOTE [ Dashboard drawing ]
 The plots are drawn by matplotlib into one ``Figure`` (no pyplot, see NOTE [ Figures without
-pyplot ] in ``_plot.py``), saved as SVG (text as paths) and put inline into a
-``widgets.HTML``: sharp at any zoom or screen density, no frontend extension needed, the
-same in JupyterLab, classic Notebook, VS Code, headless test runs and a notebook exported
-to HTML with its widget state (the last frame is in the state, so the export shows what
-the live view showed). The figure is built once and laid out by constrained layout on
-every frame, so labels and legends are never clipped; a frame costs tens of milliseconds,
-and the update thread slows down rather than take more than a third of a core.
+pyplot ] in ``_plot.py``), saved as SVG (text as text, in a sans-serif font stack) and put
+inline into a ``widgets.HTML``: sharp at any zoom or screen density, no frontend extension
+needed, the same in JupyterLab, classic Notebook, VS Code, headless test runs and a
+notebook exported to HTML with its widget state (the last frame is in the state, so the
+export shows what the live view showed). The figure is built once with fixed margins wide
+enough for every label (large rates print as "1.2k"), because a constrained layout on
+every frame costs several times the drawing; a test checks that no text leaves the figure.
+The update thread slows down rather than take more than a third of a core.
 
 NOTE [ Dashboard history ]
 The recorder keeps a time series of the current epoch only (``loader.stats`` is per epoch).
@@ -135,7 +136,7 @@ class Dashboard:
         self._lock = threading.Lock()
         self._fig = None
         self._cpu = _CpuMeter()
-        self._prev_epoch: Stats | None = None   # the previous epoch's last snapshot
+        self._prev_epochs: collections.deque = collections.deque(maxlen=64)  # earlier epochs' last snapshots
         self._epoch_starts: list[float] = []    # profiling-clock seconds
         self._t_seen = -1.0                     # end of the last window a history point covers
         self._t0 = _now()
@@ -179,14 +180,19 @@ class Dashboard:
 
     # -- accounting ------------------------------------------------------------------------
     def _epochs(self, stats: Stats) -> list[Stats]:
-        """The current epoch's snapshot and the previous epoch's last (NOTE [ Dashboard history ])."""
+        """The current epoch's snapshot and the last snapshots of the earlier epochs that end
+        within ``RECENT_S`` of it (NOTE [ Dashboard history ])."""
         last = self.last_stats
         if last is not None and stats.started_s != last.started_s:
-            self._prev_epoch = last
+            # The epoch's final figures when the recorder kept them (our last poll may predate its end).
+            ended = getattr(self.loader.recorder, "previous_epoch", lambda: None)()
+            self._prev_epochs.append(ended if ended is not None and ended.started_s >= last.started_s else last)
             self._epoch_starts.append(stats.started_s)
         elif last is None and stats.batches:
             self._epoch_starts.append(stats.started_s)
-        return [e for e in (self._prev_epoch, stats) if e is not None]
+        end = stats.started_s + stats.elapsed_s
+        keep = [e for e in self._prev_epochs if e.started_s + e.elapsed_s > end - RECENT_S]
+        return [*keep, stats]
 
     # -- updating --------------------------------------------------------------------------
     def update(self) -> Stats:
@@ -388,10 +394,19 @@ class Dashboard:
 
     def _build_figure(self) -> None:
         # Built once; updates only move data and re-run the constrained layout.
-        from ._plot import LABEL_PT, STAGE_COLORS, TITLE_PT, _style, new_figure
+        from ._plot import LABEL_PT, STAGE_COLORS, TITLE_PT, _style
 
-        fig = new_figure(10.0, 3.3)
+        from matplotlib.ticker import FuncFormatter
+
+        # A fixed layout, wide enough margins for every label: a constrained layout per frame
+        # would cost several times the drawing itself (NOTE [ Dashboard drawing ]).
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(10.0, 3.3))
+        fig.subplots_adjust(left=0.065, right=0.925, bottom=0.16, top=0.9, wspace=0.62)
         ax1, ax2, ax3 = fig.subplots(1, 3, width_ratios=[1.3, 1, 1.2])
+        compact = FuncFormatter(lambda v, _pos: f"{v / 1000:g}k" if abs(v) >= 1000 else f"{v:g}")
+        ax1.yaxis.set_major_formatter(compact)
         a = self._art = {"fig": fig, "ax1": ax1, "ax2": ax2, "ax3": ax3}
         (a["sps"],) = ax1.plot([], [], color="#4c72b0", lw=1.8, label="samples/s")
         ax1.set_xlabel("seconds", fontsize=LABEL_PT)
@@ -444,7 +459,7 @@ class Dashboard:
         a["ax3"].set_ylim(0, max(1, stats.queue_capacity, *(h[3] for h in hist)) + 0.5)
         a["ax2"].clear()
         draw_stage_bar(a["ax2"], now.stage_s, title=f"stage shares, last {now.wall_s:.0f} s")
-        return figure_svg(self._fig)
+        return figure_svg(self._fig, text=True)
 
 
 class _CpuMeter:

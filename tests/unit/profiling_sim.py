@@ -134,6 +134,7 @@ class _SimIter:
             stage = {k: int(thread_ns * ld.shares.get(k, 0.0)) for k in STAGES}
             self.rec.batch_done(ld.batch_size, stage, round(self.cost * 1e9), threads)
             self.ready += 1
+            self.rec.queue_depth(self.ready, ld.prefetch)
             if self.ready < ld.prefetch:
                 self._start(self.finish)
             else:
@@ -154,6 +155,7 @@ class _SimIter:
             self.run_until(self.finish)
         self.ready -= 1
         self.taken += 1
+        self.rec.queue_depth(self.ready, ld.prefetch)
         self.rec.consumer_waited(ld.clock.t - t)
         if self.finish is None:  # the pool was blocked on a full queue: room again
             self._start(ld.clock.t)
