@@ -393,14 +393,12 @@ class Dashboard:
                 f"try: {html.escape(v.suggestion)}{notes}</div>")
 
     def _build_figure(self) -> None:
-        # Built once; updates only move data and re-run the constrained layout.
-        from ._plot import LABEL_PT, STAGE_COLORS, TITLE_PT, _style
-
-        from matplotlib.ticker import FuncFormatter
-
-        # A fixed layout, wide enough margins for every label: a constrained layout per frame
+        # Built once; updates only move data. A fixed layout, wide enough margins for every label: a constrained layout per frame
         # would cost several times the drawing itself (NOTE [ Dashboard drawing ]).
         from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
+
+        from ._plot import LABEL_PT, STAGE_COLORS, TITLE_PT, _style
 
         fig = Figure(figsize=(10.0, 3.3))
         fig.subplots_adjust(left=0.065, right=0.925, bottom=0.16, top=0.9, wspace=0.62)

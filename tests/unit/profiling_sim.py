@@ -14,8 +14,9 @@ Time passes only inside ``next()`` (waiting for a batch) and inside :meth:`SimLo
 
 from __future__ import annotations
 
-import numpy as np
+from typing import ClassVar
 
+import numpy as np
 from loaderlib.profiling import STAGES, StageRecorder
 
 
@@ -170,7 +171,7 @@ class FakeMonitor:
 
     cores = 1.0
     other_cores = 0.0
-    top_others: list = []
+    top_others: ClassVar[list] = []
 
     def __init__(self, *args, **kwargs):
         self.source = "test"

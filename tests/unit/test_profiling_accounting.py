@@ -7,6 +7,7 @@ No test here reads a real clock or sleeps: time is a FakeClock that jumps from e
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ def monitor(monkeypatch):
     class Monitor(FakeMonitor):
         cores = 1.0
         other_cores = 0.0
-        top_others = []
+        top_others: ClassVar[list] = []
 
     monkeypatch.setattr(harness_mod, "_ResourceMonitor", Monitor)
     monkeypatch.setattr(loaderlib, "available_cpus", lambda: 2)

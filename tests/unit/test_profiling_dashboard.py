@@ -91,7 +91,7 @@ def test_figures_verdict_and_plots_read_one_window(clock):
         assert isinstance(dash.widget, ipywidgets.VBox)
         assert dash.plots.value.startswith("<svg") and 'width="100%"' in dash.plots.value
         assert "waiting for batches" in dash.verdict.value
-        it, shown = _consume(loader, iter(loader), 300, 0.02, dash)
+        _, shown = _consume(loader, iter(loader), 300, 0.02, dash)
         # Early updates lack evidence and say so; after that every verdict names the model, at
         # epoch starts too: the refill is never blamed on a stage.
         kinds = [v.bottleneck if v.enough else "not enough" for v in shown]

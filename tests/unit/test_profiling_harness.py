@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 from loaderlib.profiling import STAGES, Report, benchmark
+from loaderlib.profiling import harness as harness_mod
 from loaderlib.profiling.baselines import (
     PythonThreadLoader,
     ResNetTrainTransform,
@@ -17,7 +18,6 @@ from loaderlib.profiling.baselines import (
     python_thread_loader,
     read_file,
 )
-from loaderlib.profiling import harness as harness_mod
 from loaderlib.profiling.harness import _batch_len, replay_consumer
 
 import loaderlib
