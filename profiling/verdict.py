@@ -35,6 +35,8 @@ each), in this order:
    * a saturated pool (busy >= ``SATURATED``) with fewer threads than CPUs: add threads;
    * a saturated pool on every CPU: make the stage cheaper (stage-specific advice);
    * an unsaturated pool: the threads wait on something no stage times; say so.
+   On a full machine (other processes used the cores this process did not get), CPU use
+   cannot tell a GIL-bound Python step from a blocked one: the advice says so instead.
    Competing load is named whenever the process got fewer cores than its busy threads
    (``cores_used < CONTENDED_CORES x min(busy threads, CPUs)``) while other processes used
    at least ``OTHER_CORES`` cores: the figures then understate the loader.
@@ -238,8 +240,9 @@ def diagnose(
     contended = (cores_used is not None and w.has_stages and busy_threads > 0
                  and cores_used < CONTENDED_CORES * min(busy_threads, cpus))
     # Only a full machine takes cores away (a GIL-bound or blocked step also leaves busy threads without cores).
-    if (contended and other_cores is not None and other_cores >= OTHER_CORES
-            and cores_used + other_cores >= 0.8 * cpus):
+    full = (cores_used is not None and other_cores is not None and other_cores >= OTHER_CORES
+            and cores_used + other_cores >= 0.8 * cpus)
+    if contended and full:
         who = ", ".join(f"{name} {c:.1f}" for name, c in top_others[:3])
         notes.append(f"competing load: other processes used {other_cores:.1f} of {cpus} cores"
                      + (f" ({who})" if who else "") + f" while {busy_threads:.1f} threads were busy and this "
@@ -255,7 +258,7 @@ def diagnose(
         notes.append(f"the ceiling run was disturbed: this run delivered {w.samples_per_s:,.0f} samples/s, "
                      f"{100 * over:.0f}% above the ceiling's {ceiling_samples_per_s:,.0f} (other load or a cold "
                      "cache during the ceiling run); the ceiling understates the loader")
-    if w.has_stages and w.unattributed_s > 0.01 * sum(w.stage_s.values()):
+    if w.has_stages and w.unattributed_s > 0.03 * sum(w.stage_s.values()):
         notes.append(f"{w.unattributed_s:.3f} thread-seconds of stage time did not fit in the pool's capacity: "
                      "the loader reports more threads' work than it has threads")
 
@@ -335,7 +338,12 @@ def diagnose(
     off_cpu = cores_used is not None and cores_used < IO_WAIT_CORES * busy_threads
     gil_serialised = (kind == "python" and n >= 2 and cores_used is not None
                       and GIL_CORES[0] <= cores_used <= GIL_CORES[1])
-    if gil_serialised:
+    if kind in ("io", "python") and contended and full:
+        # Other processes took the cores: CPU use no longer tells a GIL-bound step from a blocked one.
+        tip = (f"the machine is full (other processes used {other_cores:.1f} cores), so CPU use cannot tell whether "
+               f"the {stage} step holds the GIL or waits on something: measure on a quieter machine; either way, "
+               + _CHEAPER[kind])
+    elif gil_serialised:
         ev["gil_held"] = True
         tip = (f"{n} threads ran the Python step but the process used only {cores_used:.1f} cores: the GIL "
                "runs it one thread at a time, so more threads cannot help: " + _CHEAPER["python"]

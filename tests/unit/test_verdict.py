@@ -252,3 +252,14 @@ def test_slow_model_step_is_model():
     assert r.model_s == pytest.approx(0.05 * r.batches, rel=0.2)
     assert r.ceiling_samples_per_s > r.samples_per_s
     assert r.consumer_wall_fraction == pytest.approx(1.0, abs=0.10)
+
+
+def test_a_full_machine_does_not_pass_for_a_gil_or_blocked_step():
+    s = dict(STAGE_S, python=10.0)
+    v = _diag(stage_s=s, threads=2, cpus=2, busy=0.7, cores_used=0.4, other_cores=1.6)
+    assert v.bottleneck == "python"
+    assert "the machine is full (other processes used 1.6 cores)" in v.suggestion
+    assert "GIL runs it one thread at a time" not in v.suggestion and "mostly wait" not in v.suggestion
+    # The same shortfall on an idle machine: the threads were blocked, not computing.
+    v = _diag(stage_s=s, threads=2, cpus=2, busy=0.7, cores_used=0.4, other_cores=0.0)
+    assert "mostly wait on the Python step" in v.suggestion
