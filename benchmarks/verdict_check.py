@@ -36,10 +36,10 @@ import tempfile
 import time
 
 import numpy as np
+from loaderlib.profiling import benchmark, build_demo_dataset
 
 import loaderlib as ll
 from loaderlib import transforms as T
-from loaderlib.profiling import benchmark, build_demo_dataset
 
 
 class SlowReads(ll.Dataset):
@@ -119,7 +119,7 @@ def main() -> int:
                 outcome = "wrong"
             tally[outcome] += 1
             conf = f"{100 * v.confidence:.0f}%" if v.confidence is not None else "-"
-            print(f"{name:>17} #{run}: expected {expected:<7} got {str(r.bottleneck):<7} {outcome:<19} "
+            print(f"{name:>17} #{run}: expected {expected:<7} got {r.bottleneck!s:<7} {outcome:<19} "
                   f"(confidence {conf}, {r.samples_per_s:,.0f} samples/s, cores {r.cpu_cores_used:.2f}, "
                   f"others {r.other_cores if r.other_cores is not None else float('nan'):.2f}, "
                   f"load {os.getloadavg()[0]:.1f})")
