@@ -112,7 +112,7 @@ def smallest_text_px(nb: object, display_width: float = 980.0) -> tuple[float | 
         if box is None:
             continue
         own = float(box.group(1))
-        shown = min(display_width, own) if 'width="100%"' in svg else own
+        shown = display_width if 'width="100%"' in svg else own
         sizes = [float(x) for x in re.findall(r"font(?:-size)?:\s*(?:[a-z]+ )*([0-9.]+)px", svg)]
         if sizes:
             svg_px.append(min(sizes) * shown / own)

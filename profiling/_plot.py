@@ -59,7 +59,7 @@ def draw_stage_bar(ax: Any, stage_s: dict, extra: dict | None = None, title: str
         frac = v / total if total > 0 else 0.0
         ax.barh([0.6], [frac], left=left, height=0.7, color=STAGE_COLORS.get(name, "#999999"),
                 label=f"{name} {100 * frac:.0f}%")
-        if frac >= 0.09:
+        if frac >= 0.14:  # narrower segments are named with their share in the legend
             ax.text(left + frac / 2, 0.6, f"{100 * frac:.0f}%", ha="center", va="center", fontsize=LABEL_PT,
                     color="white", fontweight="bold")
         left += frac

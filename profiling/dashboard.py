@@ -158,6 +158,8 @@ class Dashboard:
         self.prefetch.observe(self._on_prefetch, names="value")
         self.widget = widgets.VBox([self.title, self.figures, self.plots, self.verdict,
                                     widgets.HBox([self.threads, self.prefetch])])
+        # The knobs' labels too, in the exported HTML as well as live (no serif fallback).
+        self.widget.add_class("loaderlib-dashboard")
         self.update()
         if autostart:
             self.start()
@@ -209,7 +211,8 @@ class Dashboard:
             now = window_of(epochs, start, end)
             parts = split_window(epochs, start, end, k)
             self._cpu.sample()
-            cores = self._cpu.cores(start, end)
+            cpu = self._cpu.cores(start, end)
+            cores, others = cpu if cpu is not None else (None, None)
             self.last_verdict = diagnose(
                 now,
                 parts=parts,
@@ -217,6 +220,7 @@ class Dashboard:
                 cpus=available_cpus(),
                 model_ran=self._model_ran,
                 cores_used=cores,
+                other_cores=others,
                 gil_held=stats.gil_held,
                 min_seconds=DASH_MIN_S,
                 min_batches=DASH_MIN_BATCHES,
@@ -229,7 +233,7 @@ class Dashboard:
                 self.history.append((end - self._t0, pt.samples_per_s, pt.wait_fraction,
                                      float(stats.queue_depth), pt.busy_fraction, float(stats.num_threads)))
             self.title.value = self._title_html(stats)
-            self.figures.value = self._figures_html(stats, now, cores)
+            self.figures.value = self._figures_html(stats, now, cores, others)
             self.verdict.value = self._verdict_html(stats)
             self.plots.value = self._draw(stats, now)
             # Knobs follow the loader (another cell may have changed it).
@@ -360,11 +364,13 @@ class Dashboard:
             ago = _now() - (stats.started_s + stats.elapsed_s)
             if ago > 2 * max(self.interval, 0.5):
                 state = f"live, no batch for {ago:.0f} s: figures show the last seconds with batches"
-        return (f"<div style=\"{self._box}\"><span style='font-size:16px;font-weight:600'>loaderlib dashboard"
+        style = ("<style>.loaderlib-dashboard, .loaderlib-dashboard .widget-label, .loaderlib-dashboard "
+                 f".widget-readout {{{FONT_CSS}}}</style>")
+        return (f"{style}<div style=\"{self._box}\"><span style='font-size:16px;font-weight:600'>loaderlib dashboard"
                 f"</span> &mdash; {html.escape(type(self.loader).__name__)} (engine {html.escape(str(engine))}) "
                 f"<i>{html.escape(state)}</i></div>")
 
-    def _figures_html(self, stats: Stats, now: Window, cores: float | None) -> str:
+    def _figures_html(self, stats: Stats, now: Window, cores: float | None, others: float | None = None) -> str:
         cells = [
             (f"samples/s (last {now.wall_s:.0f} s)", f"{now.samples_per_s:,.1f}"),
             ("samples/s (epoch)", f"{stats.samples_per_s:,.1f}"),
@@ -377,6 +383,8 @@ class Dashboard:
         ]
         if cores is not None:
             cells.append(("CPU cores", f"{cores:.2f}"))
+        if others is not None:
+            cells.append(("other processes", f"{others:.2f} cores"))
         head = "".join(f"<th style='padding:0 10px;font-weight:600'>{html.escape(k)}</th>" for k, _ in cells)
         body = "".join(f"<td style='padding:0 10px;text-align:center'>{html.escape(v)}</td>" for _, v in cells)
         return f"<div style=\"{self._box}\"><table><tr>{head}</tr><tr>{body}</tr></table></div>"
@@ -461,13 +469,14 @@ class Dashboard:
 
 
 class _CpuMeter:
-    """CPU seconds of this process sampled at each update, to give the cores used over any
-    window between samples (None without psutil)."""
+    """CPU seconds of this process and of the whole machine, sampled at each update, to give the
+    cores this process and all others used over any window between samples (None without psutil)."""
 
     def __init__(self, keep: int = 256) -> None:
         try:
             import psutil
 
+            self._psutil = psutil
             self._proc = psutil.Process()
         except ImportError:
             self._proc = None
@@ -478,10 +487,14 @@ class _CpuMeter:
         if self._proc is None:
             return
         t = self._proc.cpu_times()
-        self._samples.append((_now(), t.user + t.system))
+        m = self._psutil.cpu_times()
+        busy = m.user + m.system + getattr(m, "nice", 0.0) + getattr(m, "irq", 0.0) + \
+            getattr(m, "softirq", 0.0) + getattr(m, "steal", 0.0)
+        self._samples.append((_now(), t.user + t.system, busy))
 
-    def cores(self, start: float, end: float) -> float | None:
-        """Cores used between the samples nearest ``start`` and ``end``."""
+    def cores(self, start: float, end: float) -> tuple[float, float] | None:
+        """``(this process, every other process)`` cores used between the samples nearest
+        ``start`` and ``end``."""
         s = list(self._samples)
         if len(s) < 2:
             return None
@@ -489,7 +502,10 @@ class _CpuMeter:
         b = min(s, key=lambda x: abs(x[0] - end))
         if b[0] - a[0] < 0.2:
             a, b = s[-2], s[-1]
-        return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else None
+        if b[0] <= a[0]:
+            return None
+        mine = (b[1] - a[1]) / (b[0] - a[0])
+        return mine, max(0.0, (b[2] - a[2]) / (b[0] - a[0]) - mine)
 
 
 def _int(value: Any, default: int) -> int:

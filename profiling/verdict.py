@@ -259,8 +259,9 @@ def diagnose(
                      f"{100 * over:.0f}% above the ceiling's {ceiling_samples_per_s:,.0f} (other load or a cold "
                      "cache during the ceiling run); the ceiling understates the loader")
     if w.has_stages and w.unattributed_s > 0.03 * sum(w.stage_s.values()):
-        notes.append(f"{w.unattributed_s:.3f} thread-seconds of stage time did not fit in the pool's capacity: "
-                     "the loader reports more threads' work than it has threads")
+        notes.append(f"{w.unattributed_s:.3f} thread-seconds of stage time did not fit in the pool's "
+                     f"{n} threads: some stage ran on another thread too (a driver thread collating, say); "
+                     "the busy figure counts the pool's threads only")
 
     answer = _answer(w, model_ran)
     agree = [_answer(p, model_ran) == answer for p in parts if p.batches > 0 or p.wall_s > 0]
