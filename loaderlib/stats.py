@@ -1,4 +1,24 @@
-"""``Stats``: the snapshot of a loader's per-stage timings (what ``loader.stats`` returns)."""
+"""``Stats``: the snapshot of a loader's per-stage timings (what ``loader.stats`` returns), and
+the one accounting every profiling figure is computed with (``Window``, ``window_of``).
+
+NOTE [ One accounting ]
+The recorder, the harness's report, the verdict and the dashboard must never contradict each
+other, so they share one definition of every figure:
+
+* one clock (:func:`clock_ns`): the recorder's time bins, the harness's window and the
+  dashboard's "now" are on it;
+* one place for stage time: the recorder puts each batch's stage thread time into time bins,
+  never more than the pool's threads can hold (NOTE [ Stage time and busy fraction ] in
+  ``_recorder.py``), and keeps apart what does not fit and what a warm epoch did ahead;
+* one window: :func:`window_of` cuts any stretch of time out of the bins (in proportion at
+  its edges) and, when the harness watched the consumer, out of its deliveries; the result,
+  a :class:`Window`, holds every figure shown (rate, stage shares, busy, steady wait, wait at
+  epoch boundaries, model time); :func:`split_window` cuts the same stretch into parts whose
+  agreement is the verdict's confidence;
+* one busy formula (:func:`busy_fraction`), one share formula (:attr:`Window.stage_share`),
+  and the invariants they keep, checked by :meth:`Window.problems`: busy <= 100% of the
+  threads, shares summing to 100%, steady wait + boundary wait + model time <= wall time.
+"""
 
 from __future__ import annotations
 
