@@ -68,6 +68,9 @@ _EV_WAIT = 0
 _EV_BLOCKED = 1
 _EV_QUEUE = 2
 
+# How many bins before a batch's own may take its overflowing stage time.
+_WALK_BACK = 8
+
 
 def _clock() -> int:
     # The profiling clock, looked up at each call so a test's clock reaches the recorder too.
@@ -328,6 +331,10 @@ class StageRecorder:
         if b <= a:
             bin_ = self._bin(self._index(b - 1))
             return [(bin_, 1.0)] if bin_ is not None else []
+        first, last = self._index(a), self._index(b - 1)
+        if first == last:  # the common case: the whole interval inside one bin
+            bin_ = self._bin(first)
+            return [(bin_, 1.0)] if bin_ is not None else []
         interval = self._interval_ns
         first = max(self._index(a), self._bins[0].index)
         out = []
@@ -376,7 +383,10 @@ class StageRecorder:
         lowest = touched[0][0].index
         carry = [0.0] * _NSTAGES
         bins = self._bins
-        for pos in range(touched[-1][0].index - bins[0].index, -1, -1):
+        top = touched[-1][0].index - bins[0].index
+        # The work that overflowed was done just before the batch's own wall time (beside the
+        # previous batch), so a few bins back is far enough; it also bounds the cost per batch.
+        for pos in range(top, max(-1, top - len(touched) - _WALK_BACK), -1):
             bin_ = bins[pos]
             sb = bin_.stage_ns
             for j in range(_NSTAGES):
@@ -401,7 +411,6 @@ class StageRecorder:
             except IndexError:
                 return
             self._t_last = max(self._t_last, t)
-            self._credit(t)
             if kind == _EV_WAIT:
                 a = int(a)
                 boundary = self._waits == 0  # NOTE [ Epoch boundaries ]
