@@ -490,6 +490,10 @@ def benchmark(
     Returns
     -------
     Report
+        Every figure from one accounting of the window (``report.window``). A window too
+        short (under 2 s or 20 batches), fed mostly from batches queued before it opened, or
+        whose half-second parts disagree gets ``report.bottleneck is None`` and a verdict that
+        says "not enough evidence" and how long to run (NOTE [ Verdict rules ]).
     """
     from .. import available_cpus
     from .report import Report
