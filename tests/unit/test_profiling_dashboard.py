@@ -188,7 +188,7 @@ def test_stops_when_the_loader_is_closed_and_leaves_no_threads(root):
     n = dash.updates
     time.sleep(0.4)
     assert dash.updates == n  # no more updates after the loader closed
-    assert "stopped" in dash.title.value
+    assert "<i>closed</i>" in dash.title.value
     dash.close()
     time.sleep(0.1)
     assert {t for t in threading.enumerate() if t.is_alive()} <= before
