@@ -1,6 +1,6 @@
 """The harness and verdict on loaderlib's own DataLoader, with injected bottlenecks.
 
-Images are the demo dataset (derived from matplotlib's sample photo), built small into a
+Images are the demo dataset (derived from loaderlib's sample photo), built small into a
 temporary folder.
 """
 

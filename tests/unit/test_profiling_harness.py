@@ -19,7 +19,7 @@ from loaderlib.profiling.baselines import (
 )
 from loaderlib.profiling.harness import _batch_len, _throughput_series, replay_consumer
 
-from loaderlib._synth import base_photo
+from tests._synth import base_photo
 
 
 def _arr(item):
