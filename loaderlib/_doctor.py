@@ -152,6 +152,7 @@ def self_check(seconds: float = 2.0, clock: Callable[[], float] = time.perf_coun
     from . import _threads as th
     from ._sample import SAMPLE_NAME, sample_jpeg
     from .decoding import decode_batch, jpeg_info
+    from .errors import LoaderError
 
     data = sample_jpeg()
     out: dict[str, Any] = {"image": SAMPLE_NAME, "ok": False}
@@ -191,7 +192,7 @@ def self_check(seconds: float = 2.0, clock: Callable[[], float] = time.perf_coun
             out["problem"] = "the decoded pixels differ from OpenCV's decoder"
         else:
             out["ok"] = True
-    except Exception as e:  # a self-check reports, it does not crash the report
+    except (LoaderError, ImportError, OSError, RuntimeError, ValueError) as e:  # reported, not raised
         out["problem"] = f"{type(e).__name__}: {e}"
     return out
 
@@ -208,7 +209,13 @@ def diagnose(seconds: float = 2.0) -> dict[str, Any]:
 
     from ._build import build_info
 
-    build = dict(build_info())
+    try:
+        build = dict(build_info())
+    except ValueError:  # a malformed thread variable: reported under "threads", the build facts still are
+        from ._ext import _jpeg
+
+        build = dict(_jpeg.build_facts())
+        build["max_threads"] = None
     build["libraries"] = _loaded_libraries()
     report: dict[str, Any] = {
         "loaderlib": {"version": loaderlib.__version__, "location": os.path.dirname(loaderlib.__file__),
@@ -241,18 +248,20 @@ def format_report(r: dict[str, Any]) -> str:
     """The doctor report as text (one section per topic)."""
     b, t, f, ll = r["build"], r["threads"], r["fork"], r["loaderlib"]
     lines = [f"loaderlib {ll['version']} at {ll['location']}", f"  Python {ll['python']} on {ll['platform']}", ""]
+    omp_runtime = f" (runtime {b['libraries']['openmp']})" if b["libraries"].get("openmp") else ""
+    jpeg_at = f" at {b['libraries']['libjpeg']}" if b["libraries"].get("libjpeg") else ""
+    quota = f"{t['cgroup_quota_cpus']:g} CPUs" if t["cgroup_quota_cpus"] else "none"
     lines += ["build",
-              f"  OpenMP          {'on' if b['openmp'] else 'OFF (serial build)'}"
-              f"{' (runtime ' + b['libraries']['openmp'] + ')' if b['libraries'].get('openmp') else ''}",
-              f"  libjpeg-turbo   {b.get('libjpeg_turbo_version') or 'unknown'} (libjpeg API "
-              f"{b.get('libjpeg_api_version')}){' at ' + b['libraries']['libjpeg'] if b['libraries'].get('libjpeg') else ''}",
+              f"  OpenMP          {'on' if b['openmp'] else 'OFF (serial build)'}{omp_runtime}",
+              (f"  libjpeg-turbo   {b.get('libjpeg_turbo_version') or 'unknown'} "
+               f"(libjpeg API {b.get('libjpeg_api_version')}){jpeg_at}"),
               f"  SIMD            {_yes(b.get('simd'))}", ""]
     lines += ["threads",
               f"  default         {t['default'] if t['default'] is not None else '-'}: {t['reason']}",
               f"  affinity mask   {t['affinity_cpus']} CPU(s) (os.cpu_count() {t['os_cpu_count']})",
-              f"  cgroup quota    {'%g CPUs' % t['cgroup_quota_cpus'] if t['cgroup_quota_cpus'] else 'none'}",
-              f"  LOCAL_WORLD_SIZE {t['LOCAL_WORLD_SIZE'] or 'unset'}; LOADERLIB_NUM_THREADS "
-              f"{t['LOADERLIB_NUM_THREADS'] or 'unset'}; OMP_NUM_THREADS {t['OMP_NUM_THREADS'] or 'unset'}", ""]
+              f"  cgroup quota    {quota}",
+              (f"  LOCAL_WORLD_SIZE {t['LOCAL_WORLD_SIZE'] or 'unset'}; LOADERLIB_NUM_THREADS "
+               f"{t['LOADERLIB_NUM_THREADS'] or 'unset'}; OMP_NUM_THREADS {t['OMP_NUM_THREADS'] or 'unset'}"), ""]
     lines += ["fork safety",
               f"  start method    {f['start_method']}{' (the default)' if f['start_method_is_default'] else ''}",
               f"  at-fork guard   {'installed' if f['at_fork_guard'] else 'unavailable on this platform'}",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import textwrap
 import warnings
@@ -51,7 +52,7 @@ def _float_at_least(lo: float, strict: bool) -> Any:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (v > lo if strict else v >= lo) or v != v:
+        if math.isnan(v) or not (v > lo if strict else v >= lo):
             raise argparse.ArgumentTypeError(f"expected a number {'>' if strict else '>='} {lo:g}, got {text!r}")
         return v
     return parse
