@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import platform
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
@@ -265,7 +266,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines += ["fork safety",
               f"  start method    {f['start_method']}{' (the default)' if f['start_method_is_default'] else ''}",
               f"  at-fork guard   {'installed' if f['at_fork_guard'] else 'unavailable on this platform'}",
-              f"  {f['summary']}", ""]
+              textwrap.fill(f["summary"], 100, initial_indent="  ", subsequent_indent="  "), ""]
     lines.append("optional packages")
     for name, e in r["extras"].items():
         state = f"{e['version'] or 'found'}" if e["found"] else "not installed"
