@@ -24,7 +24,7 @@ __all__ = ["EXTRAS", "diagnose", "format_report"]
 # Optional packages loaderlib works with: (import name, what loaderlib uses it for).
 EXTRAS = (
     ("torch", "torch", "output='torch', pinned memory, comparison in `bench`"),
-    ("opencv", "cv2", "non-JPEG images, float resizes, `bench` (NOTE [ Optional OpenCV ])"),
+    ("opencv", "cv2", "non-JPEG images, float resizes, `bench`"),
     ("matplotlib", "matplotlib", "Stats.plot() / Report.plot(), the dashboard's charts"),
     ("ipywidgets", "ipywidgets", "the live Dashboard in Jupyter"),
     ("webdataset", "webdataset", "writing WebDataset shards (loaderlib reads them without it)"),

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 
@@ -33,6 +34,15 @@ def test_version_is_the_installed_distributions():
     res = _run("--version")
     assert res.returncode == 0 and res.stderr == ""
     assert res.stdout == f"loaderlib {importlib.metadata.version('loaderlib')}\n"
+
+
+def test_console_script_is_the_same_command():
+    script = shutil.which("loaderlib", path=os.path.dirname(sys.executable))
+    assert script is not None, "the [project.scripts] entry point is not installed"
+    res = subprocess.run([script, "frobnicate"], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 2 and "invalid choice: 'frobnicate'" in res.stderr
+    res = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0 and res.stdout == f"loaderlib {ll.__version__}\n"
 
 
 @pytest.mark.parametrize(("argv", "prog", "problem"), [
