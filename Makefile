@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all soak fuzz clean sdist wheel test-wheel
+.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers soak fuzz clean sdist wheel test-wheel
 
 all: build
 
@@ -78,6 +78,16 @@ bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/epochs.py
 	$(BIN)/python benchmarks/shards.py
 
+# loaderlib beside TurboLoader and DALI's CPU pipeline (and PyTorch's DataLoader), interleaved
+# rounds in one run. The peers live in their own virtualenv (DALI's wheel is large and pins
+# its own dependencies); nothing here is needed by make test.
+PEERS_VENV ?= .venv-peers
+bench-peers: build $(TESTS)
+	@if [ ! -x $(PEERS_VENV)/bin/python ] || ! $(PEERS_VENV)/bin/python -c "import turboloader, nvidia.dali" 2>/dev/null; then \
+	  $(PYTHON) -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/pip install -q "numpy<2.5" opencv-python-headless psutil \
+	    turboloader==2.39.0 nvidia-dali-cuda120==2.4.0; fi
+	$(BIN)/python benchmarks/loader.py --peers $(PEERS_VENV)/bin/python --repeat 5
+
 # Coverage-guided fuzzing of the decoders and the fused chain (atheris); new inputs go to
 # build/fuzz-corpus, the seed corpus is fuzz/corpus. FUZZ_RUNS inputs (default 100,000).
 FUZZ_RUNS ?= 100000
@@ -115,4 +125,4 @@ test-wheel: wheel $(OPENCV)
 	PYTHON=$(PYTHON) tests/wheel/run.sh $$(ls $(WHEELHOUSE)/loaderlib-*.whl | head -n 1) $(BIN)/python
 
 clean:
-	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(DIST) $(WHEELHOUSE)
+	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(PEERS_VENV) $(DIST) $(WHEELHOUSE)
