@@ -48,11 +48,16 @@ def check_build() -> None:
             except OSError:
                 present = []
             listing = "\n".join(f"    {f}" for f in present) or "    (no compiled modules)"
+            found_but_broken = "" if isinstance(e, ModuleNotFoundError) else (
+                "The module file is there but did not load (the reason above is the dynamic loader's): "
+                "a library it links\n(libjpeg, libgomp) is missing, or it was built for another Python or "
+                "platform. Install the\nlibraries (Debian: apt-get install libjpeg62-turbo libgomp1) or a "
+                "loaderlib wheel, which bundles them.\n")
             raise ImportError(
                 f"loaderlib's compiled extension loaderlib._ext.{name} cannot be imported:\n"
                 f"    {e}\n"
                 f"It was looked for in {ext_dir}, which holds:\n{listing}\n"
-                f"{_advice(package_dir)}"
+                f"{found_but_broken}{_advice(package_dir)}"
             ) from e
 
 
