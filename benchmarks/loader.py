@@ -48,7 +48,7 @@ def make_dataset(root: str, n: int, classes: int = 8) -> str:
     """Photo-like JPEGs of ImageNet's typical size (about 500x375, quality 90, 4:2:0)."""
     import cv2
 
-    from loaderlib._synth import base_photo
+    from loaderlib._sample import sample_photo_bgr as base_photo
 
     marker = os.path.join(root, f".complete-{n}")
     if os.path.exists(marker):

@@ -46,7 +46,7 @@ def read_file(item: Any) -> bytes:
 
 def decode_opencv(data: bytes) -> np.ndarray:
     """Decode step: ``cv2.imdecode`` to an HWC uint8 RGB array (EXIF orientation ignored)."""
-    import cv2
+    from .._opencv import cv2
 
     img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     if img is None:
@@ -70,7 +70,7 @@ class ResNetTrainTransform:
         self.inv_std = 1.0 / (np.asarray(std, np.float32) * 255.0)
 
     def __call__(self, img: np.ndarray, index: int = 0) -> np.ndarray:
-        import cv2
+        from .._opencv import cv2
 
         rng = np.random.default_rng((self.seed, index))
         h, w = img.shape[:2]

@@ -1,6 +1,6 @@
 """The harness and verdict on loaderlib's own DataLoader, with injected bottlenecks.
 
-Images are the demo dataset (derived from matplotlib's sample photo), built small into a
+Images are the demo dataset (derived from loaderlib's sample photo), built small into a
 temporary folder. These are end-to-end timing checks (real clocks, real sleeps): they carry
 the ``timing`` marker and run apart from the main suite (``make test`` only warns when they
 fail). The accounting they rely on is tested without clocks in test_profiling_accounting.py.
