@@ -63,6 +63,13 @@ _SHM_DIR = "/dev/shm/"
 _WORKER_MAIN = "from loaderlib._engine_worker import main; main()"
 
 
+def shm_prefix(pid: int | None = None) -> str:
+    """The name prefix of the shared-memory blocks process ``pid`` (default: this one) creates:
+    tools and tests can tell its segments from other processes' (``psm_`` is the prefix
+    Python's resource tracker knows)."""
+    return f"psm_ll{os.getpid() if pid is None else pid}_"
+
+
 class _ShmBlock:
     """One shared-memory slot buffer, created and unlinked by the loader's process.
 
@@ -75,7 +82,7 @@ class _ShmBlock:
         size = max(int(nbytes), 1)
         flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
         while True:
-            name = "psm_ll" + secrets.token_hex(8)
+            name = shm_prefix() + secrets.token_hex(8)
             try:
                 fd = os.open(_SHM_DIR + name, flags, 0o600)
                 break

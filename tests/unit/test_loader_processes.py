@@ -12,12 +12,13 @@ import pytest
 
 import loaderlib as ll
 from loaderlib import DataLoader
+from loaderlib._engine_procs import shm_prefix
 from loaderlib.datasets import ArrayDataset
 
 
 def _shm_names():
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+        return {n for n in os.listdir("/dev/shm") if n.startswith(shm_prefix())}
     except FileNotFoundError:
         return set()
 

@@ -17,11 +17,12 @@ import pytest
 
 import loaderlib as ll
 from loaderlib import DataLoader
+from loaderlib._engine_procs import shm_prefix
 from loaderlib.datasets import ArrayDataset
 
 
 def _shm_names():
-    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+    return {n for n in os.listdir("/dev/shm") if n.startswith(shm_prefix())}
 
 
 def _fds():
@@ -202,7 +203,7 @@ next(it)
 next(it)
 blocks = sorted(b.name for b in loader._workers._blocks)
 workers = [w.proc.pid for w in loader._workers.workers]
-print(json.dumps({"blocks": blocks, "workers": workers}), flush=True)
+print(json.dumps({"blocks": blocks, "workers": workers, "pid": os.getpid()}), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -228,14 +229,15 @@ def test_sigkilled_loader_leaves_no_workers_or_shared_memory(tmp_path):
     assert r.returncode == -signal.SIGKILL, r.stderr
     info = json.loads(r.stdout.strip().splitlines()[-1])
     assert info["blocks"] and len(info["workers"]) == 2
+    assert all(b.startswith(shm_prefix(info["pid"])) for b in info["blocks"])   # named after their process
     # The workers see their socket close and exit; the loader's resource tracker unlinks its
     # segments. Both happen asynchronously: wait for them (a hang guard, not a timing check).
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        left = set(info["blocks"]) & _shm_names()
+        left = set(info["blocks"]) & set(os.listdir("/dev/shm"))
         alive = [p for p in info["workers"] if not _gone(p)]
         if not left and not alive:
             break
         time.sleep(0.1)
-    assert not (set(info["blocks"]) & _shm_names())
+    assert not (set(info["blocks"]) & set(os.listdir("/dev/shm")))
     assert all(_gone(p) for p in info["workers"])
