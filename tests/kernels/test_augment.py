@@ -207,21 +207,21 @@ def ref_warp(img, m, fill=None):
     return out
 
 
-def ref_prim(name, mag, img):
+def ref_prim(name, mag, img, fill=None):
     h, w = img.shape[:2]
     if name == "Identity":
         return img.copy()
     if name in ("ShearX", "ShearY"):
         sh = math.degrees(math.atan(mag))
         return ref_warp(img, ref_inverse_affine((-w / 2, -h / 2), 0.0, (0, 0), 1.0,
-                                                (sh, 0.0) if name == "ShearX" else (0.0, sh)))
+                                                (sh, 0.0) if name == "ShearX" else (0.0, sh)), fill)
     if name in ("TranslateX", "TranslateY"):
         t = int(mag)
-        return ref_warp(img, ref_inverse_affine((0, 0), 0.0, (t, 0) if name == "TranslateX" else (0, t), 1.0, (0, 0)))
+        return ref_warp(img, ref_inverse_affine((0, 0), 0.0, (t, 0) if name == "TranslateX" else (0, t), 1.0, (0, 0)), fill)
     if name == "Rotate":
         if mag % 360 == 0:
             return img.copy()
-        return ref_warp(img, ref_inverse_affine((0, 0), -mag, (0, 0), 1.0, (0, 0)))
+        return ref_warp(img, ref_inverse_affine((0, 0), -mag, (0, 0), 1.0, (0, 0)), fill)
     if name == "Brightness":
         return ref_brightness(img, 1 + mag)
     if name == "Color":
@@ -360,18 +360,7 @@ def test_policies_match_reference_on_drawn_ops(op):
         n = int(prm[0])
         for j in range(n):
             name, mag = OPS[int(prm[1 + 2 * j])], prm[2 + 2 * j]
-            if name in GEOMETRIC and fill is not None:
-                h, w = img.shape[:2]
-                m = {"Rotate": lambda: ref_inverse_affine((0, 0), -mag, (0, 0), 1.0, (0, 0)),
-                     "TranslateX": lambda: ref_inverse_affine((0, 0), 0, (int(mag), 0), 1.0, (0, 0)),
-                     "TranslateY": lambda: ref_inverse_affine((0, 0), 0, (0, int(mag)), 1.0, (0, 0)),
-                     "ShearX": lambda: ref_inverse_affine((-w / 2, -h / 2), 0, (0, 0), 1.0,
-                                                          (math.degrees(math.atan(mag)), 0)),
-                     "ShearY": lambda: ref_inverse_affine((-w / 2, -h / 2), 0, (0, 0), 1.0,
-                                                          (0, math.degrees(math.atan(mag))))}[name]()
-                ref = ref_warp(ref, m, fill) if not (name == "Rotate" and mag % 360 == 0) else ref.copy()
-            else:
-                ref = ref_prim(name, mag, ref)
+            ref = ref_prim(name, mag, ref, fill)
         names = [OPS[int(prm[1 + 2 * j])] for j in range(n)]
         assert_close(op.apply_params(img, prm), ref, f"seed {s}: {names}", levels=2, frac=0.01,
                      geometric=any(x in GEOMETRIC for x in names))
