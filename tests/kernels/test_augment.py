@@ -53,13 +53,22 @@ def ref_trunc(x: np.ndarray) -> np.ndarray:
     return np.clip(x, 0, 255).astype(np.uint8)
 
 
+def fma32(a, b, c):
+    """float32 fused multiply-add: torch's CPU ``x.add_(y, alpha=a)`` computes x + a * y this
+    way. The float32 product is exact in float64; one rounding of the sum (double rounding
+    through float64 is off in rare halfway cases only)."""
+    return (np.asarray(a, F32).astype(np.float64) * np.asarray(b, F32) + np.asarray(c, F32)).astype(F32)
+
+
 def ref_gray(img: np.ndarray) -> np.ndarray:
+    """r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114) in float32."""
     f = img.astype(F32)
-    return (f[..., 0] * F32(0.2989) + f[..., 1] * F32(0.587)) + f[..., 2] * F32(0.114)
+    return fma32(f[..., 2], F32(0.114), fma32(f[..., 1], F32(0.587), f[..., 0] * F32(0.2989)))
 
 
 def ref_blend(img: np.ndarray, other, ratio: float) -> np.ndarray:
-    return ref_trunc(img.astype(F32) * F32(ratio) + np.asarray(other, F32) * F32(1.0 - ratio))
+    """torchvision's _blend: image.mul(ratio).add_(other, alpha=1 - ratio), clamped, truncated."""
+    return ref_trunc(fma32(other, F32(1.0 - ratio), img.astype(F32) * F32(ratio)))
 
 
 def ref_brightness(img, f):
@@ -80,7 +89,7 @@ def ref_saturation(img, f):
 def ref_hue(img, f):
     if img.shape[2] == 1:
         return img.copy()
-    x = img.astype(F32) / F32(255)
+    x = img.astype(F32) * F32(1 / 255)
     r, g, b = x[..., 0], x[..., 1], x[..., 2]
     maxc, minc = x.max(-1), x.min(-1)
     eqc = maxc == minc
