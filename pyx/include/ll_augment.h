@@ -307,6 +307,28 @@ static void ll_aug_out_size(const ll_aug *op, int h, int w, int *oh, int *ow) {
 
 /* ------------------------------------------------------------------ colour kernels */
 
+/* NOTE [ Inline float rounding ]
+ * The build targets baseline x86-64 (no SSE4.1, no FMA), where rintf, floorf and fmaf are
+ * library calls that keep the per-pixel loops from vectorising. These equivalents are exact
+ * in the ranges used: adding and subtracting 1.5 * 2**23 rounds half to even for |v| < 2**22
+ * in the default rounding mode (the builds never change it and contraction is off); the
+ * double-precision a * b + c is exact before its rounding (a product of two floats fits in
+ * 53 bits), so rounding it to float equals fmaf except when that double lands exactly
+ * halfway between two floats, which needs a 29-bit coincidence. */
+static inline float ll_rint_f(float v) {
+    if (!(fabsf(v) < 4194304.0f)) return rintf(v);
+    const float m = 12582912.0f; /* IEEE semantics (no -ffast-math) keep (v + m) - m as written */
+    return (v + m) - m;
+}
+
+static inline float ll_floor_f(float v) {
+    if (!(fabsf(v) < 2147483520.0f)) return floorf(v);
+    float t = (float)(int)v;
+    return t > v ? t - 1.0f : t;
+}
+
+static inline float ll_fma_f(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
+
 static inline uint8_t ll_u8_trunc(float v) { /* clamp to [0, 255], then truncate (torch .to(uint8)) */
     if (!(v > 0.0f)) return 0;
     if (v >= 255.0f) return 255;
@@ -314,7 +336,7 @@ static inline uint8_t ll_u8_trunc(float v) { /* clamp to [0, 255], then truncate
 }
 
 static inline uint8_t ll_u8_round(float v) { /* round half to even, clamp (torch .round_().to(uint8)) */
-    v = rintf(v);
+    v = ll_rint_f(v);
     if (!(v > 0.0f)) return 0;
     if (v >= 255.0f) return 255;
     return (uint8_t)v;
@@ -323,7 +345,7 @@ static inline uint8_t ll_u8_round(float v) { /* round half to even, clamp (torch
 /* torch's r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114): its CPU add with alpha is
  * a fused multiply-add, so fmaf reproduces it bit for bit. */
 static inline float ll_gray_f(const uint8_t *p) {
-    return fmaf((float)p[2], 0.114f, fmaf((float)p[1], 0.587f, (float)p[0] * 0.2989f));
+    return ll_fma_f((float)p[2], 0.114f, ll_fma_f((float)p[1], 0.587f, (float)p[0] * 0.2989f));
 }
 
 LL_NO_CONTRACT
@@ -336,11 +358,11 @@ static void ll_prim_brightness(const uint8_t *s, uint8_t *d, size_t n, double f)
 LL_NO_CONTRACT
 static void ll_prim_contrast(const uint8_t *s, uint8_t *d, size_t npx, int C, double f) {
     double sum = 0.0;
-    if (C == 3) for (size_t i = 0; i < npx; i++) sum += floorf(ll_gray_f(s + 3 * i));
+    if (C == 3) for (size_t i = 0; i < npx; i++) sum += ll_floor_f(ll_gray_f(s + 3 * i));
     else for (size_t i = 0; i < npx * C; i++) sum += s[i];
     float mean = (float)(sum / (double)(npx * (C == 3 ? 1 : C)));
     float r = (float)f, q = (float)(1.0 - f);
-    for (size_t i = 0; i < npx * C; i++) d[i] = ll_u8_trunc(fmaf(mean, q, (float)s[i] * r));
+    for (size_t i = 0; i < npx * C; i++) d[i] = ll_u8_trunc(ll_fma_f(mean, q, (float)s[i] * r));
 }
 
 LL_NO_CONTRACT
@@ -348,8 +370,8 @@ static void ll_prim_saturation(const uint8_t *s, uint8_t *d, size_t npx, int C, 
     if (C != 3) { memcpy(d, s, npx * C); return; }
     float r = (float)f, q = (float)(1.0 - f);
     for (size_t i = 0; i < npx; i++) {
-        float g = floorf(ll_gray_f(s + 3 * i));
-        for (int c = 0; c < 3; c++) d[3 * i + c] = ll_u8_trunc(fmaf(g, q, (float)s[3 * i + c] * r));
+        float g = ll_floor_f(ll_gray_f(s + 3 * i));
+        for (int c = 0; c < 3; c++) d[3 * i + c] = ll_u8_trunc(ll_fma_f(g, q, (float)s[3 * i + c] * r));
     }
 }
 
@@ -372,11 +394,12 @@ static void ll_prim_hue(const uint8_t *s, uint8_t *d, size_t npx, int C, double 
         if (maxc == r) h = bc - gc;
         else if (maxc == g) h = 2.0f + rc - bc;
         else h = 4.0f + gc - rc;
-        h = fmodf(h * (1.0f / 6.0f) + 1.0f, 1.0f);
+        h = h * (1.0f / 6.0f) + 1.0f; /* in (0, 2): fmod(h, 1) = h - floor(h), exactly */
+        h = h - ll_floor_f(h);
         h = h + hf;
-        h = h - floorf(h); /* torch remainder: result in [0, 1) */
+        h = h - ll_floor_f(h); /* torch remainder: result in [0, 1) */
         if (h >= 1.0f) h = 0.0f;
-        float h6 = h * 6.0f, fi = floorf(h6), fr = h6 - fi;
+        float h6 = h * 6.0f, fi = ll_floor_f(h6), fr = h6 - fi;
         int sector = ((int)fi % 6 + 6) % 6;
         float v = maxc, sxf = sat * fr, oms = 1.0f - sat;
         float q = (1.0f - sxf) * v, t = (sxf + oms) * v, p = oms * v;
@@ -468,7 +491,7 @@ static void ll_prim_sharpness(const uint8_t *s, uint8_t *d, int h, int w, int C,
                 acc += (float)p[-C] * a + (float)p[0] * b + (float)p[C] * a;
                 acc += (float)p[st - C] * a + (float)p[st] * a + (float)p[st + C] * a;
                 float x0 = (float)p[0];
-                d[(size_t)y * st + (size_t)x * C + c] = ll_u8_trunc(x0 + (rintf(acc) - x0) * r);
+                d[(size_t)y * st + (size_t)x * C + c] = ll_u8_trunc(x0 + (ll_rint_f(acc) - x0) * r);
             }
         }
     }
@@ -496,10 +519,15 @@ static inline long ll_symmetric(long i, long n) {
 LL_NO_CONTRACT
 static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int kx, int ky, double sigma,
                         ll_buf *scratch) {
-    if (ll_buf_reserve(scratch, ((size_t)h * w * C + (size_t)kx + (size_t)ky) * sizeof(float) + 64) != 0)
+    int rx = kx / 2, ry = ky / 2;
+    size_t st = (size_t)w * C, prow = ((size_t)w + 2 * (size_t)rx) * C;
+    if (ll_buf_reserve(scratch, ((size_t)h * w * C + (size_t)kx + (size_t)ky + prow + (size_t)h + 2 * (size_t)ry) *
+                                    sizeof(float) + 64) != 0)
         return LL_ERR_NOMEM;
     float *tmp = (float *)scratch->p;
     float *wx = tmp + (size_t)h * w * C, *wy = wx + kx;
+    float *pad = wy + ky;             /* one reflect-padded row, float */
+    int *rows = (int *)(pad + prow);  /* reflect-padded row indices */
     for (int pass = 0; pass < 2; pass++) {
         int k = pass ? ky : kx;
         float *wt = pass ? wy : wx;
@@ -514,25 +542,33 @@ static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int k
         (void)half;
         for (int i = 0; i < k; i++) wt[i] = (float)(wt[i] / sum);
     }
-    int rx = kx / 2, ry = ky / 2;
-    size_t st = (size_t)w * C;
-    for (int y = 0; y < h; y++) { /* horizontal pass into float scratch */
+    /* horizontal pass into float scratch, from a reflect-padded float copy of each row */
+    for (int y = 0; y < h; y++) {
         const uint8_t *row = s + (size_t)y * st;
+        for (int x = -rx; x < w + rx; x++) {
+            const uint8_t *p = row + ll_reflect101(x, w) * C;
+            for (int c = 0; c < C; c++) pad[(size_t)(x + rx) * C + c] = (float)p[c];
+        }
+        /* taps outermost so the inner loop runs along the row; each value still sums tap 0, 1, ... */
         float *o = tmp + (size_t)y * st;
-        for (int x = 0; x < w; x++) {
-            for (int c = 0; c < C; c++) {
-                float acc = 0.0f;
-                for (int t = 0; t < kx; t++) acc += wx[t] * (float)row[ll_reflect101(x + t - rx, w) * C + c];
-                o[(size_t)x * C + c] = acc;
-            }
+        for (size_t i = 0; i < st; i++) o[i] = 0.0f;
+        for (int t = 0; t < kx; t++) {
+            const float *p = pad + (size_t)t * C;
+            float wt = wx[t];
+            for (size_t i = 0; i < st; i++) o[i] += wt * p[i];
         }
     }
+    for (int y = -ry; y < h + ry; y++) rows[y + ry] = (int)ll_reflect101(y, h);
+    float *acc = pad; /* the padded row is free now and at least one row long */
     for (int y = 0; y < h; y++) {
-        for (size_t i = 0; i < st; i++) {
-            float acc = 0.0f;
-            for (int t = 0; t < ky; t++) acc += wy[t] * tmp[(size_t)ll_reflect101(y + t - ry, h) * st + i];
-            d[(size_t)y * st + i] = ll_u8_round(acc);
+        for (size_t i = 0; i < st; i++) acc[i] = 0.0f;
+        for (int t = 0; t < ky; t++) {
+            const float *r = tmp + (size_t)rows[y + t] * st;
+            float wt = wy[t];
+            for (size_t i = 0; i < st; i++) acc[i] += wt * r[i];
         }
+        uint8_t *o = d + (size_t)y * st;
+        for (size_t i = 0; i < st; i++) o[i] = ll_u8_round(acc[i]);
     }
     return LL_OK;
 }
@@ -577,15 +613,17 @@ static void ll_warp(const uint8_t *s, uint8_t *d, int h, int w, int C, const dou
             float sx = ((gx + 1.0f) * (float)w - 1.0f) / 2.0f, sy = ((gy + 1.0f) * (float)h - 1.0f) / 2.0f;
             uint8_t *o = d + (size_t)y * st + (size_t)x * C;
             if (!bilinear) {
-                float fx = rintf(sx), fy = rintf(sy);
+                float fx = ll_rint_f(sx), fy = ll_rint_f(sy);
                 if (fx >= 0 && fx < w && fy >= 0 && fy < h) {
-                    memcpy(o, s + (size_t)fy * st + (size_t)fx * C, C);
+                    const uint8_t *p = s + (size_t)fy * st + (size_t)fx * C;
+                    if (C == 3) { o[0] = p[0]; o[1] = p[1]; o[2] = p[2]; }
+                    else for (int c = 0; c < C; c++) o[c] = p[c];
                 } else {
                     for (int c = 0; c < C; c++) o[c] = has_fill ? ll_u8_round((float)fill[c]) : 0;
                 }
                 continue;
             }
-            float x0f = floorf(sx), y0f = floorf(sy);
+            float x0f = ll_floor_f(sx), y0f = ll_floor_f(sy);
             float ax = sx - x0f, ay = sy - y0f;
             long x0 = (long)x0f, y0 = (long)y0f;
             float wts[4] = {(1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay};
