@@ -482,17 +482,16 @@ static void ll_prim_sharpness(const uint8_t *s, uint8_t *d, int h, int w, int C,
     if (h <= 2 || w <= 2) return;
     const float a = 1.0f / 13.0f, b = 5.0f / 13.0f, r = (float)(1.0 - f);
     size_t st = (size_t)w * C;
-    for (int y = 1; y < h - 1; y++) {
-        for (int x = 1; x < w - 1; x++) {
-            for (int c = 0; c < C; c++) {
-                const uint8_t *p = s + (size_t)y * st + (size_t)x * C + c;
-                float acc = 0.0f;
-                acc += (float)p[-(ptrdiff_t)st - C] * a + (float)p[-(ptrdiff_t)st] * a + (float)p[-(ptrdiff_t)st + C] * a;
-                acc += (float)p[-C] * a + (float)p[0] * b + (float)p[C] * a;
-                acc += (float)p[st - C] * a + (float)p[st] * a + (float)p[st + C] * a;
-                float x0 = (float)p[0];
-                d[(size_t)y * st + (size_t)x * C + c] = ll_u8_trunc(x0 + (ll_rint_f(acc) - x0) * r);
-            }
+    for (int y = 1; y < h - 1; y++) { /* along the row's interior values: vectorisable */
+        const uint8_t *r0 = s + (size_t)(y - 1) * st, *r1 = r0 + st, *r2 = r1 + st;
+        uint8_t *o = d + (size_t)y * st;
+        for (size_t i = (size_t)C; i < st - (size_t)C; i++) {
+            float acc = 0.0f;
+            acc += (float)r0[i - C] * a + (float)r0[i] * a + (float)r0[i + C] * a;
+            acc += (float)r1[i - C] * a + (float)r1[i] * b + (float)r1[i + C] * a;
+            acc += (float)r2[i - C] * a + (float)r2[i] * a + (float)r2[i + C] * a;
+            float x0 = (float)r1[i];
+            o[i] = ll_u8_trunc(x0 + (ll_rint_f(acc) - x0) * r);
         }
     }
 }
