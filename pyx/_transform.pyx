@@ -151,7 +151,8 @@ def aug_erase(int kind, tuple ints, tuple dbls, const double[::1] prm not None, 
     cdef int C = img.shape[0] if chw else img.shape[2]
     cdef int h = img.shape[1] if chw else img.shape[0]
     cdef int w = img.shape[2] if chw else img.shape[1]
-    if prm[0] != 0 and (prm[1] + prm[3] > h or prm[2] + prm[4] > w):
+    if prm[0] != 0 and not (0 <= prm[1] and 0 <= prm[2] and 0 <= prm[3] and 0 <= prm[4]
+                            and prm[1] + prm[3] <= h and prm[2] + prm[4] <= w):
         raise ValueError("aug_erase: box outside the image")
     cdef int is_float = img.dtype == np.float32
     cdef uint8_t[::1] raw = img.reshape(-1).view(np.uint8)

@@ -420,6 +420,7 @@ static void ll_prim_grayscale(const uint8_t *s, uint8_t *d, size_t npx, int C) {
 
 static void ll_prim_posterize(const uint8_t *s, uint8_t *d, size_t n, int bits) {
     if (bits >= 8) { memcpy(d, s, n); return; }
+    if (bits < 0) bits = 0;
     uint8_t mask = (uint8_t)(((1 << bits) - 1) << (8 - bits));
     for (size_t i = 0; i < n; i++) d[i] = s[i] & mask;
 }
@@ -518,6 +519,7 @@ static inline long ll_symmetric(long i, long n) {
 LL_NO_CONTRACT
 static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int kx, int ky, double sigma,
                         ll_buf *scratch) {
+    if (kx < 1 || ky < 1 || kx > 4097 || ky > 4097) return LL_ERR_STATE;
     int rx = kx / 2, ry = ky / 2;
     size_t st = (size_t)w * C, prow = ((size_t)w + 2 * (size_t)rx) * C;
     if (ll_buf_reserve(scratch, ((size_t)h * w * C + (size_t)kx + (size_t)ky + prow + (size_t)h + 2 * (size_t)ry) *
@@ -672,7 +674,7 @@ static int ll_prim_apply(int prim, double mag, const uint8_t *s, uint8_t *d, int
     }
     case LL_PRIM_TRANSLATE_X:
     case LL_PRIM_TRANSLATE_Y: {
-        double t = (double)(long)mag; /* int(magnitude) */
+        double t = fabs(mag) < 1e9 ? (double)(long)mag : 0.0; /* int(magnitude); nonsense values move nothing */
         ll_inverse_affine(0.0, 0.0, 0.0, prim == LL_PRIM_TRANSLATE_X ? t : 0.0, prim == LL_PRIM_TRANSLATE_Y ? t : 0.0,
                           1.0, 0.0, 0.0, m);
         ll_warp(s, d, h, w, C, m, bilinear, has_fill, fill);
@@ -683,7 +685,7 @@ static int ll_prim_apply(int prim, double mag, const uint8_t *s, uint8_t *d, int
     case LL_PRIM_COLOR: ll_prim_saturation(s, d, npx, C, 1.0 + mag); break;
     case LL_PRIM_CONTRAST: ll_prim_contrast(s, d, npx, C, 1.0 + mag); break;
     case LL_PRIM_SHARPNESS: ll_prim_sharpness(s, d, h, w, C, 1.0 + mag); break;
-    case LL_PRIM_POSTERIZE: ll_prim_posterize(s, d, n, (int)mag); break;
+    case LL_PRIM_POSTERIZE: ll_prim_posterize(s, d, n, mag >= 8.0 ? 8 : (mag > 0.0 ? (int)mag : 0)); break;
     case LL_PRIM_SOLARIZE: ll_prim_solarize(s, d, n, 255.0 * mag); break;
     case LL_PRIM_AUTOCONTRAST: ll_prim_autocontrast(s, d, npx, C); break;
     case LL_PRIM_EQUALIZE: ll_prim_equalize(s, d, npx, C); break;
@@ -724,8 +726,8 @@ static int ll_aug_apply(const ll_aug *op, const double *prm, const uint8_t *src,
     case LL_AUG_COLOR_JITTER: { /* the factors go to the kernels as drawn (not as 1 + magnitude) */
         int n = 0;
         for (int i = 0; i < 4; i++) {
+            if (!(prm[i] >= 0.0 && prm[i] <= 3.0)) return LL_ERR_STATE;
             int f = (int)prm[i];
-            if (f < 0 || f > 3) return LL_ERR_STATE;
             if (op->ia[f]) ids[n++] = f;
         }
         size_t bytes = (size_t)h * w * C;
@@ -753,9 +755,10 @@ static int ll_aug_apply(const ll_aug *op, const double *prm, const uint8_t *src,
     case LL_AUG_TRIVIAL:
     case LL_AUG_RANDAUG:
     case LL_AUG_AUTOAUG: {
+        if (!(prm[0] >= 0.0 && 2.0 * prm[0] + 1.0 <= LL_AUG_NPRM - 1)) return LL_ERR_STATE;
         int n = (int)prm[0];
-        if (n < 0 || 2 * n + 1 > LL_AUG_NPRM - 1) return LL_ERR_STATE;
         for (int k = 0; k < n; k++) {
+            if (!(prm[1 + 2 * k] >= 0.0 && prm[1 + 2 * k] <= LL_PRIM_HUE)) return LL_ERR_STATE;
             ids[k] = (int)prm[1 + 2 * k];
             mags[k] = prm[2 + 2 * k];
         }
@@ -763,6 +766,8 @@ static int ll_aug_apply(const ll_aug *op, const double *prm, const uint8_t *src,
     }
     case LL_AUG_RANDOM_CROP: {
         int oh = op->ia[0], ow = op->ia[1], mode = (int)op->da[0];
+        for (int k = 0; k < 6; k++)
+            if (!(fabs(prm[k]) < 1e9)) return LL_ERR_STATE;
         long top = (long)prm[0] - (long)prm[3], left = (long)prm[1] - (long)prm[2];
         for (int y = 0; y < oh; y++) {
             long sy = y + top;

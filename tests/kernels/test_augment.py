@@ -515,3 +515,28 @@ def test_unfusable_orders_fall_back():
     assert compile_chain(T.Compose([T.RandomResizedCrop(32), T.RandomErasing(), T.Normalize(0.5, 0.2)])) is None
     plan = compile_chain(T.Compose([T.RandomResizedCrop(32), T.AutoAugment(), T.Normalize(0.5, 0.2)]))
     assert plan is not None and any("AutoAugment" in line for line in plan.describe())
+
+
+@pytest.mark.parametrize("op", [T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(), T.GaussianBlur(5),
+                                T.TrivialAugmentWide(), T.RandAugment(), T.AutoAugment(), T.RandomCrop(16, padding=3),
+                                T.RandomRotation(20), T.RandomAffine(10, (0.1, 0.1))],
+                         ids=lambda o: type(o).__name__)
+def test_garbage_parameter_vectors_are_refused_or_harmless(op):
+    """apply_params is public: any parameter vector (NaN, huge, negative) gives an image of
+    the planned shape or a ValueError, never a crash or an out-of-bounds access."""
+    img = _img(20, 24, seed=11)
+    g = np.random.default_rng(0)
+    for k in range(200):
+        prm = g.choice([np.nan, np.inf, -np.inf, -1e12, -3.0, -0.5, 0.0, 0.5, 1.0, 2.0, 7.0, 14.0, 99.0, 1e12], 40)
+        if k % 2:
+            prm[0] = g.integers(0, 4)
+            prm[1::2] = g.integers(0, 15, 20)
+        try:
+            out = op.apply_params(img, prm)
+        except ValueError as e:
+            assert "inconsistent parameters" in str(e)
+            continue
+        assert out.dtype == np.uint8 and out.shape[2] == 3
+    erase = T.RandomErasing()
+    with pytest.raises(ValueError, match="box outside the image"):
+        erase.apply_params(np.zeros((8, 8, 3), np.float32), np.array([1, -2, 0, 4, 4] + [0] * 35, np.float64))
