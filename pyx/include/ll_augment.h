@@ -329,10 +329,16 @@ static inline float ll_floor_f(float v) {
 
 static inline float ll_fma_f(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
 
-static inline uint8_t ll_u8_trunc(float v) { /* clamp to [0, 255], then truncate (torch .to(uint8)) */
-    if (!(v > 0.0f)) return 0;
-    if (v >= 255.0f) return 255;
-    return (uint8_t)v;
+static inline uint8_t ll_u8_trunc(float v) { /* clamp to [0, 255] (NaN to 0), truncate (torch .to(uint8)) */
+    v = v > 0.0f ? v : 0.0f; /* selects, not branches: the loops stay vectorisable */
+    v = v < 255.0f ? v : 255.0f;
+    return (uint8_t)(int)v;
+}
+
+/* ll_rint_f for values known to be small (|v| < 2**22): no range check. */
+static inline float ll_rint_small(float v) {
+    const float m = 12582912.0f;
+    return (v + m) - m;
 }
 
 static inline uint8_t ll_u8_round(float v) { /* round half to even, clamp (torch .round_().to(uint8)) */
@@ -492,7 +498,7 @@ static void ll_prim_sharpness(const uint8_t *s, uint8_t *d, int h, int w, int C,
             acc += (float)r1[i - C] * a + (float)r1[i] * b + (float)r1[i + C] * a;
             acc += (float)r2[i - C] * a + (float)r2[i] * a + (float)r2[i + C] * a;
             float x0 = (float)r1[i];
-            o[i] = ll_u8_trunc(x0 + (ll_rint_f(acc) - x0) * r);
+            o[i] = ll_u8_trunc(x0 + (ll_rint_small(acc) - x0) * r); /* acc is in [0, 255] */
         }
     }
 }
@@ -569,7 +575,11 @@ static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int k
             for (size_t i = 0; i < st; i++) acc[i] += wt * r[i];
         }
         uint8_t *o = d + (size_t)y * st;
-        for (size_t i = 0; i < st; i++) o[i] = ll_u8_round(acc[i]);
+        for (size_t i = 0; i < st; i++) { /* a weighted mean of 0..255 values: small */
+            float v = ll_rint_small(acc[i]);
+            v = v > 0.0f ? v : 0.0f;
+            o[i] = (uint8_t)(int)(v < 255.0f ? v : 255.0f);
+        }
     }
     return LL_OK;
 }
