@@ -70,6 +70,25 @@ bench: build $(OPENCV)
 bench-decode: build $(OPENCV)
 	$(BIN)/python benchmarks/decode.py
 
+# Every native augmentation against torchvision v2 itself (not part of `make test`). torchvision
+# needs its own matching torch: a side environment with the local torch 2.13.0 CPU wheel and
+# torchvision $(TORCHVISION) (the release built for torch 2.13) installed with --no-deps;
+# loaderlib is imported from this tree (PYTHONPATH), built by `make build`.
+TV_VENV     ?= .venv-tv
+TORCHVISION ?= 0.28.0
+.PHONY: check-torchvision
+$(TV_VENV)/.ready:
+	@whl=$$(ls $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1); \
+	if [ -z "$$whl" ]; then echo "no torch 2.13.0 CPU wheel in $(TORCH_WHEELS): cannot build $(TV_VENV)"; exit 1; fi; \
+	$(PYTHON) -m venv $(TV_VENV) && \
+	$(TV_VENV)/bin/python -m pip install -q "$$whl" "numpy>=1.24" "opencv-python-headless>=4.8" cloudpickle tqdm \
+	  matplotlib pillow && \
+	$(TV_VENV)/bin/python -m pip install -q --no-deps "torchvision==$(TORCHVISION)"
+	touch $@
+
+check-torchvision: build $(TV_VENV)/.ready
+	PYTHONPATH=$(CURDIR) $(TV_VENV)/bin/python benchmarks/check_torchvision.py
+
 # Every benchmark in benchmarks/ (several minutes).
 bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/decode.py

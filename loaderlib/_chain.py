@@ -94,7 +94,8 @@ class NativePlan:
     """
 
     def __init__(self, chain: T.Compose, decode: T.Decode, ops: list, lut: np.ndarray | None,
-                 dtype: np.dtype, chw: bool, spec: T.ImageSpec, steps: list[str]):
+                 dtype: np.dtype, chw: bool, spec: T.ImageSpec, steps: list[str], augs: list | None = None,
+                 erases: list | None = None):
         self.transform = chain
         self.decode_spec = decode
         self.dtype = np.dtype(dtype)
@@ -108,7 +109,7 @@ class NativePlan:
             self._chain = _pipeline.CompiledChain(
                 ops, mode_code(decode.mode), decode.channels, bool(decode.dct_scaling), strict_level(decode.strict), max_px,
                 _pipeline.DTYPE_FLOAT32 if self.dtype == np.float32 else _pipeline.DTYPE_UINT8, chw, lut,
-                int(spec.height), int(spec.width))
+                int(spec.height), int(spec.width), augs=augs or [], erases=erases or [])
 
     def describe(self) -> list[str]:
         """One line per fused step (what ``loader.explain()`` shows)."""
@@ -299,11 +300,26 @@ def compile_chain(transform: Any) -> NativePlan | None:
     chw = False
     desc: list[str] = []
     stage = 0  # resampling stages so far (a second resize starts a new one)
+    augs: list = []    # augmentations after the geometry (NOTE [ Augmentations in the chain ])
+    erases: list = []  # RandomErasing on the finished output
+    erase_desc: list[str] = []
     for pos, t in enumerate(steps):
         if isinstance(t, T.Decode):
             return None
+        if isinstance(t, T.RandomErasing):
+            erases.append(t._op(pos))
+            erase_desc.append(t.describe())
+            continue
+        if isinstance(t, T._Augment):
+            if tail or chw or erases:
+                return None
+            augs.append(t._op(pos))
+            desc.append(t.describe())
+            continue
+        if erases and isinstance(t, _POINTWISE):
+            return None  # erasing must see the final values
         if isinstance(t, _GEOMETRY):
-            if tail or chw:
+            if tail or chw or augs:
                 return None
             if isinstance(t, T.RandomResizedCrop):
                 h, w = t.hw
@@ -373,6 +389,8 @@ def compile_chain(transform: Any) -> NativePlan | None:
         desc.append(f"{names} as a per-channel lookup table -> {dtype.name}")
     if spec.dtype != dtype:  # the plan and the table must agree
         return None
+    if erases and dtype not in (np.float32, np.uint8):
+        return None
     resamples = any(o[0] in (_pipeline.OP_RRC, _pipeline.OP_RESIZE) for o in ops)
     first = ("decode JPEG (libjpeg-turbo, ISLOW): only the source region the output needs"
              + (", at the smallest DCT scale 1/2, 1/4 or 1/8 that keeps the output resolution"
@@ -380,4 +398,5 @@ def compile_chain(transform: Any) -> NativePlan | None:
              + "; other formats via OpenCV then the same steps in Python")
     desc.insert(0, first)
     desc.append(f"write {'CHW' if chw else 'HWC'} {dtype.name} straight into the batch slot, one row at a time")
-    return NativePlan(chain, decode, ops, lut, dtype, chw, spec, desc)
+    desc.extend(erase_desc)
+    return NativePlan(chain, decode, ops, lut, dtype, chw, spec, desc, augs=augs, erases=erases)

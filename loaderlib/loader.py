@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import _threads
+from . import transforms as T
 from ._chain import compile_chain
 from ._engine_base import HeldRecorder, LoaderIterator, RunState, _Knobs, _Run
 from ._engine_local import (
@@ -460,6 +461,11 @@ class DataLoader:
         instead of training on a mostly broken dataset.
     profile : bool
         Enable the stage recorder (``loader.stats``) from the start.
+    batch_transform : loaderlib.transforms.BatchTransform, optional
+        MixUp, CutMix or a RandomChoice of them, applied in place to each ``(images,
+        labels)`` batch as it is delivered; the batch then carries ``(N, num_classes)``
+        float32 soft labels. Keyed by (seed, epoch, batch index): any engine and thread
+        count gives the same mix, and a resumed epoch reproduces it.
 
     Attributes
     ----------
@@ -487,7 +493,11 @@ class DataLoader:
                  multiprocessing_context: Any = None, in_order: bool = True, pin_memory_device: str = "",
                  load_balance: str = "round_robin", max_in_flight: int | None = None,
                  rank: int | None = None, world_size: int | None = None, max_skipped: float | None = None,
-                 profile: bool = False) -> None:
+                 profile: bool = False, batch_transform: Any = None) -> None:
+        if batch_transform is not None and not isinstance(batch_transform, T.BatchTransform):
+            raise TypeError("batch_transform must be a loaderlib.transforms MixUp, CutMix or RandomChoice of them, "
+                            f"got {type(batch_transform).__name__}")
+        self.batch_transform = batch_transform
         self.dataset = _as_dataset(dataset)
         self._iterable = is_iterable_dataset(self.dataset)
         if self._iterable:
@@ -716,6 +726,8 @@ class DataLoader:
             lines.append("  num_threads=0: every stage runs in the calling thread, one batch per next()")
         for stage, kind, detail in a.stages:
             lines.append(f"  {stage:<17} {kind:<7} {detail}")
+        if self.batch_transform is not None:
+            lines.append(f"  {'batch transform':<17} {'numpy':<7} {self.batch_transform.describe()}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -930,7 +942,7 @@ class DataLoader:
                     run = self._new_run(RunState(order, self.seed, delivered=delivered, position=position))
         if isinstance(run.recorder, HeldRecorder):
             run.recorder.release()
-        it = LoaderIterator(run, self)
+        it = LoaderIterator(run, self) if self.batch_transform is None else _BatchTransformIterator(run, self)
         self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         if self._last_state is not None:
             self._errors.extend(self._last_state.skipped)
@@ -1210,3 +1222,18 @@ class DataLoader:
             return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, pin_memory=True).numpy()
 
         return allocate
+
+
+class _BatchTransformIterator(LoaderIterator):
+    """A LoaderIterator that applies the loader's ``batch_transform`` to each delivered batch
+    with the key (seed, epoch, index of the batch in the epoch)."""
+
+    def __next__(self) -> Any:
+        batch = super().__next__()
+        st = self._run.state
+        op = self._owner.batch_transform
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise TypeError(f"batch_transform {type(op).__name__} needs (images, labels) batches, got "
+                            f"{type(batch).__name__}")
+        images, soft = op(batch[0], batch[1], seed=self._owner.seed, epoch=st.epoch, batch_index=st.delivered - 1)
+        return type(batch)((images, soft)) if isinstance(batch, tuple) else [images, soft]

@@ -41,17 +41,31 @@ from .decoding import DEFAULT_MAX_PIXELS, mode_code, strict_level
 from .decoding import decode as _decode_image
 
 __all__ = [
+    "AutoAugment",
+    "BatchTransform",
     "Cast",
     "CenterCrop",
+    "ColorJitter",
     "Compose",
+    "CutMix",
     "Decode",
+    "GaussianBlur",
     "ImageSpec",
+    "MixUp",
     "Normalize",
+    "RandAugment",
+    "RandomAffine",
+    "RandomChoice",
+    "RandomCrop",
+    "RandomErasing",
+    "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "RandomRotation",
     "Resize",
     "ToCHW",
     "Transform",
+    "TrivialAugmentWide",
     "random_resized_crop_box",
 ]
 
@@ -662,3 +676,764 @@ class Compose(Transform):
             else:
                 spec = ImageSpec(None, None, None, np.dtype(np.uint8), "HWC")
         return spec
+
+
+# --------------------------------------------------------------------------- augmentations
+#
+# NOTE [ One sampler per augmentation ]
+# An augmentation's random parameters are drawn in exactly one place, ll_aug_sample in
+# pyx/include/ll_augment.h, from the counter-based generator keyed by (seed, epoch, index,
+# position). The fused chain calls it per sample; a transform called here on one image calls
+# the same function through _transform.aug_params with the same key, then the same kernel, so
+# a preview is bitwise what the loader writes. ``get_params`` returns the raw parameter
+# vector (its layout is listed per op in ll_augment.h).
+
+_INTERP_AUG = ("nearest", "bilinear")
+_PAD_MODES = {"constant": 0, "edge": 1, "reflect": 2, "symmetric": 3}
+_AUG_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
+            "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def _range(value: Any, name: str, center: float, bound: tuple[float, float], clip: bool) -> tuple[float, float] | None:
+    """torchvision ColorJitter's ``_check_input``: a number v gives [center - v, center + v]."""
+    if value is None:
+        return None
+    if _number(value):
+        if value < 0:
+            raise ValueError(f"If {name} is a single number, it must be non negative, got {value!r}")
+        lo, hi = center - float(value), center + float(value)
+        if clip:
+            lo = max(lo, 0.0)
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2 and all(map(_number, value)):
+        lo, hi = (float(v) for v in value)
+    else:
+        raise TypeError(f"{name}={value!r} should be a single number or a sequence with length 2")
+    if not bound[0] <= lo <= hi <= bound[1]:
+        raise ValueError(f"{name} values should be between {bound}, but got {(lo, hi)}")
+    return None if lo == hi == center else (lo, hi)
+
+
+def _fill4(fill: Any, name: str = "fill") -> tuple[float, float, float, float] | None:
+    if fill is None:
+        return None
+    if _number(fill):
+        return (float(fill),) * 4
+    if isinstance(fill, Sequence) and not isinstance(fill, str) and len(fill) in (1, 3) and all(map(_number, fill)):
+        vals = [float(v) for v in fill]
+        return tuple((vals * 4)[:4]) if len(vals) == 1 else (*vals, 0.0)  # type: ignore[return-value]
+    raise TypeError(f"{name} must be a number or a sequence of 1 or 3 numbers, got {fill!r}")
+
+
+def _interp_aug(name: str) -> int:
+    if name not in _INTERP_AUG:
+        raise ValueError(f"interpolation must be one of {_INTERP_AUG}, got {name!r}")
+    return int(name == "bilinear")
+
+
+def _degrees(value: Any, name: str) -> tuple[float, float]:
+    if _number(value):
+        if value < 0:
+            raise ValueError(f"If {name} is a single number, it must be positive, got {value!r}")
+        return (-float(value), float(value))
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2 and all(map(_number, value)):
+        lo, hi = (float(v) for v in value)
+        if lo > hi:
+            raise ValueError(f"{name} must be (min, max) with min <= max, got {value!r}")
+        return (lo, hi)
+    raise TypeError(f"{name} should be a number or a sequence of 2 numbers, got {value!r}")
+
+
+def _unit_range(value: Any, name: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} should be a sequence of 2 numbers, got {value!r}") from None
+    return lo, hi
+
+
+class _Augment(Transform):
+    """Base of the native augmentations: parameters from ``ll_aug_sample``, pixels from
+    ``ll_aug_apply`` (NOTE [ One sampler per augmentation ]). Subclasses give ``_kind`` and
+    ``_config() -> (ints, doubles)``."""
+
+    random = True
+    _kind = 0
+
+    def _config(self) -> tuple[tuple, tuple]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _op(self, position: int) -> tuple:
+        ints, dbls = self._config()
+        return (self._kind, int(position), ints, dbls)
+
+    def get_params(self, height: int, width: int, channels: int, rng: _Rng) -> np.ndarray | None:
+        """The raw parameter vector the fused chain draws for an image of this size (the
+        layout is documented per op in ``pyx/include/ll_augment.h``); None when the image
+        cannot take the op (a RandomCrop larger than the padded image)."""
+        ints, dbls = self._config()
+        return _transform.aug_params(self._kind, ints, dbls, rng.key, int(height), int(width), int(channels))
+
+    def apply_params(self, img: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """Apply the op with given parameters (from :meth:`get_params`) to one HWC uint8 image."""
+        ints, dbls = self._config()
+        return _transform.aug_apply(self._kind, ints, dbls, np.ascontiguousarray(params, np.float64),
+                                    np.ascontiguousarray(img))
+
+    def _apply(self, img: np.ndarray, rng: _Rng) -> np.ndarray:
+        name = type(self).__name__
+        img = _check_image(img, name)
+        if img.dtype != np.uint8 or img.shape[2] not in (1, 3):
+            raise TypeError(f"{name} takes an HWC uint8 image with 1 or 3 channels (before Normalize), "
+                            f"got {img.dtype} {img.shape}")
+        prm = self.get_params(img.shape[0], img.shape[1], img.shape[2], rng)
+        if prm is None:
+            raise ValueError(f"{name}: the image ({img.shape[0]}x{img.shape[1]}) is smaller than the crop; "
+                             "pass pad_if_needed=True or a padding")
+        return self.apply_params(img, prm)
+
+    def plan(self, spec: ImageSpec) -> ImageSpec:
+        if spec.dtype != np.uint8:
+            raise ValueError(f"{type(self).__name__} runs on uint8 images: put it before Normalize/Cast")
+        return spec
+
+    def describe(self) -> str:
+        """One line for ``loader.explain()``."""
+        return f"{self!r}: fused after the crop on the uint8 image, parameters drawn natively per sample"
+
+
+@dataclass(frozen=True)
+class ColorJitter(_Augment):
+    """Randomly change brightness, contrast, saturation and hue (torchvision v2 semantics).
+
+    A number ``v`` gives the factor range ``[max(0, 1 - v), 1 + v]`` (hue: ``[-v, v]``, at
+    most 0.5); a pair is the range itself; None or 0 leaves that property alone. The
+    enabled adjustments run in a random order (``torch.randperm(4)``), each factor uniform
+    in its range.
+    """
+
+    brightness: Any = None
+    contrast: Any = None
+    saturation: Any = None
+    hue: Any = None
+
+    _kind = _transform.AUG_COLOR_JITTER
+
+    def __post_init__(self) -> None:
+        for name in ("brightness", "contrast", "saturation"):
+            object.__setattr__(self, name, _range(getattr(self, name), name, 1.0, (0.0, float("inf")), True))
+        object.__setattr__(self, "hue", _range(self.hue, "hue", 0.0, (-0.5, 0.5), False))
+
+    def _config(self) -> tuple[tuple, tuple]:
+        rs = (self.brightness, self.contrast, self.saturation, self.hue)
+        dbls: list[float] = []
+        for r in rs:
+            dbls.extend(r if r is not None else (0.0, 0.0))
+        return tuple(int(r is not None) for r in rs), tuple(dbls)
+
+
+@dataclass(frozen=True)
+class RandomGrayscale(_Augment):
+    """Convert to grayscale (kept with as many channels) with probability ``p``."""
+
+    p: float = 0.1
+
+    _kind = _transform.AUG_GRAYSCALE
+
+    def __post_init__(self) -> None:
+        if not _number(self.p) or not 0.0 <= float(self.p) <= 1.0:
+            raise ValueError(f"p must be in [0, 1], got {self.p!r}")
+
+    def _config(self) -> tuple[tuple, tuple]:
+        return (), (float(self.p),)
+
+
+@dataclass(frozen=True)
+class GaussianBlur(_Augment):
+    """Gaussian blur with sigma uniform in ``sigma`` (torchvision v2 semantics).
+
+    Parameters
+    ----------
+    kernel_size : int or (kx, ky)
+        Odd and positive; ``(width, height)`` order as in torchvision.
+    sigma : float or (min, max)
+    """
+
+    kernel_size: Any
+    sigma: Any = (0.1, 2.0)
+
+    _kind = _transform.AUG_BLUR
+
+    def __post_init__(self) -> None:
+        ks = (self.kernel_size, self.kernel_size) if _number(self.kernel_size) else self.kernel_size
+        try:
+            kx, ky = (int(v) for v in ks)
+        except (TypeError, ValueError):
+            raise TypeError(f"kernel_size should be an int or a sequence of 2 ints, got {self.kernel_size!r}") from None
+        if kx <= 0 or ky <= 0 or kx % 2 == 0 or ky % 2 == 0:
+            raise ValueError(f"kernel_size values should be odd and positive, got {self.kernel_size!r}")
+        if _number(self.sigma):
+            if self.sigma <= 0:
+                raise ValueError(f"If sigma is a single number, it must be positive, got {self.sigma!r}")
+            s0 = s1 = float(self.sigma)
+        else:
+            s0, s1 = _unit_range(self.sigma, "sigma")
+            if not 0.0 < s0 <= s1:
+                raise ValueError(f"sigma values should be positive and of the form (min, max), got {self.sigma!r}")
+        object.__setattr__(self, "kernel_size", (kx, ky))
+        object.__setattr__(self, "sigma", (s0, s1))
+
+    def _config(self) -> tuple[tuple, tuple]:
+        return tuple(self.kernel_size), tuple(self.sigma)
+
+
+def _policy_fill(fill: Any, interpolation: str) -> tuple[tuple, tuple]:
+    f = _fill4(fill)
+    return (_interp_aug(interpolation), int(f is not None)), (f or (0.0,) * 4)
+
+
+@dataclass(frozen=True)
+class TrivialAugmentWide(_Augment):
+    """TrivialAugment Wide (torchvision v2): one op of 14 chosen uniformly, at a magnitude
+    bin chosen uniformly from ``num_magnitude_bins``, signed ops negated with probability 1/2."""
+
+    num_magnitude_bins: int = 31
+    interpolation: str = "nearest"
+    fill: Any = None
+
+    _kind = _transform.AUG_TRIVIAL
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_magnitude_bins, (int, np.integer)) or self.num_magnitude_bins < 2:
+            raise ValueError(f"num_magnitude_bins must be an int >= 2, got {self.num_magnitude_bins!r}")
+        _policy_fill(self.fill, self.interpolation)
+
+    def _config(self) -> tuple[tuple, tuple]:
+        (bil, has_fill), fill = _policy_fill(self.fill, self.interpolation)
+        return (int(self.num_magnitude_bins), 0, 0, 0, 0, 0, bil, has_fill), (0.0,) * 12 + tuple(fill)
+
+
+@dataclass(frozen=True)
+class RandAugment(_Augment):
+    """RandAugment (torchvision v2): ``num_ops`` ops chosen uniformly (with repetition) from
+    14, each at bin ``magnitude`` of ``num_magnitude_bins``, signed ops negated with
+    probability 1/2."""
+
+    num_ops: int = 2
+    magnitude: int = 9
+    num_magnitude_bins: int = 31
+    interpolation: str = "nearest"
+    fill: Any = None
+
+    _kind = _transform.AUG_RANDAUG
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_ops, (int, np.integer)) or not 0 <= self.num_ops <= 19:
+            raise ValueError(f"num_ops must be an int in [0, 19], got {self.num_ops!r}")
+        if not isinstance(self.num_magnitude_bins, (int, np.integer)) or self.num_magnitude_bins < 2:
+            raise ValueError(f"num_magnitude_bins must be an int >= 2, got {self.num_magnitude_bins!r}")
+        if not isinstance(self.magnitude, (int, np.integer)) or not 0 <= self.magnitude < self.num_magnitude_bins:
+            raise ValueError(f"magnitude must be an int in [0, num_magnitude_bins), got {self.magnitude!r}")
+        _policy_fill(self.fill, self.interpolation)
+
+    def _config(self) -> tuple[tuple, tuple]:
+        (bil, has_fill), fill = _policy_fill(self.fill, self.interpolation)
+        return ((int(self.num_ops), int(self.magnitude), int(self.num_magnitude_bins), 0, 0, 0, bil, has_fill),
+                (0.0,) * 12 + tuple(fill))
+
+
+@dataclass(frozen=True)
+class AutoAugment(_Augment):
+    """AutoAugment with torchvision's ImageNet policy: one of 25 sub-policies chosen
+    uniformly, each of its two ops applied with its probability at its magnitude bin (of 10)."""
+
+    policy: Any = "imagenet"
+    interpolation: str = "nearest"
+    fill: Any = None
+
+    _kind = _transform.AUG_AUTOAUG
+
+    def __post_init__(self) -> None:
+        name = str(getattr(self.policy, "value", self.policy)).lower()
+        if name != "imagenet":
+            raise ValueError(f"AutoAugment supports policy='imagenet' natively, got {self.policy!r}")
+        object.__setattr__(self, "policy", "imagenet")
+        _policy_fill(self.fill, self.interpolation)
+
+    def _config(self) -> tuple[tuple, tuple]:
+        (bil, has_fill), fill = _policy_fill(self.fill, self.interpolation)
+        return (0, 0, 0, 0, 0, 0, bil, has_fill), (0.0,) * 12 + tuple(fill)
+
+
+@dataclass(frozen=True)
+class RandomCrop(_Augment):
+    """Crop a random ``size`` window after optional padding (torchvision v2 semantics).
+
+    Parameters
+    ----------
+    size : int or (height, width)
+    padding : int or sequence, optional
+        One value for all sides, ``(left/right, top/bottom)`` or ``(left, top, right, bottom)``.
+    pad_if_needed : bool
+        Pad an image smaller than ``size`` (on both sides by the shortfall, as torchvision).
+    fill : number or sequence
+        Value of constant padding.
+    padding_mode : {"constant", "edge", "reflect", "symmetric"}
+    """
+
+    size: Size
+    padding: Any = None
+    pad_if_needed: bool = False
+    fill: Any = 0
+    padding_mode: str = "constant"
+
+    _kind = _transform.AUG_RANDOM_CROP
+
+    def __post_init__(self) -> None:
+        _pair(self.size, "size")
+        if self.padding_mode not in _PAD_MODES:
+            raise ValueError(f"padding_mode must be one of {sorted(_PAD_MODES)}, got {self.padding_mode!r}")
+        if _fill4(self.fill) is None:
+            raise TypeError("fill must be a number or a sequence of 1 or 3 numbers, got None")
+        self._pads()
+
+    def _pads(self) -> tuple[int, int, int, int]:
+        """(left, right, top, bottom)."""
+        p = self.padding
+        if p is None:
+            return (0, 0, 0, 0)
+        if isinstance(p, (int, np.integer)) and not isinstance(p, bool):
+            vals = [int(p)] * 4
+        elif isinstance(p, Sequence) and not isinstance(p, str) and len(p) in (1, 2, 4) and all(
+                isinstance(v, (int, np.integer)) for v in p):
+            q = [int(v) for v in p]
+            vals = q * 4 if len(q) == 1 else ([q[0], q[0], q[1], q[1]] if len(q) == 2 else [q[0], q[2], q[1], q[3]])
+        else:
+            raise TypeError(f"padding must be an int or a sequence of 1, 2 or 4 ints, got {p!r}")
+        if any(v < 0 for v in vals):
+            raise ValueError(f"padding must be non-negative, got {p!r}")
+        return tuple(vals)  # type: ignore[return-value]
+
+    def _config(self) -> tuple[tuple, tuple]:
+        h, w = _pair(self.size, "size")
+        return ((h, w, *self._pads(), int(bool(self.pad_if_needed)), 1),
+                (float(_PAD_MODES[self.padding_mode]),) + (0.0,) * 11 + tuple(_fill4(self.fill)))
+
+    def plan(self, spec: ImageSpec) -> ImageSpec:
+        h, w = _pair(self.size, "size")
+        return replace(super().plan(spec), height=h, width=w)
+
+
+@dataclass(frozen=True)
+class RandomRotation(_Augment):
+    """Rotate by an angle uniform in ``degrees`` (counter-clockwise, torchvision v2 semantics;
+    ``expand=False`` only, so the size is kept)."""
+
+    degrees: Any
+    interpolation: str = "nearest"
+    expand: bool = False
+    center: Any = None
+    fill: Any = 0
+
+    _kind = _transform.AUG_ROTATION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "degrees", _degrees(self.degrees, "degrees"))
+        if self.expand:
+            raise ValueError("RandomRotation(expand=True) changes the image size per sample; only expand=False "
+                             "is supported")
+        if self.center is not None:
+            _unit_range(self.center, "center")
+        _policy_fill(self.fill, self.interpolation)
+
+    def _config(self) -> tuple[tuple, tuple]:
+        (bil, has_fill), fill = _policy_fill(self.fill, self.interpolation)
+        c = (0.0, 0.0) if self.center is None else _unit_range(self.center, "center")
+        return ((int(self.center is not None), 0, 0, 0, 0, 0, bil, has_fill),
+                (*self.degrees, *c) + (0.0,) * 8 + tuple(fill))
+
+
+@dataclass(frozen=True)
+class RandomAffine(_Augment):
+    """Random affine map (torchvision v2 semantics): angle uniform in ``degrees`` (clockwise,
+    as torchvision's affine), translation uniform in ``+-translate * size`` rounded, scale
+    uniform in ``scale``, shear uniform in ``shear`` (a number s: x in (-s, s); 2 values: x
+    range; 4 values: x and y ranges)."""
+
+    degrees: Any
+    translate: Any = None
+    scale: Any = None
+    shear: Any = None
+    interpolation: str = "nearest"
+    fill: Any = 0
+    center: Any = None
+
+    _kind = _transform.AUG_AFFINE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "degrees", _degrees(self.degrees, "degrees"))
+        if self.translate is not None:
+            tx, ty = _unit_range(self.translate, "translate")
+            if not (0.0 <= tx <= 1.0 and 0.0 <= ty <= 1.0):
+                raise ValueError(f"translation values should be between 0 and 1, got {self.translate!r}")
+            object.__setattr__(self, "translate", (tx, ty))
+        if self.scale is not None:
+            s0, s1 = _unit_range(self.scale, "scale")
+            if not 0.0 < s0 <= s1:
+                raise ValueError(f"scale values should be positive and (min, max), got {self.scale!r}")
+            object.__setattr__(self, "scale", (s0, s1))
+        if self.shear is not None:
+            if _number(self.shear):
+                sh: tuple = _degrees(self.shear, "shear")
+            elif isinstance(self.shear, Sequence) and len(self.shear) in (2, 4) and all(map(_number, self.shear)):
+                sh = tuple(float(v) for v in self.shear)
+                if sh[0] > sh[1] or (len(sh) == 4 and sh[2] > sh[3]):
+                    raise ValueError(f"shear ranges must be (min, max), got {self.shear!r}")
+            else:
+                raise TypeError(f"shear should be a number or a sequence of 2 or 4 numbers, got {self.shear!r}")
+            object.__setattr__(self, "shear", sh)
+        if self.center is not None:
+            _unit_range(self.center, "center")
+        _policy_fill(self.fill, self.interpolation)
+
+    def _config(self) -> tuple[tuple, tuple]:
+        (bil, has_fill), fill = _policy_fill(self.fill, self.interpolation)
+        sh = tuple(self.shear or ())
+        c = (0.0, 0.0) if self.center is None else _unit_range(self.center, "center")
+        dbls = (*self.degrees, *(self.translate or (0.0, 0.0)), *(self.scale or (1.0, 1.0)),
+                *(sh + (0.0,) * (4 - len(sh))), *c, *fill)
+        return ((int(self.translate is not None), int(self.scale is not None), len(sh), int(self.center is not None),
+                 0, 0, bil, has_fill), dbls)
+
+
+@dataclass(frozen=True)
+class RandomErasing(_Augment):
+    """Erase a random rectangle with probability ``p`` (torchvision v2 semantics), on the
+    normalised float image: put it after Normalize (and ToCHW), as torchvision's recipe does.
+
+    Parameters
+    ----------
+    p : float
+    scale : (float, float)
+        Erased area as a fraction of the image.
+    ratio : (float, float)
+        Aspect ratio range (log-uniform).
+    value : number, sequence or "random"
+        Fill value (per channel), or "random" for standard normal values.
+    """
+
+    p: float = 0.5
+    scale: tuple[float, float] = (0.02, 0.33)
+    ratio: tuple[float, float] = (0.3, 3.3)
+    value: Any = 0.0
+
+    _kind = _transform.AUG_ERASE
+
+    def __post_init__(self) -> None:
+        if not _number(self.p) or not 0.0 <= float(self.p) <= 1.0:
+            raise ValueError(f"Random erasing probability should be between 0 and 1, got {self.p!r}")
+        s0, s1 = _unit_range(self.scale, "scale")
+        r0, r1 = _unit_range(self.ratio, "ratio")
+        if s0 > s1 or r0 > r1:
+            raise ValueError(f"Scale and ratio should be of kind (min, max), got {self.scale!r} and {self.ratio!r}")
+        if s0 < 0 or s1 > 1:
+            raise ValueError(f"Scale should be between 0 and 1, got {self.scale!r}")
+        if r0 <= 0:
+            raise ValueError(f"ratio must be positive, got {self.ratio!r}")
+        v = self.value
+        if isinstance(v, str):
+            if v != "random":
+                raise ValueError(f"If value is str, it should be 'random', got {v!r}")
+        elif _number(v):
+            v = (float(v),)
+        elif isinstance(v, Sequence) and len(v) in (1, 3) and all(map(_number, v)):
+            v = tuple(float(x) for x in v)
+        else:
+            raise TypeError(f"value should be a number, a sequence of 1 or 3 numbers or 'random', got {v!r}")
+        object.__setattr__(self, "value", v)
+        object.__setattr__(self, "scale", (s0, s1))
+        object.__setattr__(self, "ratio", (r0, r1))
+
+    def _config(self) -> tuple[tuple, tuple]:
+        rnd = self.value == "random"
+        vals = () if rnd else tuple(self.value)
+        return ((int(rnd), len(vals)),
+                (float(self.p), *self.scale, math.log(self.ratio[0]), math.log(self.ratio[1]),
+                 *(vals + (0.0,) * (4 - len(vals)))))
+
+    def _apply(self, img: np.ndarray, rng: _Rng) -> np.ndarray:
+        img = _check_image(img, "RandomErasing")
+        if img.dtype not in (np.float32, np.uint8):
+            raise TypeError(f"RandomErasing takes float32 (after Normalize) or uint8 images, got {img.dtype}")
+        if self.value != "random" and len(self.value) not in (1, img.shape[2]):
+            raise ValueError(f"RandomErasing has {len(self.value)} values for an image with {img.shape[2]} channels")
+        prm = self.get_params(img.shape[0], img.shape[1], img.shape[2], rng)
+        out = np.array(img, copy=True, order="C")
+        ints, dbls = self._config()
+        return _transform.aug_erase(self._kind, ints, dbls, prm, rng.key, out, False)
+
+    def apply_params(self, img: np.ndarray, params: np.ndarray, key: int = 0) -> np.ndarray:
+        """Erase with given parameters (``key`` draws the values of ``value="random"``)."""
+        ints, dbls = self._config()
+        out = np.array(img, copy=True, order="C")
+        return _transform.aug_erase(self._kind, ints, dbls, np.ascontiguousarray(params, np.float64), int(key), out,
+                                    False)
+
+    def plan(self, spec: ImageSpec) -> ImageSpec:
+        if spec.channels is not None and self.value != "random" and len(self.value) not in (1, spec.channels):
+            raise ValueError(f"RandomErasing has {len(self.value)} values for {spec.channels} channels")
+        return spec
+
+    def describe(self) -> str:
+        return f"{self!r}: on the finished output (after Normalize), parameters drawn natively per sample"
+
+
+# --------------------------------------------------------------------------- batch augmentations
+#
+# NOTE [ Batch augmentation randomness ]
+# MixUp / CutMix draw from the counter-based generator keyed by (seed, epoch, batch index,
+# _BATCH_POSITION): the batch index takes the place of the sample index and the position is
+# beyond any chain's, so a batch's mix is a pure function of its place in the epoch (any
+# thread count, resumable) and never reuses a sample's stream. lambda ~ Beta(alpha, alpha)
+# is X / (X + Y) with X, Y ~ Gamma(alpha) by Marsaglia and Tsang's method (Box-Muller
+# normals; alpha < 1 boosted by U ** (1 / alpha)), on counters 0, 1, 2, ...; the CutMix
+# centre uses counters _BOX_CTR and _BOX_CTR + 1; RandomChoice's pick uses _CHOICE_CTR.
+
+_BATCH_POSITION = 1 << 32
+_BOX_CTR = 1 << 20
+_CHOICE_CTR = (1 << 20) + 16
+
+
+def _gamma_draw(rng: _Rng, alpha: float, c: int) -> tuple[float, int]:
+    """One Gamma(alpha, 1) variate from counters c, c+1, ...; returns (value, next counter)."""
+    boost = 1.0
+    if alpha < 1.0:
+        boost = (1.0 - rng.uniform(c)) ** (1.0 / alpha)
+        c += 1
+        alpha += 1.0
+    d = alpha - 1.0 / 3.0
+    k = 1.0 / math.sqrt(9.0 * d)
+    for _ in range(10000):
+        u1, u2 = rng.uniform(c), rng.uniform(c + 1)
+        c += 2
+        x = math.sqrt(-2.0 * math.log(1.0 - u1)) * math.cos(2.0 * math.pi * u2)
+        v = (1.0 + k * x) ** 3
+        if v <= 0.0:
+            continue
+        u = rng.uniform(c)
+        c += 1
+        if math.log(1.0 - u) < 0.5 * x * x + d - d * v + d * math.log(v):
+            return d * v * boost, c
+    return d * boost, c  # pragma: no cover - probability below 1e-300
+
+
+def _beta_draw(rng: _Rng, alpha: float) -> float:
+    x, c = _gamma_draw(rng, alpha, 0)
+    y, _ = _gamma_draw(rng, alpha, c)
+    return x / (x + y) if x + y > 0 else 0.5
+
+
+def _batch_layout(images: np.ndarray, layout: str | None) -> str:
+    if layout is not None:
+        if layout not in ("CHW", "HWC"):
+            raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+        return layout
+    if images.shape[1] in (1, 3) and images.shape[3] not in (1, 3):
+        return "CHW"
+    if images.shape[3] in (1, 3):
+        return "HWC"
+    raise ValueError(f"cannot tell the layout of a {images.shape} batch: pass layout='CHW' or 'HWC'")
+
+
+class BatchTransform:
+    """Base of the batch-level augmentations (MixUp, CutMix, RandomChoice of them).
+
+    ``op(images, labels, seed=..., epoch=..., batch_index=...)`` mixes ``images`` (an
+    ``(N, C, H, W)`` or ``(N, H, W, C)`` array, in place) and returns ``(images,
+    soft_labels)`` with ``soft_labels`` an ``(N, num_classes)`` float32 array whose rows
+    sum to 1. ``DataLoader(..., batch_transform=op)`` calls it on every batch with the
+    loader's seed, the epoch and the batch's index in the epoch (NOTE [ Batch augmentation
+    randomness ]).
+    """
+
+    num_classes: int
+
+    def get_params(self, n: int, height: int, width: int, rng: _Rng) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def apply_params(self, images: np.ndarray, labels: np.ndarray, params: dict,
+                     layout: str | None = None) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _check(self, images: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+        name = type(self).__name__
+        if not isinstance(images, np.ndarray) or images.ndim != 4:
+            raise TypeError(f"{name} takes a batch of images as an (N, C, H, W) or (N, H, W, C) numpy array, got "
+                            f"{type(images).__name__}{getattr(images, 'shape', '')}")
+        if not images.flags.writeable:
+            raise ValueError(f"{name} mixes the batch in place: the images array must be writeable")
+        labels = np.asarray(labels)
+        if labels.ndim != 1 or labels.shape[0] != images.shape[0] or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"{name} needs one integer label per image, got labels of shape {labels.shape} "
+                             f"{labels.dtype} for {images.shape[0]} images")
+        if labels.size and (labels.min() < 0 or labels.max() >= self.num_classes):
+            raise ValueError(f"{name}: labels must be in [0, {self.num_classes}), got {labels.min()}..{labels.max()}")
+        return images, labels
+
+    def __call__(self, images: np.ndarray, labels: Any, *, seed: int | None = None, epoch: int = 0,
+                 batch_index: int = 0, layout: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mix one batch in place; returns ``(images, soft_labels)``."""
+        images, labels = self._check(images, labels)
+        lay = _batch_layout(images, layout)
+        h, w = (images.shape[2], images.shape[3]) if lay == "CHW" else (images.shape[1], images.shape[2])
+        if seed is None:
+            seed = _fresh_seed()
+        rng = _Rng(seed, epoch, batch_index, _BATCH_POSITION)
+        return self.apply_params(images, labels, self.get_params(images.shape[0], h, w, rng), lay)
+
+    def _soft(self, labels: np.ndarray, lam: float) -> np.ndarray:
+        """torchvision's _mixup_label: one_hot * lam + roll(one_hot, 1) * (1 - lam), float32."""
+        n = labels.shape[0]
+        out = np.zeros((n, self.num_classes), np.float32)
+        if n == 0:
+            return out
+        rows = np.arange(n)
+        out[rows, labels] += np.float32(lam)
+        out[rows, np.roll(labels, 1)] += np.float32(1.0 - lam)
+        return out
+
+    def describe(self) -> str:
+        return f"{self!r}: on each batch in place (numpy, consumer thread), keyed by (seed, epoch, batch index)"
+
+
+def _check_mix(alpha: Any, num_classes: Any) -> None:
+    if not _number(alpha) or not float(alpha) > 0:
+        raise ValueError(f"alpha must be a positive number, got {alpha!r}")
+    if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+
+
+@dataclass(frozen=True)
+class MixUp(BatchTransform):
+    """MixUp (torchvision v2): ``x = lam * x + (1 - lam) * roll(x, 1)`` over the batch, with
+    ``lam ~ Beta(alpha, alpha)``, and the labels mixed the same way.
+
+    Parameters
+    ----------
+    alpha : float
+    num_classes : int
+    """
+
+    alpha: float = 1.0
+    num_classes: int = 1000
+
+    def __post_init__(self) -> None:
+        _check_mix(self.alpha, self.num_classes)
+
+    def get_params(self, n: int, height: int, width: int, rng: _Rng) -> dict:
+        """``{"lam": float}``."""
+        return {"lam": _beta_draw(rng, float(self.alpha))}
+
+    def apply_params(self, images: np.ndarray, labels: np.ndarray, params: dict,
+                     layout: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        if not np.issubdtype(images.dtype, np.floating):
+            raise TypeError(f"MixUp blends float images (after Normalize), got {images.dtype}")
+        lam = float(params["lam"])
+        n = images.shape[0]
+        if n > 1:
+            # In place, last to first: sample i blends with i - 1, which is still unmixed.
+            last = images[n - 1].copy()
+            tmp = np.empty_like(images[0])
+            for i in range(n - 1, 0, -1):
+                np.multiply(images[i - 1], images.dtype.type(1.0 - lam), out=tmp)
+                images[i] *= images.dtype.type(lam)
+                images[i] += tmp
+            np.multiply(last, images.dtype.type(1.0 - lam), out=tmp)
+            images[0] *= images.dtype.type(lam)
+            images[0] += tmp
+        return images, self._soft(labels, lam)
+
+
+@dataclass(frozen=True)
+class CutMix(BatchTransform):
+    """CutMix (torchvision v2): paste a box of ``roll(x, 1)`` into each image; the box is
+    centred at a uniform pixel with sides ``int(0.5 * sqrt(1 - lam) * size)`` each way,
+    clipped to the image, and the labels mix with ``lam`` adjusted to the clipped area
+    (``1 - box area / image area``), ``lam ~ Beta(alpha, alpha)``.
+    """
+
+    alpha: float = 1.0
+    num_classes: int = 1000
+
+    def __post_init__(self) -> None:
+        _check_mix(self.alpha, self.num_classes)
+
+    def get_params(self, n: int, height: int, width: int, rng: _Rng) -> dict:
+        """``{"lam": drawn, "box": (x1, y1, x2, y2), "lam_adjusted": float}``."""
+        lam = _beta_draw(rng, float(self.alpha))
+        r_x = rng.below(_BOX_CTR, width)
+        r_y = rng.below(_BOX_CTR + 1, height)
+        r = 0.5 * math.sqrt(1.0 - lam)
+        rw, rh = int(r * width), int(r * height)
+        x1, y1 = max(r_x - rw, 0), max(r_y - rh, 0)
+        x2, y2 = min(r_x + rw, width), min(r_y + rh, height)
+        adj = float(1.0 - (x2 - x1) * (y2 - y1) / (width * height))
+        return {"lam": lam, "box": (x1, y1, x2, y2), "lam_adjusted": adj}
+
+    def apply_params(self, images: np.ndarray, labels: np.ndarray, params: dict,
+                     layout: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        lay = _batch_layout(images, layout)
+        x1, y1, x2, y2 = params["box"]
+        n = images.shape[0]
+        if n > 1 and x2 > x1 and y2 > y1:
+            def box(i: int) -> np.ndarray:
+                return images[i, :, y1:y2, x1:x2] if lay == "CHW" else images[i, y1:y2, x1:x2, :]
+            last = box(n - 1).copy()
+            for i in range(n - 1, 0, -1):
+                box(i)[...] = box(i - 1)
+            box(0)[...] = last
+        return images, self._soft(labels, float(params["lam_adjusted"]))
+
+
+@dataclass(frozen=True)
+class RandomChoice(BatchTransform):
+    """Apply one of ``transforms`` (MixUp / CutMix) per batch, chosen with probabilities ``p``
+    (uniform when None), as torchvision's recipe does with ``RandomChoice([MixUp, CutMix])``."""
+
+    transforms: Sequence[BatchTransform]
+    p: Sequence[float] | None = None
+
+    def __post_init__(self) -> None:
+        ts = tuple(self.transforms)
+        if not ts or not all(isinstance(t, (MixUp, CutMix)) for t in ts):
+            raise TypeError("RandomChoice takes a non-empty list of MixUp / CutMix batch transforms, got "
+                            f"{[type(t).__name__ for t in ts]}")
+        if len({t.num_classes for t in ts}) != 1:
+            raise ValueError("the transforms of a RandomChoice must agree on num_classes")
+        p = [1.0] * len(ts) if self.p is None else [float(v) for v in self.p]
+        if len(p) != len(ts) or any(v < 0 for v in p) or sum(p) <= 0:
+            raise ValueError(f"p must be one non-negative weight per transform, got {self.p!r}")
+        object.__setattr__(self, "transforms", ts)
+        object.__setattr__(self, "p", tuple(v / sum(p) for v in p))
+
+    @property
+    def num_classes(self) -> int:  # type: ignore[override]
+        return self.transforms[0].num_classes
+
+    def get_params(self, n: int, height: int, width: int, rng: _Rng) -> dict:
+        """``{"choice": index, **the chosen transform's parameters}``."""
+        u = rng.uniform(_CHOICE_CTR)
+        k, acc = len(self.p) - 1, 0.0
+        for i, v in enumerate(self.p):
+            acc += v
+            if u < acc:
+                k = i
+                break
+        return {"choice": k, **self.transforms[k].get_params(n, height, width, rng)}
+
+    def apply_params(self, images: np.ndarray, labels: np.ndarray, params: dict,
+                     layout: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self.transforms[int(params["choice"])].apply_params(images, labels, params, layout)

@@ -19,6 +19,7 @@ cimport numpy as cnp
 from cython.parallel cimport prange, threadid
 
 from _common cimport *
+from augment cimport LL_AUG_MAX, ll_aug
 from fused cimport *
 from loaderlib._ext._jpeg cimport Inputs, Workers
 
@@ -52,9 +53,11 @@ cdef class CompiledChain:
     cdef readonly int out_h, out_w, channels, dtype, chw
 
     def __cinit__(self, list ops, int mode, int channels, bint dct_scaling, int strict, long long max_pixels,
-                  int dtype, bint chw, object lut, int out_h, int out_w):
+                  int dtype, bint chw, object lut, int out_h, int out_w, list augs=None, list erases=None):
         """``ops``: tuples (kind, pos, h, w, interp, antialias, s0, s1, r0, r1, p);
-        ``lut``: None or a (channels, 256) float32 (dtype float32) or uint8 array."""
+        ``lut``: None or a (channels, 256) float32 (dtype float32) or uint8 array;
+        ``augs`` / ``erases``: augmentation ops (kind, pos, ints, doubles) run after the
+        geometry / on the finished output (NOTE [ Augmentations in the chain ])."""
         if len(ops) > LL_MAX_OPS:
             raise ValueError(f"at most {LL_MAX_OPS} geometric transforms can be fused, got {len(ops)}")
         if channels < 1 or channels > 4:
@@ -93,10 +96,28 @@ cdef class CompiledChain:
             memcpy(<void*>p.lutf if dtype == LL_DTYPE_FLOAT32 else <void*>p.lut8, &raw[0], raw.shape[0])
             p.use_lut = dtype == LL_DTYPE_UINT8
         self.out_h, self.out_w, self.channels, self.dtype, self.chw = out_h, out_w, channels, dtype, chw
+        _fill_augs(p.aug.ops, &p.aug.n, augs or [])
+        _fill_augs(p.aug.erase, &p.aug.nerase, erases or [])
 
     def __dealloc__(self):
         free(self.plan)
         self.plan = NULL
+
+
+cdef _fill_augs(ll_aug* dst, int* count, list ops):
+    """Copy (kind, pos, ints, doubles) tuples into ``dst``."""
+    if len(ops) > LL_AUG_MAX:
+        raise ValueError(f"at most {LL_AUG_MAX} augmentations can be fused, got {len(ops)}")
+    cdef int k, i
+    for k, (kind, pos, ints, dbls) in enumerate(ops):
+        if len(ints) > 8 or len(dbls) > 16:
+            raise ValueError(f"augmentation {k}: too many parameters")
+        dst[k].kind, dst[k].pos = kind, pos
+        for i in range(8):
+            dst[k].ia[i] = ints[i] if i < len(ints) else 0
+        for i in range(16):
+            dst[k].da[i] = dbls[i] if i < len(dbls) else 0.0
+    count[0] = len(ops)
 
 
 cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* buf, size_t size,

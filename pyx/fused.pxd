@@ -4,6 +4,7 @@
 
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint64_t
 
+from augment cimport ll_aug_plan
 from jpeglib cimport ll_jpeg_dec
 from worker cimport ll_buf, ll_buf_free, ll_buf_reserve, ll_worker, ll_worker_free, ll_worker_init
 
@@ -48,6 +49,7 @@ cdef extern from "ll_chain.h":
         int out_h, out_w
         float lutf[1024]
         uint8_t lut8[1024]
+        ll_aug_plan aug
 
     int64_t ll_now_ns() noexcept nogil
     int ll_chain_run(const ll_plan* pl, ll_worker* wk, const uint8_t* buf, size_t size, uint64_t seed,

@@ -29,6 +29,14 @@
  * resizes computes what it computes step by step. A crop larger than the image (CenterCrop
  * pads, as torchvision does) widens the domain beyond the image; those pixels read 0.
  *
+ * NOTE [ Augmentations in the chain ]
+ * Augmentations (ColorJitter, TrivialAugmentWide, RandomCrop, ...; ll_augment.h) come after
+ * the geometry: when the plan has any, the last stage resamples into per-thread scratch
+ * instead of the output, each augmentation maps that uint8 image to the next (ping-pong
+ * between the two intermediate buffers, parameters drawn with the op's own position key),
+ * and only then are the rows emitted through the lookup table. RandomErasing runs last, on
+ * the output itself (after Normalize, as torchvision applies it), in either layout.
+ *
  * NOTE [ DCT scale choice ]
  * When the chain resizes and DCT scaling is allowed, the decoder reduces by d in
  * {1, 2, 4, 8}: the largest d for which the region of the source the output covers (the
@@ -46,6 +54,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ll_augment.h"
 #include "ll_common.h"
 #include "ll_jpeg.h"
 #include "ll_read.h"
@@ -81,6 +90,7 @@ typedef struct {
     int out_h, out_w;      /* the fixed output size (every chain that runs into a batch has one) */
     float lutf[4 * 256];   /* per channel: output value for each uint8 value (float32 output) */
     uint8_t lut8[4 * 256]; /* the same for uint8 output when use_lut */
+    ll_aug_plan aug;       /* augmentations after the geometry (ll_augment.h) */
 } ll_plan;
 
 static inline int64_t ll_now_ns(void) {
@@ -328,6 +338,52 @@ static int ll_chain_out_size(const ll_plan *pl, int width, int height, uint64_t 
     return LL_OK;
 }
 
+/* The augmentations of NOTE [ Augmentations in the chain ]: the pixel ops on the last stage's
+ * image (in wk->inter[cur], h x w), emitted into out, then the erasing ops on out. */
+static int ll_chain_augment(const ll_plan *pl, ll_worker *wk, int cur, int h, int w, uint64_t seed, uint64_t epoch,
+                            uint64_t index, void *out, char *msg) {
+    int C = pl->channels;
+    double prm[LL_AUG_NPRM];
+    if (pl->aug.n) {
+        for (int k = 0; k < pl->aug.n; k++) {
+            const ll_aug *op = &pl->aug.ops[k];
+            uint64_t key = ll_rng_key(seed, epoch, index, (uint64_t)op->pos);
+            int oh, ow;
+            if (ll_aug_sample(op, key, h, w, C, prm) != LL_OK) {
+                if (msg) snprintf(msg, LL_MSG_LEN, "RandomCrop to %dx%d does not fit this %dx%d image (use "
+                                  "pad_if_needed=True)", op->ia[0], op->ia[1], h, w);
+                return LL_ERR_SHAPE;
+            }
+            ll_aug_out_size(op, h, w, &oh, &ow);
+            ll_buf *dst = &wk->inter[cur ^ 1];
+            if (ll_buf_reserve(dst, (size_t)oh * ow * C + 16) != 0) goto nomem;
+            int st = ll_aug_apply(op, prm, wk->inter[cur].p, h, w, C, dst->p, &wk->misc, &wk->hbuf);
+            if (st == LL_ERR_NOMEM) goto nomem;
+            if (st != LL_OK) return st;
+            cur ^= 1;
+            h = oh;
+            w = ow;
+        }
+        if (h != pl->out_h || w != pl->out_w) {
+            if (msg) snprintf(msg, LL_MSG_LEN, "output is %dx%d but the chain gives %dx%d for this image",
+                              pl->out_w, pl->out_h, w, h);
+            return LL_ERR_SHAPE;
+        }
+        for (int oy = 0; oy < h; oy++)
+            ll_emit_row(pl, wk->inter[cur].p + (size_t)oy * w * C, oy, h, w, C, out);
+    }
+    for (int k = 0; k < pl->aug.nerase; k++) {
+        const ll_aug *op = &pl->aug.erase[k];
+        uint64_t key = ll_rng_key(seed, epoch, index, (uint64_t)op->pos);
+        ll_aug_sample(op, key, pl->out_h, pl->out_w, C, prm);
+        ll_aug_erase(op, prm, key, out, pl->dtype == LL_DTYPE_FLOAT32, pl->chw, pl->out_h, pl->out_w, C);
+    }
+    return LL_OK;
+nomem:
+    if (msg) snprintf(msg, LL_MSG_LEN, "out of memory (per-thread scratch)");
+    return LL_ERR_NOMEM;
+}
+
 /* One sample: JPEG bytes -> the finished output (out_h x out_w x C, or C x out_h x out_w).
  * Returns LL_OK, LL_WARNED or an error code (reason in msg). t_dec / t_tr (may be NULL)
  * get the nanoseconds spent decoding and transforming. Thread-safe for distinct workers.
@@ -360,7 +416,7 @@ static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, si
                               info.width, info.height);
             return gs;
         }
-        if (last && (g.x.n != pl->out_w || g.y.n != pl->out_h)) {
+        if (last && !pl->aug.n && (g.x.n != pl->out_w || g.y.n != pl->out_h)) {
             if (msg) snprintf(msg, LL_MSG_LEN, "output is %dx%d but the chain gives %dx%d for this %dx%d image",
                               pl->out_w, pl->out_h, g.x.n, g.y.n, info.width, info.height);
             return LL_ERR_SHAPE;
@@ -412,7 +468,7 @@ static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, si
         t1 = t_dec ? ll_now_ns() : 0;
         void *dst = out;
         const ll_plan *emit = pl;
-        if (!last) {
+        if (!last || pl->aug.n) { /* augmentations start from the last stage's image */
             ll_buf *ib = &wk->inter[stage & 1];
             if (ll_buf_reserve(ib, (size_t)g.x.n * g.y.n * C + 16) != 0) goto nomem;
             dst = ib->p;
@@ -420,7 +476,13 @@ static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, si
         }
         if (ll_chain_resample(emit, wk, any ? src : NULL, stride, rh, &tx, &ty, C, dst) != LL_OK) goto nomem;
         if (t_dec) t_transform += ll_now_ns() - t1;
-        if (last) break;
+        if (last) {
+            t1 = t_dec ? ll_now_ns() : 0;
+            int as = ll_chain_augment(pl, wk, stage & 1, g.y.n, g.x.n, seed, epoch, index, out, msg);
+            if (as != LL_OK) return as;
+            if (t_dec) t_transform += ll_now_ns() - t1;
+            break;
+        }
         src = (const uint8_t *)dst;
         in_w = g.x.n;
         in_h = g.y.n;

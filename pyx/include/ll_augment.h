@@ -1,0 +1,852 @@
+/* Per-sample augmentations (torchvision v2 semantics) for the fused chain and for one image.
+ *
+ * Every op is described by an ll_aug (kind, transform position, integer and double
+ * configuration) built once by loaderlib/transforms.py. Per sample an op runs in two steps:
+ *   ll_aug_sample()  draws the op's parameters into a vector of LL_AUG_NPRM doubles from
+ *                    the counter-based generator (NOTE [ Counter-based sample randomness ]);
+ *                    the single place where an augmentation's randomness is decided, used by
+ *                    the fused chain and (through _transform.pyx) by a transform called on
+ *                    one image, so a preview equals what the loader produces;
+ *   ll_aug_apply()   applies those parameters to an HWC uint8 image (src -> dst, distinct).
+ * RandomErasing instead runs on the finished output (float32 or uint8, HWC or CHW) with
+ * ll_aug_erase(), because torchvision applies it after Normalize.
+ *
+ * NOTE [ Augmentation arithmetic ]
+ * The pixel arithmetic follows torchvision's tensor kernels for uint8 images step by step,
+ * in float32: blends are x * r followed by a fused multiply-add of the other image with
+ * 1 - r (torch's CPU add_ with alpha is an FMA; fmaf reproduces it), clamped to [0, 255] and
+ * truncated toward zero (torch's .to(uint8)); grayscale is 0.2989 R + 0.587 G + 0.114 B the
+ * same way (floored where torchvision floors it); hue goes through float32 HSV and back with
+ * x * 255.999 truncated; blur and sharpness convolve in float32 and round half to even;
+ * geometric ops map each output pixel centre through torchvision's inverse affine matrix
+ * (_get_inverse_affine_matrix) in its own float32 steps (normalised grid, grid_sample with
+ * align_corners=False) and take the nearest pixel (round half to even) or bilinear weights,
+ * pixels outside the image reading the fill. `make check-torchvision` finds every op
+ * bitwise equal to torchvision 0.28 on its test images except the Gaussian blur, whose
+ * convolution sums in another order (a value a hair from .5 can round the other way).
+ *
+ * All functions are noexcept, take no locks, allocate only through the ll_buf scratch they
+ * are given, and return LL_OK, LL_ERR_NOMEM or LL_ERR_SHAPE (a configuration the Python
+ * owner should have refused).
+ */
+#ifndef LL_AUGMENT_H
+#define LL_AUGMENT_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ll_common.h"
+#include "ll_rng.h"
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
+#define LL_AUG_COLOR_JITTER 1
+#define LL_AUG_GRAYSCALE 2
+#define LL_AUG_BLUR 3
+#define LL_AUG_TRIVIAL 4
+#define LL_AUG_RANDAUG 5
+#define LL_AUG_AUTOAUG 6
+#define LL_AUG_RANDOM_CROP 7
+#define LL_AUG_ROTATION 8
+#define LL_AUG_AFFINE 9
+#define LL_AUG_ERASE 10
+#define LL_AUG_MAX 16   /* augmentation ops per chain */
+#define LL_AUG_NPRM 40  /* sampled parameters per op */
+#define LL_AUG_NI 8
+#define LL_AUG_ND 16
+
+/* Primitive ops of the automatic policies (ids shared with transforms.py _AUG_OPS). */
+#define LL_PRIM_IDENTITY 0
+#define LL_PRIM_SHEAR_X 1
+#define LL_PRIM_SHEAR_Y 2
+#define LL_PRIM_TRANSLATE_X 3
+#define LL_PRIM_TRANSLATE_Y 4
+#define LL_PRIM_ROTATE 5
+#define LL_PRIM_BRIGHTNESS 6
+#define LL_PRIM_COLOR 7
+#define LL_PRIM_CONTRAST 8
+#define LL_PRIM_SHARPNESS 9
+#define LL_PRIM_POSTERIZE 10
+#define LL_PRIM_SOLARIZE 11
+#define LL_PRIM_AUTOCONTRAST 12
+#define LL_PRIM_EQUALIZE 13
+#define LL_PRIM_INVERT 14
+#define LL_PRIM_HUE 15
+
+#define LL_PAD_CONSTANT 0
+#define LL_PAD_EDGE 1
+#define LL_PAD_REFLECT 2
+#define LL_PAD_SYMMETRIC 3
+
+/* Configuration of one op (what each slot means is listed per kind in ll_aug_sample). The
+ * fill of the geometric ops is always da[12..15] and ia[7] says whether one was given. */
+typedef struct {
+    int kind;
+    int pos;              /* transform position: the last element of the random key */
+    int ia[LL_AUG_NI];
+    double da[LL_AUG_ND];
+} ll_aug;
+
+/* Ops of a chain: pixel ops on the uint8 image after the crop, then erasing ops on the
+ * finished output. */
+typedef struct {
+    int n;
+    ll_aug ops[LL_AUG_MAX];
+    int nerase;
+    ll_aug erase[LL_AUG_MAX];
+} ll_aug_plan;
+
+/* ------------------------------------------------------------------ policies' spaces */
+
+/* float32 torch.linspace(start, end, n)[k] (the magnitude tables of the policies). */
+static inline double ll_aug_linspace(double start, double end, int n, int k) {
+    if (n <= 1) return (double)(float)start;
+    float step = (float)((end - start) / (double)(n - 1));
+    if (k < n / 2) return (double)((float)start + step * (float)k);
+    return (double)((float)end - step * (float)(n - 1 - k));
+}
+
+/* The magnitude of primitive `prim` at bin k of n (unsigned); returns 0 for ops without
+ * one. `randaug` selects RandAugment/AutoAugment's space over TrivialAugmentWide's. */
+static double ll_aug_magnitude(int prim, int k, int n, int randaug, int h, int w) {
+    switch (prim) {
+    case LL_PRIM_SHEAR_X: case LL_PRIM_SHEAR_Y: return ll_aug_linspace(0.0, randaug ? 0.3 : 0.99, n, k);
+    case LL_PRIM_TRANSLATE_X: return ll_aug_linspace(0.0, randaug ? 150.0 / 331.0 * w : 32.0, n, k);
+    case LL_PRIM_TRANSLATE_Y: return ll_aug_linspace(0.0, randaug ? 150.0 / 331.0 * h : 32.0, n, k);
+    case LL_PRIM_ROTATE: return ll_aug_linspace(0.0, randaug ? 30.0 : 135.0, n, k);
+    case LL_PRIM_BRIGHTNESS: case LL_PRIM_COLOR: case LL_PRIM_CONTRAST: case LL_PRIM_SHARPNESS:
+        return ll_aug_linspace(0.0, randaug ? 0.9 : 0.99, n, k);
+    case LL_PRIM_POSTERIZE: { /* (8 - (arange(n) / ((n - 1) / d))).round().int() */
+        float den = (float)(n - 1) / (float)(randaug ? 4 : 6);
+        return rintf(8.0f - (float)k / den);
+    }
+    case LL_PRIM_SOLARIZE: return ll_aug_linspace(1.0, 0.0, n, k);
+    default: return 0.0;
+    }
+}
+
+static inline int ll_prim_signed(int prim) { return prim >= LL_PRIM_SHEAR_X && prim <= LL_PRIM_SHARPNESS; }
+
+/* torchvision's AutoAugmentPolicy.IMAGENET: 25 pairs of (op, probability, magnitude bin). */
+static const struct { int op; double p; int mag; } ll_autoaug_imagenet[25][2] = {
+    {{LL_PRIM_POSTERIZE, 0.4, 8}, {LL_PRIM_ROTATE, 0.6, 9}},
+    {{LL_PRIM_SOLARIZE, 0.6, 5}, {LL_PRIM_AUTOCONTRAST, 0.6, 0}},
+    {{LL_PRIM_EQUALIZE, 0.8, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_POSTERIZE, 0.6, 7}, {LL_PRIM_POSTERIZE, 0.6, 6}},
+    {{LL_PRIM_EQUALIZE, 0.4, 0}, {LL_PRIM_SOLARIZE, 0.2, 4}},
+    {{LL_PRIM_EQUALIZE, 0.4, 0}, {LL_PRIM_ROTATE, 0.8, 8}},
+    {{LL_PRIM_SOLARIZE, 0.6, 3}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_POSTERIZE, 0.8, 5}, {LL_PRIM_EQUALIZE, 1.0, 0}},
+    {{LL_PRIM_ROTATE, 0.2, 3}, {LL_PRIM_SOLARIZE, 0.6, 8}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_POSTERIZE, 0.4, 6}},
+    {{LL_PRIM_ROTATE, 0.8, 8}, {LL_PRIM_COLOR, 0.4, 0}},
+    {{LL_PRIM_ROTATE, 0.4, 9}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_EQUALIZE, 0.0, 0}, {LL_PRIM_EQUALIZE, 0.8, 0}},
+    {{LL_PRIM_INVERT, 0.6, 0}, {LL_PRIM_EQUALIZE, 1.0, 0}},
+    {{LL_PRIM_COLOR, 0.6, 4}, {LL_PRIM_CONTRAST, 1.0, 8}},
+    {{LL_PRIM_ROTATE, 0.8, 8}, {LL_PRIM_COLOR, 1.0, 2}},
+    {{LL_PRIM_COLOR, 0.8, 8}, {LL_PRIM_SOLARIZE, 0.8, 7}},
+    {{LL_PRIM_SHARPNESS, 0.4, 7}, {LL_PRIM_INVERT, 0.6, 0}},
+    {{LL_PRIM_SHEAR_X, 0.6, 5}, {LL_PRIM_EQUALIZE, 1.0, 0}},
+    {{LL_PRIM_COLOR, 0.4, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_EQUALIZE, 0.4, 0}, {LL_PRIM_SOLARIZE, 0.2, 4}},
+    {{LL_PRIM_SOLARIZE, 0.6, 5}, {LL_PRIM_AUTOCONTRAST, 0.6, 0}},
+    {{LL_PRIM_INVERT, 0.6, 0}, {LL_PRIM_EQUALIZE, 1.0, 0}},
+    {{LL_PRIM_COLOR, 0.6, 4}, {LL_PRIM_CONTRAST, 1.0, 8}},
+    {{LL_PRIM_EQUALIZE, 0.8, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+};
+
+/* ------------------------------------------------------------------ parameter sampling */
+
+static inline double ll_aug_uniform_in(uint64_t key, uint64_t c, double a, double b) {
+    return a + (b - a) * ll_rng_uniform(key, c);
+}
+
+/* Append primitive `prim` at magnitude bin `bin` (signed draw at counter c_sign) to the op
+ * list prm[0] = count, then (id, magnitude) pairs. */
+static void ll_aug_push(double *prm, int prim, int bin, int nbins, int randaug, uint64_t key, uint64_t c_sign,
+                        int h, int w) {
+    int k = (int)prm[0];
+    double m = ll_aug_magnitude(prim, bin, nbins, randaug, h, w);
+    if (ll_prim_signed(prim) && ll_rng_uniform(key, c_sign) <= 0.5) m = -m;
+    prm[1 + 2 * k] = prim;
+    prm[2 + 2 * k] = m;
+    prm[0] = k + 1;
+}
+
+/* Draw op's parameters for an h x w x C input into prm[LL_AUG_NPRM] (zeroed first).
+ *
+ * COLOR_JITTER  da[0..7] brightness, contrast, saturation, hue ranges; ia[0..3] which are on.
+ *               prm[0..3] the order (torch.randperm(4) by Fisher-Yates, counters 0-2),
+ *               prm[4..7] the factors (counters 3-6; torchvision draws each one that is on).
+ * GRAYSCALE     da[0] p.  prm[0] 1 when applied (counter 0 < p).
+ * BLUR          ia[0], ia[1] kernel x, y; da[0..1] sigma range.  prm[0] sigma (counter 0).
+ * TRIVIAL       ia[0] bins.  op list: id below(14) (counter 0), bin below(bins) (1), sign (2).
+ * RANDAUG       ia[0] num_ops, ia[1] magnitude bin, ia[2] bins.  op k: id (3k), sign (3k+1).
+ * AUTOAUG       policy below(25) (counter 0, in prm[LL_AUG_NPRM-1]); sub-op k: applied when
+ *               uniform (1+2k) <= p, sign (2+2k).
+ * RANDOM_CROP   ia[0..1] out h, w; ia[2..5] pad left, right, top, bottom; ia[6] pad_if_needed;
+ *               da[0] padding mode.  prm[0..1] top, left (counters 0, 1), prm[2..5] pad left,
+ *               top, right, bottom; an image too small gives LL_ERR_SHAPE.
+ * ROTATION      da[0..1] degrees; ia[0] centre given, da[2..3] centre.  prm[0] angle.
+ * AFFINE        da[0..1] degrees, ia[0] translate on: da[2..3]; ia[1] scale on: da[4..5];
+ *               ia[2] shear count 0/2/4: da[6..9].  prm[0] angle, [1..2] tx, ty, [3] scale,
+ *               [4..5] shear x, y (counters 0-5 in torchvision's order); ia[3] centre
+ *               given: da[10..11].  ROTATION and AFFINE: ia[6] 1 for bilinear.
+ * ERASE         da[0] p, da[1..2] scale, da[3..4] log ratio.  prm[0] 1 when erased, prm[1..4]
+ *               top, left, height, width (p: counter 40; attempt k: counters 4k..4k+3).
+ */
+LL_NO_CONTRACT
+static int ll_aug_sample(const ll_aug *op, uint64_t key, int h, int w, int C, double *prm) {
+    memset(prm, 0, LL_AUG_NPRM * sizeof(double));
+    (void)C;
+    switch (op->kind) {
+    case LL_AUG_COLOR_JITTER: {
+        int perm[4] = {0, 1, 2, 3};
+        for (int i = 3; i > 0; i--) {
+            int j = (int)ll_rng_below(key, (uint64_t)(3 - i), (uint64_t)(i + 1));
+            int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+        }
+        for (int i = 0; i < 4; i++) prm[i] = perm[i];
+        for (int f = 0; f < 4; f++)
+            prm[4 + f] = op->ia[f] ? ll_aug_uniform_in(key, 3 + f, op->da[2 * f], op->da[2 * f + 1]) : (f == 3 ? 0.0 : 1.0);
+        return LL_OK;
+    }
+    case LL_AUG_GRAYSCALE:
+        prm[0] = ll_rng_uniform(key, 0) < op->da[0];
+        return LL_OK;
+    case LL_AUG_BLUR:
+        prm[0] = ll_aug_uniform_in(key, 0, op->da[0], op->da[1]);
+        return LL_OK;
+    case LL_AUG_TRIVIAL: {
+        int prim = (int)ll_rng_below(key, 0, 14);
+        int bin = (int)ll_rng_below(key, 1, (uint64_t)op->ia[0]);
+        ll_aug_push(prm, prim, bin, op->ia[0], 0, key, 2, h, w);
+        return LL_OK;
+    }
+    case LL_AUG_RANDAUG:
+        for (int k = 0; k < op->ia[0]; k++) {
+            int prim = (int)ll_rng_below(key, 3 * (uint64_t)k, 14);
+            ll_aug_push(prm, prim, op->ia[1], op->ia[2], 1, key, 3 * (uint64_t)k + 1, h, w);
+        }
+        return LL_OK;
+    case LL_AUG_AUTOAUG: {
+        int pol = (int)ll_rng_below(key, 0, 25);
+        prm[LL_AUG_NPRM - 1] = pol;
+        for (int k = 0; k < 2; k++) {
+            if (!(ll_rng_uniform(key, 1 + 2 * (uint64_t)k) <= ll_autoaug_imagenet[pol][k].p)) continue;
+            ll_aug_push(prm, ll_autoaug_imagenet[pol][k].op, ll_autoaug_imagenet[pol][k].mag, 10, 1, key,
+                        2 + 2 * (uint64_t)k, h, w);
+        }
+        return LL_OK;
+    }
+    case LL_AUG_RANDOM_CROP: {
+        int pl = op->ia[2], pr = op->ia[3], pt = op->ia[4], pb = op->ia[5];
+        long ph = (long)h + pt + pb, pw = (long)w + pl + pr;
+        int ch = op->ia[0], cw = op->ia[1];
+        if (op->ia[6]) {
+            if (ph < ch) { long d = ch - ph; pt += (int)d; pb += (int)d; ph += 2 * d; }
+            if (pw < cw) { long d = cw - pw; pl += (int)d; pr += (int)d; pw += 2 * d; }
+        }
+        if (ph < ch || pw < cw) return LL_ERR_SHAPE;
+        prm[0] = ph > ch ? (double)ll_rng_below(key, 0, (uint64_t)(ph - ch + 1)) : 0.0;
+        prm[1] = pw > cw ? (double)ll_rng_below(key, 1, (uint64_t)(pw - cw + 1)) : 0.0;
+        prm[2] = pl; prm[3] = pt; prm[4] = pr; prm[5] = pb;
+        return LL_OK;
+    }
+    case LL_AUG_ROTATION:
+        prm[0] = ll_aug_uniform_in(key, 0, op->da[0], op->da[1]);
+        return LL_OK;
+    case LL_AUG_AFFINE: {
+        prm[0] = ll_aug_uniform_in(key, 0, op->da[0], op->da[1]);
+        if (op->ia[0]) {
+            double mx = op->da[2] * w, my = op->da[3] * h;
+            prm[1] = rint(ll_aug_uniform_in(key, 1, -mx, mx));
+            prm[2] = rint(ll_aug_uniform_in(key, 2, -my, my));
+        }
+        prm[3] = op->ia[1] ? ll_aug_uniform_in(key, 3, op->da[4], op->da[5]) : 1.0;
+        if (op->ia[2] >= 2) prm[4] = ll_aug_uniform_in(key, 4, op->da[6], op->da[7]);
+        if (op->ia[2] == 4) prm[5] = ll_aug_uniform_in(key, 5, op->da[8], op->da[9]);
+        return LL_OK;
+    }
+    case LL_AUG_ERASE: {
+        if (!(ll_rng_uniform(key, 40) < op->da[0])) return LL_OK;
+        double area = (double)h * (double)w;
+        for (int k = 0; k < 10; k++) {
+            double ea = area * ll_aug_uniform_in(key, 4 * (uint64_t)k, op->da[1], op->da[2]);
+            double ar = exp(ll_aug_uniform_in(key, 4 * (uint64_t)k + 1, op->da[3], op->da[4]));
+            double eh = rint(sqrt(ea * ar)), ew = rint(sqrt(ea / ar));
+            if (!(eh < h && ew < w)) continue;
+            prm[0] = 1;
+            prm[1] = (double)ll_rng_below(key, 4 * (uint64_t)k + 2, (uint64_t)(h - (int)eh + 1));
+            prm[2] = (double)ll_rng_below(key, 4 * (uint64_t)k + 3, (uint64_t)(w - (int)ew + 1));
+            prm[3] = eh;
+            prm[4] = ew;
+            return LL_OK;
+        }
+        return LL_OK; /* torchvision leaves the image alone when no attempt fits */
+    }
+    default:
+        return LL_ERR_STATE;
+    }
+}
+
+/* The output size of op with parameters prm for an h x w input. */
+static void ll_aug_out_size(const ll_aug *op, int h, int w, int *oh, int *ow) {
+    if (op->kind == LL_AUG_RANDOM_CROP) {
+        *oh = op->ia[0];
+        *ow = op->ia[1];
+    } else {
+        *oh = h;
+        *ow = w;
+    }
+}
+
+/* ------------------------------------------------------------------ colour kernels */
+
+/* NOTE [ Inline float rounding ]
+ * The build targets baseline x86-64 (no SSE4.1, no FMA), where rintf, floorf and fmaf are
+ * library calls that keep the per-pixel loops from vectorising. These equivalents are exact
+ * in the ranges used: adding and subtracting 1.5 * 2**23 rounds half to even for |v| < 2**22
+ * in the default rounding mode (the builds never change it and contraction is off); the
+ * double-precision a * b + c is exact before its rounding (a product of two floats fits in
+ * 53 bits), so rounding it to float equals fmaf except when that double lands exactly
+ * halfway between two floats, which needs a 29-bit coincidence. */
+static inline float ll_rint_f(float v) {
+    if (!(fabsf(v) < 4194304.0f)) return rintf(v);
+    const float m = 12582912.0f; /* IEEE semantics (no -ffast-math) keep (v + m) - m as written */
+    return (v + m) - m;
+}
+
+static inline float ll_floor_f(float v) {
+    if (!(fabsf(v) < 2147483520.0f)) return floorf(v);
+    float t = (float)(int)v;
+    return t > v ? t - 1.0f : t;
+}
+
+static inline float ll_fma_f(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
+
+static inline uint8_t ll_u8_trunc(float v) { /* clamp to [0, 255] (NaN to 0), truncate (torch .to(uint8)) */
+    v = v > 0.0f ? v : 0.0f; /* selects, not branches: the loops stay vectorisable */
+    v = v < 255.0f ? v : 255.0f;
+    return (uint8_t)(int)v;
+}
+
+/* ll_rint_f for values known to be small (|v| < 2**22): no range check. */
+static inline float ll_rint_small(float v) {
+    const float m = 12582912.0f;
+    return (v + m) - m;
+}
+
+static inline uint8_t ll_u8_round(float v) { /* round half to even, clamp (torch .round_().to(uint8)) */
+    v = ll_rint_f(v);
+    if (!(v > 0.0f)) return 0;
+    if (v >= 255.0f) return 255;
+    return (uint8_t)v;
+}
+
+/* torch's r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114): its CPU add with alpha is
+ * a fused multiply-add, so fmaf reproduces it bit for bit. */
+static inline float ll_gray_f(const uint8_t *p) {
+    return ll_fma_f((float)p[2], 0.114f, ll_fma_f((float)p[1], 0.587f, (float)p[0] * 0.2989f));
+}
+
+LL_NO_CONTRACT
+static void ll_prim_brightness(const uint8_t *s, uint8_t *d, size_t n, double f) {
+    float ff = (float)f;
+    for (size_t i = 0; i < n; i++) d[i] = ll_u8_trunc((float)s[i] * ff);
+}
+
+/* x * r + other * (1 - r) per value (torchvision's _blend). */
+LL_NO_CONTRACT
+static void ll_prim_contrast(const uint8_t *s, uint8_t *d, size_t npx, int C, double f) {
+    double sum = 0.0;
+    if (C == 3) for (size_t i = 0; i < npx; i++) sum += ll_floor_f(ll_gray_f(s + 3 * i));
+    else for (size_t i = 0; i < npx * C; i++) sum += s[i];
+    float mean = (float)(sum / (double)(npx * (C == 3 ? 1 : C)));
+    float r = (float)f, q = (float)(1.0 - f);
+    for (size_t i = 0; i < npx * C; i++) d[i] = ll_u8_trunc(ll_fma_f(mean, q, (float)s[i] * r));
+}
+
+LL_NO_CONTRACT
+static void ll_prim_saturation(const uint8_t *s, uint8_t *d, size_t npx, int C, double f) {
+    if (C != 3) { memcpy(d, s, npx * C); return; }
+    float r = (float)f, q = (float)(1.0 - f);
+    for (size_t i = 0; i < npx; i++) {
+        float g = ll_floor_f(ll_gray_f(s + 3 * i));
+        for (int c = 0; c < 3; c++) d[3 * i + c] = ll_u8_trunc(ll_fma_f(g, q, (float)s[3 * i + c] * r));
+    }
+}
+
+/* torchvision's _rgb_to_hsv / _hsv_to_rgb in float32, hue shifted by f (mod 1). */
+LL_NO_CONTRACT
+static void ll_prim_hue(const uint8_t *s, uint8_t *d, size_t npx, int C, double f) {
+    if (C != 3) { memcpy(d, s, npx * C); return; }
+    float hf = (float)f;
+    for (size_t i = 0; i < npx; i++) {
+        const float k = 1.0f / 255.0f;
+        float r = s[3 * i] * k, g = s[3 * i + 1] * k, b = s[3 * i + 2] * k;
+        float maxc = r > g ? (r > b ? r : b) : (g > b ? g : b);
+        float minc = r < g ? (r < b ? r : b) : (g < b ? g : b);
+        int eqc = maxc == minc;
+        float cr = maxc - minc;
+        float sat = cr / (eqc ? 1.0f : maxc);
+        float div = eqc ? 1.0f : cr;
+        float rc = (maxc - r) / div, gc = (maxc - g) / div, bc = (maxc - b) / div;
+        float h;
+        if (maxc == r) h = bc - gc;
+        else if (maxc == g) h = 2.0f + rc - bc;
+        else h = 4.0f + gc - rc;
+        h = h * (1.0f / 6.0f) + 1.0f; /* in (0, 2): fmod(h, 1) = h - floor(h), exactly */
+        h = h - ll_floor_f(h);
+        h = h + hf;
+        h = h - ll_floor_f(h); /* torch remainder: result in [0, 1) */
+        if (h >= 1.0f) h = 0.0f;
+        float h6 = h * 6.0f, fi = ll_floor_f(h6), fr = h6 - fi;
+        int sector = ((int)fi % 6 + 6) % 6;
+        float v = maxc, sxf = sat * fr, oms = 1.0f - sat;
+        float q = (1.0f - sxf) * v, t = (sxf + oms) * v, p = oms * v;
+        q = q < 0 ? 0 : (q > 1 ? 1 : q);
+        t = t < 0 ? 0 : (t > 1 ? 1 : t);
+        p = p < 0 ? 0 : (p > 1 ? 1 : p);
+        float vpqt[4] = {v, p, q, t};
+        static const int sel[3][6] = {{0, 2, 1, 1, 3, 0}, {3, 0, 0, 2, 1, 1}, {1, 1, 3, 0, 0, 2}};
+        for (int c = 0; c < 3; c++) d[3 * i + c] = ll_u8_trunc(vpqt[sel[c][sector]] * 255.999f);
+    }
+}
+
+/* rgb_to_grayscale with num_output_channels = C (float32, truncated). */
+static void ll_prim_grayscale(const uint8_t *s, uint8_t *d, size_t npx, int C) {
+    if (C != 3) { memcpy(d, s, npx * C); return; }
+    for (size_t i = 0; i < npx; i++) d[3 * i] = d[3 * i + 1] = d[3 * i + 2] = ll_u8_trunc(ll_gray_f(s + 3 * i));
+}
+
+static void ll_prim_posterize(const uint8_t *s, uint8_t *d, size_t n, int bits) {
+    if (bits >= 8) { memcpy(d, s, n); return; }
+    if (bits < 0) bits = 0;
+    uint8_t mask = (uint8_t)(((1 << bits) - 1) << (8 - bits));
+    for (size_t i = 0; i < n; i++) d[i] = s[i] & mask;
+}
+
+static void ll_prim_solarize(const uint8_t *s, uint8_t *d, size_t n, double threshold) {
+    float t = (float)threshold;
+    for (size_t i = 0; i < n; i++) d[i] = (float)s[i] >= t ? (uint8_t)(255 - s[i]) : s[i];
+}
+
+static void ll_prim_invert(const uint8_t *s, uint8_t *d, size_t n) {
+    for (size_t i = 0; i < n; i++) d[i] = (uint8_t)(255 - s[i]);
+}
+
+LL_NO_CONTRACT
+static void ll_prim_autocontrast(const uint8_t *s, uint8_t *d, size_t npx, int C) {
+    for (int c = 0; c < C; c++) {
+        uint8_t lo = 255, hi = 0;
+        for (size_t i = 0; i < npx; i++) {
+            uint8_t v = s[i * C + c];
+            if (v < lo) lo = v;
+            if (v > hi) hi = v;
+        }
+        float mn = lo, inv = ((float)hi - (float)lo) * (1.0f / 255.0f);
+        if (hi == lo) { mn = 0.0f; inv = 1.0f; }
+        for (size_t i = 0; i < npx; i++) d[i * C + c] = ll_u8_trunc(((float)s[i * C + c] - mn) / inv);
+    }
+}
+
+/* PIL's equalize as torchvision computes it: per channel, step = (pixels - count of the
+ * largest present value) // 255, lut[k] = (cum[k-1] + step // 2) // step, unchanged when
+ * step is 0. */
+static void ll_prim_equalize(const uint8_t *s, uint8_t *d, size_t npx, int C) {
+    for (int c = 0; c < C; c++) {
+        long hist[256] = {0};
+        uint8_t lut[256];
+        for (size_t i = 0; i < npx; i++) hist[s[i * C + c]]++;
+        int last = 255;
+        while (last > 0 && hist[last] == 0) last--;
+        long step = ((long)npx - hist[last]) / 255;
+        if (step == 0) {
+            for (size_t i = 0; i < npx; i++) d[i * C + c] = s[i * C + c];
+            continue;
+        }
+        long cum = 0;
+        lut[0] = 0;
+        for (int k = 1; k < 256; k++) {
+            cum += hist[k - 1];
+            long v = (cum + step / 2) / step;
+            lut[k] = (uint8_t)(v > 255 ? 255 : v);
+        }
+        for (size_t i = 0; i < npx; i++) d[i * C + c] = lut[s[i * C + c]];
+    }
+}
+
+/* adjust_sharpness: the 3x3 kernel [1 1 1; 1 5 1; 1 1 1] / 13 on the interior, blended
+ * x + (1 - f) * (round(blur) - x); the border rows and columns are kept. */
+LL_NO_CONTRACT
+static void ll_prim_sharpness(const uint8_t *s, uint8_t *d, int h, int w, int C, double f) {
+    memcpy(d, s, (size_t)h * w * C);
+    if (h <= 2 || w <= 2) return;
+    const float a = 1.0f / 13.0f, b = 5.0f / 13.0f, r = (float)(1.0 - f);
+    size_t st = (size_t)w * C;
+    for (int y = 1; y < h - 1; y++) { /* along the row's interior values: vectorisable */
+        const uint8_t *r0 = s + (size_t)(y - 1) * st, *r1 = r0 + st, *r2 = r1 + st;
+        uint8_t *o = d + (size_t)y * st;
+        for (size_t i = (size_t)C; i < st - (size_t)C; i++) {
+            float acc = 0.0f;
+            acc += (float)r0[i - C] * a + (float)r0[i] * a + (float)r0[i + C] * a;
+            acc += (float)r1[i - C] * a + (float)r1[i] * b + (float)r1[i + C] * a;
+            acc += (float)r2[i - C] * a + (float)r2[i] * a + (float)r2[i + C] * a;
+            float x0 = (float)r1[i];
+            o[i] = ll_u8_trunc(x0 + (ll_rint_small(acc) - x0) * r); /* acc is in [0, 255] */
+        }
+    }
+}
+
+/* reflect (torch "reflect" / cv2 BORDER_REFLECT_101) and symmetric indices, any distance. */
+static inline long ll_reflect101(long i, long n) {
+    if (n == 1) return 0;
+    long period = 2 * (n - 1);
+    i %= period;
+    if (i < 0) i += period;
+    return i < n ? i : period - i;
+}
+
+static inline long ll_symmetric(long i, long n) {
+    long period = 2 * n;
+    i %= period;
+    if (i < 0) i += period;
+    return i < n ? i : period - 1 - i;
+}
+
+/* gaussian_blur: kernel exp(-x^2 / (2 sigma^2)) over x = -(k-1)/2 .. (k-1)/2, normalised;
+ * reflect padding; separable passes in float32 (torchvision convolves with the outer
+ * product), rounded half to even. Needs (h * w * C) floats of scratch. */
+LL_NO_CONTRACT
+static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int kx, int ky, double sigma,
+                        ll_buf *scratch) {
+    if (kx < 1 || ky < 1 || kx > 4097 || ky > 4097) return LL_ERR_STATE;
+    int rx = kx / 2, ry = ky / 2;
+    size_t st = (size_t)w * C, prow = ((size_t)w + 2 * (size_t)rx) * C;
+    if (ll_buf_reserve(scratch, ((size_t)h * w * C + (size_t)kx + (size_t)ky + prow + (size_t)h + 2 * (size_t)ry) *
+                                    sizeof(float) + 64) != 0)
+        return LL_ERR_NOMEM;
+    float *tmp = (float *)scratch->p;
+    float *wx = tmp + (size_t)h * w * C, *wy = wx + kx;
+    float *pad = wy + ky;             /* one reflect-padded row, float */
+    int *rows = (int *)(pad + prow);  /* reflect-padded row indices */
+    for (int pass = 0; pass < 2; pass++) {
+        int k = pass ? ky : kx;
+        float *wt = pass ? wy : wx;
+        double half = (k - 1) * 0.5, sum = 0.0;
+        float lim = (float)((k - 1) / (2.0 * sqrt(2.0) * sigma));
+        for (int i = 0; i < k; i++) {
+            /* torch: linspace(-lim, lim, k).pow(2).neg().exp() / sum, in float32 */
+            float x = (float)ll_aug_linspace(-lim, lim, k, i);
+            wt[i] = expf(-(x * x));
+            sum += wt[i];
+        }
+        (void)half;
+        for (int i = 0; i < k; i++) wt[i] = (float)(wt[i] / sum);
+    }
+    /* horizontal pass into float scratch, from a reflect-padded float copy of each row */
+    for (int y = 0; y < h; y++) {
+        const uint8_t *row = s + (size_t)y * st;
+        for (int x = -rx; x < w + rx; x++) {
+            const uint8_t *p = row + ll_reflect101(x, w) * C;
+            for (int c = 0; c < C; c++) pad[(size_t)(x + rx) * C + c] = (float)p[c];
+        }
+        /* taps outermost so the inner loop runs along the row; each value still sums tap 0, 1, ... */
+        float *o = tmp + (size_t)y * st;
+        for (size_t i = 0; i < st; i++) o[i] = 0.0f;
+        for (int t = 0; t < kx; t++) {
+            const float *p = pad + (size_t)t * C;
+            float wt = wx[t];
+            for (size_t i = 0; i < st; i++) o[i] += wt * p[i];
+        }
+    }
+    for (int y = -ry; y < h + ry; y++) rows[y + ry] = (int)ll_reflect101(y, h);
+    float *acc = pad; /* the padded row is free now and at least one row long */
+    for (int y = 0; y < h; y++) {
+        for (size_t i = 0; i < st; i++) acc[i] = 0.0f;
+        for (int t = 0; t < ky; t++) {
+            const float *r = tmp + (size_t)rows[y + t] * st;
+            float wt = wy[t];
+            for (size_t i = 0; i < st; i++) acc[i] += wt * r[i];
+        }
+        uint8_t *o = d + (size_t)y * st;
+        for (size_t i = 0; i < st; i++) { /* a weighted mean of 0..255 values: small */
+            float v = ll_rint_small(acc[i]);
+            v = v > 0.0f ? v : 0.0f;
+            o[i] = (uint8_t)(int)(v < 255.0f ? v : 255.0f);
+        }
+    }
+    return LL_OK;
+}
+
+/* ------------------------------------------------------------------ geometric kernels */
+
+/* torchvision's _get_inverse_affine_matrix (inverted=True): output -> input, about the
+ * centre (cx, cy) given relative to the image centre. */
+static void ll_inverse_affine(double cx, double cy, double angle, double tx, double ty, double scale,
+                              double shx, double shy, double *m) {
+    double rot = angle * M_PI / 180.0, sx = shx * M_PI / 180.0, sy = shy * M_PI / 180.0;
+    double a = cos(rot - sy) / cos(sy);
+    double b = -cos(rot - sy) * tan(sx) / cos(sy) - sin(rot);
+    double c = sin(rot - sy) / cos(sy);
+    double d = -sin(rot - sy) * tan(sx) / cos(sy) + cos(rot);
+    m[0] = d / scale; m[1] = -b / scale; m[2] = 0.0;
+    m[3] = -c / scale; m[4] = a / scale; m[5] = 0.0;
+    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty);
+    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty);
+    m[2] += cx;
+    m[5] += cy;
+}
+
+/* Warp through the inverse matrix m (NOTE [ Augmentation arithmetic ]): output pixel
+ * (x, y) reads input (m0 X + m1 Y + m2 + (w-1)/2, m3 X + m4 Y + m5 + (h-1)/2) with
+ * X = x - (w-1)/2, Y = y - (h-1)/2. Computed in float32 in torchvision's own steps (the
+ * matrix divided by (w/2, h/2), the normalised grid, then grid_sample's ((g + 1) w - 1) / 2),
+ * so that half-pixel ties, common under shears, round to the same neighbour. */
+LL_NO_CONTRACT
+static void ll_warp(const uint8_t *s, uint8_t *d, int h, int w, int C, const double *m, int bilinear,
+                    int has_fill, const double *fill) {
+    float hw = (float)(0.5 * w), hh = (float)(0.5 * h);
+    float t0 = (float)m[0] / hw, t1 = (float)m[1] / hw, t2 = (float)m[2] / hw;
+    float t3 = (float)m[3] / hh, t4 = (float)m[4] / hh, t5 = (float)m[5] / hh;
+    float hx = (w - 1) * 0.5f, hy = (h - 1) * 0.5f;
+    size_t st = (size_t)w * C;
+    for (int y = 0; y < h; y++) {
+        float Y = (float)y - hy;
+        for (int x = 0; x < w; x++) {
+            float X = (float)x - hx;
+            float gx = X * t0 + Y * t1 + t2, gy = X * t3 + Y * t4 + t5;
+            float sx = ((gx + 1.0f) * (float)w - 1.0f) / 2.0f, sy = ((gy + 1.0f) * (float)h - 1.0f) / 2.0f;
+            uint8_t *o = d + (size_t)y * st + (size_t)x * C;
+            if (!bilinear) {
+                float fx = ll_rint_f(sx), fy = ll_rint_f(sy);
+                if (fx >= 0 && fx < w && fy >= 0 && fy < h) {
+                    const uint8_t *p = s + (size_t)fy * st + (size_t)fx * C;
+                    if (C == 3) { o[0] = p[0]; o[1] = p[1]; o[2] = p[2]; }
+                    else for (int c = 0; c < C; c++) o[c] = p[c];
+                } else {
+                    for (int c = 0; c < C; c++) o[c] = has_fill ? ll_u8_round((float)fill[c]) : 0;
+                }
+                continue;
+            }
+            float x0f = ll_floor_f(sx), y0f = ll_floor_f(sy);
+            float ax = sx - x0f, ay = sy - y0f;
+            long x0 = (long)x0f, y0 = (long)y0f;
+            float wts[4] = {(1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay};
+            long xs[4] = {x0, x0 + 1, x0, x0 + 1}, ys[4] = {y0, y0, y0 + 1, y0 + 1};
+            float acc[4] = {0, 0, 0, 0}, mask = 0.0f;
+            for (int k = 0; k < 4; k++) {
+                if (xs[k] < 0 || xs[k] >= w || ys[k] < 0 || ys[k] >= h) continue;
+                const uint8_t *p = s + (size_t)ys[k] * st + (size_t)xs[k] * C;
+                for (int c = 0; c < C; c++) acc[c] += wts[k] * (float)p[c];
+                mask += wts[k];
+            }
+            for (int c = 0; c < C; c++) {
+                float v = acc[c];
+                if (has_fill) v = (v - (float)fill[c]) * mask + (float)fill[c];
+                o[c] = ll_u8_round(v);
+            }
+        }
+    }
+}
+
+/* rotate(angle) counter-clockwise about the centre (or da-given centre), nearest. */
+static void ll_prim_rotate(const uint8_t *s, uint8_t *d, int h, int w, int C, double angle, int bilinear,
+                           int has_center, double cx, double cy, int has_fill, const double *fill) {
+    double a = fmod(angle, 360.0);
+    if (a < 0) a += 360.0;
+    if (a == 0.0 && !has_center) { memcpy(d, s, (size_t)h * w * C); return; }
+    double m[6];
+    double ccx = has_center ? cx - w * 0.5 : 0.0, ccy = has_center ? cy - h * 0.5 : 0.0;
+    ll_inverse_affine(ccx, ccy, -a, 0.0, 0.0, 1.0, 0.0, 0.0, m);
+    ll_warp(s, d, h, w, C, m, bilinear, has_fill, fill);
+}
+
+/* One primitive of the automatic policies (magnitude as torchvision passes it). */
+static int ll_prim_apply(int prim, double mag, const uint8_t *s, uint8_t *d, int h, int w, int C, int bilinear,
+                         int has_fill, const double *fill) {
+    size_t npx = (size_t)h * w, n = npx * C;
+    double m[6];
+    switch (prim) {
+    case LL_PRIM_IDENTITY: memcpy(d, s, n); break;
+    case LL_PRIM_SHEAR_X:
+    case LL_PRIM_SHEAR_Y: {
+        double sh = atan(mag) * 180.0 / M_PI;
+        ll_inverse_affine(-w * 0.5, -h * 0.5, 0.0, 0.0, 0.0, 1.0, prim == LL_PRIM_SHEAR_X ? sh : 0.0,
+                          prim == LL_PRIM_SHEAR_Y ? sh : 0.0, m);
+        ll_warp(s, d, h, w, C, m, bilinear, has_fill, fill);
+        break;
+    }
+    case LL_PRIM_TRANSLATE_X:
+    case LL_PRIM_TRANSLATE_Y: {
+        double t = fabs(mag) < 1e9 ? (double)(long)mag : 0.0; /* int(magnitude); nonsense values move nothing */
+        ll_inverse_affine(0.0, 0.0, 0.0, prim == LL_PRIM_TRANSLATE_X ? t : 0.0, prim == LL_PRIM_TRANSLATE_Y ? t : 0.0,
+                          1.0, 0.0, 0.0, m);
+        ll_warp(s, d, h, w, C, m, bilinear, has_fill, fill);
+        break;
+    }
+    case LL_PRIM_ROTATE: ll_prim_rotate(s, d, h, w, C, mag, bilinear, 0, 0, 0, has_fill, fill); break;
+    case LL_PRIM_BRIGHTNESS: ll_prim_brightness(s, d, n, 1.0 + mag); break;
+    case LL_PRIM_COLOR: ll_prim_saturation(s, d, npx, C, 1.0 + mag); break;
+    case LL_PRIM_CONTRAST: ll_prim_contrast(s, d, npx, C, 1.0 + mag); break;
+    case LL_PRIM_SHARPNESS: ll_prim_sharpness(s, d, h, w, C, 1.0 + mag); break;
+    case LL_PRIM_POSTERIZE: ll_prim_posterize(s, d, n, mag >= 8.0 ? 8 : (mag > 0.0 ? (int)mag : 0)); break;
+    case LL_PRIM_SOLARIZE: ll_prim_solarize(s, d, n, 255.0 * mag); break;
+    case LL_PRIM_AUTOCONTRAST: ll_prim_autocontrast(s, d, npx, C); break;
+    case LL_PRIM_EQUALIZE: ll_prim_equalize(s, d, npx, C); break;
+    case LL_PRIM_INVERT: ll_prim_invert(s, d, n); break;
+    case LL_PRIM_HUE: ll_prim_hue(s, d, npx, C, mag); break;
+    default: return LL_ERR_STATE;
+    }
+    return LL_OK;
+}
+
+/* Run a list of primitives (ids[k], mags[k]) src -> dst through one uint8 scratch image. */
+static int ll_prim_run(int n, const int *ids, const double *mags, const uint8_t *s, uint8_t *d, int h, int w, int C,
+                       int bilinear, int has_fill, const double *fill, ll_buf *tmp8) {
+    size_t bytes = (size_t)h * w * C;
+    if (n == 0) { memcpy(d, s, bytes); return LL_OK; }
+    if (n > 1 && ll_buf_reserve(tmp8, bytes + 16) != 0) return LL_ERR_NOMEM;
+    /* ping-pong so that the last primitive writes d */
+    uint8_t *bufs[2] = {d, n > 1 ? tmp8->p : d};
+    const uint8_t *cur = s;
+    for (int k = 0; k < n; k++) {
+        uint8_t *out = bufs[(n - 1 - k) & 1];
+        int st = ll_prim_apply(ids[k], mags[k], cur, out, h, w, C, bilinear, has_fill, fill);
+        if (st != LL_OK) return st;
+        cur = out;
+    }
+    return LL_OK;
+}
+
+/* Apply op with parameters prm: src (h x w x C) -> dst (the size ll_aug_out_size gives).
+ * Scratch: tmp8 (a uint8 image), tmpf (float32 rows for blur). */
+static int ll_aug_apply(const ll_aug *op, const double *prm, const uint8_t *src, int h, int w, int C, uint8_t *dst,
+                        ll_buf *tmp8, ll_buf *tmpf) {
+    int has_fill = op->ia[7];
+    const double *fill = op->da + 12;
+    int ids[LL_AUG_NPRM];
+    double mags[LL_AUG_NPRM];
+    switch (op->kind) {
+    case LL_AUG_COLOR_JITTER: { /* the factors go to the kernels as drawn (not as 1 + magnitude) */
+        int n = 0;
+        for (int i = 0; i < 4; i++) {
+            if (!(prm[i] >= 0.0 && prm[i] <= 3.0)) return LL_ERR_STATE;
+            int f = (int)prm[i];
+            if (op->ia[f]) ids[n++] = f;
+        }
+        size_t bytes = (size_t)h * w * C;
+        if (n == 0) { memcpy(dst, src, bytes); return LL_OK; }
+        if (n > 1 && ll_buf_reserve(tmp8, bytes + 16) != 0) return LL_ERR_NOMEM;
+        uint8_t *bufs[2] = {dst, n > 1 ? tmp8->p : dst};
+        const uint8_t *cur = src;
+        for (int k = 0; k < n; k++) {
+            uint8_t *o = bufs[(n - 1 - k) & 1];
+            double fac = prm[4 + ids[k]];
+            if (ids[k] == 0) ll_prim_brightness(cur, o, bytes, fac);
+            else if (ids[k] == 1) ll_prim_contrast(cur, o, (size_t)h * w, C, fac);
+            else if (ids[k] == 2) ll_prim_saturation(cur, o, (size_t)h * w, C, fac);
+            else ll_prim_hue(cur, o, (size_t)h * w, C, fac);
+            cur = o;
+        }
+        return LL_OK;
+    }
+    case LL_AUG_GRAYSCALE:
+        if (prm[0] != 0) ll_prim_grayscale(src, dst, (size_t)h * w, C);
+        else memcpy(dst, src, (size_t)h * w * C);
+        return LL_OK;
+    case LL_AUG_BLUR:
+        return ll_prim_blur(src, dst, h, w, C, op->ia[0], op->ia[1], prm[0], tmpf);
+    case LL_AUG_TRIVIAL:
+    case LL_AUG_RANDAUG:
+    case LL_AUG_AUTOAUG: {
+        if (!(prm[0] >= 0.0 && 2.0 * prm[0] + 1.0 <= LL_AUG_NPRM - 1)) return LL_ERR_STATE;
+        int n = (int)prm[0];
+        for (int k = 0; k < n; k++) {
+            if (!(prm[1 + 2 * k] >= 0.0 && prm[1 + 2 * k] <= LL_PRIM_HUE)) return LL_ERR_STATE;
+            ids[k] = (int)prm[1 + 2 * k];
+            mags[k] = prm[2 + 2 * k];
+        }
+        return ll_prim_run(n, ids, mags, src, dst, h, w, C, op->ia[6], has_fill, fill, tmp8);
+    }
+    case LL_AUG_RANDOM_CROP: {
+        int oh = op->ia[0], ow = op->ia[1], mode = (int)op->da[0];
+        for (int k = 0; k < 6; k++)
+            if (!(fabs(prm[k]) < 1e9)) return LL_ERR_STATE;
+        long top = (long)prm[0] - (long)prm[3], left = (long)prm[1] - (long)prm[2];
+        for (int y = 0; y < oh; y++) {
+            long sy = y + top;
+            for (int x = 0; x < ow; x++) {
+                long sx = x + left;
+                uint8_t *o = dst + ((size_t)y * ow + x) * C;
+                long yy = sy, xx = sx;
+                if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
+                    if (mode == LL_PAD_CONSTANT) {
+                        for (int c = 0; c < C; c++) o[c] = ll_u8_trunc((float)fill[c]);
+                        continue;
+                    } else if (mode == LL_PAD_EDGE) {
+                        yy = sy < 0 ? 0 : (sy >= h ? h - 1 : sy);
+                        xx = sx < 0 ? 0 : (sx >= w ? w - 1 : sx);
+                    } else if (mode == LL_PAD_REFLECT) {
+                        yy = ll_reflect101(sy, h);
+                        xx = ll_reflect101(sx, w);
+                    } else {
+                        yy = ll_symmetric(sy, h);
+                        xx = ll_symmetric(sx, w);
+                    }
+                }
+                memcpy(o, src + ((size_t)yy * w + xx) * C, C);
+            }
+        }
+        return LL_OK;
+    }
+    case LL_AUG_ROTATION:
+        ll_prim_rotate(src, dst, h, w, C, prm[0], op->ia[6], op->ia[0], op->da[2], op->da[3], has_fill, fill);
+        return LL_OK;
+    case LL_AUG_AFFINE: {
+        double m[6];
+        double cx = op->ia[3] ? op->da[10] - w * 0.5 : 0.0, cy = op->ia[3] ? op->da[11] - h * 0.5 : 0.0;
+        ll_inverse_affine(cx, cy, prm[0], prm[1], prm[2], prm[3], prm[4], prm[5], m);
+        ll_warp(src, dst, h, w, C, m, op->ia[6], has_fill, fill);
+        return LL_OK;
+    }
+    default:
+        return LL_ERR_STATE;
+    }
+}
+
+/* Standard normal number `i` of the erase stream: Box-Muller on counters 64 + 2i, 65 + 2i. */
+static inline float ll_aug_normal(uint64_t key, uint64_t i) {
+    double u1 = ll_rng_uniform(key, 64 + 2 * i), u2 = ll_rng_uniform(key, 65 + 2 * i);
+    return (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2));
+}
+
+/* RandomErasing on the finished output (h x w x C, or C x h x w when chw; float32 when
+ * is_float, uint8 otherwise). The value is da[5..8] per channel (ia[1] = how many given:
+ * 1 or C), or, with ia[0] = 1 ("random"), standard normal numbers: value (c, y, x) of the
+ * box is normal number (c * bh + y) * bw + x of the stream. */
+static void ll_aug_erase(const ll_aug *op, const double *prm, uint64_t key, void *out, int is_float, int chw, int h,
+                         int w, int C) {
+    if (prm[0] == 0) return;
+    int i0 = (int)prm[1], j0 = (int)prm[2], bh = (int)prm[3], bw = (int)prm[4];
+    (void)h;
+    for (int c = 0; c < C; c++) {
+        double cv = op->da[5 + (op->ia[1] == 1 ? 0 : c)];
+        for (int y = 0; y < bh; y++) {
+            for (int x = 0; x < bw; x++) {
+                size_t at = chw ? ((size_t)c * h + (size_t)(i0 + y)) * w + (size_t)(j0 + x)
+                                : ((size_t)(i0 + y) * w + (size_t)(j0 + x)) * C + c;
+                float v = op->ia[0] ? ll_aug_normal(key, ((uint64_t)c * bh + y) * bw + x) : (float)cv;
+                if (is_float) ((float *)out)[at] = v;
+                else ((uint8_t *)out)[at] = ll_u8_trunc(v);
+            }
+        }
+    }
+}
+
+#endif
