@@ -81,7 +81,7 @@ $(TV_VENV)/.ready:
 	@whl=$$(ls $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1); \
 	if [ -z "$$whl" ]; then echo "no torch 2.13.0 CPU wheel in $(TORCH_WHEELS): cannot build $(TV_VENV)"; exit 1; fi; \
 	$(PYTHON) -m venv $(TV_VENV) && \
-	$(TV_VENV)/bin/python -m pip install -q "$$whl" "numpy>=1.24" "opencv-python-headless>=4.8" cloudpickle tqdm \
+	$(TV_VENV)/bin/python -m pip install -q "$$whl" "numpy>=1.24" "opencv-python-headless>=4.8" cloudpickle tqdm psutil \
 	  matplotlib pillow && \
 	$(TV_VENV)/bin/python -m pip install -q --no-deps "torchvision==$(TORCHVISION)"
 	touch $@

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from loaderlib import transforms as T
-from loaderlib._synth import photo_like
+from tests._synth import photo_like
 
 
 def _import_torchvision():

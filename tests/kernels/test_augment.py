@@ -26,8 +26,8 @@ import pytest
 
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
-from loaderlib._synth import encode_jpeg
 from loaderlib.decoding import decode
+from tests._synth import encode_jpeg
 from tests.conftest import make_photo
 
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
