@@ -1,6 +1,7 @@
 """loaderlib: a data loader whose common path runs in nogil kernels on an OpenMP pool."""
 
 from . import batchify, sampler, transforms
+from ._autotune import AUTOTUNE
 from ._build import build_info
 from ._recorder import StageRecorder
 from ._threads import available_cpus, default_num_threads
@@ -25,6 +26,7 @@ from .errors import (
     WorkerError,
 )
 from .loader import DataLoader
+from .pipeline import Pipeline
 from .recordio import ImageRecordDataset
 from .records import RecordFileDataset, write_records
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
@@ -34,6 +36,7 @@ from .webdataset import WebDataset
 __version__ = "0.1.0"
 
 __all__ = [
+    "AUTOTUNE",
     "ArrayDataset",
     "BatchArena",
     "BatchSampler",
@@ -46,6 +49,7 @@ __all__ = [
     "ImageRecordDataset",
     "LoaderError",
     "LoaderTimeoutError",
+    "Pipeline",
     "RandomSampler",
     "RecordFileDataset",
     "SampleFailure",

@@ -71,6 +71,9 @@ class Stats:
         (end of the interval, seconds since the epoch start), ``samples_per_s``,
         ``busy_fraction``, ``consumer_wait_fraction``, ``queue_depth``, ``threads``, and
         ``stage_s.<stage>`` (thread seconds spent in the stage in that interval).
+    autotune : tuple
+        The ``AUTOTUNE`` tuner's decisions, oldest first: ``(time_s, knob, old, new, reason)``
+        (NOTE [ Autotune ] in ``_autotune.py``); empty when nothing is tuned.
     """
 
     enabled: bool
@@ -97,6 +100,7 @@ class Stats:
     queue_depth_mean: float
     gil_held: dict
     series: dict
+    autotune: tuple = ()
 
     # -- derived figures -----------------------------------------------------------------
     @property

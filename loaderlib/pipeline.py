@@ -1,0 +1,1201 @@
+"""A tf.data-style functional pipeline compiled onto loaderlib's engines.
+
+``Pipeline.from_folder(root).shuffle(1000).map(T.Compose([...])).batch(256).prefetch(2)``
+is a plan: nothing runs until it is iterated, every ``iter()`` is one pass (with a fresh
+shuffle, like tf.data's ``reshuffle_each_iteration``), and the output is a pure function of
+the seed and the iteration number, whatever the thread count.
+
+NOTE [ Pipeline compilation ]
+A pipeline over an indexable source (a folder, record files, numpy arrays, a map-style
+dataset) is compiled in two parts. Its *head* is the longest run of steps that only choose
+and order samples (``shuffle``, ``repeat``, ``take``, ``skip``) or change one element into
+one element (``map``), optionally ending with ``batch``. Steps that choose samples act on
+sample indices: the head's stream of indices is computed by the same operators the Python
+path uses, but on integers, and the DataLoader engine then loads exactly those samples. So
+``map`` with loaderlib transforms on a folder or record files runs fused into decode on the
+native engine, built by a private ``DataLoader`` whose runs take the pipeline's index stream
+(one :class:`~loaderlib._engine_base.RunState` per segment of the stream): the same engine
+objects, the same arena, the same kernels and keyed randomness, no second implementation.
+A map step holding a Python callable moves the head to the threads engine (its calls run on
+the loader's Python pool). Every step after the head runs as a Python node
+(NOTE [ Pipeline nodes ] in ``_pipeline_ops.py``). ``explain()`` lists both parts.
+
+NOTE [ Pipeline resume ]
+``state_dict()`` records the iteration number and how many elements the user took. A
+resumed iteration recomputes the same deterministic stream and drops those elements. When
+everything after the head keeps the element count (``map``, ``prefetch``), the head starts
+its engine at the first batch not yet delivered (an index computation, nothing is loaded
+again); otherwise the elements before the resume point are produced again and dropped,
+which costs their compute but is exact for every operator, shuffle buffers and interleave
+cycles included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _pipeline_ops as ops
+from ._pipeline_spec import TensorSpec, batch_spec, leaves, map_structure, relax, spec_of, unbatch_spec
+
+__all__ = ["Pipeline", "PipelineIterator", "TensorSpec"]
+
+#: Version of the dict :meth:`Pipeline.state_dict` returns.
+STATE_VERSION = 1
+
+_INDEX_STEPS = ("shuffle", "repeat", "take", "skip")
+_COUNT_KEEPING = (ops.Map, ops.Prefetch)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a pipeline's plan (configuration only)."""
+
+    kind: str
+    fn: Any = None
+    args: tuple = ()
+
+    def describe(self) -> str:
+        from .loader import _describe
+
+        parts = [] if self.fn is None else [_describe(self.fn)]
+        parts += [_arg(a) for a in self.args]
+        return f".{self.kind}({', '.join(parts)})"
+
+
+def _arg(a: Any) -> str:
+    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str):
+        return f"{a[0]}={a[1]!r}"
+    return repr(a)
+
+
+def _label(k: int, step: Step) -> str:
+    return f"step {k} {step.describe()}"
+
+
+def _kwargs(step: Step) -> dict:
+    return {a[0]: a[1] for a in step.args if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str)}
+
+
+# --------------------------------------------------------------------------- sources
+
+
+class _Source:
+    """Where a pipeline's elements come from."""
+
+    indexable = True
+    native = False
+
+    def __init__(self, kind: str, dataset: Any = None, *, make: Callable | None = None, what: str = "",
+                 parts: Sequence[Pipeline] | None = None, keys: Any = None) -> None:
+        self.kind = kind
+        self.dataset = dataset
+        self.make = make
+        self.what = what
+        self.parts = list(parts) if parts is not None else None
+        self.keys = keys
+        self._peeked: list | None = None
+        self._lock = threading.Lock()
+        if kind in ("iterable", "zip"):
+            self.indexable = False
+
+    def fingerprint(self) -> Any:
+        """What identifies the source's data (files with sizes and mtimes; array digests)."""
+        import hashlib
+
+        ds = self.dataset
+        if self.kind == "zip":
+            return ["zip", [p._fingerprint() for p in self.parts]]
+        paths = getattr(ds, "paths", None)
+        if paths is not None:
+            files = []
+            for p in paths:
+                try:
+                    st = os.stat(p)
+                    files.append([os.fspath(p), st.st_size, st.st_mtime_ns])
+                except OSError:
+                    files.append([os.fspath(p), -1, -1])
+            return [type(ds).__name__, files]
+        arrays = getattr(ds, "arrays", None)
+        if arrays is not None and all(isinstance(a, np.ndarray) for a in arrays):
+            return [type(ds).__name__, [[list(a.shape), a.dtype.str,
+                                         hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()]
+                                        for a in arrays]]
+        n = len(ds) if ds is not None and hasattr(ds, "__len__") else None
+        return [self.kind, self.what, n]
+
+    def spec(self) -> Any:
+        from .datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
+        from .records import RecordFileDataset
+
+        ds = self.dataset
+        image = TensorSpec((None, None, 3), np.uint8)
+        if self.kind == "zip":
+            specs = [p.element_spec for p in self.parts]
+            return tuple(specs) if self.keys is None else dict(zip(self.keys, specs))
+        if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
+            return image if ds.labels is None else (image, TensorSpec((), np.int64))
+        if isinstance(ds, RecordFileDataset):
+            return (TensorSpec((None,), np.uint8) if ds.raw else image, TensorSpec((), np.int64))
+        if isinstance(ds, ArrayDataset) and all(isinstance(a, np.ndarray) for a in ds.arrays):
+            specs = [TensorSpec(a.shape[1:], a.dtype) for a in ds.arrays]
+            return specs[0] if len(specs) == 1 else tuple(specs)
+        first = self.first()
+        if first is _EMPTY:
+            raise ValueError(f"source {self.what}: the element spec cannot be traced from an empty source")
+        return spec_of(first)
+
+    def first(self) -> Any:
+        """The first element (traced once; a one-shot iterator keeps it for its first pass)."""
+        if self.indexable:
+            return self.dataset[0] if len(self.dataset) else _EMPTY
+        with self._lock:
+            if self._peeked is None:
+                it = self.make()
+                try:
+                    self._peeked = [next(it), it]
+                except StopIteration:
+                    self._peeked = [_EMPTY, None]
+            return self._peeked[0]
+
+    def node(self) -> ops.Node:
+        if self.kind == "zip":
+            return ops.Zip(self.parts, "tuple" if self.keys is None else list(self.keys))
+        if not self.indexable:
+            return ops.IterableSource(self._open_iterable, self.what)
+        ds = self.dataset
+        return ops.IterableSource(lambda: (ds[i] for i in range(len(ds))), f"{self.what}: dataset[i] in order")
+
+    def _open_iterable(self) -> Iterator:
+        with self._lock:
+            peeked, self._peeked = self._peeked, None
+        if peeked is not None and peeked[1] is not None and self.one_shot:
+            return itertools.chain([peeked[0]], peeked[1])
+        if peeked is not None and peeked[0] is _EMPTY and self.one_shot:
+            return iter(())
+        return self.make()
+
+    @property
+    def one_shot(self) -> bool:
+        return self.kind == "iterable" and self.dataset is not None and iter(self.dataset) is self.dataset
+
+
+_EMPTY = object()
+
+
+def _native_dataset(ds: Any) -> bool:
+    from .datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
+    from .records import RecordFileDataset
+
+    if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
+        return True
+    if isinstance(ds, RecordFileDataset):
+        return not ds.raw
+    return isinstance(ds, ArrayDataset) and all(isinstance(a, np.ndarray) and a.dtype != object for a in ds.arrays)
+
+
+# --------------------------------------------------------------------------- the head
+
+
+class _Keyed:
+    """A map-style dataset with the head's maps applied, for the threads engine: item ``v``
+    is source sample ``v % n`` (NOTE [ Virtual indices ] in ``_engine_local.py``) and each
+    loaderlib transform's randomness is keyed by ``(seed, iteration, v)``."""
+
+    def __init__(self, base: Any, maps: list, seed: int, iteration: int, labels: list) -> None:
+        self.base = base
+        self.n = len(base)
+        self.maps = maps
+        self.seed = seed
+        self.iteration = iteration
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return self.n
+
+    def source(self, v: int) -> str | None:
+        src = getattr(self.base, "source", None)
+        if callable(src):
+            try:
+                return src(int(v) % self.n)
+            except Exception:  # noqa: BLE001
+                return None
+        return None
+
+    def __getitem__(self, v: int) -> Any:
+        el = self.base[int(v) % self.n]
+        ctx = ops.Context(self.seed, self.iteration)
+        for fn, label in zip(self.maps, self.labels):
+            try:
+                el = ops.apply_map(fn, el, ctx, int(v))
+            except Exception as e:
+                ops.annotate(e, label)
+                raise
+        return el
+
+
+def _listify(samples: list) -> list:
+    return samples
+
+
+class _Engine:
+    """The private DataLoader that runs a pipeline's head, kept across iterations (its arena,
+    kernel plan and Python pool are reused)."""
+
+    def __init__(self, base: Any, maps: list, labels: list, batch: int | None, opts: dict, seed: int) -> None:
+        from . import transforms as T
+        from .loader import DataLoader
+
+        self.base = base
+        self.maps = maps
+        self.labels = labels
+        self.n = len(base)
+        self.unbatch = batch is None
+        self.batch_size = batch if batch is not None else 64
+        kw = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.get("num_threads"),
+              "prefetch": opts.get("prefetch"), "timeout": None}
+        self.keyed = True
+        loader = None
+        if _native_dataset(base) and all(isinstance(m, T.Transform) for m in maps):
+            from .datasets import ArrayDataset
+
+            if maps and not isinstance(base, ArrayDataset):
+                cand = base.transform_first(T.Compose(list(maps)))
+            elif not maps:
+                cand = base
+            else:
+                cand = None
+            if cand is not None:
+                loader = DataLoader(cand, **kw)
+                a = loader._analysis
+                if a.engine == "native" or (a.hybrid is not None and batch is not None):
+                    a.native_source.wrap = self.n
+                    self.keyed = False
+                else:
+                    loader.close()
+                    loader = None
+        if loader is None:
+            loader = DataLoader(_Keyed(base, maps, seed, 0, labels), batchify_fn=None if batch else _listify, **kw)
+        self.loader = loader
+
+    @property
+    def engine(self) -> str:
+        return self.loader.engine
+
+    def run(self, order: Any, iteration: int, delivered: int, position: int) -> Any:
+        from ._engine_base import LoaderIterator, RunState
+
+        ld = self.loader
+        if self.keyed:
+            ld.dataset = _Keyed(self.base, self.maps, ld.seed, iteration, self.labels)
+        return LoaderIterator(ld._new_run(RunState(order, ld.seed, delivered=delivered, position=position)))
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+class _Head(ops.Node):
+    """Source + index steps + maps (+ batch) on the DataLoader engine (NOTE [ Pipeline compilation ])."""
+
+    def __init__(self, engine: _Engine, index_nodes: Callable[[ops.Node], ops.Node] | None, n: int,
+                 iteration: int, drop_remainder: bool, label: str, rows: list) -> None:
+        self.engine = engine
+        self.index_nodes = index_nodes
+        self.n = n
+        self.iteration = iteration
+        self.drop_remainder = drop_remainder
+        self.label = label
+        self.rows = rows
+        self.start = 0   # outputs (batches, or rows when unbatched) to skip (NOTE [ Pipeline resume ])
+
+    def describe(self) -> list:
+        ld = self.engine.loader
+        a = ld._analysis
+        out = [(f"engine: {a.engine}", a.engine, f"{self.label}: {a.reason}")]
+        out += [(f"  {stage}", kind, detail) for stage, kind, detail in a.stages]
+        out += [(f"  {r}", a.engine, "sample indices computed before loading") for r in self.rows]
+        if self.engine.unbatch:
+            out.append(("  unbatch", "python", f"engine batches of {self.engine.batch_size} split into elements"))
+        return out
+
+    def _stream_chunks(self) -> Iterator[np.ndarray]:
+        n = self.n
+        if self.index_nodes is None:
+            yield np.arange(n, dtype=np.int64)
+            return
+        src = _IndexSource(n)
+        it = self.index_nodes(src).open()
+        chunk = max(n, 4 * self.engine.batch_size, 4096)
+        try:
+            while True:
+                a = np.fromiter(itertools.islice(it, chunk), np.int64)
+                if a.size == 0:
+                    return
+                yield a
+        finally:
+            ops.close(it)
+
+    def open(self) -> Iterator:
+        from .sampler import EpochOrder
+
+        b = self.engine.batch_size
+        skip_rows = self.start % b if self.engine.unbatch else 0
+        skip = self.start // b if self.engine.unbatch else self.start
+        empty = np.zeros(0, np.int64)
+        carry = empty
+        chunks = self._stream_chunks()
+        nxt = next(chunks, None)
+        try:
+            while nxt is not None:
+                cur, nxt = nxt, next(chunks, None)
+                stream = np.concatenate([carry, cur]) if carry.size else cur
+                last = nxt is None
+                full = stream.size // b
+                rest = stream.size - full * b
+                targets = [b] * full
+                if last and rest and (self.engine.unbatch or not self.drop_remainder):
+                    targets.append(rest)
+                carry = empty if last else stream[full * b:]
+                if not last:
+                    stream = stream[:full * b]
+                if skip >= len(targets):
+                    skip -= len(targets)
+                    continue
+                order = EpochOrder(self.iteration, stream, targets, False, empty, empty, {})
+                it = self.engine.run(order, self.iteration, skip, skip * b)
+                skip = 0
+                try:
+                    for batch in it:
+                        if not self.engine.unbatch:
+                            yield batch
+                            continue
+                        rows = batch if isinstance(batch, list) else _rows(batch)
+                        yield from rows[skip_rows:]
+                        skip_rows = 0
+                finally:
+                    it.close()
+        finally:
+            chunks.close()
+
+
+def _rows(batch: Any) -> list:
+    parts = leaves(batch)
+    n = len(parts[0])
+    return [map_structure(lambda x, k=k: x[k], batch) for k in range(n)]
+
+
+class _IndexSource(ops.Node):
+    """Sample indices of one pass; pass k numbers sample i as ``k * n + i`` (NOTE [ Virtual indices ])."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.opens = 0
+
+    def open(self) -> Iterator:
+        base = self.opens * self.n
+        self.opens += 1
+        return iter(range(base, base + self.n))
+
+
+# --------------------------------------------------------------------------- options
+
+
+class _Knob:
+    """A live setting read by the nodes while they run (``value``), tunable by AUTOTUNE."""
+
+    def __init__(self, value: int, limit: int, observe: Callable | None = None) -> None:
+        self.value = value
+        self.limit = limit
+        self.observe = observe
+
+
+def _check_count(value: Any, name: str, minimum: int = 0, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+class Pipeline:
+    """A lazy, re-iterable chain of steps over a source, run on loaderlib's engines.
+
+    Build one with a ``from_*`` constructor and chain steps; each step returns a new
+    pipeline (the plan is immutable). Semantics follow tf.data operator by operator.
+    Iterating yields elements (tuples of numpy arrays for ``(image, label)`` sources).
+
+    A pipeline whose steps are native (a folder, record files or arrays, ``map`` with
+    loaderlib transforms, ``batch``) runs on the native engine with the transforms fused into
+    decode, exactly like :class:`~loaderlib.DataLoader` (NOTE [ Pipeline compilation ]).
+    :meth:`explain` says where every stage runs.
+
+    Examples
+    --------
+    >>> import loaderlib as ll                                   # doctest: +SKIP
+    >>> from loaderlib import transforms as T                    # doctest: +SKIP
+    >>> pipe = (ll.Pipeline.from_folder("train/").shuffle(10_000)
+    ...         .map(T.Compose([T.RandomResizedCrop(224), T.ToCHW()])).batch(256).prefetch(2))
+    >>> for images, labels in pipe: ...                          # doctest: +SKIP
+    """
+
+    def __init__(self, source: _Source, steps: tuple = (), options: dict | None = None) -> None:
+        from .sampler import draw_seed
+
+        self._src = source
+        self._steps = tuple(steps)
+        self._options = dict(options) if options else {}
+        if self._options.get("seed") is None:
+            self._options["seed"] = draw_seed()
+        self._iteration = 0
+        self._resume: dict | None = None
+        self._current: Any = None
+        self._last: PipelineIterator | None = None
+        self._spec: Any = _EMPTY
+        self._engines: dict = {}
+        self._caches: dict = {}
+        self._lock = threading.RLock()
+
+    # -- sources ---------------------------------------------------------------------
+    @classmethod
+    def from_folder(cls, root: str | os.PathLike, extensions: Sequence[str] | None = None) -> Pipeline:
+        """Elements ``(HWC uint8 RGB image, int64 label)`` of an image folder (``root/class/img``),
+        as :class:`~loaderlib.ImageFolderDataset`."""
+        from .datasets import ImageFolderDataset
+
+        ds = ImageFolderDataset(root, extensions)
+        return cls(_Source("folder", ds, what=repr(ds)))
+
+    @classmethod
+    def from_records(cls, paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Pipeline:
+        """Elements ``(image, label)`` of record files written by :func:`~loaderlib.write_records`
+        (one file, a list or a glob)."""
+        from .records import RecordFileDataset
+
+        ds = RecordFileDataset(paths)
+        return cls(_Source("records", ds, what=repr(ds)))
+
+    @classmethod
+    def from_arrays(cls, *arrays: np.ndarray) -> Pipeline:
+        """Elements are the rows of the arrays (one array: the row; several: a tuple of rows),
+        as tf.data's ``from_tensor_slices``."""
+        from .datasets import ArrayDataset
+
+        if not arrays:
+            raise ValueError("from_arrays needs at least one array")
+        arrs = [np.asarray(a) for a in arrays]
+        for a in arrs:
+            if a.ndim < 1:
+                raise ValueError(f"from_arrays takes arrays with a leading dimension, got a scalar {a!r}")
+        ds = ArrayDataset(*arrs)
+        return cls(_Source("arrays", ds, what=f"{len(arrs)} array(s) of {len(ds)} rows"))
+
+    @classmethod
+    def from_dataset(cls, dataset: Any) -> Pipeline:
+        """Elements ``dataset[i]`` of a map-style dataset (anything with ``__len__`` and
+        ``__getitem__``; loaderlib's datasets run natively where DataLoader would)."""
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"from_dataset needs __len__ and __getitem__, got {type(dataset).__name__}; use "
+                            "from_iterable for iterables")
+        return cls(_Source("dataset", dataset, what=repr(dataset) if len(repr(dataset)) < 100 else
+                           type(dataset).__name__))
+
+    @classmethod
+    def from_iterable(cls, iterable: Iterable | Callable[[], Iterable]) -> Pipeline:
+        """Elements of an iterable, consumed lazily (infinite ones too).
+
+        A re-iterable object (a list, an ``IterableDataset``) or a function returning a fresh
+        iterator is iterated again on every pass; a one-shot iterator (a generator) can be
+        passed over once only.
+        """
+        if callable(iterable) and not hasattr(iterable, "__iter__"):
+            return cls(_Source("iterable", None, make=lambda: iter(iterable()),
+                               what=f"iterable from {getattr(iterable, '__qualname__', repr(iterable))}()"))
+        if not hasattr(iterable, "__iter__"):
+            raise TypeError(f"from_iterable needs an iterable or a function returning one, got "
+                            f"{type(iterable).__name__}")
+        state = {"used": False}
+        one_shot = iter(iterable) is iterable
+
+        def make() -> Iterator:
+            if one_shot:
+                if state["used"]:
+                    raise ValueError(f"from_iterable got a one-shot iterator ({type(iterable).__name__}), which was "
+                                     "already consumed: pass a re-iterable object or a function returning a fresh "
+                                     "iterator to iterate the pipeline again")
+                state["used"] = True
+            return iter(iterable)
+
+        return cls(_Source("iterable", iterable, make=make, what=f"iterable {type(iterable).__name__}"))
+
+    @staticmethod
+    def zip(*pipelines: Pipeline, **named: Pipeline) -> Pipeline:
+        """Tuples (or dicts, with keywords) of the pipelines' i-th elements, stopping at the
+        shortest, as ``tf.data.Dataset.zip``. Each part keeps its own seed."""
+        parts = list(pipelines) + list(named.values())
+        if not parts or (pipelines and named):
+            raise ValueError("Pipeline.zip takes pipelines either all positional or all by keyword, at least one")
+        for p in parts:
+            if not isinstance(p, Pipeline):
+                raise TypeError(f"Pipeline.zip takes pipelines, got {type(p).__name__}")
+        return Pipeline(_Source("zip", None, parts=parts, keys=list(named) if named else None,
+                                what=f"zip of {len(parts)}"))
+
+    # -- steps -----------------------------------------------------------------------
+    def _then(self, step: Step) -> Pipeline:
+        return Pipeline(self._src, (*self._steps, step), self._options)
+
+    def map(self, fn: Callable, num_parallel_calls: int | None = None, *, output_spec: Any = None) -> Pipeline:
+        """Apply ``fn`` to every element.
+
+        A loaderlib transform (or ``transforms.Compose``) applies to the image of an
+        ``(image, ...)`` element, as ``transform_first``, and runs fused into decode on the
+        native engine where the source allows; any other callable gets the element's
+        components as arguments. ``num_parallel_calls`` (an int or ``AUTOTUNE``) runs calls
+        on a thread pool, order kept. ``output_spec`` states a Python function's output spec;
+        without it the spec is traced on the first element (ranks and dtypes; dimensions
+        None).
+        """
+        if not callable(fn):
+            raise TypeError(f"map takes a callable, got {type(fn).__name__}")
+        _check_parallel(num_parallel_calls)
+        args: tuple = ()
+        if num_parallel_calls is not None:
+            args += (("num_parallel_calls", num_parallel_calls),)
+        if output_spec is not None:
+            args += (("output_spec", output_spec),)
+        return self._then(Step("map", fn, args))
+
+    def filter(self, predicate: Callable[..., Any]) -> Pipeline:
+        """Keep the elements for which ``predicate(*components)`` is true."""
+        if not callable(predicate):
+            raise TypeError(f"filter takes a callable, got {type(predicate).__name__}")
+        return self._then(Step("filter", predicate))
+
+    def flat_map(self, fn: Callable[..., Any]) -> Pipeline:
+        """Replace every element by the elements of the pipeline (or iterable) ``fn`` returns."""
+        if not callable(fn):
+            raise TypeError(f"flat_map takes a callable, got {type(fn).__name__}")
+        return self._then(Step("flat_map", fn))
+
+    def interleave(self, fn: Callable[..., Any], cycle_length: int, block_length: int = 1) -> Pipeline:
+        """tf.data's interleave: ``cycle_length`` of the pipelines ``fn`` returns are open at once
+        and give ``block_length`` elements each in turn."""
+        if not callable(fn):
+            raise TypeError(f"interleave takes a callable, got {type(fn).__name__}")
+        _check_count(cycle_length, "cycle_length", 1)
+        _check_count(block_length, "block_length", 1)
+        return self._then(Step("interleave", fn, (int(cycle_length), ("block_length", int(block_length)))))
+
+    def shuffle(self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True) -> Pipeline:
+        """tf.data's buffered shuffle: each element comes from a buffer of ``buffer_size``
+        upcoming elements (a buffer at least the data's size gives a uniform permutation);
+        a new order every iteration unless ``reshuffle_each_iteration=False``."""
+        _check_count(buffer_size, "buffer_size", 1)
+        _check_count(seed, "seed", 0, allow_none=True)
+        args: tuple = (int(buffer_size),)
+        if seed is not None:
+            args += (("seed", int(seed)),)
+        if not reshuffle_each_iteration:
+            args += (("reshuffle_each_iteration", False),)
+        return self._then(Step("shuffle", None, args))
+
+    def repeat(self, count: int | None = None) -> Pipeline:
+        """Pass over the input ``count`` times (None or -1: for ever)."""
+        if count is not None and count != -1:
+            _check_count(count, "count", 0)
+        return self._then(Step("repeat", None, () if count in (None, -1) else (int(count),)))
+
+    def take(self, count: int) -> Pipeline:
+        """The first ``count`` elements (-1: all)."""
+        if count != -1:
+            _check_count(count, "count", 0)
+        return self._then(Step("take", None, (int(count),)))
+
+    def skip(self, count: int) -> Pipeline:
+        """All but the first ``count`` elements (-1: none)."""
+        if count != -1:
+            _check_count(count, "count", 0)
+        return self._then(Step("skip", None, (int(count),)))
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> Pipeline:
+        """Stack ``batch_size`` consecutive elements component-wise; the last batch may be
+        short unless ``drop_remainder``."""
+        _check_count(batch_size, "batch_size", 1)
+        args: tuple = (int(batch_size),)
+        if drop_remainder:
+            args += (("drop_remainder", True),)
+        return self._then(Step("batch", None, args))
+
+    def padded_batch(self, batch_size: int, padded_shapes: Any = None, padding_values: Any = None,
+                     drop_remainder: bool = False) -> Pipeline:
+        """Like :meth:`batch`, padding every component at the end of each axis to
+        ``padded_shapes`` (per component; None or -1 dimensions: the batch's largest) with
+        ``padding_values`` (per component or one scalar; default 0)."""
+        _check_count(batch_size, "batch_size", 1)
+        args: tuple = (int(batch_size),)
+        if padded_shapes is not None:
+            args += (("padded_shapes", padded_shapes),)
+        if padding_values is not None:
+            args += (("padding_values", padding_values),)
+        if drop_remainder:
+            args += (("drop_remainder", True),)
+        return self._then(Step("padded_batch", None, args))
+
+    def unbatch(self) -> Pipeline:
+        """Split every element along its leading dimension into rows."""
+        return self._then(Step("unbatch"))
+
+    def prefetch(self, buffer_size: int) -> Pipeline:
+        """Keep ``buffer_size`` elements ready on a background thread (``AUTOTUNE``: tuned)."""
+        from ._autotune import AUTOTUNE
+
+        if buffer_size != AUTOTUNE:
+            _check_count(buffer_size, "buffer_size", 1)
+        return self._then(Step("prefetch", None, (int(buffer_size),)))
+
+    def cache(self, path: str | os.PathLike | None = None, *, max_side: int | None = None) -> Pipeline:
+        """Keep the elements of the first full pass and replay them afterwards.
+
+        ``path=None`` keeps them in memory (within ``ram_budget``); a path stores them in
+        memory-mapped files (see :mod:`loaderlib._cache`), reused across runs until the upstream
+        steps or the source files change. ``max_side`` stores images (uint8 HWC components)
+        reduced so their longer side is at most ``max_side``; see
+        :class:`loaderlib._cache.CacheStore` for its measured quality cost.
+        """
+        args: tuple = ()
+        if path is not None:
+            args += (os.fspath(path),)
+        if max_side is not None:
+            _check_count(max_side, "max_side", 8)
+            args += (("max_side", int(max_side)),)
+        return self._then(Step("cache", None, args))
+
+    def concatenate(self, other: Pipeline) -> Pipeline:
+        """This pipeline's elements, then ``other``'s (the element specs must be compatible)."""
+        if not isinstance(other, Pipeline):
+            raise TypeError(f"concatenate takes a Pipeline, got {type(other).__name__}")
+        return self._then(Step("concatenate", None, (other,)))
+
+    def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
+        """Fold every element into a state: ``state = reduce_func(state, element)``."""
+        state = initial_state
+        for el in self:
+            state = reduce_func(state, el)
+        return state
+
+    def with_options(self, *, seed: int | None = None, num_threads: int | None = None,
+                     prefetch: int | None = None, ram_budget: int | str | None = None,
+                     autotune_clock: Callable[[], float] | None = None) -> Pipeline:
+        """The same plan with run options.
+
+        Parameters
+        ----------
+        seed : int, optional
+            Seeds shuffles and augmentation (drawn once per source when not given).
+        num_threads : int or AUTOTUNE, optional
+            Threads of the engine that runs the head (kernels or Python pool).
+        prefetch : int or AUTOTUNE, optional
+            Batches the head's engine keeps ready.
+        ram_budget : int or str, optional
+            Bytes (or "2GB", "512MB") that memory caches and tuned buffers may hold.
+        """
+        from ._autotune import AUTOTUNE, parse_bytes
+
+        opts = dict(self._options)
+        if seed is not None:
+            opts["seed"] = _check_count(seed, "seed", 0)
+        if num_threads is not None:
+            if num_threads != AUTOTUNE:
+                _check_count(num_threads, "num_threads", 0)
+            opts["num_threads"] = int(num_threads)
+        if prefetch is not None:
+            if prefetch != AUTOTUNE:
+                _check_count(prefetch, "prefetch", 1)
+            opts["prefetch"] = int(prefetch)
+        if ram_budget is not None:
+            opts["ram_budget"] = parse_bytes(ram_budget)
+        if autotune_clock is not None:
+            opts["autotune_clock"] = autotune_clock
+        return Pipeline(self._src, self._steps, opts)
+
+    # -- properties ------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        return int(self._options["seed"])
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure, shapes and dtypes of the elements (a nest of :class:`TensorSpec`),
+        computed from the source's spec and each step's, before the first element.
+
+        Loaderlib transforms are planned without data; a Python function without
+        ``output_spec`` is traced on the first element of its input (its output's ranks and
+        dtypes; dimensions None). Raises ValueError naming the step whose spec fails.
+        """
+        with self._lock:
+            if self._spec is _EMPTY:
+                self._spec = self._compute_spec()
+            return self._spec
+
+    def _compute_spec(self) -> Any:
+        spec = self._src.spec()
+        for k, step in enumerate(self._steps, 1):
+            spec = _step_spec(self, k, step, spec)
+        return spec
+
+    def _fingerprint(self, upto: int | None = None) -> list:
+        steps = self._steps if upto is None else self._steps[:upto]
+        return [self._src.fingerprint(), self.seed,
+                [[s.kind, _fn_key(s.fn), [_arg_key(a) for a in s.args]] for s in steps]]
+
+    # -- compilation -----------------------------------------------------------------
+    def _build(self, iteration: int, skip: int = 0) -> ops.Node:
+        ctx = ops.Context(self.seed, iteration)
+        steps = self._steps
+        node: ops.Node | None = None
+        k0 = 0
+        if self._src.indexable:
+            node, k0 = self._build_head(ctx)
+        if node is None:
+            node = self._src.node()
+        head = node if isinstance(node, _Head) else None
+        for k in range(k0, len(steps)):
+            node = self._node(node, k + 1, steps[k], ctx)
+        if skip:
+            rest = node
+            while rest is not head and isinstance(rest, _COUNT_KEEPING):
+                rest = rest.up
+            if head is not None and rest is head:
+                head.start = skip
+            else:
+                node = ops.Skipped(node, skip)
+        return node
+
+    def _build_head(self, ctx: ops.Context) -> tuple[_Head | None, int]:
+        steps = self._steps
+        h = 0
+        while h < len(steps) and steps[h].kind in (*_INDEX_STEPS, "map"):
+            h += 1
+        batch = None
+        drop = False
+        if h < len(steps) and steps[h].kind == "batch":
+            batch = steps[h].args[0]
+            drop = bool(_kwargs(steps[h]).get("drop_remainder", False))
+            h += 1
+        maps = [s for s in steps[:h] if s.kind == "map"]
+        if not maps and batch is None:
+            return None, 0
+        index = [(k, s) for k, s in enumerate(steps[:h], 1) if s.kind in _INDEX_STEPS]
+        opts = dict(self._options)
+        par = [_kwargs(s).get("num_parallel_calls") for s in maps]
+        par = [p for p in par if p is not None]
+        if opts.get("num_threads") is None and par:
+            opts["num_threads"] = max(par)
+        if h < len(steps) and steps[h].kind == "prefetch" and opts.get("prefetch") is None:
+            opts["prefetch"] = steps[h].args[0]
+        from ._autotune import AUTOTUNE
+
+        tuned = {k: opts[k] for k in ("num_threads", "prefetch") if opts.get(k) == AUTOTUNE}
+        for k in tuned:
+            opts[k] = None
+        key = h
+        with self._lock:
+            engine = self._engines.get(key)
+            if engine is None:
+                labels = [_label(k, s) for k, s in enumerate(steps[:h], 1) if s.kind == "map"]
+                engine = self._engines[key] = _Engine(self._src.dataset, [s.fn for s in maps], labels, batch, opts,
+                                                      self.seed)
+                if tuned:
+                    from ._autotune import attach
+
+                    attach(engine.loader, num_threads=("num_threads" in tuned), prefetch=("prefetch" in tuned),
+                           ram_budget=self._options.get("ram_budget"), clock=self._options.get("autotune_clock"))
+        n = engine.n
+
+        def index_nodes(src: ops.Node) -> ops.Node:
+            node = src
+            for k, s in index:
+                node = self._node(node, k, s, ctx)
+            return node
+
+        rows = [_label(k, s) for k, s in index]
+        last = _label(h, steps[h - 1])
+        head = _Head(engine, index_nodes if index else None, n, ctx.iteration, drop,
+                     f"source to {last}" if h else "source", rows)
+        return head, h
+
+    def _node(self, up: ops.Node, k: int, step: Step, ctx: ops.Context) -> ops.Node:
+        from ._autotune import AUTOTUNE
+
+        label = _label(k, step)
+        kw = _kwargs(step)
+        kind = step.kind
+        if kind == "map":
+            par = kw.get("num_parallel_calls")
+            knob = None
+            if par is not None and par != 0:
+                from ._threads import default_num_threads
+
+                cpus = max(1, default_num_threads())
+                knob = _Knob(cpus if par == AUTOTUNE else int(par), max(cpus, int(par) if par != AUTOTUNE else 1))
+                if par == AUTOTUNE:
+                    from ._autotune import tune_knob
+
+                    tune_knob(self, knob, label)
+            return ops.Map(up, label, step.fn, ctx, knob)
+        if kind == "filter":
+            return ops.Filter(up, label, step.fn)
+        if kind == "flat_map":
+            return ops.FlatMap(up, label, step.fn)
+        if kind == "interleave":
+            return ops.Interleave(up, label, step.fn, step.args[0], kw.get("block_length", 1))
+        if kind == "shuffle":
+            return ops.Shuffle(up, label, k, step.args[0], kw.get("seed", self.seed), ctx,
+                               kw.get("reshuffle_each_iteration", True))
+        if kind == "repeat":
+            return ops.Repeat(up, label, step.args[0] if step.args else None)
+        if kind == "take":
+            return ops.Take(up, label, step.args[0])
+        if kind == "skip":
+            return ops.Skip(up, label, step.args[0])
+        if kind == "batch":
+            return ops.Batch(up, label, step.args[0], kw.get("drop_remainder", False))
+        if kind == "padded_batch":
+            return ops.Batch(up, label, step.args[0], kw.get("drop_remainder", False),
+                             (kw.get("padded_shapes"), kw.get("padding_values")))
+        if kind == "unbatch":
+            return ops.Unbatch(up, label)
+        if kind == "prefetch":
+            n = step.args[0]
+            knob = _Knob(2 if n == AUTOTUNE else n, 64)
+            if n == AUTOTUNE:
+                from ._autotune import tune_knob
+
+                tune_knob(self, knob, label, kind="prefetch")
+            return ops.Prefetch(up, label, knob)
+        if kind == "cache":
+            from ._cache import CacheNode, CacheStore
+
+            with self._lock:
+                store = self._caches.get(k)
+                if store is None:
+                    path = step.args[0] if step.args and isinstance(step.args[0], str) else None
+                    store = self._caches[k] = CacheStore(path, max_side=kw.get("max_side"),
+                                                         fingerprint=json.dumps(self._fingerprint(k - 1)),
+                                                         ram_budget=self._options.get("ram_budget"), label=label)
+            return CacheNode(up, label, store)
+        if kind == "concatenate":
+            return ops.Concatenate(up, label, step.args[0])
+        raise ValueError(f"{label}: unknown step")  # pragma: no cover
+
+    def _open_nested(self) -> Iterator:
+        """Elements of one pass of this pipeline used inside another (flat_map, zip, concatenate)."""
+        with self._lock:
+            e = self._iteration
+            self._iteration += 1
+        return self._build(e).open()
+
+    # -- iteration and state ---------------------------------------------------------
+    def __iter__(self) -> PipelineIterator:
+        with self._lock:
+            resume, self._resume = self._resume, None
+            if resume is not None:
+                e, skip = int(resume["iteration"]), int(resume["delivered"])
+            else:
+                e, skip = self._iteration, 0
+            self._iteration = e + 1
+        it = PipelineIterator(self, self._build(e, skip), e, skip)
+        self._current = weakref.ref(it)
+        return it
+
+    def state_dict(self) -> dict:
+        """The position as plain JSON: the iteration in progress and the elements the user
+        took from it (NOTE [ Pipeline resume ]). Between iterations it points at the next one."""
+        with self._lock:
+            if self._resume is not None:
+                return json.loads(json.dumps(self._resume))
+            it = self._current() if self._current is not None else None
+            if it is not None and not it.finished:
+                e, k = it.iteration, it.delivered
+            else:
+                e, k = self._iteration, 0
+            return {"version": STATE_VERSION, "seed": self.seed, "plan": _plan_digest(self), "iteration": int(e),
+                    "delivered": int(k)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from :meth:`state_dict` of an equal pipeline) at the next ``iter()``.
+
+        Raises
+        ------
+        StateError
+            The state is from another version, seed or plan.
+        """
+        from .errors import StateError
+
+        if not isinstance(state, dict):
+            raise StateError(f"a pipeline state is a dict, got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
+        if state.get("seed") != self.seed:
+            raise StateError(f"the state is for seed {state.get('seed')!r}, this pipeline has seed {self.seed} "
+                             "(pass with_options(seed=...))")
+        if state.get("plan") != _plan_digest(self):
+            raise StateError("the state is for another pipeline (its steps or source differ)")
+        for key in ("iteration", "delivered"):
+            if not isinstance(state.get(key), int) or state[key] < 0:
+                raise StateError(f"the state's {key!r} must be a non-negative integer, got {state.get(key)!r}")
+        with self._lock:
+            self._resume = json.loads(json.dumps(state))
+
+    # -- reporting -------------------------------------------------------------------
+    def explain(self) -> str:
+        """The compiled plan: which stages run on which engine, and why."""
+        node = self._build(self._iteration)
+        rows = node.describe()
+        lines = [f"Pipeline: {len(self._steps)} step(s) after the source"]
+        for stage, kind, detail in rows:
+            lines.append(f"  {stage:<34} {kind:<8} {detail}")
+        return "\n".join(lines)
+
+    @property
+    def engine(self) -> str:
+        """The engine of the head ("native", "threads"), or "python" when no step runs on one."""
+        node = self._build(self._iteration)
+        while not isinstance(node, _Head) and hasattr(node, "up"):
+            node = node.up
+        return node.engine.engine if isinstance(node, _Head) else "python"
+
+    @property
+    def stats(self) -> dict:
+        """Per-stage timings of the head's engine (``stats["engine"]``), the tuner's decisions
+        (``stats["autotune"]``: ``(time, knob, old, new, reason)``) and :meth:`cache_info`."""
+        from ._autotune import decisions_of
+
+        engines = list(self._engines.values())
+        out: dict = {"engine": engines[0].loader.stats if engines else None, "autotune": decisions_of(self),
+                     "cache": self.cache_info()}
+        for e in engines:
+            out["autotune"] = sorted(out["autotune"] + decisions_of(e.loader), key=lambda d: d[0])
+        return out
+
+    def cache_info(self) -> list[dict]:
+        """What each ``cache`` step holds: kind, elements, bytes, whether complete, and why not."""
+        return [self._caches[k].info() for k in sorted(self._caches)]
+
+    def close(self) -> None:
+        """Stop the engines' threads and free their arenas (a later ``iter()`` starts them again)."""
+        with self._lock:
+            engines, self._engines = list(self._engines.values()), {}
+        for e in engines:
+            e.close()
+
+    def __del__(self) -> None:
+        try:
+            for e in self._engines.values():
+                e.close()
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+    def __repr__(self) -> str:
+        steps = "".join(s.describe() for s in self._steps)
+        return f"Pipeline({self._src.what}){steps}"
+
+
+class PipelineIterator:
+    """One pass over a pipeline; counts the elements it returned (for ``state_dict``)."""
+
+    def __init__(self, pipe: Pipeline, node: ops.Node, iteration: int, delivered: int) -> None:
+        self._pipe = pipe
+        self._it = node.open()
+        self.iteration = iteration
+        self.delivered = delivered
+        self.finished = False
+
+    def __iter__(self) -> PipelineIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        try:
+            el = next(self._it)
+        except StopIteration:
+            self.finished = True
+            raise
+        except BaseException:
+            self.finished = True
+            ops.close(self._it)
+            raise
+        self.delivered += 1
+        return el
+
+    def state_dict(self) -> dict:
+        """The pipeline state after the last element this iterator returned."""
+        d = self._pipe.state_dict()
+        if not self.finished:
+            d["iteration"], d["delivered"] = self.iteration, self.delivered
+        return d
+
+    def close(self) -> None:
+        """Stop the pass: its threads stop and its engine run ends."""
+        self.finished = True
+        ops.close(self._it)
+
+    def __del__(self) -> None:
+        try:
+            ops.close(self._it)
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def _check_parallel(n: Any) -> None:
+    from ._autotune import AUTOTUNE
+
+    if n is None or n == AUTOTUNE:
+        return
+    _check_count(n, "num_parallel_calls", 1)
+
+
+def _fn_key(fn: Any) -> str:
+    if fn is None:
+        return ""
+    from . import transforms as T
+
+    if isinstance(fn, T.Transform):
+        return repr(fn)
+    mod = getattr(fn, "__module__", "") or ""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    code = getattr(fn, "__code__", None)
+    digest = ""
+    if code is not None:
+        import hashlib
+
+        digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
+    return f"{mod}.{name}:{digest}"
+
+
+def _arg_key(a: Any) -> Any:
+    if isinstance(a, Pipeline):
+        return a._fingerprint()
+    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str):
+        return [a[0], _arg_key(a[1])]
+    try:
+        json.dumps(a)
+        return a
+    except TypeError:
+        return repr(a)
+
+
+def _plan_digest(pipe: Pipeline) -> str:
+    import hashlib
+
+    steps = [[s.kind, _fn_key(s.fn), [_arg_key(a) if not isinstance(a, Pipeline) else "pipeline" for a in s.args]]
+             for s in pipe._steps]
+    return hashlib.sha256(json.dumps([pipe._src.kind, pipe._src.what, steps], default=repr).encode()).hexdigest()[:16]
+
+
+def _image_spec(s: TensorSpec, label: str) -> Any:
+    from . import transforms as T
+
+    if len(s.shape) != 3:
+        raise ValueError(f"{label}: a loaderlib transform needs an HWC image, the element's image component is {s!r}")
+    h, w, c = s.shape
+    return T.ImageSpec(h, w, c, s.dtype, "HWC")
+
+
+def _from_image_spec(spec: Any) -> TensorSpec:
+    if spec.layout == "CHW":
+        return TensorSpec((spec.channels, spec.height, spec.width), spec.dtype)
+    return TensorSpec((spec.height, spec.width, spec.channels), spec.dtype)
+
+
+def _traced(pipe: Pipeline, k: int, fn: Callable, label: str) -> Any:
+    """The spec of ``fn``'s output on the first element of steps ``1..k-1`` (ranks and dtypes)."""
+    up = Pipeline(pipe._src, pipe._steps[:k - 1], pipe._options)
+    it = iter(up._build(0).open())
+    try:
+        first = next(it, _EMPTY)
+    finally:
+        ops.close(it)
+        up.close()
+    if first is _EMPTY:
+        raise ValueError(f"{label}: cannot trace the element spec, the input is empty (pass output_spec=)")
+    try:
+        out = ops.apply_map(fn, first, ops.Context(pipe.seed, 0), 0) if fn is not None else first
+    except Exception as e:
+        raise ValueError(f"{label}: tracing the function on the first element failed: {type(e).__name__}: {e}") from e
+    if isinstance(out, Pipeline):
+        return out.element_spec
+    return map_structure(lambda s: TensorSpec((None,) * len(s.shape), s.dtype), spec_of(out))
+
+
+def _step_spec(pipe: Pipeline, k: int, step: Step, spec: Any) -> Any:
+    from . import transforms as T
+
+    label = _label(k, step)
+    kw = _kwargs(step)
+    kind = step.kind
+    if kind == "map":
+        if kw.get("output_spec") is not None:
+            return kw["output_spec"]
+        fn = step.fn
+        if isinstance(fn, T.Transform) and not (isinstance(fn, T.Compose) and any(
+                not isinstance(t, T.Transform) for t in fn.steps)):
+            img = spec[0] if isinstance(spec, tuple) else spec
+            if not isinstance(img, TensorSpec):
+                raise ValueError(f"{label}: a loaderlib transform needs an image component, the element is {spec!r}")
+            try:
+                out = _from_image_spec(fn.plan(_image_spec(img, label)))
+            except (TypeError, ValueError) as e:
+                msg = str(e)
+                raise ValueError(msg if msg.startswith(label) else f"{label}: {msg}") from None
+            return (out, *spec[1:]) if isinstance(spec, tuple) else out
+        return _traced(pipe, k, fn, label)
+    if kind in ("flat_map", "interleave"):
+        return _traced(pipe, k, step.fn, label)
+    if kind in ("filter", "shuffle", "repeat", "take", "skip", "prefetch"):
+        return spec
+    if kind == "cache":
+        if kw.get("max_side") is not None:
+            return map_structure(lambda s: TensorSpec((None, None, s.shape[2]), s.dtype)
+                                 if len(s.shape) == 3 and s.dtype == np.uint8 else s, spec)
+        return spec
+    if kind == "batch":
+        return batch_spec(spec, step.args[0] if kw.get("drop_remainder") else None)
+    if kind == "padded_batch":
+        shapes = kw.get("padded_shapes")
+        if shapes is not None:
+            def leaf(s: TensorSpec, shape: Any) -> TensorSpec:
+                shape = shape.dims if shape.dims is not None else (None,) * len(s.shape)
+                if len(shape) != len(s.shape):
+                    raise ValueError(f"{label}: padded shape {shape} does not match the component {s!r}")
+                return TensorSpec(tuple(None if d is None or d < 0 else d for d in shape), s.dtype)
+
+            try:
+                spec = map_structure(leaf, spec, ops._as_leaves(shapes, spec))
+            except (ValueError, TypeError, KeyError, IndexError) as e:
+                msg = str(e)
+                raise ValueError(msg if msg.startswith(label) else f"{label}: {msg}") from None
+        return batch_spec(spec, step.args[0] if kw.get("drop_remainder") else None)
+    if kind == "unbatch":
+        try:
+            return unbatch_spec(spec)
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
+    if kind == "concatenate":
+        return relax(spec, step.args[0].element_spec, f"{label}: the element specs are not compatible: ")
+    raise ValueError(f"{label}: unknown step")  # pragma: no cover
