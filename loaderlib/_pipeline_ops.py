@@ -183,11 +183,17 @@ class Filter(Unary):
             close(it)
 
 
-def _as_iterator(obj: Any, label: str) -> Iterator:
+def nested_key(ctx: Context, ordinal: int) -> int:
+    """The iteration number a nested pipeline runs as: a function of the outer iteration and
+    of which opening this is (never of how often that pipeline object ran before)."""
+    return (ctx.iteration << 24) | (int(ordinal) & 0xFFFFFF)
+
+
+def _as_iterator(obj: Any, label: str, ctx: Context, ordinal: int) -> Iterator:
     from .pipeline import Pipeline
 
     if isinstance(obj, Pipeline):
-        return obj._open_nested()
+        return obj._open_nested(nested_key(ctx, ordinal))
     try:
         return iter(obj)
     except TypeError:
@@ -196,16 +202,17 @@ def _as_iterator(obj: Any, label: str) -> Iterator:
 
 
 class FlatMap(Unary):
-    def __init__(self, up: Node, label: str, fn: Callable) -> None:
+    def __init__(self, up: Node, label: str, fn: Callable, ctx: Context) -> None:
         super().__init__(up, label)
         self.fn = fn
+        self.ctx = ctx
 
     def open(self) -> Iterator:
         it = self.up.open()
         try:
-            for el in it:
+            for k, el in enumerate(it):
                 try:
-                    inner = _as_iterator(call(self.fn, el), self.label)
+                    inner = _as_iterator(call(self.fn, el), self.label, self.ctx, k)
                 except Exception as e:
                     annotate(e, self.label)
                     raise
@@ -221,9 +228,11 @@ class Interleave(Unary):
     """tf.data's interleave: ``cycle_length`` inputs open at once, ``block_length`` elements
     from each in turn; an exhausted slot takes the next input element when its turn comes."""
 
-    def __init__(self, up: Node, label: str, fn: Callable, cycle_length: int, block_length: int) -> None:
+    def __init__(self, up: Node, label: str, fn: Callable, cycle_length: int, block_length: int,
+                 ctx: Context) -> None:
         super().__init__(up, label)
         self.fn = fn
+        self.ctx = ctx
         self.cycle_length = cycle_length
         self.block_length = block_length
 
@@ -233,6 +242,7 @@ class Interleave(Unary):
         try:
             cycle = block = 0
             open_count = 0
+            inputs = 0
             end_of_input = False
             while not end_of_input or open_count > 0:
                 cur = slots[cycle]
@@ -255,7 +265,8 @@ class Interleave(Unary):
                         end_of_input = True
                         continue
                     try:
-                        slots[cycle] = _as_iterator(call(self.fn, x), self.label)
+                        slots[cycle] = _as_iterator(call(self.fn, x), self.label, self.ctx, inputs)
+                        inputs += 1
                     except Exception as e:
                         annotate(e, self.label)
                         raise
@@ -560,9 +571,11 @@ class Prefetch(Unary):
 
 
 class Concatenate(Unary):
-    def __init__(self, up: Node, label: str, other: Any) -> None:
+    def __init__(self, up: Node, label: str, other: Any, ctx: Context) -> None:
         super().__init__(up, label)
         self.other = other
+        self.ctx = ctx
+        self.opens = 0
 
     def describe(self) -> list:
         return [*self.up.describe(), (self.label, "python", "then every element of the other pipeline")]
@@ -573,7 +586,8 @@ class Concatenate(Unary):
             yield from it
         finally:
             close(it)
-        other = self.other._open_nested()
+        other = self.other._open_nested(nested_key(self.ctx, self.opens))
+        self.opens += 1
         try:
             yield from other
         finally:
@@ -585,15 +599,19 @@ class Zip(Node):
 
     label = "source Pipeline.zip"
 
-    def __init__(self, parts: list, structure: Any) -> None:
+    def __init__(self, parts: list, structure: Any, ctx: Context) -> None:
         self.parts = parts
         self.structure = structure   # "tuple" or the dict keys
+        self.ctx = ctx
+        self.opens = 0
 
     def describe(self) -> list:
         return [("source", "python", f"zip of {len(self.parts)} pipelines, stopping at the shortest")]
 
     def open(self) -> Iterator:
-        its = [p._open_nested() for p in self.parts]
+        key = nested_key(self.ctx, self.opens)
+        self.opens += 1
+        its = [p._open_nested(key) for p in self.parts]
         try:
             for els in zip(*its):
                 yield tuple(els) if self.structure == "tuple" else dict(zip(self.structure, els))

@@ -166,9 +166,9 @@ class _Source:
                     self._peeked = [_EMPTY, None]
             return self._peeked[0]
 
-    def node(self) -> ops.Node:
+    def node(self, ctx: ops.Context) -> ops.Node:
         if self.kind == "zip":
-            return ops.Zip(self.parts, "tuple" if self.keys is None else list(self.keys))
+            return ops.Zip(self.parts, "tuple" if self.keys is None else list(self.keys), ctx)
         if not self.indexable:
             return ops.IterableSource(self._open_iterable, self.what)
         ds = self.dataset
@@ -768,7 +768,7 @@ class Pipeline:
         if self._src.indexable:
             node, k0 = self._build_head(ctx)
         if node is None:
-            node = self._src.node()
+            node = self._src.node(ctx)
         head = node if isinstance(node, _Head) else None
         for k in range(k0, len(steps)):
             node = self._node(node, k + 1, steps[k], ctx)
@@ -857,9 +857,9 @@ class Pipeline:
         if kind == "filter":
             return ops.Filter(up, label, step.fn)
         if kind == "flat_map":
-            return ops.FlatMap(up, label, step.fn)
+            return ops.FlatMap(up, label, step.fn, ctx)
         if kind == "interleave":
-            return ops.Interleave(up, label, step.fn, step.args[0], kw.get("block_length", 1))
+            return ops.Interleave(up, label, step.fn, step.args[0], kw.get("block_length", 1), ctx)
         if kind == "shuffle":
             return ops.Shuffle(up, label, k, step.args[0], kw.get("seed", self.seed), ctx,
                                kw.get("reshuffle_each_iteration", True))
@@ -896,15 +896,13 @@ class Pipeline:
                                                          ram_budget=self._options.get("ram_budget"), label=label)
             return CacheNode(up, label, store)
         if kind == "concatenate":
-            return ops.Concatenate(up, label, step.args[0])
+            return ops.Concatenate(up, label, step.args[0], ctx)
         raise ValueError(f"{label}: unknown step")  # pragma: no cover
 
-    def _open_nested(self) -> Iterator:
-        """Elements of one pass of this pipeline used inside another (flat_map, zip, concatenate)."""
-        with self._lock:
-            e = self._iteration
-            self._iteration += 1
-        return self._build(e).open()
+    def _open_nested(self, iteration: int) -> Iterator:
+        """Elements of one pass of this pipeline inside another (flat_map, interleave, zip,
+        concatenate), as iteration ``iteration`` (``_pipeline_ops.nested_key``)."""
+        return self._build(iteration).open()
 
     # -- iteration and state ---------------------------------------------------------
     def __iter__(self) -> PipelineIterator:
