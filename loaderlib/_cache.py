@@ -245,7 +245,9 @@ class _DiskWriter:
         parts = leaves(el)
         arrays = []
         for x in parts:
-            a = np.ascontiguousarray(np.asarray(x))
+            a = np.asarray(x)
+            if not a.flags.c_contiguous:
+                a = np.array(a, order="C")   # (np.ascontiguousarray would make a 0-d value 1-d)
             if a.dtype == object or a.dtype.kind in "OUSV":
                 raise TypeError(f"{self.store.label}: a disk cache stores numeric arrays; this element holds a "
                                 f"{type(x).__name__} ({a.dtype}); cache in memory (cache()) instead")

@@ -755,8 +755,14 @@ class Pipeline:
         return spec
 
     def _fingerprint(self, upto: int | None = None) -> list:
+        """What identifies the elements of steps ``1..upto``: the source's data, the steps and,
+        when a step draws random numbers (or may: Python code), the seed."""
+        from . import transforms as T
+
         steps = self._steps if upto is None else self._steps[:upto]
-        return [self._src.fingerprint(), self.seed,
+        random = any(s.kind == "shuffle" or (s.fn is not None and not (isinstance(s.fn, T.Transform)
+                                                                        and not s.fn.random)) for s in steps)
+        return [self._src.fingerprint(), self.seed if random else None,
                 [[s.kind, _fn_key(s.fn), [_arg_key(a) for a in s.args]] for s in steps]]
 
     # -- compilation -----------------------------------------------------------------
@@ -885,19 +891,27 @@ class Pipeline:
                 tune_knob(self, knob, label, kind="prefetch")
             return ops.Prefetch(up, label, knob)
         if kind == "cache":
-            from ._cache import CacheNode, CacheStore
+            from ._cache import CacheNode
 
-            with self._lock:
-                store = self._caches.get(k)
-                if store is None:
-                    path = step.args[0] if step.args and isinstance(step.args[0], str) else None
-                    store = self._caches[k] = CacheStore(path, max_side=kw.get("max_side"),
-                                                         fingerprint=json.dumps(self._fingerprint(k - 1)),
-                                                         ram_budget=self._options.get("ram_budget"), label=label)
+            store = self._cache_store(k, step)
             return CacheNode(up, label, store)
         if kind == "concatenate":
             return ops.Concatenate(up, label, step.args[0], ctx)
         raise ValueError(f"{label}: unknown step")  # pragma: no cover
+
+    def _cache_store(self, k: int, step: Step) -> Any:
+        """The store of cache step ``k``, kept by this pipeline across iterations."""
+        from ._cache import CacheStore
+
+        with self._lock:
+            store = self._caches.get(k)
+            if store is None:
+                path = step.args[0] if step.args and isinstance(step.args[0], str) else None
+                store = self._caches[k] = CacheStore(path, max_side=_kwargs(step).get("max_side"),
+                                                     fingerprint=json.dumps(self._fingerprint(k - 1)),
+                                                     ram_budget=self._options.get("ram_budget"),
+                                                     label=_label(k, step))
+            return store
 
     def _open_nested(self, iteration: int) -> Iterator:
         """Elements of one pass of this pipeline inside another (flat_map, interleave, zip,
@@ -989,7 +1003,7 @@ class Pipeline:
 
     def cache_info(self) -> list[dict]:
         """What each ``cache`` step holds: kind, elements, bytes, whether complete, and why not."""
-        return [self._caches[k].info() for k in sorted(self._caches)]
+        return [self._cache_store(k, s).info() for k, s in enumerate(self._steps, 1) if s.kind == "cache"]
 
     def close(self) -> None:
         """Stop the engines' threads and free their arenas (a later ``iter()`` starts them again)."""
