@@ -3,6 +3,8 @@ that tuning never changes the output."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -104,7 +106,7 @@ def test_tuner_decisions_with_injected_clock():
     times = [d[0] for d in tuner.decisions]
     assert times == sorted(times) and all(isinstance(d[4], str) and "/s" in d[4] for d in tuner.decisions)
     # every change is followed by one discarded window: decisions are at least 2 windows apart
-    assert all(b - a >= 2.0 - 1e-9 for a, b in zip(times, times[1:]))
+    assert all(b - a >= 2.0 - 1e-9 for a, b in itertools.pairwise(times))
 
 
 def test_tuner_ignores_short_windows():
