@@ -306,7 +306,7 @@ class _Head(ops.Node):
     """Source + index steps + maps (+ batch) on the DataLoader engine (NOTE [ Pipeline compilation ])."""
 
     def __init__(self, engine: _Engine, index_nodes: Callable[[ops.Node], ops.Node] | None, n: int,
-                 iteration: int, drop_remainder: bool, label: str, rows: list) -> None:
+                 iteration: int, drop_remainder: bool, label: str, rows: list, prefetch: str | None) -> None:
         self.engine = engine
         self.index_nodes = index_nodes
         self.n = n
@@ -314,14 +314,19 @@ class _Head(ops.Node):
         self.drop_remainder = drop_remainder
         self.label = label
         self.rows = rows
+        self.prefetch = prefetch
         self.start = 0   # outputs (batches, or rows when unbatched) to skip (NOTE [ Pipeline resume ])
 
     def describe(self) -> list:
         ld = self.engine.loader
         a = ld._analysis
         out = [(f"engine: {a.engine}", a.engine, f"{self.label}: {a.reason}")]
-        out += [(f"  {stage}", kind, detail) for stage, kind, detail in a.stages]
-        out += [(f"  {r}", a.engine, "sample indices computed before loading") for r in self.rows]
+        stages = [(f"  {stage}", kind, detail) for stage, kind, detail in a.stages]
+        index = [(f"  {r}", "native", "on sample indices, before loading") for r in self.rows]
+        out += stages[:1] + index + stages[1:]
+        if self.prefetch is not None:
+            what = f"the engine's queue keeps {ld.prefetch} batches ready (driver thread)"
+            out.append((f"  {self.prefetch}", "native", what))
         if self.engine.unbatch:
             out.append(("  unbatch", "python", f"engine batches of {self.engine.batch_size} split into elements"))
         return out
@@ -808,8 +813,13 @@ class Pipeline:
         par = [p for p in par if p is not None]
         if opts.get("num_threads") is None and par:
             opts["num_threads"] = max(par)
-        if h < len(steps) and steps[h].kind == "prefetch" and opts.get("prefetch") is None:
-            opts["prefetch"] = steps[h].args[0]
+        absorbed = None
+        if h < len(steps) and steps[h].kind == "prefetch":
+            # The engine's own prefetch queue is that step (no second queue behind it).
+            absorbed = _label(h + 1, steps[h])
+            if opts.get("prefetch") is None:
+                opts["prefetch"] = steps[h].args[0]
+            h += 1
         from ._autotune import AUTOTUNE
 
         tuned = {k: opts[k] for k in ("num_threads", "prefetch") if opts.get(k) == AUTOTUNE}
@@ -838,7 +848,7 @@ class Pipeline:
         rows = [_label(k, s) for k, s in index]
         last = _label(h, steps[h - 1])
         head = _Head(engine, index_nodes if index else None, n, ctx.iteration, drop,
-                     f"source to {last}" if h else "source", rows)
+                     f"source to {last}" if h else "source", rows, absorbed)
         return head, h
 
     def _node(self, up: ops.Node, k: int, step: Step, ctx: ops.Context) -> ops.Node:
