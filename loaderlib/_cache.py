@@ -39,8 +39,9 @@ import numpy as np
 
 from . import _pipeline_ops as ops
 from ._pipeline_spec import leaves, map_structure
+from .datasets import Dataset
 
-__all__ = ["CacheNode", "CacheStore"]
+__all__ = ["CacheNode", "CacheStore", "CachedImages"]
 
 _ALIGN = 64
 _VERSION = 1
@@ -162,18 +163,27 @@ class CacheStore:
         if self.path is None:
             yield from self._elements
             return
+        for i in range(len(self)):
+            yield self.element(i)
+
+    def element(self, i: int) -> Any:
+        """Cached element ``i`` (memory: the kept copy; disk: views of the mapped file)."""
+        if self.path is None:
+            return self._elements[i]
         meta, idx, mm = self._meta, self._index, self._mm
-        dtypes = [np.dtype(d) for d in meta["dtypes"]]
-        tree = meta["tree"]
-        for i in range(meta["count"]):
-            parts = []
-            for j, dt in enumerate(dtypes):
-                shape = tuple(int(d) for d in idx[f"shape{j}"][i])
-                off = int(idx[f"offset{j}"][i])
-                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                parts.append(np.frombuffer(mm, np.uint8, n, off).view(dt).reshape(shape) if n else
-                             np.zeros(shape, dt))
-            yield _unflatten(tree, parts)
+        parts = []
+        for j, d in enumerate(meta["dtypes"]):
+            dt = np.dtype(d)
+            shape = tuple(int(v) for v in idx[f"shape{j}"][i])
+            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            parts.append(np.frombuffer(mm, np.uint8, n, int(idx[f"offset{j}"][i])).view(dt).reshape(shape) if n
+                         else np.zeros(shape, dt))
+        return _unflatten(meta["tree"], parts)
+
+    def __len__(self) -> int:
+        if self.path is None:
+            return len(self._elements)
+        return int(self._meta["count"])
 
     # -- writing ---------------------------------------------------------------------
     def prepare(self, el: Any) -> Any:
@@ -344,3 +354,45 @@ class CacheNode(ops.Unary):
                         w.abort()
                 finally:
                     store.writing = False
+
+
+class CachedImages(Dataset):
+    """A complete cache of ``(HWC uint8 image, int label)`` (or image) elements as a dataset
+    whose images the native engine transforms straight from memory (NOTE [ Cached pixels ]).
+
+    NOTE [ Cached pixels ]
+    Once a cache of decoded images is complete, the steps after it (index steps, loaderlib
+    transforms, batch) are compiled like a pipeline head (NOTE [ Pipeline compilation ] in
+    ``pipeline.py``) on a source of kind ``"pixels"``: the fused chain runs on the cached
+    pixels in one kernel pass per batch (``ll_chain_run_pixels``: the same stages and keyed
+    randomness as from a JPEG, without the decode), straight into the batch arena. The
+    output equals the transforms applied step by step to the cached image.
+    """
+
+    native_pixels = True
+
+    def __init__(self, store: CacheStore, labelled: bool) -> None:
+        self.store = store
+        self.n = len(store)
+        self.labels = None
+        if labelled:
+            self.labels = np.asarray([int(store.element(i)[1]) for i in range(self.n)], np.int64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        el = self.store.element(int(i))
+        return (el[0], int(el[1])) if self.labels is not None else el
+
+    def images(self, indices: list) -> list:
+        """The cached images of ``indices`` (not copied)."""
+        if self.labels is None:
+            return [self.store.element(i) for i in indices]
+        return [self.store.element(i)[0] for i in indices]
+
+    def source(self, i: int) -> str | None:
+        return f"{self.store.label}, element {int(i)}"
+
+    def __repr__(self) -> str:
+        return f"CachedImages({self.store.label}: {self.n} decoded images)"

@@ -160,7 +160,7 @@ class NativeSource:
         i = int(i) % self.wrap if self.wrap else int(i)
         if self.kind == "files":
             return self.paths[i]
-        if self.kind in ("shards", "buffers"):
+        if self.kind in ("shards", "buffers", "pixels"):
             return self.dataset.source(i)
         return None
 
@@ -185,6 +185,10 @@ class NativeSource:
                                        timings=timings)
         if self.kind == "shards":
             return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings)
+        if self.kind == "pixels":   # NOTE [ Cached pixels ] in _cache.py
+            data = self.data_index(idx).tolist()
+            return plan.run_pixels_into(self.dataset.images(data), out, idx, seed=seed, epoch=epoch,
+                                        num_threads=num_threads, timings=timings)
         if self.kind == "buffers":
             data = self.data_index(idx).tolist()
             return plan.run_buffers_into(self.dataset.buffers(data), out, idx, seed=seed, epoch=epoch,

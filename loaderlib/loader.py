@@ -185,6 +185,11 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         src = NativeSource("buffers", dataset=base, labels=base.labels, description=repr(base))
         stages.append(("read", "native", "HFImageDataset: encoded bytes from the Arrow table, one gather per batch"))
         nparts = 1 if base.labels is None else 2
+    elif getattr(base, "native_pixels", False):
+        # A Pipeline's complete cache of decoded images (NOTE [ Cached pixels ] in _cache.py).
+        src = NativeSource("pixels", dataset=base, labels=base.labels, description=repr(base))
+        stages.append(("read", "native", f"{base!r}: decoded pixels in memory, no decode"))
+        nparts = 1 if base.labels is None else 2
     elif isinstance(base, ImageRecordDataset):
         src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
         stages.append(("read", "native", "ImageRecordDataset (MXNet RecordIO): pread inside the kernel"))

@@ -195,6 +195,8 @@ def _native_dataset(ds: Any) -> bool:
     from .datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
     from .records import RecordFileDataset
 
+    if getattr(ds, "native_pixels", False):
+        return True
     if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
         return True
     if isinstance(ds, RecordFileDataset):
@@ -775,27 +777,52 @@ class Pipeline:
         ctx = ops.Context(self.seed, iteration)
         steps = self._steps
         node: ops.Node | None = None
-        k0 = 0
+        k = 0
         if self._src.indexable:
-            node, k0 = self._build_head(ctx)
+            node, k = self._build_head(ctx, 0, lambda: self._src.dataset, "source")
         if node is None:
             node = self._src.node(ctx)
-        head = node if isinstance(node, _Head) else None
-        for k in range(k0, len(steps)):
+        while k < len(steps):
+            if steps[k].kind == "cache":
+                head, after = self._cached_head(ctx, k)
+                if head is not None:
+                    node, k = head, after
+                    continue
             node = self._node(node, k + 1, steps[k], ctx)
+            k += 1
         if skip:
             rest = node
-            while rest is not head and isinstance(rest, _COUNT_KEEPING):
+            while isinstance(rest, _COUNT_KEEPING):
                 rest = rest.up
-            if head is not None and rest is head:
-                head.start = skip
+            if isinstance(rest, _Head):
+                rest.start = skip
             else:
                 node = ops.Skipped(node, skip)
         return node
 
-    def _build_head(self, ctx: ops.Context) -> tuple[_Head | None, int]:
+    def _cached_head(self, ctx: ops.Context, k: int) -> tuple[_Head | None, int]:
+        """After a complete cache of decoded images, the steps that follow run on the engine
+        from the cached pixels (NOTE [ Cached pixels ] in ``_cache.py``)."""
+        store = self._cache_store(k + 1, self._steps[k])
+        if not store.ready() or not len(store):
+            return None, k
+        first = store.element(0)
+        image = first[0] if isinstance(first, tuple) and len(first) == 2 else first
+        if not (isinstance(image, np.ndarray) and image.ndim == 3 and image.dtype == np.uint8 and image.shape[2] == 3):
+            return None, k
+        labelled = image is not first
+        if labelled and not (isinstance(first[1], (int, np.integer)) or (
+                isinstance(first[1], np.ndarray) and first[1].ndim == 0 and first[1].dtype.kind in "iu")):
+            return None, k
+        from ._cache import CachedImages
+
+        return self._build_head(ctx, k + 1, lambda: CachedImages(store, labelled), f"step {k + 1} .cache()")
+
+    def _build_head(self, ctx: ops.Context, start: int, base: Callable[[], Any],
+                    what: str) -> tuple[_Head | None, int]:
+        """The engine stage over ``base()`` for steps ``start..`` (0-based; NOTE [ Pipeline compilation ])."""
         steps = self._steps
-        h = 0
+        h = start
         while h < len(steps) and steps[h].kind in (*_INDEX_STEPS, "map"):
             h += 1
         batch = None
@@ -804,10 +831,10 @@ class Pipeline:
             batch = steps[h].args[0]
             drop = bool(_kwargs(steps[h]).get("drop_remainder", False))
             h += 1
-        maps = [s for s in steps[:h] if s.kind == "map"]
+        maps = [s for s in steps[start:h] if s.kind == "map"]
         if not maps and batch is None:
-            return None, 0
-        index = [(k, s) for k, s in enumerate(steps[:h], 1) if s.kind in _INDEX_STEPS]
+            return None, start
+        index = [(k, s) for k, s in enumerate(steps[start:h], start + 1) if s.kind in _INDEX_STEPS]
         opts = dict(self._options)
         par = [_kwargs(s).get("num_parallel_calls") for s in maps]
         par = [p for p in par if p is not None]
@@ -825,13 +852,12 @@ class Pipeline:
         tuned = {k: opts[k] for k in ("num_threads", "prefetch") if opts.get(k) == AUTOTUNE}
         for k in tuned:
             opts[k] = None
-        key = h
+        key = (start, h)
         with self._lock:
             engine = self._engines.get(key)
             if engine is None:
-                labels = [_label(k, s) for k, s in enumerate(steps[:h], 1) if s.kind == "map"]
-                engine = self._engines[key] = _Engine(self._src.dataset, [s.fn for s in maps], labels, batch, opts,
-                                                      self.seed)
+                labels = [_label(k, s) for k, s in enumerate(steps[start:h], start + 1) if s.kind == "map"]
+                engine = self._engines[key] = _Engine(base(), [s.fn for s in maps], labels, batch, opts, self.seed)
                 if tuned:
                     from ._autotune import attach
 
@@ -847,8 +873,8 @@ class Pipeline:
 
         rows = [_label(k, s) for k, s in index]
         last = _label(h, steps[h - 1])
-        head = _Head(engine, index_nodes if index else None, n, ctx.iteration, drop,
-                     f"source to {last}" if h else "source", rows, absorbed)
+        head = _Head(engine, index_nodes if index else None, n, ctx.iteration, drop, f"{what} to {last}", rows,
+                     absorbed)
         return head, h
 
     def _node(self, up: ops.Node, k: int, step: Step, ctx: ops.Context) -> ops.Node:

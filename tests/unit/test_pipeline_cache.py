@@ -167,3 +167,28 @@ def test_disk_cache_refuses_python_objects(tmp_path):
     with pytest.raises(TypeError, match=r"step 1 \.cache.*numeric arrays"):
         list(pipe)
     assert list(ll.Pipeline.from_iterable(lambda: iter([("a", 1)])).cache()) == [("a", 1)]
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_cached_images_run_fused_on_the_native_engine(folder, tmp_path, on_disk):
+    chain = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.Normalize((0.5,) * 3, (0.25,) * 3),
+                       T.ToCHW()])
+    where = str(tmp_path / "px") if on_disk else None
+    pipe = ll.Pipeline.from_folder(folder).cache(where).map(chain).batch(4).with_options(seed=SEED, num_threads=2)
+    ds = ll.ImageFolderDataset(folder)
+    runs = []
+    for iteration in range(3):
+        if iteration:
+            assert "decoded pixels in memory" in pipe.explain() and pipe.engine == "native"
+        got = [(x.copy(), y.copy()) for x, y in pipe]
+        runs.append(got)
+        # the reference: the transforms applied step by step to the decoded image, keyed by
+        # (seed, iteration, element index), whether the pass filled the cache or read it
+        for k in range(len(ds)):
+            img, lab = ds[k]
+            ref = chain(img, seed=SEED, epoch=iteration, index=k)
+            assert np.array_equal(got[k // 4][0][k % 4], ref) and got[k // 4][1][k % 4] == lab
+    one = ll.Pipeline.from_folder(folder).cache(where).map(chain).batch(4).with_options(seed=SEED, num_threads=1)
+    list(one)                                   # fills (or, on disk, finds) the cache
+    again = [x.copy() for x, _ in one]          # iteration 1 from the cache, one thread
+    assert len(again) == len(runs[1]) and all(np.array_equal(a, b[0]) for a, b in zip(again, runs[1]))

@@ -152,3 +152,32 @@ def test_from_dataset_python(folder):
     got = [(x.tolist(), y.tolist()) for x, y in pipe]
     assert got == [([[i * i] * 2 for i in b], b) for b in m_batch(order, 3)]
     assert pipe.element_spec[0].shape == (None, 2)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pixels_kernel_equals_step_by_step(folder, threads):
+    from loaderlib._chain import compile_chain
+
+    imgs = [ll.ImageFolderDataset(folder)[k][0] for k in range(N)]
+    for chain_ in (chain(), T.Compose([T.Resize(20), T.CenterCrop(16), T.Normalize((0.4,) * 3, (0.2,) * 3)]),
+                   T.Compose([T.Resize((30, 25)), T.RandomResizedCrop(9), T.RandomHorizontalFlip()])):
+        plan = compile_chain(chain_)
+        out = np.zeros((N, *plan.sample_shape), plan.dtype)
+        st = plan.run_pixels_into(imgs, out, np.arange(N) + 100, seed=SEED, epoch=3, num_threads=threads)
+        assert st.ok.all()
+        ref = np.stack([chain_(im, seed=SEED, epoch=3, index=k + 100) for k, im in enumerate(imgs)])
+        assert np.array_equal(out, ref)
+
+
+def test_pixels_kernel_refuses_bad_images():
+    from loaderlib._chain import compile_chain
+
+    plan = compile_chain(chain())
+    bad = [np.zeros((5, 5), np.uint8), np.zeros((0, 4, 3), np.uint8), np.zeros((6, 6, 1), np.uint8),
+           np.zeros((6, 6, 3), np.float32), np.zeros((6, 6, 3), np.uint8)[:, ::2]]
+    out = np.zeros((len(bad), *plan.sample_shape), plan.dtype)
+    st = plan.run_pixels_into(bad, out, np.arange(len(bad)), seed=1, epoch=0, num_threads=2)
+    assert st.ok.tolist() == [False, False, False, False, True]   # a strided view is copied, then fine
+    assert "must be HWC uint8 with 3 channels, got (5, 5) uint8" in str(st.errors[0])
+    assert "0 bytes is not 0x4x3" in str(st.errors[1])
+    assert "got (6, 6, 3) float32" in str(st.errors[3])
