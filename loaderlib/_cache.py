@@ -16,13 +16,17 @@ hot, the process only one element at a time while writing), with an index of off
 shapes and a ``meta.json``. The files are written into a temporary directory that is renamed
 into place only when the pass completed (atomic: a crashed run leaves no half cache), and
 are reused by later runs while the fingerprint in ``meta.json`` (the upstream steps, the
-seed and the source files' names, sizes and mtimes) matches; otherwise they are rebuilt.
+source files' names, sizes and mtimes, and the seed when an upstream step is random) matches;
+otherwise they are rebuilt. Once complete, a cache of decoded ``(image, label)`` elements
+feeds the native engine directly (NOTE [ Cached pixels ]).
 
-Measured quality cost of ``max_side`` (``benchmarks/pipeline.py --cache-quality``: the final
-``RandomResizedCrop(224)`` + flip crops of a cached reduced image vs the same crops of the full
-decode, 64 photos of 500x375 px, mean absolute difference in uint8 levels): ``max_side=256``
-2.9 levels, ``max_side=384`` 1.1, ``max_side=512`` 0.0 (no reduction: the photos are smaller).
-The full-resolution cache (no ``max_side``) costs nothing.
+Measured quality cost of ``max_side`` (``python benchmarks/pipeline.py --only b``: the final
+``RandomResizedCrop(224)`` + flip crops made from a reduced cache vs the same crops (same seed,
+same boxes) from the full-resolution cache, 64 photo-like JPEGs of median size 459x346 px, mean
+absolute difference in uint8 levels): ``max_side=128`` 9.3, ``192`` 7.0, ``256`` 5.3, ``384``
+3.8, ``512`` 0.6 (only the few larger photos are reduced). RandomResizedCrop zooms in, so its
+crops need the source pixels: reduce only when memory forces it. The full-resolution cache
+(no ``max_side``) costs nothing.
 """
 
 from __future__ import annotations
