@@ -274,6 +274,7 @@ class _Engine:
         kw = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.get("num_threads"),
               "prefetch": opts.get("prefetch"), "timeout": None}
         self.keyed = True
+        self._warm: tuple | None = None
         loader = None
         if _native_dataset(base) and all(isinstance(m, T.Transform) for m in maps):
             from .datasets import ArrayDataset
@@ -301,6 +302,27 @@ class _Engine:
     def engine(self) -> str:
         return self.loader.engine
 
+    def warm(self, order: Any, iteration: int) -> None:
+        """Start the next iteration's first segment now (NOTE [ Warm iterations ])."""
+        self.drop_warm()
+        self._warm = (iteration, order, self.run(order, iteration, 0, 0))
+
+    def take_warm(self, iteration: int, order: Any) -> Any:
+        """The warm run if it is exactly this iteration's first segment, else None."""
+        w, self._warm = self._warm, None
+        if w is None:
+            return None
+        it, warm_order, run = w
+        if it == iteration and warm_order.targets == order.targets and np.array_equal(warm_order.stream, order.stream):
+            return run
+        run.close()
+        return None
+
+    def drop_warm(self) -> None:
+        w, self._warm = self._warm, None
+        if w is not None:
+            w[2].close()
+
     def run(self, order: Any, iteration: int, delivered: int, position: int) -> Any:
         from ._engine_base import LoaderIterator, RunState
 
@@ -310,6 +332,7 @@ class _Engine:
         return LoaderIterator(ld._new_run(RunState(order, ld.seed, delivered=delivered, position=position)))
 
     def close(self) -> None:
+        self.drop_warm()
         self.loader.close()
 
 
@@ -326,7 +349,8 @@ class _Head(ops.Node):
         self.label = label
         self.rows = rows
         self.prefetch = prefetch
-        self.start = 0   # outputs (batches, or rows when unbatched) to skip (NOTE [ Pipeline resume ])
+        self.start = 0
+        self.warm_next: Callable[[], None] | None = None   # NOTE [ Warm iterations ]   # outputs (batches, or rows when unbatched) to skip (NOTE [ Pipeline resume ])
 
     def describe(self) -> list:
         ld = self.engine.loader
@@ -359,12 +383,12 @@ class _Head(ops.Node):
         finally:
             ops.close(it)
 
-    def open(self) -> Iterator:
+    def segments(self) -> Iterator[tuple[Any, bool]]:
+        """The pass as ``(EpochOrder, last)`` segments of whole batches; a segment's tail that
+        fills no batch is carried into the next one, so batches cross chunk boundaries."""
         from .sampler import EpochOrder
 
         b = self.engine.batch_size
-        skip_rows = self.start % b if self.engine.unbatch else 0
-        skip = self.start // b if self.engine.unbatch else self.start
         empty = np.zeros(0, np.int64)
         carry = empty
         chunks = self._stream_chunks()
@@ -382,14 +406,33 @@ class _Head(ops.Node):
                 carry = empty if last else stream[full * b:]
                 if not last:
                     stream = stream[:full * b]
+                yield EpochOrder(self.iteration, stream, targets, False, empty, empty, {}), last
+        finally:
+            chunks.close()
+
+    def open(self) -> Iterator:
+        b = self.engine.batch_size
+        skip_rows = self.start % b if self.engine.unbatch else 0
+        skip = self.start // b if self.engine.unbatch else self.start
+        first = True
+        segments = self.segments()
+        try:
+            for order, last in segments:
+                targets = order.targets
                 if skip >= len(targets):
                     skip -= len(targets)
+                    first = False
                     continue
-                order = EpochOrder(self.iteration, stream, targets, False, empty, empty, {})
-                it = self.engine.run(order, self.iteration, skip, skip * b)
+                it = self.engine.take_warm(self.iteration, order) if first and not skip else None
+                if it is None:
+                    it = self.engine.run(order, self.iteration, skip, skip * b)
+                first = False
                 skip = 0
+                warm_next = self.warm_next if last else None
                 try:
                     for batch in it:
+                        if warm_next is not None and it._run.state.exhausted:
+                            warm_next, _ = None, warm_next()   # NOTE [ Warm iterations ]
                         if not self.engine.unbatch:
                             yield batch
                             continue
@@ -399,7 +442,25 @@ class _Head(ops.Node):
                 finally:
                     it.close()
         finally:
-            chunks.close()
+            segments.close()
+
+
+def _top_head(node: ops.Node) -> _Head | None:
+    """The engine stage that feeds ``node`` through count-keeping steps only, if any."""
+    while isinstance(node, _COUNT_KEEPING):
+        node = node.up
+    return node if isinstance(node, _Head) else None
+
+
+def _warm_caller(pipe: Pipeline, iteration: int) -> Callable[[], None]:
+    ref = weakref.ref(pipe)
+
+    def call() -> None:
+        p = ref()
+        if p is not None:
+            p._warm_iteration(iteration)
+
+    return call
 
 
 def _rows(batch: Any) -> list:
@@ -480,6 +541,7 @@ class Pipeline:
         self._spec: Any = _EMPTY
         self._engines: dict = {}
         self._caches: dict = {}
+        self._step_knobs: dict = {}
         self._lock = threading.RLock()
 
     # -- sources ---------------------------------------------------------------------
@@ -893,7 +955,6 @@ class Pipeline:
         return head, h
 
     def _node(self, up: ops.Node, k: int, step: Step, ctx: ops.Context) -> ops.Node:
-        from ._autotune import AUTOTUNE
 
         label = _label(k, step)
         kw = _kwargs(step)
@@ -902,14 +963,7 @@ class Pipeline:
             par = kw.get("num_parallel_calls")
             knob = None
             if par is not None and par != 0:
-                from ._threads import default_num_threads
-
-                cpus = max(1, default_num_threads())
-                knob = _Knob(cpus if par == AUTOTUNE else int(par), max(cpus, int(par) if par != AUTOTUNE else 1))
-                if par == AUTOTUNE:
-                    from ._autotune import tune_knob
-
-                    tune_knob(self, knob, label)
+                knob = self._knob(k, label, "num_parallel_calls", par)
             return ops.Map(up, label, step.fn, ctx, knob)
         if kind == "filter":
             return ops.Filter(up, label, step.fn)
@@ -934,13 +988,7 @@ class Pipeline:
         if kind == "unbatch":
             return ops.Unbatch(up, label)
         if kind == "prefetch":
-            n = step.args[0]
-            knob = _Knob(2 if n == AUTOTUNE else n, 64)
-            if n == AUTOTUNE:
-                from ._autotune import tune_knob
-
-                tune_knob(self, knob, label, kind="prefetch")
-            return ops.Prefetch(up, label, knob)
+            return ops.Prefetch(up, label, self._knob(k, label, "prefetch", step.args[0]))
         if kind == "cache":
             from ._cache import CacheNode
 
@@ -949,6 +997,24 @@ class Pipeline:
         if kind == "concatenate":
             return ops.Concatenate(up, label, step.args[0], ctx)
         raise ValueError(f"{label}: unknown step")  # pragma: no cover
+
+    def _knob(self, k: int, label: str, kind: str, value: int) -> _Knob:
+        """Step ``k``'s live setting, kept across iterations (an AUTOTUNE tuner keeps tuning it)."""
+        from ._autotune import AUTOTUNE, tune_knob
+        from ._threads import default_num_threads
+
+        with self._lock:
+            knob = self._step_knobs.get(k)
+            if knob is None:
+                if kind == "prefetch":
+                    knob = _Knob(2 if value == AUTOTUNE else int(value), 64)
+                else:
+                    cpus = max(1, default_num_threads())
+                    knob = _Knob(cpus if value == AUTOTUNE else int(value), max(cpus, int(value)))
+                if value == AUTOTUNE:
+                    tune_knob(self, knob, label, kind=kind)
+                self._step_knobs[k] = knob
+            return knob
 
     def _cache_store(self, k: int, step: Step) -> Any:
         """The store of cache step ``k``, kept by this pipeline across iterations."""
@@ -978,9 +1044,36 @@ class Pipeline:
             else:
                 e, skip = self._iteration, 0
             self._iteration = e + 1
-        it = PipelineIterator(self, self._build(e, skip), e, skip)
+        node = self._build(e, skip)
+        head = _top_head(node)
+        if head is not None and not any(s.kind == "cache" for s in self._steps):
+            head.warm_next = _warm_caller(self, e + 1)
+        it = PipelineIterator(self, node, e, skip)
         self._current = weakref.ref(it)
         return it
+
+    # NOTE [ Warm iterations ]
+    # As DataLoader's warm epochs (NOTE [ Warm epochs ] in loader.py): once every batch of an
+    # iteration's engine stage is planned, the next iteration's first segment (its order is
+    # a pure function of the seed and the iteration number) starts on the same engine, so a
+    # loop over iterations does not wait for the queue to refill at each start. The run is
+    # used only by exactly that iteration starting from its beginning; otherwise (a resumed
+    # state, another iteration) it is closed. Pipelines with a cache step are not warmed
+    # (their next iteration runs on another engine).
+    def _warm_iteration(self, iteration: int) -> None:
+        with self._lock:
+            if self._resume is not None or self._iteration != iteration:
+                return
+        head = _top_head(self._build(iteration))
+        if head is None or head.start:
+            return
+        segments = head.segments()
+        try:
+            first = next(segments, None)
+        finally:
+            segments.close()
+        if first is not None and first[0].targets:
+            head.engine.warm(first[0], iteration)
 
     def state_dict(self) -> dict:
         """The position as plain JSON: the iteration in progress and the elements the user
