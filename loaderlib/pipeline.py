@@ -1281,13 +1281,20 @@ def _from_image_spec(spec: Any) -> TensorSpec:
 
 def _traced(pipe: Pipeline, k: int, fn: Callable, label: str) -> Any:
     """The spec of ``fn``'s output on the first element of steps ``1..k-1`` (ranks and dtypes)."""
-    up = Pipeline(pipe._src, pipe._steps[:k - 1], pipe._options)
-    it = iter(up._build(0).open())
-    try:
-        first = next(it, _EMPTY)
-    finally:
-        ops.close(it)
-        up.close()
+    if pipe._src.one_shot:
+        # A one-shot iterator has one pass: only its first element can be peeked (and kept).
+        if k > 1:
+            raise ValueError(f"{label}: cannot trace the element spec through earlier steps of a one-shot iterator "
+                             "(pass output_spec=, or a re-iterable source)")
+        first = pipe._src.first()
+    else:
+        up = Pipeline(pipe._src, pipe._steps[:k - 1], pipe._options)
+        it = iter(up._build(0).open())
+        try:
+            first = next(it, _EMPTY)
+        finally:
+            ops.close(it)
+            up.close()
     if first is _EMPTY:
         raise ValueError(f"{label}: cannot trace the element spec, the input is empty (pass output_spec=)")
     try:

@@ -280,8 +280,11 @@ def test_bad_arguments():
         p.interleave(lambda x: p, 0)
     with pytest.raises(TypeError, match="flat_map.*must return a Pipeline"):
         list(p.flat_map(lambda x: 5))
-    gen = ll.Pipeline.from_iterable(iter([1, 2]))
-    assert list(gen) == [1, 2]
+    gen = ll.Pipeline.from_iterable(iter([1, 2])).map(lambda x: np.full(3, x))
+    assert gen.element_spec.shape == (None,)          # traced on the peeked first element, kept
+    assert [x.tolist() for x in gen] == [[1, 1, 1], [2, 2, 2]]
+    with pytest.raises(ValueError, match="one-shot iterator"):
+        _ = ll.Pipeline.from_iterable(iter([1])).filter(bool).map(abs).element_spec
     with pytest.raises(ValueError, match="one-shot iterator"):
         list(gen)
 
