@@ -82,6 +82,46 @@ def call(fn: Callable, el: Any) -> Any:
     return fn(*el) if isinstance(el, tuple) else fn(el)
 
 
+_plans = threading.local()
+
+
+def _fused(fn: Any) -> Any:
+    """This thread's compiled plan of transform ``fn`` (None when it cannot run fused)."""
+    cache = getattr(_plans, "cache", None)
+    if cache is None:
+        cache = _plans.cache = {}
+    key = id(fn)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not fn:
+        from ._chain import compile_chain
+
+        try:
+            plan = compile_chain(fn)
+        except (TypeError, ValueError):
+            plan = None
+        hit = cache[key] = (fn, plan if plan is not None and plan.sample_shape is not None else None)
+    return hit[1]
+
+
+def transform_image(fn: Any, img: Any, ctx: Context, ordinal: int) -> Any:
+    """A loaderlib transform on one image, keyed by ``(seed, iteration, ordinal)``.
+
+    NOTE [ Fused single images ]
+    A decoded RGB image (a cache's, say) goes through the chain's fused kernel
+    (``run_pixels_into``, one image), which computes exactly what the transforms compute
+    step by step, many times faster; anything else is transformed step by step.
+    """
+    if isinstance(img, np.ndarray) and img.ndim == 3 and img.dtype == np.uint8 and img.shape[2] == 3:
+        plan = _fused(fn)
+        if plan is not None:
+            out = np.empty((1, *plan.sample_shape), plan.dtype)
+            st = plan.run_pixels_into([img], out, np.asarray([ordinal], np.int64), seed=ctx.seed,
+                                      epoch=ctx.iteration, num_threads=1)
+            if st.ok.all():
+                return out[0]
+    return fn(img, seed=ctx.seed, epoch=ctx.iteration, index=ordinal)
+
+
 def apply_map(fn: Any, el: Any, ctx: Context, ordinal: int) -> Any:
     """``map``'s call: a loaderlib transform applies to the image of an ``(image, ...)``
     element with keyed randomness (NOTE [ Pipeline nodes ]); anything else gets the components."""
@@ -89,8 +129,8 @@ def apply_map(fn: Any, el: Any, ctx: Context, ordinal: int) -> Any:
 
     if isinstance(fn, T.Transform):
         if isinstance(el, tuple):
-            return (fn(el[0], seed=ctx.seed, epoch=ctx.iteration, index=ordinal), *el[1:])
-        return fn(el, seed=ctx.seed, epoch=ctx.iteration, index=ordinal)
+            return (transform_image(fn, el[0], ctx, ordinal), *el[1:])
+        return transform_image(fn, el, ctx, ordinal)
     return call(fn, el)
 
 
