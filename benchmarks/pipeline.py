@@ -79,25 +79,27 @@ def part_b(root: str, epochs: int) -> None:
     decoded = ll.Pipeline.from_folder(root).map(train_chain()).batch(BATCH).with_options(seed=0)
     cached = (ll.Pipeline.from_folder(root).cache().map(train_chain(), num_parallel_calls=threads)
               .batch(BATCH).with_options(seed=0))
-    print(f"(b) fine-tuning set of {n} images, RN50 train chain, batch {BATCH}, {threads} threads")
-    for name, pipe in (("decoded every epoch (native, fused)", decoded), ("cache() full resolution", cached)):
-        times = []
-        for _ in range(epochs):
+    print(f"(b) fine-tuning set of {n} images, RN50 train chain, batch {BATCH}, {threads} threads; epoch 1 of "
+          f"each, then {epochs - 1} rounds of one epoch of each (interleaved, so load changes hit both alike; "
+          "warm iterations off, as the other pipeline's turn would otherwise prefetch for it)")
+    decoded._warm_iteration = lambda iteration: None
+    pipes = {"decoded every epoch (native, fused)": decoded, "cache() full resolution": cached}
+    rates: dict = {k: [] for k in pipes}
+    for _ in range(epochs):
+        for k, pipe in pipes.items():
             t0 = time.perf_counter()
             drain(pipe)
-            times.append(time.perf_counter() - t0)
-        rates = [n / t for t in times]
-        print(f"    {name:<38} epoch 1: {rates[0]:7.1f} images/s; epochs 2+: {med(rates[1:]):7.1f} images/s "
-              f"(median of {epochs - 1})")
-        if pipe is cached:
-            info = pipe.cache_info()[0]
-            print(f"    cache holds {info['elements']} images, {info['bytes'] / 1e6:.1f} MB ({info['note']})")
-            cached_rate = med(rates[1:])
-            first = rates[0]
-        else:
-            plain_rate = med(rates[1:])
-    print(f"    cached epoch 2+ vs decoded every epoch: {cached_rate / plain_rate:.2f}x; vs its own epoch 1: "
-          f"{cached_rate / first:.2f}x")
+            rates[k].append(n / (time.perf_counter() - t0))
+    for k, r in rates.items():
+        print(f"    {k:<38} epoch 1: {r[0]:7.1f} images/s; epochs 2+: {med(r[1:]):7.1f} images/s (rounds: "
+              f"{', '.join(f'{x:.0f}' for x in r[1:])})")
+    info = cached.cache_info()[0]
+    print(f"    cache holds {info['elements']} images, {info['bytes'] / 1e6:.1f} MB ({info['note']})")
+    plain_rate, cached_rate = (med(r[1:]) for r in rates.values())
+    ratios = [c / d for c, d in zip(rates["cache() full resolution"][1:],
+                                     rates["decoded every epoch (native, fused)"][1:])]
+    print(f"    cached epoch 2+ vs decoded every epoch: {cached_rate / plain_rate:.2f}x (median of per-round ratios "
+          f"{med(ratios):.2f}x); vs its own epoch 1: {cached_rate / rates['cache() full resolution'][0]:.2f}x")
     quality(root)
     decoded.close()
     cached.close()
