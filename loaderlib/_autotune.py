@@ -9,8 +9,9 @@ it measures a window at the current value, tries a step up (doubling), keeps it 
 rate improves by more than ``tolerance``, else returns to the best value and tries a step
 down the same way; then the knob is settled and the next one starts. The first window after
 every change is discarded (the prefetch queue refills, threads start). Knobs only change
-speed: every engine's output is a pure function of the seed (NOTE [ Counter-based sample
-randomness ]), so tuning never changes which elements or batches come out. The prefetch
+speed: every engine's output is a pure function of the seed
+(NOTE [ Counter-based sample randomness ]), so tuning never changes which elements or batches
+come out. The prefetch
 depth (and so the arena's slots, ``prefetch + 2``) is capped by ``ram_budget``. Each change is
 recorded as ``(time, knob, old, new, reason)``. The clock is injected, so the decision
 logic is tested with synthetic measurements.
