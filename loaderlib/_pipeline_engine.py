@@ -229,7 +229,14 @@ class _Engine:
                     loader.close()
                     loader = None
         if loader is None:
-            loader = DataLoader(_Keyed(base, maps, seed, 0, labels), batchify_fn=None if batch else _listify, **kw)
+            workers = int(opts.get("num_workers") or 0)
+            if workers and any(getattr(m, "random", False) for m in maps):
+                bad = next(lab for m, lab in zip(maps, labels) if getattr(m, "random", False))
+                raise ValueError(f"{bad}: a random loaderlib transform cannot run in worker processes here (its "
+                                 "randomness is keyed by the iteration, which workers do not see): use num_workers=0 "
+                                 "(threads) or move it into a fused native map")
+            loader = DataLoader(_Keyed(base, maps, seed, 0, labels), batchify_fn=None if batch else _listify,
+                                num_workers=workers, **kw)
         self.loader = loader
 
     @property

@@ -390,7 +390,7 @@ class Pipeline:
         return state
 
     def with_options(self, *, seed: int | None = None, num_threads: int | None = None,
-                     prefetch: int | None = None, ram_budget: int | str | None = None,
+                     prefetch: int | None = None, ram_budget: int | str | None = None, num_workers: int | None = None,
                      autotune_clock: Callable[[], float] | None = None) -> Pipeline:
         """The same plan with run options.
 
@@ -404,6 +404,11 @@ class Pipeline:
             Batches the head's engine keeps ready.
         ram_budget : int or str, optional
             Bytes (or "2GB", "512MB") that memory caches and tuned buffers may hold.
+        num_workers : int, optional
+            Worker processes for an engine stage holding Python functions (the processes
+            engine, as ``DataLoader(num_workers=...)``); 0 (default): the threads engine.
+        autotune_clock : callable, optional
+            The clock ``AUTOTUNE`` reads (seconds); for tests.
         """
         from ._autotune import AUTOTUNE, parse_bytes
 
@@ -420,6 +425,8 @@ class Pipeline:
             opts["prefetch"] = int(prefetch)
         if ram_budget is not None:
             opts["ram_budget"] = parse_bytes(ram_budget)
+        if num_workers is not None:
+            opts["num_workers"] = _check_count(num_workers, "num_workers", 0)
         if autotune_clock is not None:
             opts["autotune_clock"] = autotune_clock
         return Pipeline(self._src, self._steps, opts)

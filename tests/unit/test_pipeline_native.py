@@ -183,3 +183,21 @@ def test_pixels_kernel_refuses_bad_images():
     assert "must be HWC uint8 with 3 channels, got (5, 5) uint8" in str(st.errors[0])
     assert "0 bytes is not 0x4x3" in str(st.errors[1])
     assert "got (6, 6, 3) float32" in str(st.errors[3])
+
+
+def _double(x):
+    return x * 2
+
+
+def test_python_map_on_processes_engine():
+    x = np.arange(30, dtype=np.int64)
+    pipe = ll.Pipeline.from_arrays(x).shuffle(7).map(_double).batch(4).with_options(seed=SEED, num_workers=2)
+    assert pipe.engine == "processes"
+    threads = ll.Pipeline.from_arrays(x).shuffle(7).map(_double).batch(4).with_options(seed=SEED)
+    assert threads.engine == "threads"
+    got = [b.tolist() for b in pipe]
+    assert got == [b.tolist() for b in threads] == m_batch([2 * i for i in m_shuffle(list(range(30)), 7, SEED, 1)], 4)
+    pipe.close()
+    flip = ll.Pipeline.from_arrays(np.zeros((4, 8, 8, 3), np.uint8)).map(_double).map(T.RandomHorizontalFlip())
+    with pytest.raises(ValueError, match=r"step 2 \.map\(RandomHorizontalFlip.*cannot run in worker processes"):
+        list(flip.batch(2).with_options(num_workers=2))
