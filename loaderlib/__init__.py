@@ -3,6 +3,7 @@
 # First: a missing or broken build fails here with advice (NOTE [ Check the build first ]).
 from . import _check_build  # noqa: F401  # isort: skip
 from . import batchify, sampler, transforms
+from ._autotune import AUTOTUNE
 from ._build import build_info
 from ._recorder import StageRecorder
 from ._threads import available_cpus, default_num_threads
@@ -27,6 +28,7 @@ from .errors import (
     WorkerError,
 )
 from .loader import DataLoader
+from .pipeline import Pipeline
 from .recordio import ImageRecordDataset
 from .records import RecordFileDataset, write_records
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
@@ -36,6 +38,7 @@ from .webdataset import WebDataset
 __version__ = "0.1.0"
 
 __all__ = [
+    "AUTOTUNE",
     "ArrayDataset",
     "BatchArena",
     "BatchSampler",
@@ -48,6 +51,7 @@ __all__ = [
     "ImageRecordDataset",
     "LoaderError",
     "LoaderTimeoutError",
+    "Pipeline",
     "RandomSampler",
     "RecordFileDataset",
     "SampleFailure",

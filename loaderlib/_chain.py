@@ -181,6 +181,32 @@ class NativePlan:
         return self._run(_pipeline.SOURCE_RECORDS, szs, fdn, offs, out, indices, seed, epoch, num_threads, timings,
                          sources, lambda i: os.pread(fdn, szs[i], int(offs[i])))
 
+    def run_pixels_into(self, images: Sequence[np.ndarray], out: np.ndarray, indices: Any, *, seed: int,
+                        epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
+                        sources: Sequence[str] | None = None) -> BatchStatus:
+        """Like :meth:`run_buffers_into` for images already decoded (HWC uint8 arrays with the
+        chain's channel count, e.g. a Pipeline's cache): the chain's geometric and point-wise
+        steps run fused on the pixels (no decode, no DCT scaling), with the same keyed
+        randomness. An image of the wrong dtype or channel count fails its item."""
+        imgs = []
+        dims = np.zeros(len(images), np.int64)
+        channels = self._chain.channels if self._chain is not None else 0
+        wrong = {}
+        for i, img in enumerate(images):
+            a = np.asarray(img)
+            if a.ndim != 3 or a.dtype != np.uint8 or a.shape[2] != channels:
+                wrong[i] = f"a decoded image must be HWC uint8 with {channels} channels, got {a.shape} {a.dtype}"
+                a = np.zeros((1, 1, 1), np.uint8)   # the kernel fails the item (no 0x0 image)
+            else:
+                dims[i] = (int(a.shape[0]) << 32) | int(a.shape[1])
+            imgs.append(np.ascontiguousarray(a))
+        res = self._run(_pipeline.SOURCE_PIXELS, imgs, -1, dims, out, indices, seed, epoch, num_threads, timings,
+                        sources, lambda i: imgs[i])
+        for i, why in wrong.items():
+            src = None if sources is None else str(sources[i])
+            res.errors[i] = DecodeError.from_status(int(res.status[i]), why, int(np.asarray(indices)[i]), src)
+        return res
+
     def _check_out(self, out: Any, n: int) -> None:
         if self.sample_shape is None:
             raise ValueError("this chain's output size depends on the image (no fixed sample_shape); "

@@ -215,6 +215,7 @@ class _Knobs:
         self.num_threads = num_threads
         self._prefetch = prefetch
         self._queues: weakref.WeakSet = weakref.WeakSet()
+        self.tuner: Any = None   # AUTOTUNE: observes delivered batches (NOTE [ Autotune ])
 
     @property
     def prefetch(self) -> int:
@@ -548,6 +549,10 @@ class LoaderIterator:
                     # (exception -> traceback -> frame -> exception) and keep slots alive.
                     exc = item = None
         run.state.delivered_batch(item.end)
+        if run.knobs.tuner is not None:
+            from ._autotune import observe_batch
+
+            observe_batch(run.knobs.tuner, item.batch)
         if self._owner is not None and run.state.exhausted:
             self._owner._epoch_nearly_done(run)
         return item.batch

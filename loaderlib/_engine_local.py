@@ -142,12 +142,26 @@ class NativeSource:
         self.labels = labels
         self.arrays = list(arrays) if arrays is not None else None
         self.description = description
+        # NOTE [ Virtual indices ]: a Pipeline that passes over its source several times in
+        # one iteration (``repeat``) numbers the k-th pass's sample i as ``k * wrap + i``, so
+        # each pass gets its own augmentation key; the data read is sample ``v % wrap``.
+        self.wrap: int | None = None
+
+    def data_index(self, idx: np.ndarray) -> np.ndarray:
+        """The dataset indices of the stream indices ``idx`` (NOTE [ Virtual indices ])."""
+        return idx % self.wrap if self.wrap else idx
+
+    @property
+    def take_mode(self) -> str:
+        """``np.take`` mode that maps stream indices to rows (NOTE [ Virtual indices ])."""
+        return "wrap" if self.wrap else "raise"
 
     def source(self, i: int) -> str | None:
+        i = int(i) % self.wrap if self.wrap else int(i)
         if self.kind == "files":
-            return self.paths[int(i)]
-        if self.kind in ("shards", "buffers"):
-            return self.dataset.source(int(i))
+            return self.paths[i]
+        if self.kind in ("shards", "buffers", "pixels"):
+            return self.dataset.source(i)
         return None
 
     def _run_shards(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int,
@@ -155,25 +169,31 @@ class NativeSource:
         """Byte ranges of one or more files (record shards, WebDataset tars, RecordIO): one
         kernel pass, each sample read with ``pread`` from its own shard's descriptor."""
         ds = self.dataset
+        key, idx = idx, self.data_index(idx)
         shard = ds.shard_of[idx]
         used, where = np.unique(shard, return_inverse=True)
         fds = np.asarray([ds.fileno(int(s)) for s in used.tolist()], np.int32)[where.reshape(-1)]
         return plan.run_records_into(fds, np.ascontiguousarray(ds.offsets[idx]), np.ascontiguousarray(ds.sizes[idx]),
-                                     out, idx, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings,
+                                     out, key, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings,
                                      sources=[ds.source(i) for i in idx.tolist()])
 
     def run(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int, num_threads: int,
             timings: np.ndarray | None) -> Any:
         if self.kind == "files":
-            paths = [self.paths[i] for i in idx.tolist()]
+            paths = [self.paths[i] for i in self.data_index(idx).tolist()]
             return plan.run_files_into(paths, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
                                        timings=timings)
         if self.kind == "shards":
             return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings)
+        if self.kind == "pixels":   # NOTE [ Cached pixels ] in _cache.py
+            data = self.data_index(idx).tolist()
+            return plan.run_pixels_into(self.dataset.images(data), out, idx, seed=seed, epoch=epoch,
+                                        num_threads=num_threads, timings=timings)
         if self.kind == "buffers":
-            return plan.run_buffers_into(self.dataset.buffers(idx.tolist()), out, idx, seed=seed, epoch=epoch,
+            data = self.data_index(idx).tolist()
+            return plan.run_buffers_into(self.dataset.buffers(data), out, idx, seed=seed, epoch=epoch,
                                          num_threads=num_threads, timings=timings,
-                                         sources=[self.dataset.source(i) for i in idx.tolist()])
+                                         sources=[self.dataset.source(i) for i in data])
         raise ValueError(f"no native reader for a {self.kind!r} source")
 
 def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> DecodeError:
@@ -232,7 +252,7 @@ class NativeProducer(Producer):
         t0 = _clock()
         _lease, views = self.arena.acquire(self._layout(idx.size))
         for a, v in zip(self.src.arrays, views):
-            np.take(a, idx, axis=0, out=v)
+            np.take(a, idx, axis=0, out=v, mode=self.src.take_mode)
         if self.rec.enabled:
             dt = _clock() - t0
             self.rec.batch_done(idx.size, {"collate": dt}, dt, 1)
@@ -319,7 +339,7 @@ class NativeProducer(Producer):
         t_col = _clock()
         if self.src.labels is not None:
             lab = views[1][:filled]
-            np.take(self.src.labels, sel, axis=0, out=lab)
+            np.take(self.src.labels, sel, axis=0, out=lab, mode=self.src.take_mode)
             out.append(lab)
         now = _clock()
         stages, rows = {}, None

@@ -186,6 +186,11 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         src = NativeSource("buffers", dataset=base, labels=base.labels, description=repr(base))
         stages.append(("read", "native", "HFImageDataset: encoded bytes from the Arrow table, one gather per batch"))
         nparts = 1 if base.labels is None else 2
+    elif getattr(base, "native_pixels", False):
+        # A Pipeline's complete cache of decoded images (NOTE [ Cached pixels ] in _cache.py).
+        src = NativeSource("pixels", dataset=base, labels=base.labels, description=repr(base))
+        stages.append(("read", "native", f"{base!r}: decoded pixels in memory, no decode"))
+        nparts = 1 if base.labels is None else 2
     elif isinstance(base, ImageRecordDataset):
         src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
         stages.append(("read", "native", "ImageRecordDataset (MXNet RecordIO): pread inside the kernel"))
@@ -466,6 +471,14 @@ class DataLoader:
         labels)`` batch as it is delivered; the batch then carries ``(N, num_classes)``
         float32 soft labels. Keyed by (seed, epoch, batch index): any engine and thread
         count gives the same mix, and a resumed epoch reproduces it.
+    ram_budget : int or str, optional
+        Bytes (or a string such as ``"2GB"``) the prefetched batches may hold; ``AUTOTUNE``
+        keeps the prefetch depth (and arena slots) within it, and a budget smaller than one
+        batch raises ``ValueError``.
+
+    ``num_threads`` and ``prefetch`` also take ``loaderlib.AUTOTUNE``: they are then tuned
+    online from the delivered throughput (NOTE [ Autotune ] in ``_autotune.py``); the output
+    does not change, only the speed.
 
     Attributes
     ----------
@@ -493,11 +506,19 @@ class DataLoader:
                  multiprocessing_context: Any = None, in_order: bool = True, pin_memory_device: str = "",
                  load_balance: str = "round_robin", max_in_flight: int | None = None,
                  rank: int | None = None, world_size: int | None = None, max_skipped: float | None = None,
-                 profile: bool = False, batch_transform: Any = None) -> None:
+                 profile: bool = False, batch_transform: Any = None,
+                 ram_budget: int | str | None = None) -> None:
+        from ._autotune import AUTOTUNE, parse_bytes
+
         if batch_transform is not None and not isinstance(batch_transform, T.BatchTransform):
             raise TypeError("batch_transform must be a loaderlib.transforms MixUp, CutMix or RandomChoice of them, "
                             f"got {type(batch_transform).__name__}")
         self.batch_transform = batch_transform
+        tune_threads = num_threads is not None and not isinstance(num_threads, bool) and num_threads == AUTOTUNE
+        tune_prefetch = prefetch is not None and not isinstance(prefetch, bool) and prefetch == AUTOTUNE
+        num_threads = None if tune_threads else num_threads
+        prefetch = None if tune_prefetch else prefetch
+        self.ram_budget = None if ram_budget is None else parse_bytes(ram_budget)
         self.dataset = _as_dataset(dataset)
         self._iterable = is_iterable_dataset(self.dataset)
         if self._iterable:
@@ -619,6 +640,12 @@ class DataLoader:
         self._init_runtime()
         if self.pin_memory:
             self._check_pin()
+        self._tuner = None
+        if tune_threads or tune_prefetch or self.ram_budget is not None:
+            from ._autotune import attach
+
+            # NOTE [ Autotune ]: with a budget alone nothing is tuned, but one batch must fit.
+            attach(self, num_threads=tune_threads, prefetch=tune_prefetch, ram_budget=self.ram_budget)
 
     def _check_iterable(self, batch_size: Any, shuffle: bool, sampler: Any, batch_sampler: Any, num_workers: int,
                         rank: int | None, world_size: int | None) -> None:
@@ -695,8 +722,15 @@ class DataLoader:
 
     @property
     def stats(self) -> Any:
-        """Per-stage timings of the current or last epoch (the recorder's snapshot)."""
-        return self.recorder.snapshot()
+        """Per-stage timings of the current or last epoch (the recorder's snapshot); with
+        ``AUTOTUNE``, ``stats.autotune`` lists the tuner's decisions."""
+        snap = self.recorder.snapshot()
+        tuner = getattr(self, "_tuner", None)
+        if tuner is not None and tuner.decisions:
+            import dataclasses
+
+            snap = dataclasses.replace(snap, autotune=tuple(tuner.decisions))
+        return snap
 
     @property
     def errors(self) -> list:
@@ -1173,7 +1207,7 @@ class DataLoader:
             pass
 
     # -- pickling: configuration travels, running state does not ------------------------
-    _RUNTIME = ("_analysis", "_errors", "_epoch", "_lock", "_workers", "_pool", "_arena_ring", "_current", "_warm", "_resume", "_closed",
+    _RUNTIME = ("_analysis", "_errors", "_epoch", "_lock", "_workers", "_pool", "_arena_ring", "_current", "_warm", "_resume", "_closed", "_tuner",
                 "_last_state")
 
     def __getstate__(self) -> dict:

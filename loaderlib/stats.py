@@ -375,6 +375,9 @@ class Stats:
         ``consumer_wait_fraction``, ``boundary_wait_s``, ``queue_depth``, ``threads``, and
         ``stage_s.<stage>`` (thread seconds spent in the stage in that interval).
         :func:`window_of` reads it.
+    autotune : tuple
+        The ``AUTOTUNE`` tuner's decisions, oldest first: ``(time_s, knob, old, new, reason)``
+        (NOTE [ Autotune ] in ``_autotune.py``); empty when nothing is tuned.
     """
 
     enabled: bool
@@ -405,6 +408,7 @@ class Stats:
     queue_depth_mean: float
     gil_held: dict
     series: dict
+    autotune: tuple = ()
 
     # -- derived figures -----------------------------------------------------------------
     @property

@@ -6,6 +6,7 @@ cdef extern from "ll_common.h":
     enum:
         LL_OK
         LL_ERR_NOMEM
+        LL_ERR_SHAPE
         LL_MODE_RGB
         LL_MODE_BGR
         LL_MODE_GRAY

@@ -10,6 +10,7 @@ module never raises for them.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
+from libc.stdio cimport snprintf
 from libc.string cimport memcpy
 
 import numpy as np
@@ -38,10 +39,12 @@ cdef enum:
     SRC_BUFFERS = 0
     SRC_FILES = 1
     SRC_RECORDS = 2
+    SRC_PIXELS = 3
 
 SOURCE_BUFFERS = SRC_BUFFERS
 SOURCE_FILES = SRC_FILES
 SOURCE_RECORDS = SRC_RECORDS
+SOURCE_PIXELS = SRC_PIXELS
 
 
 cdef class CompiledChain:
@@ -123,12 +126,26 @@ cdef _fill_augs(ll_aug* dst, int* count, list ops):
 cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* buf, size_t size,
                    const char* path, int fd, long long offset, uint64_t seed, uint64_t epoch, uint64_t index,
                    void* out, char* msg, int64_t* times) noexcept nogil:
-    """One item: read (files, records), then decode and transform into ``out``.
-    ``times`` (or NULL): read, decode, transform nanoseconds."""
+    """One item: read (files, records), then decode and transform into ``out``; or, for
+    SRC_PIXELS, transform the decoded HWC image ``buf`` of ``offset >> 32`` rows and
+    ``offset & 0xffffffff`` columns. ``times`` (or NULL): read, decode, transform nanoseconds."""
     cdef int64_t t0 = 0
     cdef int st = LL_OK
     cdef size_t n = size
+    cdef long long ph, pw
     msg[0] = 0
+    if kind == SRC_PIXELS:
+        ph = offset >> 32
+        pw = offset & <long long>4294967295
+        if times != NULL:
+            times[0] = 0
+            times[1] = 0
+        if ph < 1 or pw < 1 or <unsigned long long>size != <unsigned long long>(ph * pw * plan.channels):
+            snprintf(msg, LL_MSG_LEN, "a decoded image of %lld bytes is not %lldx%lldx%d", <long long>size, ph, pw,
+                     plan.channels)
+            return LL_ERR_SHAPE
+        return ll_chain_run_pixels(plan, wk, buf, <int>ph, <int>pw, seed, epoch, index, out, msg,
+                                   &times[2] if times != NULL else NULL)
     if times != NULL:
         t0 = ll_now_ns()
     if kind == SRC_FILES:
@@ -173,10 +190,10 @@ def run_into(CompiledChain chain not None, Workers workers not None, int kind, l
         raise ValueError("run_into: timings must be (N, 3)")
     if num_threads < 1 or num_threads > workers.size:
         raise ValueError("run_into: workers smaller than num_threads")
-    if kind != SRC_BUFFERS and kind != SRC_FILES and kind != SRC_RECORDS:
+    if kind != SRC_BUFFERS and kind != SRC_FILES and kind != SRC_RECORDS and kind != SRC_PIXELS:
         raise ValueError(f"run_into: unknown source kind {kind}")
-    if kind == SRC_RECORDS and (offsets is None or offsets.shape[0] != n):
-        raise ValueError("run_into: offsets must have one entry per record")
+    if (kind == SRC_RECORDS or kind == SRC_PIXELS) and (offsets is None or offsets.shape[0] != n):
+        raise ValueError("run_into: offsets must have one entry per record (per image: rows << 32 | columns)")
     if out.shape[0] != n or not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out):
         raise ValueError("run_into: out must be a writeable C-contiguous (N, ...) array")
     cdef Py_ssize_t item_bytes = out.nbytes // n if n > 0 else 0
@@ -197,7 +214,7 @@ def run_into(CompiledChain chain not None, Workers workers not None, int kind, l
     cdef const int32_t* fdp = NULL
     cdef Inputs inp = None
     try:
-        if kind == SRC_BUFFERS:
+        if kind == SRC_BUFFERS or kind == SRC_PIXELS:
             inp = Inputs(items)
             for i in range(n):
                 ptrs[i] = <uintptr_t>inp.ptrs[i]
@@ -225,9 +242,9 @@ def run_into(CompiledChain chain not None, Workers workers not None, int kind, l
         for i in prange(n, nogil=True, schedule="dynamic", num_threads=num_threads):
             status[i] = _run_item(
                 chain.plan, &workers.w[threadid()], kind,
-                <const uint8_t*>ptrs[i] if kind == SRC_BUFFERS else NULL, sizes[i],
+                <const uint8_t*>ptrs[i] if kind == SRC_BUFFERS or kind == SRC_PIXELS else NULL, sizes[i],
                 <const char*>ptrs[i] if kind == SRC_FILES else NULL, fdp[i] if fdp != NULL else fd,
-                offsets[i] if kind == SRC_RECORDS else 0, seed, epoch, <uint64_t>indices[i],
+                offsets[i] if kind == SRC_RECORDS or kind == SRC_PIXELS else 0, seed, epoch, <uint64_t>indices[i],
                 base + i * item_bytes, <char*>&msgs[i, 0], tptr + 3 * i if timed else NULL)
     finally:
         if inp is not None:

@@ -55,5 +55,7 @@ cdef extern from "ll_chain.h":
     int ll_chain_run(const ll_plan* pl, ll_worker* wk, const uint8_t* buf, size_t size, uint64_t seed,
                      uint64_t epoch, uint64_t index, void* out, char* msg, int64_t* t_dec,
                      int64_t* t_tr) noexcept nogil
+    int ll_chain_run_pixels(const ll_plan* pl, ll_worker* wk, const uint8_t* pixels, int h, int w, uint64_t seed,
+                            uint64_t epoch, uint64_t index, void* out, char* msg, int64_t* t_tr) noexcept nogil
     int ll_resize_image(const uint8_t* src, int sh, int sw, int C, uint8_t* dst, int dh, int dw,
                         int interp, int antialias) noexcept nogil

@@ -384,27 +384,26 @@ nomem:
     return LL_ERR_NOMEM;
 }
 
-/* One sample: JPEG bytes -> the finished output (out_h x out_w x C, or C x out_h x out_w).
- * Returns LL_OK, LL_WARNED or an error code (reason in msg). t_dec / t_tr (may be NULL)
- * get the nanoseconds spent decoding and transforming. Thread-safe for distinct workers.
+/* The stages of a chain (NOTE [ Fused geometry ]) from a source of in_w x in_h pixels:
+ * the JPEG whose header wk->dec holds (pixels == NULL: the first stage decodes only the
+ * region its taps read, at a DCT scale), or an HWC uint8 image of pl->channels channels
+ * already in memory (pixels: a cached decode; the taps read it directly).
  *
  * Stage 1 resamples from the decoded region; a chain that resizes again (Resize then
  * RandomResizedCrop, say) has further stages, each resampling the previous stage's
- * image, held in per-thread scratch, exactly as the step-by-step chain would. */
-static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, size_t size, uint64_t seed,
-                        uint64_t epoch, uint64_t index, void *out, char *msg, int64_t *t_dec, int64_t *t_tr) {
+ * image, held in per-thread scratch, exactly as the step-by-step chain would. With
+ * ``timed``, adds the nanoseconds spent decoding and transforming to the two counters. */
+static int ll_chain_stages(const ll_plan *pl, ll_worker *wk, const uint8_t *pixels, int in_w, int in_h,
+                           uint64_t seed, uint64_t epoch, uint64_t index, void *out, char *msg, int timed,
+                           int64_t *t_decode_io, int64_t *t_transform_io) {
     static const ll_plan intermediate; /* zero: uint8 HWC rows straight into the buffer */
-    int64_t t0 = t_dec ? ll_now_ns() : 0, t_decode = 0, t_transform = 0;
-    ll_jpeg_info info;
-    int x0, y0, oh0, ow0, oc0;
+    int64_t t_decode = 0, t_transform = 0;
     int C = pl->channels;
-    int st = ll_jpeg_plan_item(&wk->dec, buf, size, pl->mode, 1, 0, 0, 0, 0, pl->max_pixels, &info, &x0, &y0,
-                               &oh0, &ow0, &oc0, msg);
-    if (st != LL_OK) return st;
-    if (t_dec) t_decode = ll_now_ns() - t0;
-
-    const uint8_t *src = NULL; /* a stage's input: the decoded region, then intermediates */
-    int in_w = info.width, in_h = info.height, from_jpeg = 1, op = 0;
+    int st = LL_OK;
+    const int src_w = in_w, src_h = in_h;
+    const uint8_t *src = pixels; /* a stage's input: the decoded region (or pixels), then intermediates */
+    int from_jpeg = pixels == NULL, op = 0;
+    const int t_dec = timed; /* read the clock only when timed */
     for (int stage = 0;; stage++) {
         int64_t t1 = t_dec ? ll_now_ns() : 0;
         ll_geom g;
@@ -413,12 +412,12 @@ static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, si
         int last = next >= pl->nops;
         if (gs != LL_OK) {
             if (msg) snprintf(msg, LL_MSG_LEN, "transform chain gives an empty output for a %dx%d image",
-                              info.width, info.height);
+                              src_w, src_h);
             return gs;
         }
         if (last && !pl->aug.n && (g.x.n != pl->out_w || g.y.n != pl->out_h)) {
             if (msg) snprintf(msg, LL_MSG_LEN, "output is %dx%d but the chain gives %dx%d for this %dx%d image",
-                              pl->out_w, pl->out_h, g.x.n, g.y.n, info.width, info.height);
+                              pl->out_w, pl->out_h, g.x.n, g.y.n, src_w, src_h);
             return LL_ERR_SHAPE;
         }
         if ((long)g.x.n * g.y.n > (1L << 28)) {
@@ -489,14 +488,52 @@ static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, si
         from_jpeg = 0;
         op = next;
     }
-    if (t_dec) {
-        *t_dec = t_decode;
-        *t_tr = t_transform;
+    if (timed) {
+        *t_decode_io += t_decode;
+        *t_transform_io += t_transform;
     }
     return st;
 nomem:
     if (msg) snprintf(msg, LL_MSG_LEN, "out of memory (per-thread scratch)");
     return LL_ERR_NOMEM;
+}
+
+/* One sample: JPEG bytes -> the finished output (out_h x out_w x C, or C x out_h x out_w).
+ * Returns LL_OK, LL_WARNED or an error code (reason in msg). t_dec / t_tr (may be NULL)
+ * get the nanoseconds spent decoding and transforming. Thread-safe for distinct workers. */
+static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, size_t size, uint64_t seed,
+                        uint64_t epoch, uint64_t index, void *out, char *msg, int64_t *t_dec, int64_t *t_tr) {
+    int64_t t0 = t_dec ? ll_now_ns() : 0, t_decode = 0, t_transform = 0;
+    ll_jpeg_info info;
+    int x0, y0, oh0, ow0, oc0;
+    int st = ll_jpeg_plan_item(&wk->dec, buf, size, pl->mode, 1, 0, 0, 0, 0, pl->max_pixels, &info, &x0, &y0,
+                               &oh0, &ow0, &oc0, msg);
+    if (st != LL_OK) return st;
+    if (t_dec) t_decode = ll_now_ns() - t0;
+    st = ll_chain_stages(pl, wk, NULL, info.width, info.height, seed, epoch, index, out, msg, t_dec != NULL,
+                         &t_decode, &t_transform);
+    if (t_dec) {
+        *t_dec = t_decode;
+        *t_tr = t_transform;
+    }
+    return st;
+}
+
+/* The chain on an image already decoded (a C-contiguous HWC uint8 image of pl->channels
+ * channels: a Pipeline's cache): the same stages and keyed randomness as ll_chain_run,
+ * reading the pixels instead of decoding. t_tr (may be NULL) gets the transform time. */
+static int ll_chain_run_pixels(const ll_plan *pl, ll_worker *wk, const uint8_t *pixels, int h, int w,
+                               uint64_t seed, uint64_t epoch, uint64_t index, void *out, char *msg, int64_t *t_tr) {
+    int64_t t_decode = 0, t_transform = 0;
+    if (msg) msg[0] = 0;
+    if (h < 1 || w < 1) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "an empty %dx%d image", w, h);
+        return LL_ERR_SHAPE;
+    }
+    int st = ll_chain_stages(pl, wk, pixels, w, h, seed, epoch, index, out, msg, t_tr != NULL, &t_decode,
+                             &t_transform);
+    if (t_tr) *t_tr = t_transform;
+    return st;
 }
 
 /* Resize a whole HWC uint8 image (the single-image path of Resize and

@@ -1,0 +1,183 @@
+"""Pipeline benchmark: native Pipeline vs DataLoader, cached epochs, AUTOTUNE vs hand-tuned.
+
+Three measurements on a folder of photo-like JPEGs of ImageNet's typical size (about
+500x375, generated once by ``benchmarks/loader.py``'s generator), consumed by an infinitely
+fast model (batches are taken and dropped):
+
+(a) ``Pipeline.from_folder(root).shuffle(n).map(RN50 train chain).batch(64).prefetch(2)`` vs
+    ``DataLoader(ImageFolderDataset(root).transform_first(chain), batch_size=64, shuffle=True)``:
+    the same engine underneath, so equal within noise. Interleaved rounds, median.
+(b) a small fine-tuning set decoded every epoch (the native fused pipeline) vs
+    ``.cache()`` of the decoded full-resolution images followed by the same random chain
+    (epoch 1 fills the cache; epochs 2+ read it). Also the crop-quality cost of
+    ``cache(max_side=...)``: mean absolute difference (uint8 levels) between the final
+    ``RandomResizedCrop(224)`` + flip crops from a reduced cache and from the full decode,
+    the same crop boxes (same seed) on both.
+(c) ``AUTOTUNE`` (threads and prefetch) vs every hand setting of threads (1..cores) x
+    prefetch (1, 2, 4), and vs the default: steady-state images/s over the epochs after the
+    first two (the tuner settles in the first).
+
+Usage::
+
+    python benchmarks/pipeline.py                  # all three, 1024 images
+    python benchmarks/pipeline.py --only b --images 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _report import machine_summary, med, median_rate
+from loader import make_dataset
+
+import loaderlib as ll
+from loaderlib import transforms as T
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+BATCH = 64
+
+
+def train_chain() -> T.Compose:
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.Normalize(MEAN, STD), T.ToCHW()])
+
+
+def drain(it) -> int:
+    n = 0
+    for b in it:
+        n += len(b[0])
+    return n
+
+
+def part_a(root: str, rounds: int) -> None:
+    n = len(ll.ImageFolderDataset(root))
+    pipe = (ll.Pipeline.from_folder(root).shuffle(n).map(train_chain()).batch(BATCH).prefetch(2)
+            .with_options(seed=0))
+    loader = ll.DataLoader(ll.ImageFolderDataset(root).transform_first(train_chain()), batch_size=BATCH,
+                           shuffle=True, seed=0, prefetch=2)
+    print(f"(a) engine: pipeline {pipe.engine}, DataLoader {loader.engine}; {n} images, batch {BATCH}, "
+          f"{ll.default_num_threads()} threads, {rounds} interleaved rounds, median")
+    rates = median_rate({"Pipeline": lambda: drain(pipe), "DataLoader": lambda: drain(loader)}, rounds)
+    for k, v in rates.items():
+        print(f"    {k:<11} {med(v):8.1f} images/s   (rounds: {', '.join(f'{x:.0f}' for x in v)})")
+    print(f"    Pipeline / DataLoader = {med(rates['Pipeline']) / med(rates['DataLoader']):.3f}")
+    pipe.close()
+    loader.close()
+
+
+def part_b(root: str, epochs: int) -> None:
+    n = len(ll.ImageFolderDataset(root))
+    threads = ll.default_num_threads()
+    decoded = ll.Pipeline.from_folder(root).map(train_chain()).batch(BATCH).with_options(seed=0)
+    cached = (ll.Pipeline.from_folder(root).cache().map(train_chain(), num_parallel_calls=threads)
+              .batch(BATCH).with_options(seed=0))
+    print(f"(b) fine-tuning set of {n} images, RN50 train chain, batch {BATCH}, {threads} threads; epoch 1 of "
+          f"each, then {epochs - 1} rounds of one epoch of each (interleaved, so load changes hit both alike; "
+          "warm iterations off, as the other pipeline's turn would otherwise prefetch for it)")
+    decoded._warm_iteration = lambda iteration: None
+    pipes = {"decoded every epoch (native, fused)": decoded, "cache() full resolution": cached}
+    rates: dict = {k: [] for k in pipes}
+    for _ in range(epochs):
+        for k, pipe in pipes.items():
+            t0 = time.perf_counter()
+            drain(pipe)
+            rates[k].append(n / (time.perf_counter() - t0))
+    for k, r in rates.items():
+        print(f"    {k:<38} epoch 1: {r[0]:7.1f} images/s; epochs 2+: {med(r[1:]):7.1f} images/s (rounds: "
+              f"{', '.join(f'{x:.0f}' for x in r[1:])})")
+    info = cached.cache_info()[0]
+    print(f"    cache holds {info['elements']} images, {info['bytes'] / 1e6:.1f} MB ({info['note']})")
+    plain_rate, cached_rate = (med(r[1:]) for r in rates.values())
+    ratios = [c / d for c, d in zip(rates["cache() full resolution"][1:],
+                                     rates["decoded every epoch (native, fused)"][1:])]
+    print(f"    cached epoch 2+ vs decoded every epoch: {cached_rate / plain_rate:.2f}x (median of per-round ratios "
+          f"{med(ratios):.2f}x); vs its own epoch 1: {cached_rate / rates['cache() full resolution'][0]:.2f}x")
+    quality(root)
+    decoded.close()
+    cached.close()
+
+
+def quality(root: str, count: int = 64) -> None:
+    crop = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+    full = [x for x, _ in ll.Pipeline.from_folder(root).take(count).cache().map(crop).with_options(seed=3)]
+    sizes = [x.shape[:2] for x, _ in ll.Pipeline.from_folder(root).take(count)]
+    print(f"    crop quality of cache(max_side=...): {count} photos of {int(np.median([s[1] for s in sizes]))}x"
+          f"{int(np.median([s[0] for s in sizes]))} px (median), RandomResizedCrop(224) + flip after the cache, "
+          "same boxes; mean |diff| vs the full-resolution cache in uint8 levels:")
+    for side in (128, 192, 256, 384, 512):
+        red = [x for x, _ in ll.Pipeline.from_folder(root).take(count).cache(max_side=side).map(crop)
+               .with_options(seed=3)]
+        diff = np.mean([np.abs(a.astype(np.int16) - b.astype(np.int16)).mean() for a, b in zip(full, red)])
+        print(f"      max_side={side:<4} {diff:6.2f}")
+
+
+def part_c(root: str, epochs: int) -> None:
+    ds = ll.ImageFolderDataset(root).transform_first(train_chain())
+    n = len(ds)
+    cores = ll.available_cpus()
+    loaders = {}
+    for threads in range(1, cores + 1):
+        for prefetch in (1, 2, 4):
+            loaders[f"threads={threads} prefetch={prefetch}"] = ll.DataLoader(
+                ds, batch_size=BATCH, shuffle=True, seed=0, num_threads=threads, prefetch=prefetch)
+    loaders["default"] = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=0)
+    tuned = loaders["AUTOTUNE"] = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=0, num_threads=ll.AUTOTUNE,
+                                                prefetch=ll.AUTOTUNE, ram_budget="2GB")
+    print(f"(c) AUTOTUNE vs hand-tuned: {n} images, RN50 train chain, batch {BATCH}, {cores} cores. The tuned "
+          "loader first runs alone until its tuner settles (at most 12 epochs); then one epoch of each setting per "
+          f"round, interleaved so load changes hit all alike, {epochs} rounds, images/s (median). Warm epochs are "
+          "off for the measurement: a loader would otherwise produce its next epoch during the others' turns.")
+    t0 = time.perf_counter()
+    for e in range(12):
+        drain(tuned)
+        if tuned._tuner.settled:
+            break
+    print(f"    tuner settled: {tuned._tuner.settled} after {e + 1} epochs, {time.perf_counter() - t0:.1f} s")
+    for ld in loaders.values():
+        ld._warm_epochs = False
+    rates: dict = {k: [] for k in loaders}
+    for _ in range(epochs):
+        for k, ld in loaders.items():
+            t0 = time.perf_counter()
+            drain(ld)
+            rates[k].append(n / (time.perf_counter() - t0))
+    results = {k: med(v) for k, v in rates.items()}
+    for k, v in results.items():
+        print(f"    {k:<24} {v:8.1f}   (rounds: {', '.join(f'{x:.0f}' for x in rates[k])})")
+    best = max(v for k, v in results.items() if k.startswith("threads="))
+    print(f"    AUTOTUNE / best hand-tuned = {results['AUTOTUNE'] / best:.3f}; AUTOTUNE / default = "
+          f"{results['AUTOTUNE'] / results['default']:.3f}")
+    print(f"    decisions: {list(tuned.stats.autotune) or 'none'} -> num_threads={tuned.num_threads}, "
+          f"prefetch={tuned.prefetch}")
+    for ld in loaders.values():
+        ld.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=None, help="an image folder (default: generated under benchmarks/.data)")
+    ap.add_argument("--images", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--only", default="abc", help="which parts to run, e.g. 'b'")
+    args = ap.parse_args()
+    root = args.data or make_dataset(os.path.join(HERE, ".data", f"imagefolder-{args.images}"), args.images)
+    print(machine_summary())
+    if "a" in args.only:
+        part_a(root, args.rounds)
+    if "b" in args.only:
+        part_b(root, max(2, args.epochs))
+    if "c" in args.only:
+        part_c(root, max(3, args.epochs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""The engine stage of a Pipeline: sources, the private DataLoader that runs a pipeline's
+head, and the head node (NOTE [ Pipeline compilation ] in ``pipeline.py``)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _pipeline_ops as ops
+from ._pipeline_spec import TensorSpec, leaves, map_structure, spec_of
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+#: Steps that keep the element count (a resume can skip inside the engine stage below them).
+COUNT_KEEPING = (ops.Map, ops.Prefetch)
+
+
+class _Source:
+    """Where a pipeline's elements come from."""
+
+    indexable = True
+    native = False
+
+    def __init__(self, kind: str, dataset: Any = None, *, make: Callable | None = None, what: str = "",
+                 parts: Sequence[Pipeline] | None = None, keys: Any = None) -> None:
+        self.kind = kind
+        self.dataset = dataset
+        self.make = make
+        self.what = what
+        self.parts = list(parts) if parts is not None else None
+        self.keys = keys
+        self._peeked: list | None = None
+        self._lock = threading.Lock()
+        if kind in ("iterable", "zip"):
+            self.indexable = False
+
+    def fingerprint(self) -> Any:
+        """What identifies the source's data (files with sizes and mtimes; array digests)."""
+        import hashlib
+
+        ds = self.dataset
+        if self.kind == "zip":
+            return ["zip", [p._fingerprint() for p in self.parts]]
+        paths = getattr(ds, "paths", None)
+        if paths is not None:
+            files = []
+            for p in paths:
+                try:
+                    st = os.stat(p)
+                    files.append([os.fspath(p), st.st_size, st.st_mtime_ns])
+                except OSError:
+                    files.append([os.fspath(p), -1, -1])
+            return [type(ds).__name__, files]
+        arrays = getattr(ds, "arrays", None)
+        if arrays is not None and all(isinstance(a, np.ndarray) for a in arrays):
+            return [type(ds).__name__, [[list(a.shape), a.dtype.str,
+                                         hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()]
+                                        for a in arrays]]
+        n = len(ds) if ds is not None and hasattr(ds, "__len__") else None
+        return [self.kind, self.what, n]
+
+    def spec(self) -> Any:
+        from .datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
+        from .records import RecordFileDataset
+
+        ds = self.dataset
+        image = TensorSpec((None, None, 3), np.uint8)
+        if self.kind == "zip":
+            specs = [p.element_spec for p in self.parts]
+            return tuple(specs) if self.keys is None else dict(zip(self.keys, specs))
+        if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
+            return image if ds.labels is None else (image, TensorSpec((), np.int64))
+        if isinstance(ds, RecordFileDataset):
+            return (TensorSpec((None,), np.uint8) if ds.raw else image, TensorSpec((), np.int64))
+        if isinstance(ds, ArrayDataset) and all(isinstance(a, np.ndarray) for a in ds.arrays):
+            specs = [TensorSpec(a.shape[1:], a.dtype) for a in ds.arrays]
+            return specs[0] if len(specs) == 1 else tuple(specs)
+        first = self.first()
+        if first is _EMPTY:
+            raise ValueError(f"source {self.what}: the element spec cannot be traced from an empty source")
+        return spec_of(first)
+
+    def first(self) -> Any:
+        """The first element (traced once; a one-shot iterator keeps it for its first pass)."""
+        if self.indexable:
+            return self.dataset[0] if len(self.dataset) else _EMPTY
+        with self._lock:
+            if self._peeked is None:
+                it = self.make()
+                try:
+                    self._peeked = [next(it), it]
+                except StopIteration:
+                    self._peeked = [_EMPTY, None]
+            return self._peeked[0]
+
+    def node(self, ctx: ops.Context) -> ops.Node:
+        if self.kind == "zip":
+            return ops.Zip(self.parts, "tuple" if self.keys is None else list(self.keys), ctx)
+        if not self.indexable:
+            return ops.IterableSource(self._open_iterable, self.what)
+        ds = self.dataset
+        return ops.IterableSource(lambda: (ds[i] for i in range(len(ds))), f"{self.what}: dataset[i] in order")
+
+    def _open_iterable(self) -> Iterator:
+        with self._lock:
+            peeked, self._peeked = self._peeked, None
+        if peeked is not None and peeked[1] is not None and self.one_shot:
+            return itertools.chain([peeked[0]], peeked[1])
+        if peeked is not None and peeked[0] is _EMPTY and self.one_shot:
+            return iter(())
+        return self.make()
+
+    @property
+    def one_shot(self) -> bool:
+        return self.kind == "iterable" and self.dataset is not None and iter(self.dataset) is self.dataset
+
+
+_EMPTY = object()
+
+
+def _decodes(ds: Any) -> bool:
+    """Whether reading an element of ``ds`` decodes an image (worth the engine's threads)."""
+    from .datasets import ImageFolderDataset, ImageListDataset
+    from .records import RecordFileDataset
+
+    return isinstance(ds, (ImageFolderDataset, ImageListDataset)) or (isinstance(ds, RecordFileDataset)
+                                                                     and not ds.raw)
+
+
+def _native_dataset(ds: Any) -> bool:
+    from .datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
+    from .records import RecordFileDataset
+
+    if getattr(ds, "native_pixels", False):
+        return True
+    if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
+        return True
+    if isinstance(ds, RecordFileDataset):
+        return not ds.raw
+    return isinstance(ds, ArrayDataset) and all(isinstance(a, np.ndarray) and a.dtype != object for a in ds.arrays)
+
+
+# --------------------------------------------------------------------------- the head
+
+
+class _Keyed:
+    """A map-style dataset with the head's maps applied, for the threads engine: item ``v``
+    is source sample ``v % n`` (NOTE [ Virtual indices ] in ``_engine_local.py``) and each
+    loaderlib transform's randomness is keyed by ``(seed, iteration, v)``."""
+
+    def __init__(self, base: Any, maps: list, seed: int, iteration: int, labels: list) -> None:
+        self.base = base
+        self.n = len(base)
+        self.maps = maps
+        self.seed = seed
+        self.iteration = iteration
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return self.n
+
+    def source(self, v: int) -> str | None:
+        src = getattr(self.base, "source", None)
+        if callable(src):
+            try:
+                return src(int(v) % self.n)
+            except Exception:  # noqa: BLE001
+                return None
+        return None
+
+    def __getitem__(self, v: int) -> Any:
+        el = self.base[int(v) % self.n]
+        ctx = ops.Context(self.seed, self.iteration)
+        for fn, label in zip(self.maps, self.labels):
+            try:
+                el = ops.apply_map(fn, el, ctx, int(v))
+            except Exception as e:
+                ops.annotate(e, label)
+                raise
+        return el
+
+
+def _listify(samples: list) -> list:
+    return samples
+
+
+class _Engine:
+    """The private DataLoader that runs a pipeline's head, kept across iterations (its arena,
+    kernel plan and Python pool are reused)."""
+
+    def __init__(self, base: Any, maps: list, labels: list, batch: int | None, opts: dict, seed: int) -> None:
+        from . import transforms as T
+        from .loader import DataLoader
+
+        self.base = base
+        self.maps = maps
+        self.labels = labels
+        self.n = len(base)
+        self.unbatch = batch is None
+        self.batch_size = batch if batch is not None else 64
+        kw = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.get("num_threads"),
+              "prefetch": opts.get("prefetch"), "timeout": None}
+        self.keyed = True
+        self._warm: tuple | None = None
+        loader = None
+        if _native_dataset(base) and all(isinstance(m, T.Transform) for m in maps):
+            from .datasets import ArrayDataset
+
+            if maps and not isinstance(base, ArrayDataset):
+                cand = base.transform_first(T.Compose(list(maps)))
+            elif not maps:
+                cand = base
+            else:
+                cand = None
+            if cand is not None:
+                loader = DataLoader(cand, **kw)
+                a = loader._analysis
+                if a.engine == "native" or (a.hybrid is not None and batch is not None):
+                    a.native_source.wrap = self.n
+                    self.keyed = False
+                else:
+                    loader.close()
+                    loader = None
+        if loader is None:
+            workers = int(opts.get("num_workers") or 0)
+            if workers and any(getattr(m, "random", False) for m in maps):
+                bad = next(lab for m, lab in zip(maps, labels) if getattr(m, "random", False))
+                raise ValueError(f"{bad}: a random loaderlib transform cannot run in worker processes here (its "
+                                 "randomness is keyed by the iteration, which workers do not see): use num_workers=0 "
+                                 "(threads) or move it into a fused native map")
+            loader = DataLoader(_Keyed(base, maps, seed, 0, labels), batchify_fn=None if batch else _listify,
+                                num_workers=workers, **kw)
+        self.loader = loader
+
+    @property
+    def engine(self) -> str:
+        return self.loader.engine
+
+    def warm(self, order: Any, iteration: int) -> None:
+        """Start the next iteration's first segment now (NOTE [ Warm iterations ])."""
+        self.drop_warm()
+        self._warm = (iteration, order, self.run(order, iteration, 0, 0))
+
+    def take_warm(self, iteration: int, order: Any) -> Any:
+        """The warm run if it is exactly this iteration's first segment, else None."""
+        w, self._warm = self._warm, None
+        if w is None:
+            return None
+        it, warm_order, run = w
+        if it == iteration and warm_order.targets == order.targets and np.array_equal(warm_order.stream, order.stream):
+            return run
+        run.close()
+        return None
+
+    def drop_warm(self) -> None:
+        w, self._warm = self._warm, None
+        if w is not None:
+            w[2].close()
+
+    def run(self, order: Any, iteration: int, delivered: int, position: int) -> Any:
+        from ._engine_base import LoaderIterator, RunState
+
+        ld = self.loader
+        if self.keyed:
+            ld.dataset = _Keyed(self.base, self.maps, ld.seed, iteration, self.labels)
+        return LoaderIterator(ld._new_run(RunState(order, ld.seed, delivered=delivered, position=position)))
+
+    def close(self) -> None:
+        self.drop_warm()
+        self.loader.close()
+
+
+class _Head(ops.Node):
+    """Source + index steps + maps (+ batch) on the DataLoader engine (NOTE [ Pipeline compilation ])."""
+
+    def __init__(self, engine: _Engine, index_nodes: Callable[[ops.Node], ops.Node] | None, n: int,
+                 iteration: int, drop_remainder: bool, label: str, rows: list, prefetch: str | None) -> None:
+        self.engine = engine
+        self.index_nodes = index_nodes
+        self.n = n
+        self.iteration = iteration
+        self.drop_remainder = drop_remainder
+        self.label = label
+        self.rows = rows
+        self.prefetch = prefetch
+        self.start = 0   # outputs (batches, or rows when unbatched) to skip (NOTE [ Pipeline resume ])
+        self.warm_next: Callable[[], None] | None = None   # NOTE [ Warm iterations ] in pipeline.py
+
+    def describe(self) -> list:
+        ld = self.engine.loader
+        a = ld._analysis
+        out = [(f"engine: {a.engine}", a.engine, f"{self.label}: {a.reason}")]
+        stages = [(f"  {stage}", kind, detail) for stage, kind, detail in a.stages]
+        index = [(f"  {r}", "native", "on sample indices, before loading") for r in self.rows]
+        out += stages[:1] + index + stages[1:]
+        if self.prefetch is not None:
+            what = f"the engine's queue keeps {ld.prefetch} batches ready (driver thread)"
+            out.append((f"  {self.prefetch}", "native", what))
+        if self.engine.unbatch:
+            out.append(("  unbatch", "python", f"engine batches of {self.engine.batch_size} split into elements"))
+        return out
+
+    def _stream_chunks(self) -> Iterator[np.ndarray]:
+        n = self.n
+        if self.index_nodes is None:
+            yield np.arange(n, dtype=np.int64)
+            return
+        src = _IndexSource(n)
+        it = self.index_nodes(src).open()
+        chunk = max(n, 4 * self.engine.batch_size, 4096)
+        try:
+            while True:
+                a = np.fromiter(itertools.islice(it, chunk), np.int64)
+                if a.size == 0:
+                    return
+                yield a
+        finally:
+            ops.close(it)
+
+    def segments(self) -> Iterator[tuple[Any, bool]]:
+        """The pass as ``(EpochOrder, last)`` segments of whole batches; a segment's tail that
+        fills no batch is carried into the next one, so batches cross chunk boundaries."""
+        from .sampler import EpochOrder
+
+        b = self.engine.batch_size
+        empty = np.zeros(0, np.int64)
+        carry = empty
+        chunks = self._stream_chunks()
+        nxt = next(chunks, None)
+        try:
+            while nxt is not None:
+                cur, nxt = nxt, next(chunks, None)
+                stream = np.concatenate([carry, cur]) if carry.size else cur
+                last = nxt is None
+                full = stream.size // b
+                rest = stream.size - full * b
+                targets = [b] * full
+                if last and rest and (self.engine.unbatch or not self.drop_remainder):
+                    targets.append(rest)
+                carry = empty if last else stream[full * b:]
+                if not last:
+                    stream = stream[:full * b]
+                yield EpochOrder(self.iteration, stream, targets, False, empty, empty, {}), last
+        finally:
+            chunks.close()
+
+    def open(self) -> Iterator:
+        b = self.engine.batch_size
+        skip_rows = self.start % b if self.engine.unbatch else 0
+        skip = self.start // b if self.engine.unbatch else self.start
+        first = True
+        segments = self.segments()
+        try:
+            for order, last in segments:
+                targets = order.targets
+                if skip >= len(targets):
+                    skip -= len(targets)
+                    first = False
+                    continue
+                it = self.engine.take_warm(self.iteration, order) if first and not skip else None
+                if it is None:
+                    it = self.engine.run(order, self.iteration, skip, skip * b)
+                first = False
+                skip = 0
+                warm_next = self.warm_next if last else None
+                try:
+                    for batch in it:
+                        if warm_next is not None and it._run.state.exhausted:
+                            warm_next, _ = None, warm_next()   # NOTE [ Warm iterations ]
+                        if not self.engine.unbatch:
+                            yield batch
+                            continue
+                        rows = batch if isinstance(batch, list) else _rows(batch)
+                        yield from rows[skip_rows:]
+                        skip_rows = 0
+                finally:
+                    it.close()
+        finally:
+            segments.close()
+
+
+def _top_head(node: ops.Node) -> _Head | None:
+    """The engine stage that feeds ``node`` through count-keeping steps only, if any."""
+    while isinstance(node, COUNT_KEEPING):
+        node = node.up
+    return node if isinstance(node, _Head) else None
+
+
+def _warm_caller(pipe: Pipeline, iteration: int) -> Callable[[], None]:
+    ref = weakref.ref(pipe)
+
+    def call() -> None:
+        p = ref()
+        if p is not None:
+            p._warm_iteration(iteration)
+
+    return call
+
+
+def _rows(batch: Any) -> list:
+    parts = leaves(batch)
+    n = len(parts[0])
+    return [map_structure(lambda x, k=k: x[k], batch) for k in range(n)]
+
+
+class _IndexSource(ops.Node):
+    """Sample indices of one pass; pass k numbers sample i as ``k * n + i`` (NOTE [ Virtual indices ])."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.opens = 0
+
+    def open(self) -> Iterator:
+        base = self.opens * self.n
+        self.opens += 1
+        return iter(range(base, base + self.n))

@@ -1,0 +1,982 @@
+"""A tf.data-style functional pipeline compiled onto loaderlib's engines.
+
+``Pipeline.from_folder(root).shuffle(1000).map(T.Compose([...])).batch(256).prefetch(2)``
+is a plan: nothing runs until it is iterated, every ``iter()`` is one pass (with a fresh
+shuffle, like tf.data's ``reshuffle_each_iteration``), and the output is a pure function of
+the seed and the iteration number, whatever the thread count.
+
+NOTE [ Pipeline compilation ]
+A pipeline over an indexable source (a folder, record files, numpy arrays, a map-style
+dataset) is compiled in two parts. Its *head* is the longest run of steps that only choose
+and order samples (``shuffle``, ``repeat``, ``take``, ``skip``) or change one element into
+one element (``map``), optionally ending with ``batch``. Steps that choose samples act on
+sample indices: the head's stream of indices is computed by the same operators the Python
+path uses, but on integers, and the DataLoader engine then loads exactly those samples. So
+``map`` with loaderlib transforms on a folder or record files runs fused into decode on the
+native engine, built by a private ``DataLoader`` whose runs take the pipeline's index stream
+(one :class:`~loaderlib._engine_base.RunState` per segment of the stream): the same engine
+objects, the same arena, the same kernels and keyed randomness, no second implementation.
+A map step holding a Python callable moves the head to the threads engine (its calls run on
+the loader's Python pool). Every step after the head runs as a Python node
+(NOTE [ Pipeline nodes ] in ``_pipeline_ops.py``). ``explain()`` lists both parts.
+
+NOTE [ Pipeline resume ]
+``state_dict()`` records the iteration number and how many elements the user took. A
+resumed iteration recomputes the same deterministic stream and drops those elements. When
+everything after the head keeps the element count (``map``, ``prefetch``), the head starts
+its engine at the first batch not yet delivered (an index computation, nothing is loaded
+again); otherwise the elements before the resume point are produced again and dropped,
+which costs their compute but is exact for every operator, shuffle buffers and interleave
+cycles included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _pipeline_ops as ops
+from ._pipeline_engine import (
+    _EMPTY,
+    COUNT_KEEPING,
+    _decodes,
+    _Engine,
+    _Head,
+    _Source,
+    _top_head,
+    _warm_caller,
+)
+from ._pipeline_spec import TensorSpec, batch_spec, map_structure, relax, spec_of, unbatch_spec
+
+__all__ = ["Pipeline", "PipelineIterator", "TensorSpec"]
+
+#: Version of the dict :meth:`Pipeline.state_dict` returns.
+STATE_VERSION = 1
+
+_INDEX_STEPS = ("shuffle", "repeat", "take", "skip")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a pipeline's plan (configuration only)."""
+
+    kind: str
+    fn: Any = None
+    args: tuple = ()
+
+    def describe(self) -> str:
+        from .loader import _describe
+
+        parts = [] if self.fn is None else [_describe(self.fn)]
+        parts += [_arg(a) for a in self.args]
+        return f".{self.kind}({', '.join(parts)})"
+
+
+def _arg(a: Any) -> str:
+    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str):
+        return f"{a[0]}={a[1]!r}"
+    return repr(a)
+
+
+def _label(k: int, step: Step) -> str:
+    return f"step {k} {step.describe()}"
+
+
+def _kwargs(step: Step) -> dict:
+    return {a[0]: a[1] for a in step.args if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str)}
+
+
+# --------------------------------------------------------------------------- options
+
+
+class _Knob:
+    """A live setting read by the nodes while they run (``value``), tunable by AUTOTUNE."""
+
+    def __init__(self, value: int, limit: int, observe: Callable | None = None) -> None:
+        self.value = value
+        self.limit = limit
+        self.observe = observe
+
+
+def _check_count(value: Any, name: str, minimum: int = 0, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+class Pipeline:
+    """A lazy, re-iterable chain of steps over a source, run on loaderlib's engines.
+
+    Build one with a ``from_*`` constructor and chain steps; each step returns a new
+    pipeline (the plan is immutable). Semantics follow tf.data operator by operator.
+    Iterating yields elements (tuples of numpy arrays for ``(image, label)`` sources).
+
+    A pipeline whose steps are native (a folder, record files or arrays, ``map`` with
+    loaderlib transforms, ``batch``) runs on the native engine with the transforms fused into
+    decode, exactly like :class:`~loaderlib.DataLoader` (NOTE [ Pipeline compilation ]).
+    :meth:`explain` says where every stage runs.
+
+    Examples
+    --------
+    >>> import loaderlib as ll                                   # doctest: +SKIP
+    >>> from loaderlib import transforms as T                    # doctest: +SKIP
+    >>> pipe = (ll.Pipeline.from_folder("train/").shuffle(10_000)
+    ...         .map(T.Compose([T.RandomResizedCrop(224), T.ToCHW()])).batch(256).prefetch(2))
+    >>> for images, labels in pipe: ...                          # doctest: +SKIP
+    """
+
+    def __init__(self, source: _Source, steps: tuple = (), options: dict | None = None) -> None:
+        from .sampler import draw_seed
+
+        self._src = source
+        self._steps = tuple(steps)
+        self._options = dict(options) if options else {}
+        if self._options.get("seed") is None:
+            self._options["seed"] = draw_seed()
+        self._iteration = 0
+        self._resume: dict | None = None
+        self._current: Any = None
+        self._last: PipelineIterator | None = None
+        self._spec: Any = _EMPTY
+        self._engines: dict = {}
+        self._caches: dict = {}
+        self._step_knobs: dict = {}
+        self._lock = threading.RLock()
+
+    # -- sources ---------------------------------------------------------------------
+    @classmethod
+    def from_folder(cls, root: str | os.PathLike, extensions: Sequence[str] | None = None) -> Pipeline:
+        """Elements ``(HWC uint8 RGB image, int64 label)`` of an image folder (``root/class/img``),
+        as :class:`~loaderlib.ImageFolderDataset`."""
+        from .datasets import ImageFolderDataset
+
+        ds = ImageFolderDataset(root, extensions)
+        return cls(_Source("folder", ds, what=repr(ds)))
+
+    @classmethod
+    def from_records(cls, paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Pipeline:
+        """Elements ``(image, label)`` of record files written by :func:`~loaderlib.write_records`
+        (one file, a list or a glob)."""
+        from .records import RecordFileDataset
+
+        ds = RecordFileDataset(paths)
+        return cls(_Source("records", ds, what=repr(ds)))
+
+    @classmethod
+    def from_arrays(cls, *arrays: np.ndarray) -> Pipeline:
+        """Elements are the rows of the arrays (one array: the row; several: a tuple of rows),
+        as tf.data's ``from_tensor_slices``."""
+        from .datasets import ArrayDataset
+
+        if not arrays:
+            raise ValueError("from_arrays needs at least one array")
+        arrs = [np.asarray(a) for a in arrays]
+        for a in arrs:
+            if a.ndim < 1:
+                raise ValueError(f"from_arrays takes arrays with a leading dimension, got a scalar {a!r}")
+        ds = ArrayDataset(*arrs)
+        return cls(_Source("arrays", ds, what=f"{len(arrs)} array(s) of {len(ds)} rows"))
+
+    @classmethod
+    def from_dataset(cls, dataset: Any) -> Pipeline:
+        """Elements ``dataset[i]`` of a map-style dataset (anything with ``__len__`` and
+        ``__getitem__``; loaderlib's datasets run natively where DataLoader would)."""
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"from_dataset needs __len__ and __getitem__, got {type(dataset).__name__}; use "
+                            "from_iterable for iterables")
+        return cls(_Source("dataset", dataset, what=repr(dataset) if len(repr(dataset)) < 100 else
+                           type(dataset).__name__))
+
+    @classmethod
+    def from_iterable(cls, iterable: Iterable | Callable[[], Iterable]) -> Pipeline:
+        """Elements of an iterable, consumed lazily (infinite ones too).
+
+        A re-iterable object (a list, an ``IterableDataset``) or a function returning a fresh
+        iterator is iterated again on every pass; a one-shot iterator (a generator) can be
+        passed over once only.
+        """
+        if callable(iterable) and not hasattr(iterable, "__iter__"):
+            return cls(_Source("iterable", None, make=lambda: iter(iterable()),
+                               what=f"iterable from {getattr(iterable, '__qualname__', repr(iterable))}()"))
+        if not hasattr(iterable, "__iter__"):
+            raise TypeError(f"from_iterable needs an iterable or a function returning one, got "
+                            f"{type(iterable).__name__}")
+        state = {"used": False}
+        one_shot = iter(iterable) is iterable
+
+        def make() -> Iterator:
+            if one_shot:
+                if state["used"]:
+                    raise ValueError(f"from_iterable got a one-shot iterator ({type(iterable).__name__}), which was "
+                                     "already consumed: pass a re-iterable object or a function returning a fresh "
+                                     "iterator to iterate the pipeline again")
+                state["used"] = True
+            return iter(iterable)
+
+        return cls(_Source("iterable", iterable, make=make, what=f"iterable {type(iterable).__name__}"))
+
+    @staticmethod
+    def zip(*pipelines: Pipeline, **named: Pipeline) -> Pipeline:
+        """Tuples (or dicts, with keywords) of the pipelines' i-th elements, stopping at the
+        shortest, as ``tf.data.Dataset.zip``. Each part keeps its own seed."""
+        parts = list(pipelines) + list(named.values())
+        if not parts or (pipelines and named):
+            raise ValueError("Pipeline.zip takes pipelines either all positional or all by keyword, at least one")
+        for p in parts:
+            if not isinstance(p, Pipeline):
+                raise TypeError(f"Pipeline.zip takes pipelines, got {type(p).__name__}")
+        return Pipeline(_Source("zip", None, parts=parts, keys=list(named) if named else None,
+                                what=f"zip of {len(parts)}"))
+
+    # -- steps -----------------------------------------------------------------------
+    def _then(self, step: Step) -> Pipeline:
+        return Pipeline(self._src, (*self._steps, step), self._options)
+
+    def map(self, fn: Callable, num_parallel_calls: int | None = None, *, output_spec: Any = None) -> Pipeline:
+        """Apply ``fn`` to every element.
+
+        A loaderlib transform (or ``transforms.Compose``) applies to the image of an
+        ``(image, ...)`` element, as ``transform_first``, and runs fused into decode on the
+        native engine where the source allows; any other callable gets the element's
+        components as arguments. ``num_parallel_calls`` (an int or ``AUTOTUNE``) runs calls
+        on a thread pool, order kept. ``output_spec`` states a Python function's output spec;
+        without it the spec is traced on the first element (ranks and dtypes; dimensions
+        None).
+        """
+        if not callable(fn):
+            raise TypeError(f"map takes a callable, got {type(fn).__name__}")
+        _check_parallel(num_parallel_calls)
+        args: tuple = ()
+        if num_parallel_calls is not None:
+            args += (("num_parallel_calls", num_parallel_calls),)
+        if output_spec is not None:
+            args += (("output_spec", output_spec),)
+        return self._then(Step("map", fn, args))
+
+    def filter(self, predicate: Callable[..., Any]) -> Pipeline:
+        """Keep the elements for which ``predicate(*components)`` is true."""
+        if not callable(predicate):
+            raise TypeError(f"filter takes a callable, got {type(predicate).__name__}")
+        return self._then(Step("filter", predicate))
+
+    def flat_map(self, fn: Callable[..., Any]) -> Pipeline:
+        """Replace every element by the elements of the pipeline (or iterable) ``fn`` returns."""
+        if not callable(fn):
+            raise TypeError(f"flat_map takes a callable, got {type(fn).__name__}")
+        return self._then(Step("flat_map", fn))
+
+    def interleave(self, fn: Callable[..., Any], cycle_length: int, block_length: int = 1) -> Pipeline:
+        """tf.data's interleave: ``cycle_length`` of the pipelines ``fn`` returns are open at once
+        and give ``block_length`` elements each in turn."""
+        if not callable(fn):
+            raise TypeError(f"interleave takes a callable, got {type(fn).__name__}")
+        _check_count(cycle_length, "cycle_length", 1)
+        _check_count(block_length, "block_length", 1)
+        return self._then(Step("interleave", fn, (int(cycle_length), ("block_length", int(block_length)))))
+
+    def shuffle(self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True) -> Pipeline:
+        """tf.data's buffered shuffle: each element comes from a buffer of ``buffer_size``
+        upcoming elements (a buffer at least the data's size gives a uniform permutation);
+        a new order every iteration unless ``reshuffle_each_iteration=False``."""
+        _check_count(buffer_size, "buffer_size", 1)
+        _check_count(seed, "seed", 0, allow_none=True)
+        args: tuple = (int(buffer_size),)
+        if seed is not None:
+            args += (("seed", int(seed)),)
+        if not reshuffle_each_iteration:
+            args += (("reshuffle_each_iteration", False),)
+        return self._then(Step("shuffle", None, args))
+
+    def repeat(self, count: int | None = None) -> Pipeline:
+        """Pass over the input ``count`` times (None or -1: for ever)."""
+        if count is not None and count != -1:
+            _check_count(count, "count", 0)
+        return self._then(Step("repeat", None, () if count in (None, -1) else (int(count),)))
+
+    def take(self, count: int) -> Pipeline:
+        """The first ``count`` elements (-1: all)."""
+        if count != -1:
+            _check_count(count, "count", 0)
+        return self._then(Step("take", None, (int(count),)))
+
+    def skip(self, count: int) -> Pipeline:
+        """All but the first ``count`` elements (-1: none)."""
+        if count != -1:
+            _check_count(count, "count", 0)
+        return self._then(Step("skip", None, (int(count),)))
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> Pipeline:
+        """Stack ``batch_size`` consecutive elements component-wise; the last batch may be
+        short unless ``drop_remainder``."""
+        _check_count(batch_size, "batch_size", 1)
+        args: tuple = (int(batch_size),)
+        if drop_remainder:
+            args += (("drop_remainder", True),)
+        return self._then(Step("batch", None, args))
+
+    def padded_batch(self, batch_size: int, padded_shapes: Any = None, padding_values: Any = None,
+                     drop_remainder: bool = False) -> Pipeline:
+        """Like :meth:`batch`, padding every component at the end of each axis to
+        ``padded_shapes`` (per component; None or -1 dimensions: the batch's largest) with
+        ``padding_values`` (per component or one scalar; default 0)."""
+        _check_count(batch_size, "batch_size", 1)
+        args: tuple = (int(batch_size),)
+        if padded_shapes is not None:
+            args += (("padded_shapes", padded_shapes),)
+        if padding_values is not None:
+            args += (("padding_values", padding_values),)
+        if drop_remainder:
+            args += (("drop_remainder", True),)
+        return self._then(Step("padded_batch", None, args))
+
+    def unbatch(self) -> Pipeline:
+        """Split every element along its leading dimension into rows."""
+        return self._then(Step("unbatch"))
+
+    def prefetch(self, buffer_size: int) -> Pipeline:
+        """Keep ``buffer_size`` elements ready on a background thread (``AUTOTUNE``: tuned)."""
+        from ._autotune import AUTOTUNE
+
+        if buffer_size != AUTOTUNE:
+            _check_count(buffer_size, "buffer_size", 1)
+        return self._then(Step("prefetch", None, (int(buffer_size),)))
+
+    def cache(self, path: str | os.PathLike | None = None, *, max_side: int | None = None) -> Pipeline:
+        """Keep the elements of the first full pass and replay them afterwards.
+
+        ``path=None`` keeps them in memory (within ``ram_budget``); a path stores them in
+        memory-mapped files (``path + ".llcache"``), written atomically and reused across runs
+        until the upstream steps or the source files change (NOTE [ Pipeline cache ] in
+        ``_cache.py``). Cache decoded images before the random crop: later passes then run the
+        crop fused on the native engine from the cached pixels, at full crop quality.
+
+        ``max_side`` stores uint8 HWC images reduced so their longer side is at most
+        ``max_side`` (area filter). Measured cost on the final ``RandomResizedCrop(224)`` +
+        flip crops of photos of about 460x350 px, mean absolute difference vs the full
+        resolution cache: 9.3 uint8 levels at ``max_side=128``, 5.3 at 256, 3.8 at 384
+        (``benchmarks/pipeline.py``).
+        """
+        args: tuple = ()
+        if path is not None:
+            args += (os.fspath(path),)
+        if max_side is not None:
+            _check_count(max_side, "max_side", 8)
+            args += (("max_side", int(max_side)),)
+        return self._then(Step("cache", None, args))
+
+    def concatenate(self, other: Pipeline) -> Pipeline:
+        """This pipeline's elements, then ``other``'s (the element specs must be compatible)."""
+        if not isinstance(other, Pipeline):
+            raise TypeError(f"concatenate takes a Pipeline, got {type(other).__name__}")
+        return self._then(Step("concatenate", None, (other,)))
+
+    def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
+        """Fold every element into a state: ``state = reduce_func(state, element)``."""
+        state = initial_state
+        for el in self:
+            state = reduce_func(state, el)
+        return state
+
+    def with_options(self, *, seed: int | None = None, num_threads: int | None = None,
+                     prefetch: int | None = None, ram_budget: int | str | None = None, num_workers: int | None = None,
+                     autotune_clock: Callable[[], float] | None = None) -> Pipeline:
+        """The same plan with run options.
+
+        Parameters
+        ----------
+        seed : int, optional
+            Seeds shuffles and augmentation (drawn once per source when not given).
+        num_threads : int or AUTOTUNE, optional
+            Threads of the engine that runs the head (kernels or Python pool).
+        prefetch : int or AUTOTUNE, optional
+            Batches the head's engine keeps ready.
+        ram_budget : int or str, optional
+            Bytes (or "2GB", "512MB") that memory caches and tuned buffers may hold.
+        num_workers : int, optional
+            Worker processes for an engine stage holding Python functions (the processes
+            engine, as ``DataLoader(num_workers=...)``); 0 (default): the threads engine.
+        autotune_clock : callable, optional
+            The clock ``AUTOTUNE`` reads (seconds); for tests.
+        """
+        from ._autotune import AUTOTUNE, parse_bytes
+
+        opts = dict(self._options)
+        if seed is not None:
+            opts["seed"] = _check_count(seed, "seed", 0)
+        if num_threads is not None:
+            if num_threads != AUTOTUNE:
+                _check_count(num_threads, "num_threads", 0)
+            opts["num_threads"] = int(num_threads)
+        if prefetch is not None:
+            if prefetch != AUTOTUNE:
+                _check_count(prefetch, "prefetch", 1)
+            opts["prefetch"] = int(prefetch)
+        if ram_budget is not None:
+            opts["ram_budget"] = parse_bytes(ram_budget)
+        if num_workers is not None:
+            opts["num_workers"] = _check_count(num_workers, "num_workers", 0)
+        if autotune_clock is not None:
+            opts["autotune_clock"] = autotune_clock
+        return Pipeline(self._src, self._steps, opts)
+
+    # -- properties ------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        return int(self._options["seed"])
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure, shapes and dtypes of the elements (a nest of :class:`TensorSpec`),
+        computed from the source's spec and each step's, before the first element.
+
+        Loaderlib transforms are planned without data; a Python function without
+        ``output_spec`` is traced on the first element of its input (its output's ranks and
+        dtypes; dimensions None). Raises ValueError naming the step whose spec fails.
+        """
+        with self._lock:
+            if self._spec is _EMPTY:
+                self._spec = self._compute_spec()
+            return self._spec
+
+    def _compute_spec(self) -> Any:
+        spec = self._src.spec()
+        for k, step in enumerate(self._steps, 1):
+            spec = _step_spec(self, k, step, spec)
+        return spec
+
+    def _fingerprint(self, upto: int | None = None) -> list:
+        """What identifies the elements of steps ``1..upto``: the source's data, the steps and,
+        when a step draws random numbers (or may: Python code), the seed."""
+        from . import transforms as T
+
+        steps = self._steps if upto is None else self._steps[:upto]
+        random = any(s.kind == "shuffle" or (s.fn is not None and not (isinstance(s.fn, T.Transform)
+                                                                        and not s.fn.random)) for s in steps)
+        return [self._src.fingerprint(), self.seed if random else None,
+                [[s.kind, _fn_key(s.fn), [_arg_key(a) for a in s.args]] for s in steps]]
+
+    # -- compilation -----------------------------------------------------------------
+    def _build(self, iteration: int, skip: int = 0) -> ops.Node:
+        ctx = ops.Context(self.seed, iteration)
+        steps = self._steps
+        node: ops.Node | None = None
+        k = 0
+        if self._src.indexable:
+            node, k = self._build_head(ctx, 0, lambda: self._src.dataset, "source")
+        if node is None:
+            node = self._src.node(ctx)
+        while k < len(steps):
+            if steps[k].kind == "cache":
+                head, after = self._cached_head(ctx, k)
+                if head is not None:
+                    node, k = head, after
+                    continue
+            node = self._node(node, k + 1, steps[k], ctx)
+            k += 1
+        if skip:
+            rest = node
+            while isinstance(rest, COUNT_KEEPING):
+                rest = rest.up
+            if isinstance(rest, _Head):
+                rest.start = skip
+            else:
+                node = ops.Skipped(node, skip)
+        return node
+
+    def _cached_head(self, ctx: ops.Context, k: int) -> tuple[_Head | None, int]:
+        """After a complete cache of decoded images, the steps that follow run on the engine
+        from the cached pixels (NOTE [ Cached pixels ] in ``_cache.py``)."""
+        store = self._cache_store(k + 1, self._steps[k])
+        if not store.ready() or not len(store):
+            return None, k
+        first = store.element(0)
+        image = first[0] if isinstance(first, tuple) and len(first) == 2 else first
+        if not (isinstance(image, np.ndarray) and image.ndim == 3 and image.dtype == np.uint8 and image.shape[2] == 3):
+            return None, k
+        labelled = image is not first
+        if labelled and not (isinstance(first[1], (int, np.integer)) or (
+                isinstance(first[1], np.ndarray) and first[1].ndim == 0 and first[1].dtype.kind in "iu")):
+            return None, k
+        from ._cache import CachedImages
+
+        return self._build_head(ctx, k + 1, lambda: CachedImages(store, labelled), f"step {k + 1} .cache()")
+
+    def _build_head(self, ctx: ops.Context, start: int, base: Callable[[], Any],
+                    what: str) -> tuple[_Head | None, int]:
+        """The engine stage over ``base()`` for steps ``start..`` (0-based; NOTE [ Pipeline compilation ])."""
+        steps = self._steps
+        h = start
+        while h < len(steps) and steps[h].kind in (*_INDEX_STEPS, "map"):
+            h += 1
+        batch = None
+        drop = False
+        if h < len(steps) and steps[h].kind == "batch":
+            batch = steps[h].args[0]
+            drop = bool(_kwargs(steps[h]).get("drop_remainder", False))
+            h += 1
+        maps = [s for s in steps[start:h] if s.kind == "map"]
+        if not maps and batch is None and not (start == 0 and _decodes(self._src.dataset)):
+            return None, start   # nothing for an engine to do (an image source still decodes in parallel)
+        index = [(k, s) for k, s in enumerate(steps[start:h], start + 1) if s.kind in _INDEX_STEPS]
+        opts = dict(self._options)
+        par = [_kwargs(s).get("num_parallel_calls") for s in maps]
+        par = [p for p in par if p is not None]
+        if opts.get("num_threads") is None and par:
+            opts["num_threads"] = max(par)
+        absorbed = None
+        if h < len(steps) and steps[h].kind == "prefetch":
+            # The engine's own prefetch queue is that step (no second queue behind it).
+            absorbed = _label(h + 1, steps[h])
+            if opts.get("prefetch") is None:
+                opts["prefetch"] = steps[h].args[0]
+            h += 1
+        from ._autotune import AUTOTUNE
+
+        tuned = {k: opts[k] for k in ("num_threads", "prefetch") if opts.get(k) == AUTOTUNE}
+        for k in tuned:
+            opts[k] = None
+        key = (start, h)
+        with self._lock:
+            engine = self._engines.get(key)
+            if engine is None:
+                labels = [_label(k, s) for k, s in enumerate(steps[start:h], start + 1) if s.kind == "map"]
+                engine = self._engines[key] = _Engine(base(), [s.fn for s in maps], labels, batch, opts, self.seed)
+                if tuned:
+                    from ._autotune import attach
+
+                    attach(engine.loader, num_threads=("num_threads" in tuned), prefetch=("prefetch" in tuned),
+                           ram_budget=self._options.get("ram_budget"), clock=self._options.get("autotune_clock"))
+        n = engine.n
+
+        def index_nodes(src: ops.Node) -> ops.Node:
+            node = src
+            for k, s in index:
+                node = self._node(node, k, s, ctx)
+            return node
+
+        rows = [_label(k, s) for k, s in index]
+        last = _label(h, steps[h - 1])
+        head = _Head(engine, index_nodes if index else None, n, ctx.iteration, drop, f"{what} to {last}", rows,
+                     absorbed)
+        return head, h
+
+    def _node(self, up: ops.Node, k: int, step: Step, ctx: ops.Context) -> ops.Node:
+
+        label = _label(k, step)
+        kw = _kwargs(step)
+        kind = step.kind
+        if kind == "map":
+            par = kw.get("num_parallel_calls")
+            knob = None
+            if par is not None and par != 0:
+                knob = self._knob(k, label, "num_parallel_calls", par)
+            return ops.Map(up, label, step.fn, ctx, knob)
+        if kind == "filter":
+            return ops.Filter(up, label, step.fn)
+        if kind == "flat_map":
+            return ops.FlatMap(up, label, step.fn, ctx)
+        if kind == "interleave":
+            return ops.Interleave(up, label, step.fn, step.args[0], kw.get("block_length", 1), ctx)
+        if kind == "shuffle":
+            return ops.Shuffle(up, label, k, step.args[0], kw.get("seed", self.seed), ctx,
+                               kw.get("reshuffle_each_iteration", True))
+        if kind == "repeat":
+            return ops.Repeat(up, label, step.args[0] if step.args else None)
+        if kind == "take":
+            return ops.Take(up, label, step.args[0])
+        if kind == "skip":
+            return ops.Skip(up, label, step.args[0])
+        if kind == "batch":
+            return ops.Batch(up, label, step.args[0], kw.get("drop_remainder", False))
+        if kind == "padded_batch":
+            return ops.Batch(up, label, step.args[0], kw.get("drop_remainder", False),
+                             (kw.get("padded_shapes"), kw.get("padding_values")))
+        if kind == "unbatch":
+            return ops.Unbatch(up, label)
+        if kind == "prefetch":
+            return ops.Prefetch(up, label, self._knob(k, label, "prefetch", step.args[0]))
+        if kind == "cache":
+            from ._cache import CacheNode
+
+            store = self._cache_store(k, step)
+            return CacheNode(up, label, store)
+        if kind == "concatenate":
+            return ops.Concatenate(up, label, step.args[0], ctx)
+        raise ValueError(f"{label}: unknown step")  # pragma: no cover
+
+    def _knob(self, k: int, label: str, kind: str, value: int) -> _Knob:
+        """Step ``k``'s live setting, kept across iterations (an AUTOTUNE tuner keeps tuning it)."""
+        from ._autotune import AUTOTUNE, tune_knob
+        from ._threads import default_num_threads
+
+        with self._lock:
+            knob = self._step_knobs.get(k)
+            if knob is None:
+                if kind == "prefetch":
+                    knob = _Knob(2 if value == AUTOTUNE else int(value), 64)
+                else:
+                    cpus = max(1, default_num_threads())
+                    knob = _Knob(cpus if value == AUTOTUNE else int(value), max(cpus, int(value)))
+                if value == AUTOTUNE:
+                    tune_knob(self, knob, label, kind=kind)
+                self._step_knobs[k] = knob
+            return knob
+
+    def _cache_store(self, k: int, step: Step) -> Any:
+        """The store of cache step ``k``, kept by this pipeline across iterations."""
+        from ._cache import CacheStore
+
+        with self._lock:
+            store = self._caches.get(k)
+            if store is None:
+                path = step.args[0] if step.args and isinstance(step.args[0], str) else None
+                store = self._caches[k] = CacheStore(path, max_side=_kwargs(step).get("max_side"),
+                                                     fingerprint=json.dumps(self._fingerprint(k - 1)),
+                                                     ram_budget=self._options.get("ram_budget"),
+                                                     label=_label(k, step))
+            return store
+
+    def _open_nested(self, iteration: int) -> Iterator:
+        """Elements of one pass of this pipeline inside another (flat_map, interleave, zip,
+        concatenate), as iteration ``iteration`` (``_pipeline_ops.nested_key``)."""
+        return self._build(iteration).open()
+
+    # -- iteration and state ---------------------------------------------------------
+    def __iter__(self) -> PipelineIterator:
+        with self._lock:
+            resume, self._resume = self._resume, None
+            if resume is not None:
+                e, skip = int(resume["iteration"]), int(resume["delivered"])
+            else:
+                e, skip = self._iteration, 0
+            self._iteration = e + 1
+        node = self._build(e, skip)
+        head = _top_head(node)
+        if head is not None and not any(s.kind == "cache" for s in self._steps):
+            head.warm_next = _warm_caller(self, e + 1)
+        it = PipelineIterator(self, node, e, skip)
+        self._current = weakref.ref(it)
+        return it
+
+    # NOTE [ Warm iterations ]
+    # As DataLoader's warm epochs (NOTE [ Warm epochs ] in loader.py): once every batch of an
+    # iteration's engine stage is planned, the next iteration's first segment (its order is
+    # a pure function of the seed and the iteration number) starts on the same engine, so a
+    # loop over iterations does not wait for the queue to refill at each start. The run is
+    # used only by exactly that iteration starting from its beginning; otherwise (a resumed
+    # state, another iteration) it is closed. Pipelines with a cache step are not warmed
+    # (their next iteration runs on another engine).
+    def _warm_iteration(self, iteration: int) -> None:
+        with self._lock:
+            if self._resume is not None or self._iteration != iteration:
+                return
+        head = _top_head(self._build(iteration))
+        if head is None or head.start:
+            return
+        segments = head.segments()
+        try:
+            first = next(segments, None)
+        finally:
+            segments.close()
+        if first is not None and first[0].targets:
+            head.engine.warm(first[0], iteration)
+
+    def state_dict(self) -> dict:
+        """The position as plain JSON: the iteration in progress and the elements the user
+        took from it (NOTE [ Pipeline resume ]). Between iterations it points at the next one."""
+        with self._lock:
+            if self._resume is not None:
+                return json.loads(json.dumps(self._resume))
+            it = self._current() if self._current is not None else None
+            if it is not None and not it.finished:
+                e, k = it.iteration, it.delivered
+            else:
+                e, k = self._iteration, 0
+            return {"version": STATE_VERSION, "seed": self.seed, "plan": _plan_digest(self), "iteration": int(e),
+                    "delivered": int(k)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from :meth:`state_dict` of an equal pipeline) at the next ``iter()``.
+
+        Raises
+        ------
+        StateError
+            The state is from another version, seed or plan.
+        """
+        from .errors import StateError
+
+        if not isinstance(state, dict):
+            raise StateError(f"a pipeline state is a dict, got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
+        if state.get("seed") != self.seed:
+            raise StateError(f"the state is for seed {state.get('seed')!r}, this pipeline has seed {self.seed} "
+                             "(pass with_options(seed=...))")
+        if state.get("plan") != _plan_digest(self):
+            raise StateError("the state is for another pipeline (its steps or source differ)")
+        for key in ("iteration", "delivered"):
+            if not isinstance(state.get(key), int) or state[key] < 0:
+                raise StateError(f"the state's {key!r} must be a non-negative integer, got {state.get(key)!r}")
+        with self._lock:
+            self._resume = json.loads(json.dumps(state))
+
+    # -- reporting -------------------------------------------------------------------
+    def explain(self) -> str:
+        """The compiled plan: which stages run on which engine, and why."""
+        node = self._build(self._iteration)
+        rows = node.describe()
+        lines = [f"Pipeline: {len(self._steps)} step(s) after the source"]
+        for stage, kind, detail in rows:
+            lines.append(f"  {stage:<34} {kind:<8} {detail}")
+        return "\n".join(lines)
+
+    @property
+    def engine(self) -> str:
+        """The engine of the head ("native", "threads"), or "python" when no step runs on one."""
+        node = self._build(self._iteration)
+        while not isinstance(node, _Head) and hasattr(node, "up"):
+            node = node.up
+        return node.engine.engine if isinstance(node, _Head) else "python"
+
+    @property
+    def stats(self) -> dict:
+        """Per-stage timings of the head's engine (``stats["engine"]``), the tuner's decisions
+        (``stats["autotune"]``: ``(time, knob, old, new, reason)``) and :meth:`cache_info`."""
+        from ._autotune import decisions_of
+
+        engines = list(self._engines.values())
+        out: dict = {"engine": engines[0].loader.stats if engines else None, "autotune": decisions_of(self),
+                     "cache": self.cache_info()}
+        for e in engines:
+            out["autotune"] = sorted(out["autotune"] + decisions_of(e.loader), key=lambda d: d[0])
+        return out
+
+    def cache_info(self) -> list[dict]:
+        """What each ``cache`` step holds: kind, elements, bytes, whether complete, and why not."""
+        return [self._cache_store(k, s).info() for k, s in enumerate(self._steps, 1) if s.kind == "cache"]
+
+    def close(self) -> None:
+        """Stop the engines' threads and free their arenas (a later ``iter()`` starts them again)."""
+        with self._lock:
+            engines, self._engines = list(self._engines.values()), {}
+        for e in engines:
+            e.close()
+
+    def __del__(self) -> None:
+        try:
+            for e in self._engines.values():
+                e.close()
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+    def __repr__(self) -> str:
+        steps = "".join(s.describe() for s in self._steps)
+        return f"Pipeline({self._src.what}){steps}"
+
+
+class PipelineIterator:
+    """One pass over a pipeline; counts the elements it returned (for ``state_dict``)."""
+
+    def __init__(self, pipe: Pipeline, node: ops.Node, iteration: int, delivered: int) -> None:
+        self._pipe = pipe
+        self._it = node.open()
+        self.iteration = iteration
+        self.delivered = delivered
+        self.finished = False
+
+    def __iter__(self) -> PipelineIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        try:
+            el = next(self._it)
+        except StopIteration:
+            self.finished = True
+            raise
+        except BaseException:
+            self.finished = True
+            ops.close(self._it)
+            raise
+        self.delivered += 1
+        return el
+
+    def state_dict(self) -> dict:
+        """The pipeline state after the last element this iterator returned."""
+        d = self._pipe.state_dict()
+        if not self.finished:
+            d["iteration"], d["delivered"] = self.iteration, self.delivered
+        return d
+
+    def close(self) -> None:
+        """Stop the pass: its threads stop and its engine run ends."""
+        self.finished = True
+        ops.close(self._it)
+
+    def __del__(self) -> None:
+        try:
+            ops.close(self._it)
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def _check_parallel(n: Any) -> None:
+    from ._autotune import AUTOTUNE
+
+    if n is None or n == AUTOTUNE:
+        return
+    _check_count(n, "num_parallel_calls", 1)
+
+
+def _fn_key(fn: Any) -> str:
+    if fn is None:
+        return ""
+    from . import transforms as T
+
+    if isinstance(fn, T.Transform):
+        return repr(fn)
+    mod = getattr(fn, "__module__", "") or ""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    code = getattr(fn, "__code__", None)
+    digest = ""
+    if code is not None:
+        import hashlib
+
+        digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
+    return f"{mod}.{name}:{digest}"
+
+
+def _arg_key(a: Any) -> Any:
+    if isinstance(a, Pipeline):
+        return a._fingerprint()
+    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str):
+        return [a[0], _arg_key(a[1])]
+    try:
+        json.dumps(a)
+        return a
+    except TypeError:
+        return repr(a)
+
+
+def _plan_digest(pipe: Pipeline) -> str:
+    import hashlib
+
+    steps = [[s.kind, _fn_key(s.fn), [_arg_key(a) if not isinstance(a, Pipeline) else "pipeline" for a in s.args]]
+             for s in pipe._steps]
+    return hashlib.sha256(json.dumps([pipe._src.kind, pipe._src.what, steps], default=repr).encode()).hexdigest()[:16]
+
+
+def _image_spec(s: TensorSpec, label: str) -> Any:
+    from . import transforms as T
+
+    if len(s.shape) != 3:
+        raise ValueError(f"{label}: a loaderlib transform needs an HWC image, the element's image component is {s!r}")
+    h, w, c = s.shape
+    return T.ImageSpec(h, w, c, s.dtype, "HWC")
+
+
+def _from_image_spec(spec: Any) -> TensorSpec:
+    if spec.layout == "CHW":
+        return TensorSpec((spec.channels, spec.height, spec.width), spec.dtype)
+    return TensorSpec((spec.height, spec.width, spec.channels), spec.dtype)
+
+
+def _traced(pipe: Pipeline, k: int, fn: Callable, label: str) -> Any:
+    """The spec of ``fn``'s output on the first element of steps ``1..k-1`` (ranks and dtypes)."""
+    if pipe._src.one_shot:
+        # A one-shot iterator has one pass: only its first element can be peeked (and kept).
+        if k > 1:
+            raise ValueError(f"{label}: cannot trace the element spec through earlier steps of a one-shot iterator "
+                             "(pass output_spec=, or a re-iterable source)")
+        first = pipe._src.first()
+    else:
+        up = Pipeline(pipe._src, pipe._steps[:k - 1], pipe._options)
+        it = iter(up._build(0).open())
+        try:
+            first = next(it, _EMPTY)
+        finally:
+            ops.close(it)
+            up.close()
+    if first is _EMPTY:
+        raise ValueError(f"{label}: cannot trace the element spec, the input is empty (pass output_spec=)")
+    try:
+        out = ops.apply_map(fn, first, ops.Context(pipe.seed, 0), 0) if fn is not None else first
+    except Exception as e:
+        raise ValueError(f"{label}: tracing the function on the first element failed: {type(e).__name__}: {e}") from e
+    if isinstance(out, Pipeline):
+        return out.element_spec
+    return map_structure(lambda s: TensorSpec((None,) * len(s.shape), s.dtype), spec_of(out))
+
+
+def _step_spec(pipe: Pipeline, k: int, step: Step, spec: Any) -> Any:
+    from . import transforms as T
+
+    label = _label(k, step)
+    kw = _kwargs(step)
+    kind = step.kind
+    if kind == "map":
+        if kw.get("output_spec") is not None:
+            return kw["output_spec"]
+        fn = step.fn
+        if isinstance(fn, T.Transform) and not (isinstance(fn, T.Compose) and any(
+                not isinstance(t, T.Transform) for t in fn.steps)):
+            img = spec[0] if isinstance(spec, tuple) else spec
+            if not isinstance(img, TensorSpec):
+                raise ValueError(f"{label}: a loaderlib transform needs an image component, the element is {spec!r}")
+            try:
+                out = _from_image_spec(fn.plan(_image_spec(img, label)))
+            except (TypeError, ValueError) as e:
+                msg = str(e)
+                raise ValueError(msg if msg.startswith(label) else f"{label}: {msg}") from None
+            return (out, *spec[1:]) if isinstance(spec, tuple) else out
+        return _traced(pipe, k, fn, label)
+    if kind in ("flat_map", "interleave"):
+        return _traced(pipe, k, step.fn, label)
+    if kind in ("filter", "shuffle", "repeat", "take", "skip", "prefetch"):
+        return spec
+    if kind == "cache":
+        if kw.get("max_side") is not None:
+            return map_structure(lambda s: TensorSpec((None, None, s.shape[2]), s.dtype)
+                                 if len(s.shape) == 3 and s.dtype == np.uint8 else s, spec)
+        return spec
+    if kind == "batch":
+        return batch_spec(spec, step.args[0] if kw.get("drop_remainder") else None)
+    if kind == "padded_batch":
+        shapes = kw.get("padded_shapes")
+        if shapes is not None:
+            def leaf(s: TensorSpec, shape: Any) -> TensorSpec:
+                shape = shape.dims if shape.dims is not None else (None,) * len(s.shape)
+                if len(shape) != len(s.shape):
+                    raise ValueError(f"{label}: padded shape {shape} does not match the component {s!r}")
+                return TensorSpec(tuple(None if d is None or d < 0 else d for d in shape), s.dtype)
+
+            try:
+                spec = map_structure(leaf, spec, ops._as_leaves(shapes, spec))
+            except (ValueError, TypeError, KeyError, IndexError) as e:
+                msg = str(e)
+                raise ValueError(msg if msg.startswith(label) else f"{label}: {msg}") from None
+        return batch_spec(spec, step.args[0] if kw.get("drop_remainder") else None)
+    if kind == "unbatch":
+        try:
+            return unbatch_spec(spec)
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
+    if kind == "concatenate":
+        return relax(spec, step.args[0].element_spec, f"{label}: the element specs are not compatible: ")
+    raise ValueError(f"{label}: unknown step")  # pragma: no cover
