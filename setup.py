@@ -199,8 +199,9 @@ def extensions() -> list:
 
 
 setup(
-    packages=["loaderlib", "loaderlib._ext", "loaderlib.profiling"],
+    packages=["loaderlib", "loaderlib._ext", "loaderlib.integrations", "loaderlib.profiling"],
     package_dir={"loaderlib.profiling": "profiling"},
+    package_data={"loaderlib": ["py.typed"]},
     ext_modules=extensions(),
     zip_safe=False,
 )

@@ -2,6 +2,7 @@
 
 from . import batchify, sampler, transforms
 from ._build import build_info
+from ._device import DeviceLoader, to_device
 from ._recorder import StageRecorder
 from ._threads import available_cpus, default_num_threads
 from ._worker_info import WorkerInfo, get_worker_info
@@ -41,6 +42,7 @@ __all__ = [
     "Dataset",
     "DecodeError",
     "DecodeWarning",
+    "DeviceLoader",
     "ImageFolderDataset",
     "ImageListDataset",
     "ImageRecordDataset",
@@ -70,6 +72,7 @@ __all__ = [
     "get_worker_info",
     "jpeg_info",
     "sampler",
+    "to_device",
     "transforms",
     "write_records",
 ]
