@@ -94,6 +94,20 @@ def test_output_torch_bfloat16_images(tmp_path):
     np.testing.assert_array_equal(x.float().numpy(), (bits.astype(np.uint32) << 16).view(np.float32))
 
 
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_output_torch_on_python_engines(engine):
+    ds = _arrays().transform(lambda x, y: (x * 2, y))       # a Python step: not the native engine
+    kw = {"num_workers": 1} if engine == "processes" else {"num_threads": 2}
+    with ll.DataLoader(ds, batch_size=6, output="torch", **kw) as loader:
+        assert loader.engine == engine
+        got = list(loader)
+    x = torch.cat([b[0] for b in got])
+    y = torch.cat([b[1] for b in got])
+    assert x.dtype == torch.float32 and y.dtype == torch.int64
+    np.testing.assert_array_equal(x.numpy(), 2 * np.arange(N * 6, dtype=np.float32).reshape(N, 2, 3))
+    np.testing.assert_array_equal(y.numpy(), np.arange(N) * 7)
+
+
 def test_output_validated():
     with pytest.raises(ValueError, match="output must be 'numpy' or 'torch'"):
         ll.DataLoader(_arrays(), batch_size=4, output="jax")
@@ -290,6 +304,10 @@ def test_to_device_jax_cpu(tmp_path):
         assert x.dtype == jnp.bfloat16 and y.dtype == (jnp.int64 if jax.config.read("jax_enable_x64") else jnp.int32)
         np.testing.assert_array_equal(np.asarray(x).view(np.uint16), rx)
         np.testing.assert_array_equal(np.asarray(y), ry)
+    if not jax.config.read("jax_enable_x64"):
+        big = ll.ArrayDataset(np.zeros((2, 3), np.float32), np.array([1, 2**40], np.int64))
+        with pytest.raises(ValueError, match="outside the int32 range"):
+            next(iter(ll.to_device(ll.DataLoader(big, batch_size=2), cpu)))
     sharding = jax.sharding.SingleDeviceSharding(cpu)
     x, _ = next(iter(ll.to_device(loader("float32"), sharding)))
     assert x.dtype == jnp.float32 and x.sharding == sharding
