@@ -185,6 +185,15 @@ class _JaxBackend:
         self.x64 = bool(jax.config.read("jax_enable_x64"))
 
     def _host(self, x: Any, first: bool) -> Any:
+        bf16 = first and self.bfloat16
+        if type(x).__module__.startswith("torch") and hasattr(x, "numpy"):
+            # A torch tensor (output="torch"): its numpy view (zero-copy on the CPU).
+            import torch
+
+            if x.dtype == torch.bfloat16:
+                x, bf16 = x.detach().cpu().view(torch.int16).numpy().view(np.uint16), True
+            else:
+                x = x.detach().cpu().numpy()
         if not isinstance(x, np.ndarray):
             return x
         if x.dtype == np.int64 and not self.x64:
@@ -197,7 +206,7 @@ class _JaxBackend:
             # JAX may alias a 64-byte aligned host buffer on the CPU: the slot would then be
             # overwritten under the user's array. Copy it out of the slot first.
             x = np.array(x, copy=True)
-        if first and self.bfloat16 and x.dtype == np.uint16:
+        if bf16 and x.dtype == np.uint16:
             import ml_dtypes  # a JAX dependency
 
             x = x.view(ml_dtypes.bfloat16)

@@ -304,6 +304,12 @@ def test_to_device_jax_cpu(tmp_path):
         assert x.dtype == jnp.bfloat16 and y.dtype == (jnp.int64 if jax.config.read("jax_enable_x64") else jnp.int32)
         np.testing.assert_array_equal(np.asarray(x).view(np.uint16), rx)
         np.testing.assert_array_equal(np.asarray(y), ry)
+    # a loader that yields torch tensors (bfloat16 included) goes to JAX the same way
+    x, y = next(iter(ll.to_device(ll.DataLoader(loader("bfloat16").dataset, batch_size=3, shuffle=True, seed=6,
+                                                output="torch"), cpu)))
+    assert x.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(x).view(np.uint16), ref[0][0])
+    np.testing.assert_array_equal(np.asarray(y), ref[0][1])
     if not jax.config.read("jax_enable_x64"):
         big = ll.ArrayDataset(np.zeros((2, 3), np.float32), np.array([1, 2**40], np.int64))
         with pytest.raises(ValueError, match="outside the int32 range"):
