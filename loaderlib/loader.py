@@ -48,7 +48,7 @@ from ._iterable import (
 )
 from ._tree import tree_map
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
-from .arena import BatchArena
+from .arena import BatchArena, pinned_allocator
 from .batchify import Stack, Tuple, default_batchify_fn
 from .datasets import (
     ArrayDataset,
@@ -1213,26 +1213,11 @@ class DataLoader:
                              "memory, not page-locked): pass pin_memory=False, or num_workers=0")
 
     def _pinned_allocator(self) -> Callable[[int], Any] | None:
-        """With ``pin_memory``, arena slots are page-locked once, when allocated (torch's pinned
-        host allocator, page aligned), so pinning costs nothing per batch."""
+        """With ``pin_memory``, arena slots are page-locked once, when allocated (NOTE [ Pinned
+        slots ] in arena.py), so pinning costs nothing per batch."""
         if not self.pin_memory:
             return None
-        import contextlib
-
-        import torch
-
-        dev = _pin_device(self.pin_memory_device) if self.pin_memory_device else None
-
-        def allocate(nbytes: int) -> Any:
-            # cudaHostAlloc memory is page aligned (BatchLayout needs 64 bytes); the numpy view
-            # shares it and keeps the tensor alive for as long as the slot exists. Pinned host
-            # memory is mapped for every device (unified addressing); allocating it with the
-            # target device current makes that device's context own it (pin_memory_device).
-            where = torch.cuda.device(dev) if dev is not None and dev.index is not None else contextlib.nullcontext()
-            with where:
-                return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, pin_memory=True).numpy()
-
-        return allocate
+        return pinned_allocator(_pin_device(self.pin_memory_device) if self.pin_memory_device else None)
 
     def _bfloat16_first(self) -> bool:
         """Whether the batch's first field holds bfloat16 bits (NOTE [ bfloat16 as uint16 bits ])."""
