@@ -34,6 +34,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))   # repo root: tests._synth
 
 from _report import machine_summary, med
 
@@ -44,7 +45,7 @@ SIZE = 224
 
 def make_blobs(n: int) -> list[bytes]:
     """Photo-like JPEGs of about 500x375 (quality 90, 4:2:0), like ImageNet's average."""
-    from loaderlib._synth import encode_jpeg, photo_like
+    from tests._synth import encode_jpeg, photo_like
 
     rng = np.random.default_rng(0)
     out = []
