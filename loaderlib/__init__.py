@@ -5,6 +5,7 @@ from . import _check_build  # noqa: F401  # isort: skip
 from . import batchify, sampler, transforms
 from ._autotune import AUTOTUNE
 from ._build import build_info
+from ._device import DeviceLoader, to_device
 from ._recorder import StageRecorder
 from ._threads import available_cpus, default_num_threads
 from ._worker_info import WorkerInfo, get_worker_info
@@ -46,6 +47,7 @@ __all__ = [
     "Dataset",
     "DecodeError",
     "DecodeWarning",
+    "DeviceLoader",
     "ImageFolderDataset",
     "ImageListDataset",
     "ImageRecordDataset",
@@ -76,6 +78,7 @@ __all__ = [
     "get_worker_info",
     "jpeg_info",
     "sampler",
+    "to_device",
     "transforms",
     "write_records",
 ]

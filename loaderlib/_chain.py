@@ -83,7 +83,7 @@ class NativePlan:
         Shape of one output sample, e.g. ``(3, 224, 224)``; None when the size depends on
         the image (then the ``run_*_into`` methods cannot be used).
     dtype : numpy.dtype
-        ``uint8`` or ``float32``.
+        ``uint8``, ``float32``, ``float16`` or ``uint16`` (bfloat16 bits).
     transform : loaderlib.transforms.Compose
         The chain (with its Decode), used step by step for non-JPEG items.
 
@@ -108,7 +108,8 @@ class NativePlan:
             max_px = 0 if decode.max_pixels is None else int(decode.max_pixels)
             self._chain = _pipeline.CompiledChain(
                 ops, mode_code(decode.mode), decode.channels, bool(decode.dct_scaling), strict_level(decode.strict), max_px,
-                _pipeline.DTYPE_FLOAT32 if self.dtype == np.float32 else _pipeline.DTYPE_UINT8, chw, lut,
+                _pipeline.DTYPE_FLOAT32 if self.dtype == np.float32 else
+                _pipeline.DTYPE_UINT16 if self.dtype.itemsize == 2 else _pipeline.DTYPE_UINT8, chw, lut,
                 int(spec.height), int(spec.width), augs=augs or [], erases=erases or [])
 
     def describe(self) -> list[str]:
@@ -404,15 +405,19 @@ def compile_chain(transform: Any) -> NativePlan | None:
         dtype = np.dtype(val.dtype)
         if dtype == np.float32:
             lut = np.ascontiguousarray(val[0].T, dtype=np.float32)
+        elif dtype in (np.float16, np.uint16):
+            # float16 values or bfloat16 bits (NOTE [ Half-precision output ] in ll_chain.h).
+            lut = np.ascontiguousarray(val[0].T).view(np.uint16)
         elif dtype == np.uint8:
             lut = np.ascontiguousarray(val[0].T, dtype=np.uint8)
             if np.array_equal(lut, np.repeat(np.arange(256, dtype=np.uint8)[None], C, 0)):
                 lut = None
         else:
             return None
-        names = " then ".join(type(t).__name__ + (f"(mean={t.mean}, std={t.std})" if isinstance(t, T.Normalize)
-                                                    else f"({t.dtype})") for t in tail)
-        desc.append(f"{names} as a per-channel lookup table -> {dtype.name}")
+        names = " then ".join(type(t).__name__ + (f"(mean={t.mean}, std={t.std}, dtype={t.dtype})"
+                                                    if isinstance(t, T.Normalize) else f"({t.dtype})") for t in tail)
+        out_name = "bfloat16 bits (uint16)" if dtype == np.uint16 else dtype.name
+        desc.append(f"{names} as a per-channel lookup table -> {out_name}")
     if spec.dtype != dtype:  # the plan and the table must agree
         return None
     if erases and dtype not in (np.float32, np.uint8):

@@ -47,8 +47,9 @@ from ._iterable import (
     is_stateful,
     resume_source,
 )
+from ._tree import tree_map
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
-from .arena import BatchArena
+from .arena import BatchArena, pinned_allocator
 from .batchify import Stack, Tuple, default_batchify_fn
 from .datasets import (
     ArrayDataset,
@@ -73,7 +74,7 @@ from .sampler import (
 )
 from .webdataset import WebDataset
 
-__all__ = ["DataLoader", "LoaderIterator"]
+__all__ = ["DataLoader", "LoaderIterator", "TorchLoaderIterator"]
 
 ENGINES = ("native", "threads", "processes")
 
@@ -479,6 +480,12 @@ class DataLoader:
     ``num_threads`` and ``prefetch`` also take ``loaderlib.AUTOTUNE``: they are then tuned
     online from the delivered throughput (NOTE [ Autotune ] in ``_autotune.py``); the output
     does not change, only the speed.
+    output : {"numpy", "torch"}, optional
+        What batches are made of. "torch": tensors sharing the arena slot's memory
+        (``torch.from_numpy``, zero-copy; the slot is reused only after every tensor viewing
+        it is gone), labels as int64 tensors, bfloat16 images as ``torch.bfloat16``. Default:
+        "torch" for a ``torch.utils.data.Dataset`` (whose samples are tensors), else "numpy"
+        (NOTE [ Batch output ]).
 
     Attributes
     ----------
@@ -507,7 +514,7 @@ class DataLoader:
                  load_balance: str = "round_robin", max_in_flight: int | None = None,
                  rank: int | None = None, world_size: int | None = None, max_skipped: float | None = None,
                  profile: bool = False, batch_transform: Any = None,
-                 ram_budget: int | str | None = None) -> None:
+                 ram_budget: int | str | None = None, output: str | None = None) -> None:
         from ._autotune import AUTOTUNE, parse_bytes
 
         if batch_transform is not None and not isinstance(batch_transform, T.BatchTransform):
@@ -593,6 +600,9 @@ class DataLoader:
             raise ValueError(f"load_balance must be one of {_LOAD_BALANCE}, got {load_balance!r}")
         _positive_int(max_in_flight, "max_in_flight")
         self.multiprocessing_context = _mp_context_name(multiprocessing_context)
+        self.output = _output_kind(output, self.dataset)
+        if pin_memory_device:
+            _pin_device(pin_memory_device)   # validates the spelling before anything runs
 
         self.seed = (_seed_from_generator(generator) if generator is not None
                      else draw_seed() if seed is None else int(seed))
@@ -976,7 +986,11 @@ class DataLoader:
                     run = self._new_run(RunState(order, self.seed, delivered=delivered, position=position))
         if isinstance(run.recorder, HeldRecorder):
             run.recorder.release()
-        it = LoaderIterator(run, self) if self.batch_transform is None else _BatchTransformIterator(run, self)
+        if self.output == "torch":
+            cls = TorchLoaderIterator if self.batch_transform is None else _TorchBatchTransformIterator
+        else:
+            cls = LoaderIterator if self.batch_transform is None else _BatchTransformIterator
+        it = cls(run, self)
         self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         if self._last_state is not None:
             self._errors.extend(self._last_state.skipped)
@@ -1239,23 +1253,106 @@ class DataLoader:
         if not cuda:
             raise ValueError("pin_memory=True needs torch with CUDA, which is not available here: pass "
                              "pin_memory=False (pinned memory only speeds up copies to a GPU)")
+        if self.pin_memory_device:
+            dev = _pin_device(self.pin_memory_device)
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ValueError(f"pin_memory_device={self.pin_memory_device!r}: this machine has "
+                                 f"{torch.cuda.device_count()} CUDA device(s)")
         if self.num_workers > 0 and self.engine == "processes":
             raise ValueError("pin_memory=True cannot be honoured on the processes engine yet (its slots are shared "
                              "memory, not page-locked): pass pin_memory=False, or num_workers=0")
 
     def _pinned_allocator(self) -> Callable[[int], Any] | None:
-        """With ``pin_memory``, arena slots are page-locked once, when allocated (torch's pinned
-        host allocator, page aligned), so pinning costs nothing per batch."""
+        """With ``pin_memory``, arena slots are page-locked once, when allocated (NOTE [ Pinned
+        slots ] in arena.py), so pinning costs nothing per batch."""
         if not self.pin_memory:
             return None
+        return pinned_allocator(_pin_device(self.pin_memory_device) if self.pin_memory_device else None)
+
+    def _bfloat16_first(self) -> bool:
+        """Whether the batch's first field holds bfloat16 bits (NOTE [ bfloat16 as uint16 bits ])."""
+        from . import transforms as T
+
+        _, layers = _unwrap(self.dataset)
+        name = None
+        for first, fn in layers:
+            if not first and not isinstance(fn, T.Transform):
+                continue
+            for t in _steps([fn]):
+                if isinstance(t, (T.Normalize, T.Cast)):
+                    name = t.dtype
+        return name == "bfloat16"
+
+
+# NOTE [ Batch output ]
+# output="torch" converts at the last moment, in the consumer's thread: every numpy leaf of
+# the batch becomes ``torch.from_numpy(leaf)``, which shares the slot's memory and keeps the
+# numpy view (and so the slot's lease, NOTE [ Slot leases ]) alive for as long as the tensor
+# lives. Nothing is copied and the engines stay framework-free. A torch Dataset gets tensors
+# back without asking: its samples were tensors, and PyTorch code expects tensors.
+
+
+def _output_kind(output: str | None, dataset: Any) -> str:
+    if output is None:
+        base = _unwrap(dataset)[0]
+        base = getattr(base, "_data", base)   # SimpleDataset wraps plain sequences
+        torch_ds = any(c.__name__ in ("Dataset", "IterableDataset") and c.__module__.startswith("torch")
+                       for c in type(base).__mro__)
+        return "torch" if torch_ds else "numpy"
+    if output not in ("numpy", "torch"):
+        raise ValueError(f"output must be 'numpy' or 'torch', got {output!r}")
+    if output == "torch":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ValueError("output='torch' needs PyTorch (pip install torch)") from None
+    return output
+
+
+def _pin_device(spelling: str) -> Any:
+    """``pin_memory_device`` as a torch.device; only CUDA devices can be pinned for."""
+    try:
         import torch
 
-        def allocate(nbytes: int) -> Any:
-            # cudaHostAlloc memory is page aligned (BatchLayout needs 64 bytes); the numpy view
-            # shares it and keeps the tensor alive for as long as the slot exists.
-            return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, pin_memory=True).numpy()
+        dev = torch.device(spelling)
+    except ImportError:
+        raise ValueError(f"pin_memory_device={spelling!r} needs torch with CUDA") from None
+    except (RuntimeError, TypeError):
+        raise ValueError(f"pin_memory_device={spelling!r} is not a device (e.g. 'cuda' or 'cuda:1')") from None
+    if dev.type != "cuda":
+        raise ValueError(f"pin_memory_device={spelling!r}: slots can be pinned for CUDA devices only ('cuda', "
+                         "'cuda:N')")
+    return dev
 
-        return allocate
+
+def _torch_leaf(x: Any, bf16: bool) -> Any:
+    import torch
+
+    if not isinstance(x, np.ndarray):
+        return x
+    if any(s < 0 for s in x.strides):
+        x = np.ascontiguousarray(x)   # torch rejects negative strides (a user batchify's view)
+    t = torch.from_numpy(x)
+    return t.view(torch.bfloat16) if bf16 and x.dtype == np.uint16 else t
+
+
+def to_torch(batch: Any, bfloat16_first: bool = False) -> Any:
+    """A batch's numpy leaves as torch tensors sharing their memory (NOTE [ Batch output ])."""
+    if isinstance(batch, (tuple, list)) and batch and type(batch) in (tuple, list):
+        return type(batch)(tree_map(lambda x, k=k: _torch_leaf(x, bfloat16_first and k == 0), b)
+                           for k, b in enumerate(batch))
+    return tree_map(lambda x: _torch_leaf(x, bfloat16_first), batch)
+
+
+class TorchLoaderIterator(LoaderIterator):
+    """A :class:`LoaderIterator` whose batches are torch tensors (``output="torch"``)."""
+
+    def __init__(self, run: Any, owner: Any = None) -> None:
+        super().__init__(run, owner)
+        self._bf16 = owner._bfloat16_first() if owner is not None else False
+
+    def __next__(self) -> Any:
+        return to_torch(super().__next__(), self._bf16)
 
 
 class _BatchTransformIterator(LoaderIterator):
@@ -1271,3 +1368,14 @@ class _BatchTransformIterator(LoaderIterator):
                             f"{type(batch).__name__}")
         images, soft = op(batch[0], batch[1], seed=self._owner.seed, epoch=st.epoch, batch_index=st.delivered - 1)
         return type(batch)((images, soft)) if isinstance(batch, tuple) else [images, soft]
+
+
+class _TorchBatchTransformIterator(_BatchTransformIterator):
+    """The loader's ``batch_transform`` on each batch, then torch tensors (``output="torch"``)."""
+
+    def __init__(self, run: Any, owner: Any = None) -> None:
+        super().__init__(run, owner)
+        self._bf16 = owner._bfloat16_first() if owner is not None else False
+
+    def __next__(self) -> Any:
+        return to_torch(super().__next__(), self._bf16)

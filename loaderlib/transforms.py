@@ -66,6 +66,7 @@ __all__ = [
     "ToCHW",
     "Transform",
     "TrivialAugmentWide",
+    "as_bfloat16",
     "random_resized_crop_box",
 ]
 
@@ -74,7 +75,74 @@ _GAMMA = 0x9E3779B97F4A7C15
 _INIT = 0x243F6A8885A308D3
 _INTERP = {"bilinear": _transform.INTERP_LINEAR, "area": _transform.INTERP_AREA,
            "nearest": _transform.INTERP_NEAREST}
-_CASTS = ("uint8", "float32")
+_CASTS = ("uint8", "float32", "float16", "bfloat16")
+#: Output dtypes of Normalize.
+_NORMALIZE_DTYPES = ("float32", "float16", "bfloat16")
+
+# NOTE [ bfloat16 as uint16 bits ]
+# numpy has no bfloat16, and ml_dtypes (which adds one) is an optional dependency: an
+# output dtype that changed with what else is installed would change the arena plan, the
+# saved state and every downstream check. So a bfloat16 image is always a ``uint16`` array
+# holding the bfloat16 bit patterns (the upper half of the float32, rounded to nearest
+# even). ``output="torch"`` and ``to_device`` hand out real bfloat16 tensors
+# (``tensor.view(torch.bfloat16)``, zero-copy), and :func:`as_bfloat16` gives an ml_dtypes
+# view where ml_dtypes is installed. A bfloat16 image ends the point-wise steps: a later
+# Normalize or Cast would read the bit patterns as integers, so it raises.
+
+
+def _bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values -> bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays NaN."""
+    x = np.asarray(x, np.float32)
+    b = np.ascontiguousarray(x).view(np.uint32)
+    rounded = ((b + (np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(np.uint16)
+    quiet = ((b >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)   # keep sign, force a quiet NaN
+    return np.where(np.isnan(x), quiet, rounded)
+
+
+def _to_dtype(x: np.ndarray, name: str) -> np.ndarray:
+    """float32 ``x`` in the output dtype ``name`` (float32, float16, or bfloat16 bits)."""
+    if name == "bfloat16":
+        return _bfloat16_bits(x)
+    return x.astype(name, copy=False)
+
+
+def _reject_bfloat16_bits(img: np.ndarray, what: str) -> None:
+    if img.dtype == np.uint16:
+        raise ValueError(f"{what} got a uint16 image: loaderlib's uint16 images hold bfloat16 bits, which end the "
+                         "point-wise steps (NOTE [ bfloat16 as uint16 bits ]): put the bfloat16 Normalize or Cast last")
+
+
+def _dtype_name(dtype: Any, allowed: tuple, what: str) -> str:
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return dtype
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        raise ValueError(f"{what} supports {allowed}, got {dtype!r}") from None
+    if name not in allowed:
+        raise ValueError(f"{what} supports {allowed}, got {dtype!r}")
+    return name
+
+
+def _spec_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a planned array of ``name`` (bfloat16 is uint16 bits)."""
+    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
+
+
+def as_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """View bfloat16 bit patterns (a ``uint16`` batch) as ml_dtypes' ``bfloat16`` (zero-copy).
+
+    Raises
+    ------
+    ImportError
+        ml_dtypes is not installed (``pip install ml_dtypes``; JAX depends on it).
+    """
+    import ml_dtypes
+
+    if not isinstance(bits, np.ndarray) or bits.dtype != np.uint16:
+        raise TypeError(f"as_bfloat16 expects a uint16 array of bfloat16 bits, got "
+                        f"{getattr(bits, 'dtype', type(bits).__name__)}")
+    return bits.view(ml_dtypes.bfloat16)
 
 Size = int | tuple[int, int]
 
@@ -525,12 +593,19 @@ class Normalize(Transform):
     mean, std : sequence of float
         In 0-1 units (torchvision's ImageNet values work as they are), one per channel
         or a single value for all.
+    dtype : {"float32", "float16", "bfloat16"}
+        Output dtype. The arithmetic is float32 either way, rounded once to the output
+        dtype (nearest even), so values equal ``Normalize(...)(x).astype(dtype)``. bfloat16
+        comes as ``uint16`` bit patterns (NOTE [ bfloat16 as uint16 bits ]). Fused into
+        the native chain like float32.
     """
 
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype, _NORMALIZE_DTYPES, "Normalize dtype"))
         mean = tuple(float(v) for v in np.atleast_1d(self.mean))
         std = tuple(float(v) for v in np.atleast_1d(self.std))
         if len(mean) != len(std):
@@ -546,16 +621,24 @@ class Normalize(Transform):
 
     def _apply(self, img: np.ndarray, rng: _Rng) -> np.ndarray:
         img = _check_image(img, "Normalize")
+        _reject_bfloat16_bits(img, "Normalize")
         if len(self.mean) not in (1, img.shape[2]):
             raise ValueError(f"Normalize has {len(self.mean)} means for an image with {img.shape[2]} channels")
         mean = np.asarray(self.mean, np.float32)
         std = np.asarray(self.std, np.float32)
-        return (img.astype(np.float32) / np.float32(255.0) - mean) / std
+        return _to_dtype((img.astype(np.float32) / np.float32(255.0) - mean) / std, self.dtype)
 
     def plan(self, spec: ImageSpec) -> ImageSpec:
         if spec.channels is not None and len(self.mean) not in (1, spec.channels):
             raise ValueError(f"Normalize has {len(self.mean)} means for {spec.channels} channels")
-        return replace(spec, dtype=np.dtype(np.float32))
+        _reject_bfloat16_plan(spec, "Normalize")
+        return replace(spec, dtype=_spec_dtype(self.dtype))
+
+
+def _reject_bfloat16_plan(spec: ImageSpec, what: str) -> None:
+    if spec.dtype == np.uint16:
+        raise ValueError(f"{what} after a bfloat16 step: bfloat16 output ends the point-wise steps "
+                         "(NOTE [ bfloat16 as uint16 bits ]); put the bfloat16 Normalize or Cast last")
 
 
 @dataclass(frozen=True)
@@ -575,25 +658,29 @@ class ToCHW(Transform):
 @dataclass(frozen=True)
 class Cast(Transform):
     """Convert the dtype, keeping values (``uint8`` from float rounds half to even and
-    saturates to 0-255; no rescaling)."""
+    saturates to 0-255; no rescaling).
+
+    ``float16`` and ``bfloat16`` round to nearest even (via float32 for bfloat16, which
+    comes as ``uint16`` bit patterns: NOTE [ bfloat16 as uint16 bits ])."""
 
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        name = np.dtype(self.dtype).name
-        if name not in _CASTS:
-            raise ValueError(f"Cast supports {_CASTS}, got {self.dtype!r}")
-        object.__setattr__(self, "dtype", name)
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype, _CASTS, "Cast"))
 
     def _apply(self, img: np.ndarray, rng: _Rng) -> np.ndarray:
         if not isinstance(img, np.ndarray):
             raise TypeError(f"Cast expects a numpy array, got {type(img).__name__}")
+        _reject_bfloat16_bits(img, "Cast")
         if self.dtype == "uint8" and img.dtype != np.uint8:
             return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+        if self.dtype == "bfloat16":
+            return _bfloat16_bits(img.astype(np.float32, copy=False))
         return img.astype(self.dtype)
 
     def plan(self, spec: ImageSpec) -> ImageSpec:
-        return replace(spec, dtype=np.dtype(self.dtype))
+        _reject_bfloat16_plan(spec, "Cast")
+        return replace(spec, dtype=_spec_dtype(self.dtype))
 
 
 def _flatten(items: Sequence[Any]) -> list:

@@ -33,6 +33,7 @@ OP_HFLIP = LL_OP_HFLIP
 MAX_OPS = LL_MAX_OPS
 DTYPE_UINT8 = LL_DTYPE_UINT8
 DTYPE_FLOAT32 = LL_DTYPE_FLOAT32
+DTYPE_UINT16 = LL_DTYPE_UINT16
 
 # Where run_into's items come from.
 cdef enum:
@@ -58,7 +59,8 @@ cdef class CompiledChain:
     def __cinit__(self, list ops, int mode, int channels, bint dct_scaling, int strict, long long max_pixels,
                   int dtype, bint chw, object lut, int out_h, int out_w, list augs=None, list erases=None):
         """``ops``: tuples (kind, pos, h, w, interp, antialias, s0, s1, r0, r1, p);
-        ``lut``: None or a (channels, 256) float32 (dtype float32) or uint8 array;
+        ``lut``: None or a (channels, 256) float32 (dtype float32), uint16 (dtype uint16: float16 or
+        bfloat16 bits) or uint8 array;
         ``augs`` / ``erases``: augmentation ops (kind, pos, ints, doubles) run after the
         geometry / on the finished output (NOTE [ Augmentations in the chain ])."""
         if len(ops) > LL_MAX_OPS:
@@ -86,17 +88,19 @@ cdef class CompiledChain:
         p.chw = chw
         p.out_h = out_h
         p.out_w = out_w
-        if dtype != LL_DTYPE_FLOAT32 and dtype != LL_DTYPE_UINT8:
+        if dtype != LL_DTYPE_FLOAT32 and dtype != LL_DTYPE_UINT8 and dtype != LL_DTYPE_UINT16:
             raise ValueError(f"unknown output dtype code {dtype}")
-        if dtype == LL_DTYPE_FLOAT32 and lut is None:
-            raise ValueError("float32 output needs a lookup table")
+        if dtype != LL_DTYPE_UINT8 and lut is None:
+            raise ValueError("float32 and 16-bit output need a lookup table")
         cdef const uint8_t[::1] raw
         if lut is not None:
-            want = np.float32 if dtype == LL_DTYPE_FLOAT32 else np.uint8
+            want = (np.float32 if dtype == LL_DTYPE_FLOAT32 else np.uint16 if dtype == LL_DTYPE_UINT16
+                    else np.uint8)
             if not isinstance(lut, np.ndarray) or lut.dtype != want or lut.shape != (channels, 256):
                 raise ValueError(f"lookup table must be a ({channels}, 256) {np.dtype(want).name} array")
             raw = np.ascontiguousarray(lut).reshape(-1).view(np.uint8)
-            memcpy(<void*>p.lutf if dtype == LL_DTYPE_FLOAT32 else <void*>p.lut8, &raw[0], raw.shape[0])
+            memcpy(<void*>p.lutf if dtype == LL_DTYPE_FLOAT32 else <void*>p.lut16 if dtype == LL_DTYPE_UINT16
+                   else <void*>p.lut8, &raw[0], raw.shape[0])
             p.use_lut = dtype == LL_DTYPE_UINT8
         self.out_h, self.out_w, self.channels, self.dtype, self.chw = out_h, out_w, channels, dtype, chw
         _fill_augs(p.aug.ops, &p.aug.n, augs or [])
@@ -198,7 +202,7 @@ def run_into(CompiledChain chain not None, Workers workers not None, int kind, l
         raise ValueError("run_into: out must be a writeable C-contiguous (N, ...) array")
     cdef Py_ssize_t item_bytes = out.nbytes // n if n > 0 else 0
     cdef Py_ssize_t expect = <Py_ssize_t>chain.out_h * chain.out_w * chain.channels * (
-        4 if chain.dtype == LL_DTYPE_FLOAT32 else 1)
+        4 if chain.dtype == LL_DTYPE_FLOAT32 else 2 if chain.dtype == LL_DTYPE_UINT16 else 1)
     if n > 0 and item_bytes != expect:
         raise ValueError(f"run_into: each output slot has {item_bytes} bytes, the chain writes {expect}")
     cdef char* base = <char*>cnp.PyArray_DATA(out)

@@ -2,7 +2,7 @@
 # ll_chain.h): counter-based randomness, fixed-point resampling, POSIX reads and the
 # per-sample chain. Extern declarations only; cimported by _transform.pyx and _pipeline.pyx.
 
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 from augment cimport ll_aug_plan
 from jpeglib cimport ll_jpeg_dec
@@ -29,7 +29,7 @@ cdef extern from "ll_read.h":
 
 cdef extern from "ll_chain.h":
     const int LL_OP_RRC, LL_OP_RESIZE, LL_OP_CENTER_CROP, LL_OP_HFLIP, LL_MAX_OPS
-    const int LL_DTYPE_UINT8, LL_DTYPE_FLOAT32
+    const int LL_DTYPE_UINT8, LL_DTYPE_FLOAT32, LL_DTYPE_UINT16
 
     ctypedef struct ll_op:
         int kind
@@ -50,6 +50,7 @@ cdef extern from "ll_chain.h":
         float lutf[1024]
         uint8_t lut8[1024]
         ll_aug_plan aug
+        uint16_t lut16[1024]
 
     int64_t ll_now_ns() noexcept nogil
     int ll_chain_run(const ll_plan* pl, ll_worker* wk, const uint8_t* buf, size_t size, uint64_t seed,

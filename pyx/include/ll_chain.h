@@ -70,6 +70,8 @@
 
 #define LL_DTYPE_UINT8 0
 #define LL_DTYPE_FLOAT32 1
+/* 16-bit output (float16 or bfloat16 bits): values come from lut16 (NOTE [ Half-precision output ]) */
+#define LL_DTYPE_UINT16 2
 
 typedef struct {
     int kind;
@@ -91,6 +93,7 @@ typedef struct {
     float lutf[4 * 256];   /* per channel: output value for each uint8 value (float32 output) */
     uint8_t lut8[4 * 256]; /* the same for uint8 output when use_lut */
     ll_aug_plan aug;       /* augmentations after the geometry (ll_augment.h) */
+    uint16_t lut16[4 * 256]; /* the same for 16-bit output: float16 or bfloat16 bit patterns */
 } ll_plan;
 
 static inline int64_t ll_now_ns(void) {
@@ -223,6 +226,24 @@ static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, i
             float *d = o + (size_t)oy * ow * C;
             for (int x = 0; x < ow; x++)
                 for (int c = 0; c < C; c++) d[x * C + c] = pl->lutf[256 * c + row[x * C + c]];
+        }
+    } else if (pl->dtype == LL_DTYPE_UINT16) {
+        /* NOTE [ Half-precision output ]
+         * float16 and bfloat16 outputs are 16-bit patterns looked up per channel, like
+         * float32: the table holds the Python tail's own values (float32 arithmetic, then
+         * one rounding to half precision), so the fused output is bitwise that of the
+         * step-by-step chain and the kernel does no float arithmetic at all. */
+        uint16_t *o = (uint16_t *)out;
+        if (pl->chw) {
+            for (int c = 0; c < C; c++) {
+                const uint16_t *lut = pl->lut16 + 256 * c;
+                uint16_t *d = o + c * plane + (size_t)oy * ow;
+                for (int x = 0; x < ow; x++) d[x] = lut[row[x * C + c]];
+            }
+        } else {
+            uint16_t *d = o + (size_t)oy * ow * C;
+            for (int x = 0; x < ow; x++)
+                for (int c = 0; c < C; c++) d[x * C + c] = pl->lut16[256 * c + row[x * C + c]];
         }
     } else {
         uint8_t *o = (uint8_t *)out;
