@@ -277,7 +277,12 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
         raise DecodeError(f"{kind} declares {size[0]}x{size[1]} = {size[0] * size[1]} pixels, more than "
                           f"max_pixels={max_pixels}; refused before decoding")
     arr = np.frombuffer(buf, dtype=np.uint8)
-    flags = cv2.IMREAD_IGNORE_ORIENTATION | (cv2.IMREAD_GRAYSCALE if mode == 2 else cv2.IMREAD_COLOR)
+    # NOTE [ No full-size colour copy ]: OpenCV decodes BGR; reversing the channels and making
+    # the result contiguous would hold a second full-size image. OpenCV >= 4.10 decodes
+    # straight to RGB (IMREAD_COLOR_RGB); older builds convert in place (cvtColor with dst=img).
+    rgb_flag = getattr(cv2, "IMREAD_COLOR_RGB", None) if mode == 0 else None
+    color = cv2.IMREAD_GRAYSCALE if mode == 2 else (rgb_flag if rgb_flag is not None else cv2.IMREAD_COLOR)
+    flags = cv2.IMREAD_IGNORE_ORIENTATION | color
     try:
         img = cv2.imdecode(arr, flags)
     except cv2.error as e:
@@ -288,8 +293,8 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
         raise DecodeError(f"{kind} has {img.shape[0] * img.shape[1]} pixels, more than max_pixels={max_pixels}")
     if img.ndim == 2:
         img = img[:, :, None]
-    elif mode == 0:
-        img = img[:, :, ::-1]
+    elif mode == 0 and rgb_flag is None:
+        cv2.cvtColor(img, cv2.COLOR_BGR2RGB, dst=img)
     H, W = img.shape[:2]
     if denom > 1:
         sw, sh = math.ceil(W / denom), math.ceil(H / denom)
