@@ -365,11 +365,10 @@ static int ll_jpeg_plan_item(ll_jpeg_dec *d, const unsigned char *buf, size_t si
     long long coef = ll_jpeg_coef_bytes(d);
     if (max_pixels > 0 && coef > ll_jpeg_coef_budget(max_pixels)) { /* NOTE [ Coefficient memory budget ] */
         d->have_header = 0;
-        if (msg) snprintf(msg, LL_MSG_LEN, "%s JPEG declares %dx%d: decoding it at any scale or crop needs "
-                          "%lld MB of coefficient memory, more than the budget of %lld MB (1.5 bytes per pixel "
-                          "of max_pixels=%lld); raise max_pixels to at least %lld (or pass None) to decode it",
-                          info->progressive ? "progressive" : "multi-scan", info->width, info->height,
-                          coef >> 20, ll_jpeg_coef_budget(max_pixels) >> 20, max_pixels, (coef * 2 + 2) / 3);
+        if (msg) snprintf(msg, LL_MSG_LEN, "%s JPEG of %dx%d needs %.1f MB of coefficients at any scale or crop, "
+                          "over the budget of %.1f MB (1.5 B/pixel of max_pixels); raise max_pixels to %lld or "
+                          "pass None", info->progressive ? "progressive" : "multi-scan", info->width, info->height,
+                          coef / 1e6, ll_jpeg_coef_budget(max_pixels) / 1e6, (coef * 2 + 2) / 3);
         return LL_ERR_TOO_LARGE;
     }
     st = ll_jpeg_region(info, denom, cx, cy, cw, ch, x0, y0, ow, oh);
