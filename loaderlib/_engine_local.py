@@ -21,7 +21,7 @@ from . import _threads
 from ._engine_base import Produced, Producer, RunState, Task, _clock
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, BatchLayout
-from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
+from .batchify import Pad, Stack, Tuple, default_batchify_fn, finish_native
 from .datasets import _TransformDataset
 from .errors import DecodeError, DecodeWarning
 
@@ -190,7 +190,7 @@ class NativeProducer(Producer):
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.src = src
         self.plan = plan
-        self.shards = shards          # num_shards per output part (None: plain array)
+        self.shards = shards          # per output part: num_shards (None: plain array) or a Pad
         self.arena = arena
         self.knobs = knobs
         self._layouts: dict[int, BatchLayout] = {}
@@ -229,7 +229,7 @@ class NativeProducer(Producer):
         return Produced(self._structure(views), task.start + idx.size, idx.size, task.target)
 
     def _structure(self, views: list) -> Any:
-        out = [_shard(v, k) for v, k in zip(views, self.shards)]
+        out = [finish_native(v, k) for v, k in zip(views, self.shards)]
         return out[0] if len(out) == 1 else tuple(out)
 
     def finish(self, task: Task) -> Produced | None:

@@ -157,3 +157,47 @@ def test_tuple_of_arrays_and_bare_arrays_run_natively():
     bare = ll.DataLoader(x, batch_size=3)
     assert bare.engine == "native"
     np.testing.assert_array_equal(np.concatenate(list(bare)), x)
+
+
+def test_pad_runs_natively_and_equals_python_pad(tmp_path):
+    """NOTE [ Native Pad ]: Pad (alone, or in a Tuple, with shards and ret_length) keeps the
+    native engine, and every batch equals what batchify.Pad itself returns for the same
+    samples (taken from a Stack run), for 1 and 2 threads."""
+    from loaderlib import transforms as T
+    from loaderlib.batchify import Pad, Stack, Tuple
+    from tests.kernels._loader_images import make_image_folder
+
+    ds = ll.ImageFolderDataset(make_image_folder(tmp_path, num_classes=2, per_class=5)).transform_first(
+        T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]))
+    ref_loader = ll.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_threads=1)
+    stacked = [(x.copy(), y.copy()) for x, y in ref_loader]
+    fns = [Tuple(Pad(val=255, ret_length=True), Pad(val=-1)), Tuple(Pad(axis=1, num_shards=2), Stack())]
+    for fn in fns:
+        want = [fn([(x[i], y[i]) for i in range(len(y))]) for x, y in stacked]
+        for threads in (1, 2):
+            loader = ll.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_threads=threads, batchify_fn=fn)
+            assert loader.engine == "native", loader.explain()
+            got = list(loader)
+            assert len(got) == len(want) == 3
+            for g, w in zip(got, want):
+                _assert_same_structure(g, w)
+    x = np.arange(30, dtype=np.float32).reshape(10, 3)
+    arrays = ll.DataLoader(ll.ArrayDataset(x, np.arange(10)), batch_size=4, batchify_fn=Tuple(Pad(ret_length=True), Pad()))
+    assert arrays.engine == "native"
+    for (batch, lengths), labels in arrays:
+        start = int(labels[0])
+        ref_batch, ref_len = Pad(ret_length=True)([x[i] for i in range(start, start + len(labels))])
+        np.testing.assert_array_equal(batch, ref_batch)
+        np.testing.assert_array_equal(lengths, ref_len)
+        assert lengths.dtype == ref_len.dtype == np.int64
+
+
+def _assert_same_structure(got, want):
+    assert type(got) is type(want) or (isinstance(got, list) and isinstance(want, list)), (type(got), type(want))
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _assert_same_structure(g, w)
+    else:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
