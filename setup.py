@@ -3,9 +3,12 @@
 Every ``pyx/_<name>.pyx`` compiles to ``loaderlib._ext._<name>``.  The build probes
 for OpenMP and libjpeg-turbo before compiling anything:
 
-* OpenMP: a tiny test program is compiled with ``-fopenmp``; when that fails the
-  extensions are built serially (``pyx/omp.pxd`` supplies no-op stand-ins) and a
-  loud warning says so.  ``loaderlib.build_info()["openmp"]`` reports the result.
+* OpenMP: a tiny test program is compiled with the platform's OpenMP flags (gcc:
+  ``-fopenmp``; macOS: ``-Xpreprocessor -fopenmp`` and Homebrew's libomp, found with
+  ``LOADERLIB_LIBOMP_PREFIX`` or ``brew --prefix libomp``; Windows: MSVC's ``/openmp:llvm``,
+  not probed; ``LOADERLIB_OPENMP_CFLAGS``/``LOADERLIB_OPENMP_LDFLAGS`` override them); when
+  that fails the extensions are built serially (``pyx/omp.pxd`` supplies no-op stand-ins)
+  and a loud warning says so.  ``loaderlib.build_info()["openmp"]`` reports the result.
 * libjpeg-turbo: ``LOADERLIB_LIBJPEG_PREFIX=/some/prefix`` (with ``include/`` and
   ``lib/`` or ``lib64/``) overrides everything; otherwise, on Python >= 3.12 on
   x86_64 Linux, the static libjpeg-turbo 3.1 from the ``comma-deps-libjpeg`` wheel
@@ -21,6 +24,7 @@ from __future__ import annotations
 import glob
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,7 +44,7 @@ def _warn(msg: str) -> None:
 
 
 def _compiler() -> str:
-    return os.environ.get("CC") or sysconfig.get_config_var("CC").split()[0] or "cc"
+    return os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
 
 
 def _try_compile(code: str, cflags: list[str], ldflags: list[str]) -> bool:
@@ -56,10 +60,39 @@ def _try_compile(code: str, cflags: list[str], ldflags: list[str]) -> bool:
         return res.returncode == 0
 
 
-def probe_openmp() -> bool:
+def _brew_prefix(formula: str) -> str | None:
+    exe = shutil.which("brew")
+    if exe is None:
+        return None
+    res = subprocess.run([exe, "--prefix", formula], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        return None
+    return res.stdout.strip() or None
+
+
+def openmp_flags() -> tuple[list[str], list[str]]:
+    """Compile and link flags that turn OpenMP on with this platform's compiler."""
+    cflags, ldflags = os.environ.get("LOADERLIB_OPENMP_CFLAGS"), os.environ.get("LOADERLIB_OPENMP_LDFLAGS")
+    if cflags is not None or ldflags is not None:
+        return shlex.split(cflags or ""), shlex.split(ldflags or "")
+    if sys.platform == "darwin":  # Apple clang: the preprocessor flag plus Homebrew's libomp
+        prefix = os.environ.get("LOADERLIB_LIBOMP_PREFIX") or _brew_prefix("libomp")
+        inc = [f"-I{prefix}/include"] if prefix else []
+        lib = [f"-L{prefix}/lib", f"-Wl,-rpath,{prefix}/lib"] if prefix else []
+        return ["-Xpreprocessor", "-fopenmp", *inc], [*lib, "-lomp"]
+    if sys.platform == "win32":  # MSVC's LLVM-based OpenMP runtime (Visual Studio 2019 16.9 and later)
+        return ["/openmp:llvm"], []
+    return ["-fopenmp"], ["-fopenmp"]
+
+
+def probe_openmp() -> tuple[list[str], list[str]] | None:
+    """The OpenMP flags when a test program builds with them, else None (serial build)."""
     if os.environ.get("LOADERLIB_NO_OPENMP"):
         _warn("LOADERLIB_NO_OPENMP is set: building without OpenMP (kernels run serially).")
-        return False
+        return None
+    cflags, ldflags = openmp_flags()
+    if sys.platform == "win32":  # no `cc` to probe with; MSVC 2019+ has /openmp:llvm
+        return cflags, ldflags
     code = textwrap.dedent(
         """
         #include <omp.h>
@@ -69,14 +102,14 @@ def probe_openmp() -> bool:
           return omp_get_max_threads() > 0 && n > 0 ? 0 : 1; }
         """
     )
-    if _try_compile(code, ["-fopenmp"], ["-fopenmp"]):
-        return True
+    if _try_compile(code, cflags, ldflags):
+        return cflags, ldflags
     _warn(
-        "the C compiler does not support OpenMP (-fopenmp failed). loaderlib is being "
+        f"the C compiler does not support OpenMP ({' '.join(cflags)} failed). loaderlib is being "
         "built SERIALLY: every kernel will use one thread. Install gcc with libgomp "
-        "(Debian: apt-get install gcc) and reinstall to get parallel kernels."
+        "(Debian: apt-get install gcc; macOS: brew install libomp) and reinstall to get parallel kernels."
     )
-    return False
+    return None
 
 
 def _pkg_config(*args: str) -> list[str] | None:
@@ -105,7 +138,7 @@ def find_libjpeg() -> dict:
             "include_dirs": [os.path.join(prefix, "include")],
             "library_dirs": libdirs,
             "libraries": ["jpeg"],
-            "extra_link_args": [f"-Wl,-rpath,{d}" for d in libdirs],
+            "extra_link_args": [] if sys.platform == "win32" else [f"-Wl,-rpath,{d}" for d in libdirs],
         }
 
     if sys.version_info >= (3, 12) and platform.machine() == "x86_64" and sys.platform == "linux":
@@ -149,16 +182,17 @@ def find_libjpeg() -> dict:
 def extensions() -> list:
     from Cython.Build import cythonize
 
-    openmp = probe_openmp()
+    omp_flags = probe_openmp()
+    openmp = omp_flags is not None
     jpeg = find_libjpeg()
     sys.stderr.write(f"loaderlib build: OpenMP={'on' if openmp else 'OFF'}, libjpeg from {jpeg['source']}\n")
 
     cflags = ["-O0", "-g"] if DEBUG else ["-O3"]
     cflags += ["-Wno-unused-function", "-Wno-unreachable-code"]
     ldflags = list(jpeg.get("extra_link_args", []))
-    if openmp:
-        cflags.append("-fopenmp")
-        ldflags.append("-fopenmp")
+    if omp_flags is not None:
+        cflags += omp_flags[0]
+        ldflags += omp_flags[1]
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"), ("LL_OPENMP", "1" if openmp else "0")]
     libjpeg_src = jpeg["source"].replace('"', "'")
     macros.append(("LL_LIBJPEG_SOURCE", f'"{libjpeg_src}"'))
@@ -199,8 +233,10 @@ def extensions() -> list:
 
 
 setup(
-    packages=["loaderlib", "loaderlib._ext", "loaderlib.profiling"],
+    packages=["loaderlib", "loaderlib._ext", "loaderlib.integrations", "loaderlib.profiling"],
     package_dir={"loaderlib.profiling": "profiling"},
+    package_data={"loaderlib": ["_data/*.jpg", "_data/NOTICE"]},
+    include_package_data=False,  # exactly the files above: no .pyx/.c/.h next to the modules
     ext_modules=extensions(),
     zip_safe=False,
 )

@@ -33,6 +33,8 @@ import zlib
 
 import numpy as np
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root: tests._synth
+
 _CHILD = r"""
 import sys, cv2, loaderlib as ll   # cv2 imported first: its own ~16 MB is not the decode's
 def hwm():
@@ -61,7 +63,7 @@ def _sof(data: bytes) -> int:
 def _jpeg_with_dims(progressive: bool, w: int, h: int) -> bytes:
     from PIL import Image
 
-    from loaderlib._synth import photo_like
+    from tests._synth import photo_like
 
     bio = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(photo_like(64, 64, 0)[:, :, ::-1])).save(
@@ -101,7 +103,7 @@ def bombs() -> dict[str, bytes]:
 def large_png() -> bytes:
     import cv2
 
-    from loaderlib._synth import photo_like
+    from tests._synth import photo_like
 
     return cv2.imencode(".png", photo_like(6000, 4000, 1), [cv2.IMWRITE_PNG_COMPRESSION, 1])[1].tobytes()
 

@@ -6,7 +6,12 @@ Runs side by side, each in a fresh process (so peak memory is its own):
 * ``torch``: PyTorch's DataLoader with ``num_workers=2``, OpenCV decode and the same
   transforms written in numpy/OpenCV (skipped with a message when torch is absent);
 * ``opencv-1thread``: a plain one-thread OpenCV loop (the per-core limit of the usual
-  Python pipeline).
+  Python pipeline);
+* with ``--peers PYTHON`` (an interpreter with ``turboloader`` and ``nvidia-dali`` installed,
+  e.g. ``.venv-peers/bin/python`` from ``make bench-peers``): TurboLoader's fused C++ train
+  path (``train_aug=True`` on a TAR of the same JPEGs) and DALI's CPU pipeline
+  (``readers.file`` + ``decoders.image_random_crop`` + ``resize`` + ``crop_mirror_normalize``,
+  ``device_id=None``), each with the same thread count as loaderlib.
 
 Two variants: ``float`` (RandomResizedCrop(224), flip, Normalize, CHW float32) and ``uint8``
 (RandomResizedCrop(224), flip, HWC uint8). Batch 64. Reports images/s (after the first
@@ -30,8 +35,6 @@ import time
 
 import numpy as np
 
-from loaderlib.transforms import random_resized_crop_box
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -45,7 +48,7 @@ def make_dataset(root: str, n: int, classes: int = 8) -> str:
     """Photo-like JPEGs of ImageNet's typical size (about 500x375, quality 90, 4:2:0)."""
     import cv2
 
-    from loaderlib._synth import base_photo
+    from loaderlib._sample import sample_photo_bgr as base_photo
 
     marker = os.path.join(root, f".complete-{n}")
     if os.path.exists(marker):
@@ -99,6 +102,8 @@ class CvPipeline:
         self.inv_std = 1.0 / (np.array(STD, np.float32) * 255)
 
     def crop_box(self, h: int, w: int) -> tuple[int, int, int, int]:
+        from loaderlib.transforms import random_resized_crop_box  # (children of other venvs lack loaderlib)
+
         return random_resized_crop_box(w, h, rng=self.rng)   # torchvision's get_params
 
     def __call__(self, path: str) -> np.ndarray:
@@ -164,6 +169,63 @@ def run_torch(root: str, variant: str, images: int, workers: int) -> dict:
     return consume(loader, images, t0)
 
 
+def _tar_of(root: str) -> str:
+    """The ImageFolder as one uncompressed TAR (``class/file`` members), made once: the input
+    TurboLoader's fast path reads."""
+    import tarfile
+
+    paths, _ = image_files(root)
+    out = root.rstrip(os.sep) + f"-{len(paths)}.tar"
+    if not os.path.exists(out):
+        tmp = out + ".tmp"
+        with tarfile.open(tmp, "w") as t:
+            for p in paths:
+                t.add(p, arcname=os.path.relpath(p, root))
+        os.replace(tmp, out)
+    return out
+
+
+def run_turbo(root: str, variant: str, images: int, threads: int) -> dict:
+    import turboloader as tl
+
+    t0 = time.perf_counter()
+    kw = {"transform": tl.ImageNetNormalize(), "output_format": "numpy_chw"} if variant == "float" else \
+        {"output_format": "numpy"}   # no uint8 output: HWC float32 0-255 is its closest
+    loader = tl.DataLoader(_tar_of(root), batch_size=BATCH, num_workers=threads, shuffle=True, image_size=224,
+                           train_aug=True, drop_last=True, **kw)
+    return consume(loader, images, t0, version=getattr(tl, "__version__", "?"))
+
+
+def run_dali(root: str, variant: str, images: int, threads: int) -> dict:
+    from nvidia import dali
+    from nvidia.dali import fn, pipeline_def, types
+
+    mean = [m * 255 for m in MEAN] if variant == "float" else [0.0, 0.0, 0.0]
+    std = [s * 255 for s in STD] if variant == "float" else [1.0, 1.0, 1.0]
+
+    @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=None, seed=0)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.FLOAT if variant == "float" else types.UINT8,
+            output_layout="CHW" if variant == "float" else "HWC", mean=mean, std=std,
+            mirror=fn.random.coin_flip())
+        return images, labels
+
+    t0 = time.perf_counter()
+    p = pipe()
+    p.build()
+
+    def batches():
+        while True:
+            x, y = p.run()
+            yield x.as_array(), y.as_array()
+
+    return consume(batches(), images, t0, version=dali.__version__)
+
+
 def run_opencv(root: str, variant: str, images: int) -> dict:
     import cv2
 
@@ -221,11 +283,11 @@ def _tree_rss(proc) -> int:
     return total
 
 
-def measure(args: list[str]) -> dict:
+def measure(args: list[str], python: str | None = None) -> dict:
     """Run one configuration in a fresh process; sample its process tree's RSS."""
     import psutil
 
-    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", *args],
+    child = subprocess.Popen([python or sys.executable, os.path.abspath(__file__), "--child", *args],
                              stdout=subprocess.PIPE, text=True)
     proc = psutil.Process(child.pid)
     peak = 0
@@ -261,6 +323,9 @@ def main() -> None:
     p.add_argument("--variants", default="float,uint8")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs per configuration, interleaved; medians are reported (shared machines are noisy)")
+    p.add_argument("--peers", metavar="PYTHON",
+                   help="an interpreter with turboloader and nvidia-dali installed (make bench-peers makes one): "
+                        "adds TurboLoader and DALI's CPU pipeline to the comparison")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -269,6 +334,10 @@ def main() -> None:
             res = run_loaderlib(root, variant, int(images), int(n))
         elif kind == "torch":
             res = run_torch(root, variant, int(images), int(n))
+        elif kind == "turbo":
+            res = run_turbo(root, variant, int(images), int(n))
+        elif kind == "dali":
+            res = run_dali(root, variant, int(images), int(n))
         else:
             res = run_opencv(root, variant, int(images))
         print(json.dumps(res))
@@ -297,10 +366,16 @@ def main() -> None:
             rows.append(("PyTorch DataLoader", ["torch", root, variant, str(a.images), str(a.workers)],
                          f"num_workers={a.workers}, OpenCV+numpy"))
         rows.append(("OpenCV loop", ["opencv", root, variant, str(a.images), "1"], "1 thread"))
+        python = {}
+        if a.peers:
+            for name, kind, cfg in (("TurboLoader", "turbo", f"train_aug fused path, {a.threads} threads"),
+                                    ("DALI CPU", "dali", f"device_id=None, {a.threads} threads")):
+                rows.append((name, [kind, root, variant, str(a.images), str(a.threads)], cfg))
+                python[name] = a.peers
         runs: dict = {name: [] for name, _, _ in rows}
         for _ in range(max(1, a.repeat)):
             for name, args, _cfg in rows:
-                runs[name].append(measure(args))
+                runs[name].append(measure(args, python.get(name)))
         results = {name: {k: float(np.median([r[k] for r in rs])) for k in ("images_per_s", "first_batch_s",
                                                                               "peak_rss_mb")}
                    for name, rs in runs.items()}
@@ -322,6 +397,13 @@ def main() -> None:
                 t_r = res["PyTorch DataLoader"]
                 line += f"; loaderlib / PyTorch DataLoader {ll_r['images_per_s'] / t_r['images_per_s']:.2f}x"
             print(line)
+        peers = [n for n in ("TurboLoader", "DALI CPU", "PyTorch DataLoader") if n in results]
+        if peers:
+            top = max(peers, key=lambda n: results[n]["images_per_s"])
+            print(f"median: loaderlib / best peer ({top}) "
+                  f"{results['loaderlib native']['images_per_s'] / results[top]['images_per_s']:.2f}x; "
+                  + "; ".join(f"vs {n} {results['loaderlib native']['images_per_s'] / results[n]['images_per_s']:.2f}x"
+                              for n in peers))
         if have_torch:
             print(f"peak RSS: loaderlib / PyTorch DataLoader "
                   f"{results['loaderlib native']['peak_rss_mb'] / results['PyTorch DataLoader']['peak_rss_mb']:.2f}x")

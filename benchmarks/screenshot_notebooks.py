@@ -11,6 +11,12 @@ Needs: ``nbclient``, ``nbconvert`` (``pip install nbconvert``), Chromium (Debian
 ``requirejs``: pass ``--js-dir`` with ``html-manager/dist/embed-amd.js`` and
 ``requirejs/require.js`` in it, or let the script fetch them once with ``npm pack``.
 
+The screenshot is taken at a device scale factor of 2 (``--scale``), as on a high-DPI laptop
+screen, so what is blurry or small there is blurry or small here too. The script also prints
+the smallest text size the page uses, in CSS pixels: the smallest font size set in the
+notebook's HTML outputs and widget state, and the smallest text of the inline SVG plots as
+rendered at their displayed width.
+
 Usage::
 
     python benchmarks/screenshot_notebooks.py [notebooks/02_live_bottleneck_dashboard.ipynb ...]
@@ -81,9 +87,42 @@ def to_html(nb: object, out_dir: pathlib.Path, js_dir: pathlib.Path) -> str:
     return body
 
 
-def screenshot(chromium: str, html: pathlib.Path, png: pathlib.Path, width: int, height: int) -> None:
+def smallest_text_px(nb: object, display_width: float = 980.0) -> tuple[float | None, float | None]:
+    """Smallest CSS font size in the HTML outputs and widget state, and smallest SVG text as shown.
+
+    An inline SVG plot is shown ``display_width`` CSS pixels wide (the dashboard's max-width) or
+    at its own width; its text sizes scale by display width / the SVG's own width.
+    """
+    import json
+    import re
+
+    texts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            texts += [v if isinstance(v, str) else "".join(v) for k, v in data.items()
+                      if k in ("text/html", "image/svg+xml")]
+    texts.append(json.dumps(nb.metadata.get("widgets", {})))
+    blob = "\n".join(texts).replace('\\"', '"')
+    html_only = re.sub(r"<svg.*?</svg>", "", blob, flags=re.DOTALL)
+    css = [float(x) for x in re.findall(r"font-size:\s*([0-9.]+)px", html_only)]
+    svg_px = []
+    for svg in re.findall(r"<svg.*?</svg>", blob, flags=re.DOTALL):
+        box = re.search(r'viewBox="[0-9.\-]+ [0-9.\-]+ ([0-9.]+) [0-9.]+"', svg)
+        if box is None:
+            continue
+        own = float(box.group(1))
+        shown = display_width if 'width="100%"' in svg else own
+        sizes = [float(x) for x in re.findall(r"font(?:-size)?:\s*(?:[a-z]+ )*([0-9.]+)px", svg)]
+        if sizes:
+            svg_px.append(min(sizes) * shown / own)
+    return (min(css) if css else None), (min(svg_px) if svg_px else None)
+
+
+def screenshot(chromium: str, html: pathlib.Path, png: pathlib.Path, width: int, height: int,
+               scale: float = 2.0) -> None:
     cmd = [chromium, *CHROMIUM_FLAGS, f"--window-size={width},{height}", "--virtual-time-budget=15000",
-           f"--screenshot={png}", html.as_uri()]
+           f"--force-device-scale-factor={scale:g}", f"--screenshot={png}", html.as_uri()]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
     if res.returncode != 0 or not png.exists():
         raise RuntimeError(f"chromium failed ({res.returncode}): {res.stderr[-2000:]}")
@@ -97,6 +136,7 @@ def main() -> int:
     p.add_argument("--js-dir", type=pathlib.Path, default=HERE / "out" / "js")
     p.add_argument("--width", type=int, default=1280)
     p.add_argument("--height", type=int, default=3600)
+    p.add_argument("--scale", type=float, default=2.0, help="device scale factor of the screenshot")
     p.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     args = p.parse_args()
 
@@ -118,11 +158,14 @@ def main() -> int:
         html = out / (path.stem + ".html")
         html.write_text(to_html(nb, out, js_dir))
         png = out / (path.stem + ".png")
-        screenshot(chromium, html, png, args.width, args.height)
+        screenshot(chromium, html, png, args.width, args.height, args.scale)
         widgets = "widgets" in nb.metadata
+        css_px, svg_px = smallest_text_px(nb)
         print(f"  {html.relative_to(ROOT) if html.is_relative_to(ROOT) else html}"
               f" ({'with' if widgets else 'no'} widget state), screenshot {png.name} "
-              f"({png.stat().st_size / 1024:.0f} KiB)")
+              f"({png.stat().st_size / 1024:.0f} KiB, {args.width}x{args.height} CSS px at scale {args.scale:g})")
+        print("  smallest text: " + (f"{css_px:g} px in HTML" if css_px else "no explicit HTML font size")
+              + (f", {svg_px:.1f} px in the SVG plots as displayed" if svg_px else ""))
     return 0
 
 

@@ -10,7 +10,7 @@ generator), cv2.resize(INTER_LINEAR), BGR->RGB and the flip as a view of the 224
 result, numpy float32 normalisation and a transpose copied into the batch. cv2.setNumThreads(1). The fused
 chain runs as one `run_buffers_into` call with num_threads=1 over the whole set.
 
-Images: photo-like JPEGs (loaderlib._synth: crops of a real photo) in the ImageNet-like
+Images: photo-like JPEGs (tests/_synth.py: crops of a real photo) in the ImageNet-like
 size mix of benchmarks/decode.py, qualities 75-95, 4:2:0/4:4:4/4:2:2; with --large also
 2000x1500 and 3000x2000 photos, which show the DCT-scaling gain. Rounds alternate between
 the contenders; the figure is the median over rounds of (CPU seconds of the round /

@@ -1,5 +1,7 @@
 """loaderlib: a data loader whose common path runs in nogil kernels on an OpenMP pool."""
 
+# First: a missing or broken build fails here with advice (NOTE [ Check the build first ]).
+from . import _check_build  # noqa: F401  # isort: skip
 from . import batchify, sampler, transforms
 from ._build import build_info
 from ._recorder import StageRecorder

@@ -1,43 +1,132 @@
-"""Command line: ``python -m loaderlib {pack,bench} ...``.
+"""Command line: ``python -m loaderlib {bench,pack,doctor} ...`` (also installed as ``loaderlib``).
 
+``bench``: the profiling harness (its options and code live in ``loaderlib.profiling.cli``,
+imported only when this subcommand runs: the core never imports profiling otherwise).
 ``pack IMAGE_DIR OUT``: pack an image folder (one sub-folder per class) into record shards
 (``OUT.llrec`` plus ``OUT.llidx``), readable with :class:`loaderlib.RecordFileDataset`.
-``bench ...``: the profiling harness (``loaderlib.profiling.cli``).
+``doctor``: what this installation was built with and why the defaults are what they are.
+
+Exit status: 0 success, 1 the command failed (a message says why), 2 bad command line (one
+line on stderr naming the problem and the ``--help`` to read).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import textwrap
 import warnings
+from typing import NoReturn
+
+PROG = "python -m loaderlib"
+
+EXAMPLES = f"""examples:
+  {PROG} doctor                         what this build got (OpenMP, SIMD, libjpeg-turbo, threads)
+  {PROG} bench                          benchmark on the demo dataset
+  {PROG} bench --data ~/imagenet/train --threads 8
+  {PROG} pack ~/imagenet/train train --shard-size 1GB
+"""
+
+PACK_EXAMPLES = f"""examples:
+  {PROG} pack photos/ photos                     writes photos.llrec and photos.llidx
+  {PROG} pack ~/imagenet/train train --shard-size 1GB --force
+then read it with:  loaderlib.RecordFileDataset("train-*.llrec")
+"""
+
+DOCTOR_EXAMPLES = f"""examples:
+  {PROG} doctor                         the report, with a 2-second decode self-check
+  {PROG} doctor --seconds 0             without the self-check
+  {PROG} doctor --json                  the same facts as JSON
+"""
 
 
-def _pack(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m loaderlib pack",
-                                description="Pack IMAGE_DIR/<class>/<image> into record shards (data plus index).")
-    p.add_argument("image_dir", help="folder with one sub-folder per class")
-    p.add_argument("out", help="output name: writes OUT.llrec and OUT.llidx (or OUT-00000.llrec, ... with "
-                               "--shard-size)")
-    p.add_argument("--shard-size", default=None, help="start a new shard every SIZE bytes (e.g. 1GB)")
-    p.add_argument("--force", action="store_true", help="replace existing output files")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: ``PROG: error: MESSAGE (see PROG --help)``, exit status 2."""
 
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _shard_size(text: str) -> int:
+    from .records import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"expected 0 to 3600 seconds, got {text!r}")
+    return v
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``python -m loaderlib`` parser.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments about to be parsed: the ``bench`` options are added (importing
+        ``loaderlib.profiling.cli``) only when they start with ``bench``.
+    """
+    from . import __version__
+
+    p = _Parser(prog=PROG, description="loaderlib: a data loader whose common path runs in native kernels.",
+                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"loaderlib {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands", parser_class=_Parser)
+    sub.required = True
+
+    bench = sub.add_parser("bench", help="benchmark loaderlib against the loaders people use, with verdicts",
+                           description="Benchmark loaderlib's DataLoader (see --help of this command).")
+    if argv is not None and argv[:1] == ["bench"]:
+        from .profiling.cli import add_arguments  # only this subcommand loads loaderlib.profiling
+
+        add_arguments(bench)
+
+    pack = sub.add_parser("pack", help="pack an image folder into record shards",
+                          description=textwrap.fill("Pack IMAGE_DIR/<class>/<image> into record shards (data "
+                                                    "plus index), readable with loaderlib.RecordFileDataset.", 88),
+                          epilog=PACK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pack.add_argument("image_dir", help="folder with one sub-folder per class")
+    pack.add_argument("out", help="output name: writes OUT.llrec and OUT.llidx (or OUT-00000.llrec, ... with "
+                                  "--shard-size)")
+    pack.add_argument("--shard-size", type=_shard_size, default=None, metavar="SIZE",
+                      help="start a new shard every SIZE bytes (e.g. 1GB)")
+    pack.add_argument("--force", action="store_true", help="replace existing output files")
+    pack.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    doctor = sub.add_parser("doctor", help="report the build, thread defaults, fork safety and extras",
+                            description=textwrap.fill(
+                                "What this installation of loaderlib was built with (OpenMP, SIMD, libjpeg-turbo), "
+                                "the default thread count and why (affinity, cgroup quota, LOCAL_WORLD_SIZE), fork "
+                                "safety, the optional packages found, and a decode self-check. Exit status 1 when "
+                                "a problem is found.", 88),
+                            epilog=DOCTOR_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    doctor.add_argument("--seconds", type=_seconds, default=2.0, metavar="S",
+                        help="length of the decode self-check (default 2; 0 skips it)")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def _pack(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from .datasets import ImageFolderDataset
     from .errors import LoaderError
-    from .records import parse_size, write_records
+    from .records import write_records
 
     if not os.path.isdir(args.image_dir):
         print(f"error: {args.image_dir!r} is not a folder", file=sys.stderr)
         return 1
-    try:
-        shard_size = parse_size(args.shard_size) if args.shard_size is not None else None
-    except ValueError as e:
-        print(f"error: --shard-size: {e}", file=sys.stderr)
-        return 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ds = ImageFolderDataset(args.image_dir)
@@ -49,7 +138,7 @@ def _pack(argv: list[str]) -> int:
     paths = [path for path, _ in ds.items]
     try:
         written = write_records(args.out, tqdm(paths, desc="packing", unit="img", disable=args.quiet), ds.labels,
-                                synsets=ds.synsets, overwrite=args.force, shard_size=shard_size)
+                                synsets=ds.synsets, overwrite=args.force, shard_size=args.shard_size)
     except (OSError, LoaderError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -59,21 +148,48 @@ def _pack(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"pack": "pack an image folder into a record file", "bench": "run the loader benchmark harness"}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        lines = "\n".join(f"  {k:<6} {v}" for k, v in commands.items())
-        print(f"usage: python -m loaderlib {{{','.join(commands)}}} ...\n\n{lines}",
-              file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "pack":
-        return _pack(rest)
-    from .profiling.cli import main as bench_main  # imported lazily: only this subcommand needs it
+def _doctor(args: argparse.Namespace) -> int:
+    from ._doctor import diagnose, format_report
 
-    return bench_main(rest) or 0
+    report = diagnose(seconds=args.seconds)
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 1 if report["problems"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command and return the exit status.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (``sys.argv[1:]`` when None).
+
+    Returns
+    -------
+    int
+        0 success, 1 the command failed, 2 a bad command line (one line on stderr says
+        what). ``--help`` and ``--version`` print and raise ``SystemExit(0)``, as argparse does.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        return e.code if isinstance(e.code, int) else 2
+    if args.command == "pack":
+        return _pack(args)
+    if args.command == "doctor":
+        return _doctor(args)
+    from .profiling.cli import run  # imported lazily: only this subcommand needs it
+
+    return run(args)
+
+
+def entry_point() -> NoReturn:
+    """The ``loaderlib`` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()

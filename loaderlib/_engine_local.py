@@ -176,6 +176,16 @@ class NativeSource:
                                          sources=[self.dataset.source(i) for i in idx.tolist()])
         raise ValueError(f"no native reader for a {self.kind!r} source")
 
+def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> DecodeError:
+    """The plan's error for item ``j`` of a kernel call on ``todo``, naming the sample index and
+    its source."""
+    j = int(j)
+    e = st.errors.get(j)
+    if isinstance(e, DecodeError):
+        return DecodeError(e.reason, int(todo[j]), src.source(todo[j]))
+    return DecodeError.from_status(int(st.status[j]), str(e or ""), int(todo[j]), src.source(todo[j]))
+
+
 class NativeProducer(Producer):
     """One kernel pass per batch straight into an arena slot; labels gathered with ``take``.
 
@@ -243,14 +253,6 @@ class NativeProducer(Producer):
             self.rec.batch_done(len(out[0]), stages, wall, nthreads, rows)
         return Produced(self._structure(out), end, len(out[0]), task.target)
 
-    def _error(self, errs: dict, st: Any, j: int, todo: np.ndarray) -> DecodeError:
-        """The plan's error for item ``j``, naming the sample index and its source."""
-        j = int(j)
-        e = errs.get(j)
-        if isinstance(e, DecodeError):
-            return DecodeError(e.reason, int(todo[j]), self.src.source(todo[j]))
-        return DecodeError.from_status(int(st.status[j]), str(e or ""), int(todo[j]), self.src.source(todo[j]))
-
     def produce(self, idx: np.ndarray, n: int, end: int) -> tuple | None:
         """Run the plan for ``idx`` into a slot; with on_error="skip", fill up to ``n`` samples
         from the stream (NOTE [ The epoch is one stream ]). ``end`` is the stream position
@@ -293,11 +295,10 @@ class NativeProducer(Producer):
                 filled += k
             else:
                 bad = np.flatnonzero(~ok)
-                errs = st.errors
                 if self.on_error == "raise":
-                    raise self._error(errs, st, bad[0], todo)
+                    raise native_error(self.src, st, bad[0], todo)
                 for j in bad.tolist():
-                    self.skipped(todo[j], self.src.source(todo[j]), self._error(errs, st, j, todo).reason)
+                    self.skipped(todo[j], self.src.source(todo[j]), native_error(self.src, st, j, todo).reason)
                 good = np.flatnonzero(ok)
                 if good.size:
                     # Rare path (failures only): move the good samples up, closing the gaps.

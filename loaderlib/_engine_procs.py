@@ -50,7 +50,7 @@ import numpy as np
 
 from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
 from ._engine_local import _Stopped, annotate
-from ._engine_worker import _Ref, _ShardsRef
+from ._engine_worker import NativePrefix, _Ref, _ShardsRef
 from ._tree import tree_map
 from .arena import BatchArena, BatchLayout
 from .batchify import Shards
@@ -165,11 +165,11 @@ class WorkerPool:
     """
 
     def __init__(self, num_workers: int, dataset: Any, batchify_fn: Any, worker_init_fn: Any, on_error: str,
-                 seed: int, load_balance: str = "round_robin") -> None:
+                 seed: int, load_balance: str = "round_robin", prefix: NativePrefix | None = None) -> None:
         import cloudpickle
 
         try:
-            payload = cloudpickle.dumps((dataset, batchify_fn, worker_init_fn, on_error))
+            payload = cloudpickle.dumps((dataset, batchify_fn, worker_init_fn, on_error, prefix))
         except Exception as e:
             raise LoaderError(f"the dataset or batchify function cannot be sent to worker processes: "
                               f"{type(e).__name__}: {e}") from e
@@ -242,9 +242,10 @@ class WorkerPool:
                 except (BrokenPipeError, ConnectionResetError, OSError):
                     pass  # reported by recv with the worker's exit status
 
-    def submit(self, indices: Any, wid: int | None = None) -> tuple[int, int]:
+    def submit(self, indices: Any, wid: int | None = None, key: tuple[int, int] = (0, 0)) -> tuple[int, int]:
         """Send a batch (sample indices, or for an iterable dataset the number of items to
-        take) to worker ``wid`` (None: by the load-balance policy)."""
+        take) to worker ``wid`` (None: by the load-balance policy). ``key`` is the run's
+        ``(seed, epoch)``, the key of the native prefix's randomness."""
         with self._lock:
             w = self._pick() if wid is None else self.workers[wid]
             tid = next(self._ids)
@@ -254,7 +255,7 @@ class WorkerPool:
             self.load[w.wid] += 1
             self.sent[w.wid] += 1
             try:
-                w.conn.send_bytes(pickle.dumps(("task", tid, indices, block.name, lease.nbytes)))
+                w.conn.send_bytes(pickle.dumps(("task", tid, indices, block.name, lease.nbytes, *key)))
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # reported by recv with the worker's exit status
             return tid, w.wid
@@ -484,7 +485,7 @@ class ProcessesProducer(Producer):
         self._stage_ns = [0, 0]
 
     def submit(self, task: Task) -> tuple:
-        tid, wid = self.pool.submit(task.indices)
+        tid, wid = self.pool.submit(task.indices, key=(self.state.seed, self.state.epoch))
         return task, tid, wid, _clock()
 
     def cancel(self, handle: tuple) -> None:
@@ -562,7 +563,7 @@ class ProcessesProducer(Producer):
                 if not more.size:
                     break
                 end = start + more.size
-                t2, w2 = self.pool.submit(more)
+                t2, w2 = self.pool.submit(more, key=(self.state.seed, self.state.epoch))
                 extra, m = self._result(Task(task.number, more, more.size, start), t2, w2)
                 if extra is not None:
                     batch = extra if batch is None else _concat(batch, extra)

@@ -138,6 +138,74 @@ def _exc_payload(e: BaseException) -> bytes | None:
         return None
 
 
+class NativePrefix:
+    """The fused native head of a chain and its Python tail, run inside a worker process.
+
+    NOTE [ Native prefix in workers ] (``loader.py``): a task's samples are read, decoded and
+    transformed by the native prefix in one kernel call on this process's one thread, keyed by
+    the run's ``(seed, epoch)`` exactly as the native engine keys them; the Python tail then
+    runs per sample with the same keyed randomness the threads engine gives it. The output
+    buffer is reused from task to task: the batch is collated into its shared-memory slot
+    before the next task starts.
+    """
+
+    def __init__(self, *, src: Any, chain: Any, suffix: Any, position: int, others: list) -> None:
+        self.src = src              # _engine_local.NativeSource
+        self.chain = chain          # transforms.Compose of the native prefix
+        self.suffix = suffix        # transforms.Compose of the Python tail, or None
+        self.position = position    # transform position of the tail's first step
+        self.others = others        # .transform(fn) layers on whole samples, innermost first
+        self._plan: Any = None
+        self._buf: np.ndarray | None = None
+        self._run: tuple = ()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.update(_plan=None, _buf=None, _run=())
+        return state
+
+    def source(self, i: int) -> str | None:
+        return self.src.source(i)
+
+    def run(self, indices: np.ndarray, seed: int, epoch: int) -> None:
+        """Decode and transform ``indices`` natively; :meth:`item` then gives each sample."""
+        from ._chain import compile_chain
+
+        if self._plan is None:
+            self._plan = compile_chain(self.chain)
+        plan, n = self._plan, indices.size
+        if self._buf is None or self._buf.shape[0] < n:
+            self._buf = np.empty((max(n, 1), *plan.sample_shape), plan.dtype)
+        out = self._buf[:n]
+        st = self.src.run(plan, indices, out, seed=seed, epoch=epoch, num_threads=1, timings=None)
+        self._run = (indices, out, st, seed, epoch)
+
+    def item(self, j: int) -> Any:
+        """Sample ``j`` of the last :meth:`run`: its native output through the Python tail.
+        Raises the sample's DecodeError when the native prefix failed on it."""
+        from ._engine_local import native_error
+        from .errors import DecodeWarning
+
+        indices, out, st, seed, epoch = self._run
+        i = int(indices[j])
+        if not st.ok[j]:
+            raise native_error(self.src, st, j, indices)
+        why = getattr(st, "warnings", {}).get(j)
+        if why is not None:
+            import warnings
+
+            warnings.warn(f"sample {i} {self.src.source(i)!r} decoded from corrupt data ({why}); pass "
+                          "Decode(strict=True) to refuse such images", DecodeWarning, stacklevel=2)
+        img = out[j]
+        if self.suffix is not None:
+            img = self.suffix(img, seed=seed, epoch=epoch, index=i, position=self.position)
+        labels = self.src.labels
+        item = img if labels is None else (img, labels[i].item() if labels.ndim == 1 else labels[i].copy())
+        for fn in self.others:
+            item = fn(*item) if isinstance(item, tuple) else fn(item)
+        return item
+
+
 def _run(conn: Any) -> None:
     import cloudpickle
 
@@ -154,7 +222,7 @@ def _run(conn: Any) -> None:
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
-        dataset, batchify_fn, init_fn, on_error = cloudpickle.loads(payload)
+        dataset, batchify_fn, init_fn, on_error, prefix = cloudpickle.loads(payload)
         # NOTE [ Worker info ]: set before worker_init_fn runs, for the whole process.
         set_process_info(WorkerInfo(worker_id, num_workers, worker_seed(seed, worker_id), dataset))
         if init_fn is not None:
@@ -164,7 +232,7 @@ def _run(conn: Any) -> None:
         return
     _send(conn, ("ready", os.getpid()))
     maps = _Maps()
-    src_of = getattr(dataset, "source", None)
+    src_of = prefix.source if prefix is not None else getattr(dataset, "source", None)
     pending: collections.deque = collections.deque()
     cancelled: set = set()
     own: Any = iter(())   # this worker's items of an iterable dataset's epoch
@@ -196,7 +264,7 @@ def _run(conn: Any) -> None:
             stream = iter(RankStride(iter(dataset), rank, world, pad))
             own = itertools.islice(stream, worker_id, None, num_workers)
             continue
-        _, task_id, indices, shm_name, shm_size = msg
+        _, task_id, indices, shm_name, shm_size, seed, epoch = msg
         if task_id in cancelled:
             cancelled.discard(task_id)
             _send(conn, ("cancelled", task_id))
@@ -212,9 +280,16 @@ def _run(conn: Any) -> None:
                              "".join(traceback.format_exception(e)), _exc_payload(e)))
                 continue
             indices = np.zeros(0, np.int64)
-        for i in indices.tolist():
+        if prefix is not None and indices.size:
             try:
-                samples.append(dataset[i])
+                prefix.run(indices, seed, epoch)
+            except Exception as e:  # noqa: BLE001 - a failure of the whole call (not of one sample)
+                _send(conn, ("error", task_id, None, None, f"{type(e).__name__}: {e}",
+                             "".join(traceback.format_exception(e)), _exc_payload(e)))
+                continue
+        for j, i in enumerate(indices.tolist()):
+            try:
+                samples.append(dataset[i] if prefix is None else prefix.item(j))
             except Exception as e:  # noqa: BLE001
                 src = None
                 if callable(src_of):

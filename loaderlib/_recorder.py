@@ -20,22 +20,42 @@ any time. To keep the hot path cheap:
 
 NOTE [ Stage time and busy fraction ]
 ``stage_ns`` is *thread time*: the nanoseconds that threads spent in a stage, summed over
-the batch's samples. ``wall_ns`` is the producer's wall time for the batch and ``threads``
-the number of threads that worked on it, so ``threads * wall_ns`` is the thread time that
-was available. Their ratio, summed over batches, is the pool's busy fraction: near 1 means
-the pool is saturated (more threads would help, if there are cores), well below 1 means the
-pool waits for something else (the queue, the GIL, I/O it does not time).
+the batch's samples. The pool's *capacity* is its threads times the wall time, credited as
+the clock runs (a change of thread count counts from the moment it is reported). The busy
+fraction is stage thread time over capacity, always over the same stretch of time (an
+epoch, one time bin, or a window cut from the bins by ``stats.window_of``), computed by
+the one function ``stats.busy_fraction``.
+
+Each batch's stage time is spread over its wall time (``wall_ns`` ends when ``batch_done``
+is called) into the time bins. A batch built while the previous one was still in flight
+(NOTE [ Batch wall time ] in ``_engine_base.py``) did part of its work before its own wall
+time began, so a bin can receive more stage time than the pool had in it; the excess is
+moved back into the latest earlier bins that have room, which is where that work was done.
+So no bin, and no window cut from bins, is ever busier than 100% of its threads. Thread
+time that fits nowhere (a loader reporting more threads' work than it has threads) is kept
+apart as ``unattributed`` rather than silently stretching the figure past 100%.
+
+NOTE [ Epoch boundaries ]
+The consumer's first wait of an epoch is the pipeline refilling from empty (sampler, plan,
+first batches), a cost of starting an epoch rather than of any stage; it is recorded as the
+epoch's *boundary wait*, apart from the steady-state waits the verdict reads. The other way
+round, a warm next epoch (NOTE [ Warm epochs ] in ``loader.py``) builds its first batches
+while the previous epoch is still consumed; their records arrive when the epoch starts and
+their wall time lies before it. That part of their stage time is kept as the epoch's
+*ahead* time (``Stats.ahead_stage_s``): it is real work of the epoch's samples, done in the
+previous epoch's time, so it is not placed in this epoch's bins (``stats.window_of`` adds
+it back when a window spans the boundary).
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-import time
 from collections.abc import Mapping
 
 import numpy as np
 
+from . import stats as _stats
 from .stats import STAGES, Stats, busy_fraction
 
 __all__ = ["STAGES", "StageRecorder", "Stats"]
@@ -48,21 +68,29 @@ _EV_WAIT = 0
 _EV_BLOCKED = 1
 _EV_QUEUE = 2
 
-# The recorder's monotonic clock (a module global so tests can drive time explicitly).
-_clock = time.perf_counter_ns
+# How many bins before a batch's own may take its overflowing stage time.
+_WALK_BACK = 8
+
+
+def _clock() -> int:
+    # The profiling clock, looked up at each call so a test's clock reaches the recorder too.
+    return _stats._clock()
 
 
 class _Bin:
     """Accumulators of one time-series bin (``series_interval`` seconds of the epoch)."""
 
-    __slots__ = ("capacity_ns", "index", "q_n", "q_sum", "samples", "stage_ns", "threads", "wait_ns")
+    __slots__ = ("batches", "boundary_ns", "capacity_ns", "index", "q_n", "q_sum", "samples", "stage_ns",
+                 "threads", "wait_ns")
 
     def __init__(self, index: int, threads: int) -> None:
         self.index = index
         self.samples = 0
-        self.stage_ns = [0] * _NSTAGES
-        self.capacity_ns = 0
-        self.wait_ns = 0
+        self.batches = 0
+        self.stage_ns = [0.0] * _NSTAGES
+        self.capacity_ns = 0.0
+        self.wait_ns = 0.0
+        self.boundary_ns = 0.0
         self.q_sum = 0
         self.q_n = 0
         self.threads = threads
@@ -97,17 +125,18 @@ class StageRecorder:
         *,
         sample_window: int = 8192,
         series_interval: float = 0.5,
-        series_len: int = 240,
+        series_len: int = 1200,
     ) -> None:
         if sample_window < 1 or series_len < 1 or not series_interval > 0:
-            raise ValueError("sample_window and series_len must be >= 1 and series_interval > 0")
+            raise ValueError("sample_window and series_len must be >= 1 and series_interval > 0, got "
+                             f"{sample_window}, {series_len}, {series_interval}")
         self._enabled = bool(enabled)
         self._lock = threading.Lock()
         self._events: collections.deque = collections.deque()
         self._gil: dict[str, bool] = {}
         self._window = int(sample_window)
         self._interval_ns = int(series_interval * 1e9)
-        self._series: collections.deque = collections.deque(maxlen=int(series_len))
+        self._series_len = int(series_len)
         self._rows = np.zeros((self._window, _NSTAGES), dtype=np.float64)
         self.reset()
 
@@ -126,20 +155,25 @@ class StageRecorder:
         with self._lock:
             self._reset_epoch(0, 0)
             self._gil.clear()
+        self._previous: Stats | None = None
 
     def _reset_epoch(self, num_threads: int, batch_size: int) -> None:
         # Caller holds the lock.
         self._events.clear()
         self._t0 = _clock()
         self._t_last = self._t0
+        self._cap_t = self._t0          # capacity is credited up to here
         self._num_threads = int(num_threads)
         self._batch_size = int(batch_size)
         self._batches = 0
         self._samples = 0
         self._stage_ns = [0] * _NSTAGES
+        self._ahead_ns = [0.0] * _NSTAGES
+        self._unattributed_ns = 0.0
         self._wall_ns = 0
-        self._capacity_ns = 0
+        self._capacity_ns = 0.0
         self._wait_ns = 0
+        self._boundary_ns = 0
         self._waits = 0
         self._blocked_ns = 0
         self._q_depth = 0
@@ -150,8 +184,7 @@ class StageRecorder:
         self._row_count = 0
         self._rows_from_samples = 0
         self._rows_from_batches = 0
-        self._series.clear()
-        self._bin = _Bin(0, self._num_threads)
+        self._bins: collections.deque = collections.deque([_Bin(0, self._num_threads)], maxlen=self._series_len)
 
     # -- recording (engine side) ---------------------------------------------------------
     def epoch_started(self, num_threads: int, batch_size: int) -> None:
@@ -159,9 +192,19 @@ class StageRecorder:
         if not self._enabled:
             return
         with self._lock:
+            ended = self._capture() if self._batches else None
             gil = dict(self._gil)
             self._reset_epoch(num_threads, batch_size)
             self._gil.update(gil)  # which steps hold the GIL is a property of the pipeline
+        self._previous = _build_stats(*ended) if ended is not None else None
+
+    def previous_epoch(self) -> Stats | None:
+        """The final figures of the epoch before the current one (None if there was none).
+
+        A reader that polls (the dashboard) sees an epoch's last moments here even when its
+        last poll came before the epoch ended.
+        """
+        return self._previous
 
     def batch_done(
         self,
@@ -181,9 +224,9 @@ class StageRecorder:
             Thread time in nanoseconds per stage (keys from :data:`STAGES`), summed over the
             batch's samples. Missing stages count as 0.
         wall_ns : int
-            Producer wall time for the batch.
+            Producer wall time for the batch, ending now (NOTE [ Batch wall time ]).
         threads : int
-            Threads that worked on the batch.
+            Threads the pool had for the batch (its capacity from now on).
         per_sample_ns : numpy.ndarray, optional
             ``(n_samples, k)`` nanoseconds per sample for the first ``k <= len(STAGES)``
             stages (the kernels' ``(N, 3)`` read/decode/transform timings fit as they are).
@@ -212,23 +255,24 @@ class StageRecorder:
             for j in range(k, _NSTAGES):
                 rows[:, j] = stage[j] / n
         threads = int(threads)
-        wall_ns = int(wall_ns)
+        wall_ns = max(0, int(wall_ns))
         with self._lock:
             self._fold_events()
-            self._advance_bin(now)
-            self._t_last = now
+            if self._num_threads == 0:  # no epoch_started: the first batch says how many threads
+                self._num_threads = threads
+            self._credit(now)  # the time up to now had the previous thread count
+            self._t_last = max(self._t_last, now)
             self._batches += 1
             self._samples += n
             self._num_threads = threads
             st = self._stage_ns
-            b = self._bin
             for j in range(_NSTAGES):
                 st[j] += stage[j]
-                b.stage_ns[j] += stage[j]
+            self._place_stage(stage, now - wall_ns, now)
             self._wall_ns += wall_ns
-            self._capacity_ns += threads * wall_ns
+            b = self._bin(self._index(now - 1))  # a batch ending on a bin's edge belongs to the bin it ends
             b.samples += n
-            b.capacity_ns += threads * wall_ns
+            b.batches += 1
             b.threads = threads
             if n > 0:
                 if rows is None:
@@ -239,7 +283,7 @@ class StageRecorder:
                     self._rows_from_samples += 1
 
     def consumer_waited(self, ns: int) -> None:
-        """The user's ``next(iterator)`` blocked ``ns`` nanoseconds waiting for a batch."""
+        """The user's ``next(iterator)`` blocked ``ns`` nanoseconds waiting for a batch (until now)."""
         if not self._enabled:
             return
         self._events.append((_EV_WAIT, ns, 0, _clock()))
@@ -265,6 +309,100 @@ class StageRecorder:
         self._gil[stage] = bool(held)
 
     # -- internals (caller holds the lock) -----------------------------------------------
+    def _index(self, t: int) -> int:
+        return max(0, (t - self._t0) // self._interval_ns)
+
+    def _bin(self, index: int) -> _Bin | None:
+        """The bin of ``index``, created (with the bins before it) if new; None if it fell out."""
+        bins = self._bins
+        last = bins[-1]
+        if index > last.index:
+            # Bins in which nothing finished are real: the pipeline delivered nothing then.
+            # The deque keeps consecutive indices (a long jump drops every older bin).
+            for i in range(max(last.index + 1, index - self._series_len + 1), index + 1):
+                bins.append(_Bin(i, last.threads))
+            return bins[-1]
+        pos = index - bins[0].index
+        return bins[pos] if pos >= 0 else None
+
+    def _spread(self, a: int, b: int) -> list[tuple[_Bin, float]]:
+        """The bins that ``[a, b]`` overlaps, each with its share of the interval."""
+        a = max(a, self._t0)
+        if b <= a:
+            bin_ = self._bin(self._index(b - 1))
+            return [(bin_, 1.0)] if bin_ is not None else []
+        first, last = self._index(a), self._index(b - 1)
+        if first == last:  # the common case: the whole interval inside one bin
+            bin_ = self._bin(first)
+            return [(bin_, 1.0)] if bin_ is not None else []
+        interval = self._interval_ns
+        first = max(self._index(a), self._bins[0].index)
+        out = []
+        for i in range(first, self._index(b - 1) + 1):
+            lo = self._t0 + i * interval
+            f = (min(b, lo + interval) - max(a, lo)) / (b - a)
+            bin_ = self._bin(i)
+            if f > 0 and bin_ is not None:
+                out.append((bin_, f))
+        return out
+
+    def _credit(self, upto: int) -> None:
+        """Credit the pool's capacity (threads x time) up to ``upto``."""
+        start = self._cap_t
+        if upto <= start:
+            return
+        ns = (upto - start) * self._num_threads
+        self._capacity_ns += ns
+        self._cap_t = upto
+        if ns:
+            for b, f in self._spread(start, upto):
+                b.capacity_ns += f * ns
+
+    def _place_stage(self, stage: list, a: int, b: int) -> None:
+        """Spread a batch's stage time over ``[a, b]``, then move what exceeds a bin's capacity
+        back into earlier bins with room (NOTE [ Stage time and busy fraction ])."""
+        total = sum(stage)
+        if total <= 0:
+            return
+        if a < self._t0:  # work done before the epoch started (NOTE [ Epoch boundaries ])
+            before = (min(b, self._t0) - a) / (b - a)
+            for j in range(_NSTAGES):
+                self._ahead_ns[j] += before * stage[j]
+            if b <= self._t0:
+                return
+            stage = [x * (1.0 - before) for x in stage]
+            a = self._t0
+        touched = self._spread(a, b)
+        if not touched:
+            self._unattributed_ns += total
+            return
+        for bin_, f in touched:
+            sb = bin_.stage_ns
+            for j in range(_NSTAGES):
+                sb[j] += f * stage[j]
+        lowest = touched[0][0].index
+        carry = [0.0] * _NSTAGES
+        bins = self._bins
+        top = touched[-1][0].index - bins[0].index
+        # The work that overflowed was done just before the batch's own wall time (beside the
+        # previous batch), so a few bins back is far enough; it also bounds the cost per batch.
+        for pos in range(top, max(-1, top - len(touched) - _WALK_BACK), -1):
+            bin_ = bins[pos]
+            sb = bin_.stage_ns
+            for j in range(_NSTAGES):
+                sb[j] += carry[j]
+            have = sum(sb)
+            excess = have - bin_.capacity_ns
+            if excess > 1e-9 * have:
+                keep = bin_.capacity_ns / have
+                carry = [x * (1.0 - keep) for x in sb]
+                bin_.stage_ns = [x * keep for x in sb]
+            else:
+                carry = [0.0] * _NSTAGES
+                if bin_.index <= lowest:
+                    break
+        self._unattributed_ns += sum(carry)
+
     def _fold_events(self) -> None:
         ev = self._events
         while True:
@@ -272,12 +410,20 @@ class StageRecorder:
                 kind, a, c, t = ev.popleft()
             except IndexError:
                 return
-            self._advance_bin(t)  # each event lands in the series bin of its own time
-            b = self._bin
+            self._t_last = max(self._t_last, t)
             if kind == _EV_WAIT:
-                self._wait_ns += int(a)
+                a = int(a)
+                boundary = self._waits == 0  # NOTE [ Epoch boundaries ]
                 self._waits += 1
-                b.wait_ns += int(a)
+                if boundary:
+                    self._boundary_ns += a
+                else:
+                    self._wait_ns += a
+                for b, f in self._spread(t - a, t):
+                    if boundary:
+                        b.boundary_ns += f * a
+                    else:
+                        b.wait_ns += f * a
             elif kind == _EV_BLOCKED:
                 self._blocked_ns += int(a)
             else:
@@ -285,20 +431,10 @@ class StageRecorder:
                 self._q_capacity = int(c)
                 self._q_sum += int(a)
                 self._q_n += 1
-                b.q_sum += int(a)
-                b.q_n += 1
-
-    def _advance_bin(self, now: int) -> None:
-        index = (now - self._t0) // self._interval_ns
-        b = self._bin
-        if index <= b.index:
-            return
-        self._series.append(b)
-        # Bins in which nothing finished are real: the pipeline delivered nothing then.
-        first_gap = max(b.index + 1, index - self._series.maxlen)
-        for i in range(first_gap, index):
-            self._series.append(_Bin(i, b.threads))
-        self._bin = _Bin(index, b.threads)
+                b = self._bin(self._index(t - 1))
+                if b is not None:
+                    b.q_sum += int(a)
+                    b.q_n += 1
 
     def _push_rows(self, rows: np.ndarray) -> None:
         w = self._window
@@ -319,55 +455,67 @@ class StageRecorder:
 
     # -- reading -------------------------------------------------------------------------
     def snapshot(self) -> Stats:
-        """A consistent copy of the current epoch's figures (cheap; safe while running)."""
-        now = _clock()
+        """A consistent copy of the current epoch's figures (cheap; safe while running).
+
+        The figures end at the last thing recorded (a batch, a wait, a queue report), not at
+        the moment of the call: a snapshot taken after the run has ended shows the run.
+        """
         with self._lock:
-            if self._enabled:
-                self._fold_events()
-                self._advance_bin(now)
-            rows = self._rows[: self._row_count].copy()
-            bins = list(self._series)
-            cur = self._bin
-            interval = self._interval_ns
-            bins_out = [(x.index * interval, interval, x) for x in bins]
-            if cur.samples or cur.wait_ns or cur.q_n:
-                start = cur.index * interval
-                dur = max(now - self._t0 - start, 1)
-                bins_out.append((start, min(dur, interval), _copy_bin(cur)))
-            if self._rows_from_samples and self._rows_from_batches:
-                source = "mixed"
-            elif self._rows_from_samples:
-                source = "per-sample"
-            elif self._rows_from_batches:
-                source = "per-batch mean"
-            else:
-                source = "none"
-            state = {
-                "enabled": self._enabled,
-                "num_threads": self._num_threads,
-                "batch_size": self._batch_size,
-                "batches": self._batches,
-                "samples": self._samples,
-                "elapsed_ns": self._t_last - self._t0,
-                "stage_ns": tuple(self._stage_ns),
-                "wall_ns": self._wall_ns,
-                "capacity_ns": self._capacity_ns,
-                "wait_ns": self._wait_ns,
-                "waits": self._waits,
-                "blocked_ns": self._blocked_ns,
-                "q_depth": self._q_depth,
-                "q_capacity": self._q_capacity,
-                "q_mean": self._q_sum / self._q_n if self._q_n else 0.0,
-                "gil": dict(self._gil),
-                "percentile_source": source,
-            }
-        return _build_stats(state, rows, bins_out)
+            captured = self._capture()
+        return _build_stats(*captured)
+
+    def _capture(self) -> tuple:
+        # Caller holds the lock.
+        if self._enabled:
+            self._fold_events()
+            self._credit(self._t_last)
+        rows = self._rows[: self._row_count].copy()
+        interval = self._interval_ns
+        elapsed = self._t_last - self._t0
+        bins_out = []
+        for x in self._bins:
+            start = x.index * interval
+            dur = min(interval, elapsed - start)
+            if dur > 0 or (x.index == 0 and (x.samples or x.wait_ns or x.boundary_ns)):
+                bins_out.append((start, max(dur, 1), _copy_bin(x)))
+        if self._rows_from_samples and self._rows_from_batches:
+            source = "mixed"
+        elif self._rows_from_samples:
+            source = "per-sample"
+        elif self._rows_from_batches:
+            source = "per-batch mean"
+        else:
+            source = "none"
+        state = {
+            "enabled": self._enabled,
+            "num_threads": self._num_threads,
+            "batch_size": self._batch_size,
+            "batches": self._batches,
+            "samples": self._samples,
+            "elapsed_ns": elapsed,
+            "started_ns": self._t0,
+            "stage_ns": tuple(self._stage_ns),
+            "unattributed_ns": self._unattributed_ns,
+            "ahead_ns": tuple(self._ahead_ns),
+            "wall_ns": self._wall_ns,
+            "capacity_ns": self._capacity_ns,
+            "wait_ns": self._wait_ns,
+            "boundary_ns": self._boundary_ns,
+            "waits": self._waits,
+            "blocked_ns": self._blocked_ns,
+            "q_depth": self._q_depth,
+            "q_capacity": self._q_capacity,
+            "q_mean": self._q_sum / self._q_n if self._q_n else 0.0,
+            "gil": dict(self._gil),
+            "percentile_source": source,
+        }
+        return state, rows, bins_out
 
 
 def _copy_bin(b: _Bin) -> _Bin:
     c = _Bin(b.index, b.threads)
-    c.samples, c.stage_ns, c.capacity_ns = b.samples, list(b.stage_ns), b.capacity_ns
-    c.wait_ns, c.q_sum, c.q_n = b.wait_ns, b.q_sum, b.q_n
+    c.samples, c.batches, c.stage_ns, c.capacity_ns = b.samples, b.batches, list(b.stage_ns), b.capacity_ns
+    c.wait_ns, c.boundary_ns, c.q_sum, c.q_n = b.wait_ns, b.boundary_ns, b.q_sum, b.q_n
     return c
 
 
@@ -386,28 +534,30 @@ def _build_stats(s: dict, rows: np.ndarray, bins: list) -> Stats:
         p50 = {name: 0.0 for name in STAGES}
         p99 = {name: 0.0 for name in STAGES}
 
-    t_s, sps, busy, waitf, qd, thr = [], [], [], [], [], []
+    cols: dict[str, list] = {k: [] for k in (
+        "t_s", "dur_s", "samples", "batches", "samples_per_s", "capacity_s", "busy_fraction", "wait_s",
+        "consumer_wait_fraction", "boundary_wait_s", "queue_depth", "threads")}
     per_stage: dict[str, list] = {name: [] for name in STAGES}
     for start, dur, b in bins:
         d = dur / 1e9
-        t_s.append((start + dur) / 1e9)
-        sps.append(b.samples / d)
-        busy.append(busy_fraction(sum(b.stage_ns), b.capacity_ns))
-        waitf.append(min(1.0, b.wait_ns / dur))
-        qd.append(b.q_sum / b.q_n if b.q_n else float("nan"))
-        thr.append(float(b.threads))
+        cols["t_s"].append((start + dur) / 1e9)
+        cols["dur_s"].append(d)
+        cols["samples"].append(b.samples)
+        cols["batches"].append(b.batches)
+        cols["samples_per_s"].append(b.samples / d)
+        cols["capacity_s"].append(b.capacity_ns / 1e9)
+        cols["busy_fraction"].append(busy_fraction(sum(b.stage_ns), b.capacity_ns))
+        cols["wait_s"].append(b.wait_ns / 1e9)
+        cols["consumer_wait_fraction"].append(min(1.0, b.wait_ns / dur))
+        cols["boundary_wait_s"].append(b.boundary_ns / 1e9)
+        cols["queue_depth"].append(b.q_sum / b.q_n if b.q_n else float("nan"))
+        cols["threads"].append(float(b.threads))
         for i, name in enumerate(STAGES):
             per_stage[name].append(b.stage_ns[i] / 1e9)
-    series = {
-        "t_s": tuple(t_s),
-        "samples_per_s": tuple(sps),
-        "busy_fraction": tuple(busy),
-        "consumer_wait_fraction": tuple(waitf),
-        "queue_depth": tuple(qd),
-        "threads": tuple(thr),
-    }
+    series = {k: tuple(v) for k, v in cols.items()}
     series.update({f"stage_s.{name}": tuple(v) for name, v in per_stage.items()})
 
+    attributed = sum(s["stage_ns"]) - s["unattributed_ns"] - sum(s["ahead_ns"])
     return Stats(
         enabled=s["enabled"],
         num_threads=s["num_threads"],
@@ -415,6 +565,7 @@ def _build_stats(s: dict, rows: np.ndarray, bins: list) -> Stats:
         batches=s["batches"],
         samples=samples,
         elapsed_s=elapsed,
+        started_s=s["started_ns"] / 1e9,
         samples_per_s=samples / elapsed if elapsed > 0 else 0.0,
         batches_per_s=s["batches"] / elapsed if elapsed > 0 else 0.0,
         stage_total_s=stage_total,
@@ -424,8 +575,11 @@ def _build_stats(s: dict, rows: np.ndarray, bins: list) -> Stats:
         percentile_source=s["percentile_source"],
         producer_wall_s=s["wall_ns"] / 1e9,
         thread_capacity_s=s["capacity_ns"] / 1e9,
-        busy_fraction=busy_fraction(sum(s["stage_ns"]), s["capacity_ns"]),
+        busy_fraction=busy_fraction(attributed, s["capacity_ns"]),
+        unattributed_s=s["unattributed_ns"] / 1e9,
+        ahead_stage_s={name: s["ahead_ns"][i] / 1e9 for i, name in enumerate(STAGES)},
         consumer_wait_s=s["wait_ns"] / 1e9,
+        boundary_wait_s=s["boundary_ns"] / 1e9,
         consumer_waits=s["waits"],
         producer_blocked_s=s["blocked_ns"] / 1e9,
         queue_depth=s["q_depth"],

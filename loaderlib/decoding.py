@@ -294,7 +294,7 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
     ``ceil(W/denom) x ceil(H/denom)`` and the crop box's scaled region is sliced from it.
     Raises DecodeError (without index/source; the caller adds them).
     """
-    import cv2
+    from ._opencv import cv2
 
     buf = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data.reshape(-1)
     head = bytes(buf[:12])

@@ -267,6 +267,17 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
                        "(num_threads overrides it)")
         return _Analysis("native", reason, stages, src, plan_spec, shards, None, plan)
     reason = "; ".join(why_py)
+    if fallback == "processes" and hybrid is not None:
+        # NOTE [ Native prefix in workers ]: each worker runs the fused native prefix on its
+        # batch in one kernel call (read, DCT-scaled or cropped decode, resize) with the run's
+        # (seed, epoch) keys, and only the Python tail per sample, so a worker pays what the
+        # native engine pays for decode + crop and the samples equal the threads engine's.
+        reason += (f"; num_workers={num_workers}: each worker process runs the native steps in the kernels and "
+                   "the Python steps after them")
+        worker = [(st, "worker" if kind == "native" and st != "collate" else kind, d) for st, kind, d in stages
+                  if st != "collate"]
+        worker.append(("collate", "worker", "batchify in the worker, into a shared-memory slot when shapes allow"))
+        return _Analysis(fallback, reason, worker, src, plan_spec, None, hybrid, plan)
     if fallback == "processes":
         reason += f"; num_workers={num_workers}: Python steps run in worker processes"
         # In a worker every sample goes through dataset[i]: say so instead of listing fused steps.
@@ -1098,11 +1109,15 @@ class DataLoader:
         if a.engine == "threads":
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
                                    pool=self._python_pool(), **common)
-        from ._engine_procs import ProcessesProducer, WorkerPool
+        from ._engine_procs import NativePrefix, ProcessesProducer, WorkerPool
 
         if self._workers is None or self._workers.closed:
+            prefix = None
+            if a.hybrid is not None:
+                prefix = NativePrefix(src=a.native_source, chain=a.chain, suffix=a.hybrid["suffix"],
+                                      position=a.hybrid["position"], others=a.hybrid["others"])
             self._workers = WorkerPool(self.num_workers, self.dataset, self.batchify_fn, self.worker_init_fn,
-                                       self.on_error, self.seed, load_balance=self.load_balance)
+                                       self.on_error, self.seed, load_balance=self.load_balance, prefix=prefix)
         else:
             self._workers.revive()   # a worker that died or timed out gets a fresh process
         if self._iterable:

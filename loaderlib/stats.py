@@ -1,4 +1,24 @@
-"""``Stats``: the snapshot of a loader's per-stage timings (what ``loader.stats`` returns)."""
+"""``Stats``: the snapshot of a loader's per-stage timings (what ``loader.stats`` returns), and
+the one accounting every profiling figure is computed with (``Window``, ``window_of``).
+
+NOTE [ One accounting ]
+The recorder, the harness's report, the verdict and the dashboard must never contradict each
+other, so they share one definition of every figure:
+
+* one clock (:func:`clock_ns`): the recorder's time bins, the harness's window and the
+  dashboard's "now" are on it;
+* one place for stage time: the recorder puts each batch's stage thread time into time bins,
+  never more than the pool's threads can hold (NOTE [ Stage time and busy fraction ] in
+  ``_recorder.py``), and keeps apart what does not fit and what a warm epoch did ahead;
+* one window: :func:`window_of` cuts any stretch of time out of the bins (in proportion at
+  its edges) and, when the harness watched the consumer, out of its deliveries; the result,
+  a :class:`Window`, holds every figure shown (rate, stage shares, busy, steady wait, wait at
+  epoch boundaries, model time); :func:`split_window` cuts the same stretch into parts whose
+  agreement is the verdict's confidence;
+* one busy formula (:func:`busy_fraction`), one share formula (:attr:`Window.stage_share`),
+  and the invariants they keep, checked by :meth:`Window.problems`: busy <= 100% of the
+  threads, shares summing to 100%, steady wait + boundary wait + model time <= wall time.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +26,292 @@ import dataclasses
 import html
 import json
 import math
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 STAGES: tuple[str, ...] = ("read", "decode", "transform", "python", "collate")
 """The pipeline stages every engine times, in pipeline order."""
 
-__all__ = ["STAGES", "Stats", "busy_fraction"]
+__all__ = ["STAGES", "Delivery", "Stats", "Window", "busy_fraction", "clock_ns", "split_window", "window_of"]
+
+# The one profiling clock (monotonic nanoseconds). The recorder stamps its bins with it, the
+# harness opens and closes its window with it and the dashboard reads "now" from it, so their
+# times line up. Tests replace it (``monkeypatch.setattr(loaderlib.stats, "_clock", fake)``).
+_clock = time.perf_counter_ns
+
+# Relative tolerance of the invariant checks (float sums of nanosecond counts).
+_EPS = 1e-6
+
+FONT_CSS = ("font-family: system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, "
+            "'Liberation Sans', 'DejaVu Sans', sans-serif; font-size: 14px; line-height: 1.45")
+"""The font every HTML view of the profiling figures sets explicitly (never a serif fallback)."""
+
+
+def clock_ns() -> int:
+    """The profiling clock in nanoseconds (monotonic; shared by recorder, harness and dashboard)."""
+    return _clock()
 
 
 def busy_fraction(stage_s: float, capacity_s: float) -> float:
     """How saturated a pool was: thread time spent in stages over thread time it had.
 
-    ``capacity_s`` is the threads times the wall time they were there for (NOTE [ Stage time
-    and busy fraction ] in ``_recorder.py``). The recorder, the harness and the dashboard all
-    compute the busy fraction with this function; only the window differs.
+    ``capacity_s`` is the pool's threads times the wall time of the window (NOTE [ Stage time
+    and busy fraction ] in ``_recorder.py``). The recorder, the harness, the report, the verdict
+    and the dashboard all compute the busy fraction with this function, over a
+    :class:`Window` built by :func:`window_of`; only the window differs.
     """
     return stage_s / capacity_s if capacity_s > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """One batch as the consumer saw it (the harness's records; times on the profiling clock).
+
+    Attributes
+    ----------
+    t : float
+        Seconds (profiling clock) when ``next()`` returned the batch.
+    samples : int
+        Samples in the batch.
+    wait_s : float
+        How long that ``next()`` blocked (ending at ``t``).
+    model_s : float
+        How long the model step on the batch took (starting at ``t``).
+    boundary : bool
+        The wait was an epoch boundary (the first batch of an epoch, or the end of one): the
+        pipeline refilling, shown apart and never blamed on a stage.
+    """
+
+    t: float
+    samples: int
+    wait_s: float
+    model_s: float = 0.0
+    boundary: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One stretch of a run, accounted once: what report, verdict and dashboard all read.
+
+    Built by :func:`window_of` from the recorder's time bins (pipeline side) and, when a
+    consumer was watched (the harness), its deliveries (consumer side). Every figure the
+    profiling tools show is one of these attributes or properties (NOTE [ One accounting ]).
+
+    Attributes
+    ----------
+    start_s, wall_s : float
+        Where the window starts (profiling clock, seconds) and how long it is.
+    samples, batches : float
+        Samples and batches delivered in the window (produced, when no consumer was
+        watched). Fractional when a recorder bin straddles the window's edge.
+    stage_s : dict
+        Stage thread seconds the recorder placed inside the window.
+    capacity_s : float
+        Thread seconds the pool had in the window (threads x wall, summed over bins).
+    threads : int
+        The most threads the pool had in the window.
+    consumer_wait_s : float
+        Time the consumer blocked in ``next()`` in steady state.
+    boundary_wait_s : float
+        Time the consumer waited at epoch boundaries (the refill at each epoch start).
+    model_s : float
+        Time in the model step (0 when no consumer was watched).
+    unattributed_s : float
+        Stage thread time the recorder could not place within the pool's capacity (0 unless a
+        loader reports more thread time than its threads can have had).
+    epochs : int
+        Epoch starts inside the window.
+    """
+
+    start_s: float
+    wall_s: float
+    samples: float
+    batches: float
+    stage_s: dict
+    capacity_s: float
+    threads: int
+    consumer_wait_s: float
+    boundary_wait_s: float
+    model_s: float = 0.0
+    unattributed_s: float = 0.0
+    epochs: int = 0
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def busy_fraction(self) -> float:
+        """Stage thread time over the pool's capacity in the window (:func:`busy_fraction`)."""
+        return busy_fraction(sum(self.stage_s.values()), self.capacity_s)
+
+    @property
+    def stage_share(self) -> dict:
+        """Each stage's share of the window's stage thread time; sums to 1 (all 0 when none ran)."""
+        total = sum(self.stage_s.values())
+        return {k: (self.stage_s.get(k, 0.0) / total if total > 0 else 0.0) for k in STAGES}
+
+    @property
+    def wait_fraction(self) -> float:
+        """Steady-state consumer wait over the window (epoch boundaries left out)."""
+        return self.consumer_wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def boundary_fraction(self) -> float:
+        """Consumer wait at epoch boundaries over the window."""
+        return self.boundary_wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def has_stages(self) -> bool:
+        return any(v > 0 for v in self.stage_s.values())
+
+    def problems(self) -> list[str]:
+        """The invariants this window breaks (empty when it is consistent).
+
+        Checked: busy <= 100% of the pool's threads; stage shares sum to 100% (or all zero);
+        steady wait + boundary wait + model time <= wall time; nothing negative.
+        """
+        out = []
+        stage = sum(self.stage_s.values())
+        if stage > self.capacity_s * (1 + _EPS) + 1e-12:
+            out.append(f"stage thread time {stage:.6g} s exceeds the pool's {self.capacity_s:.6g} s "
+                       f"(busy {100 * self.busy_fraction:.1f}% > 100%)")
+        share = sum(self.stage_share.values())
+        if stage > 0 and abs(share - 1.0) > _EPS:
+            out.append(f"stage shares sum to {100 * share:.4f}%, not 100%")
+        consumer = self.consumer_wait_s + self.boundary_wait_s + self.model_s
+        if consumer > self.wall_s * (1 + _EPS) + 1e-9:
+            out.append(f"consumer time {consumer:.6g} s exceeds the window's {self.wall_s:.6g} s")
+        negative = [k for k, v in (("wall_s", self.wall_s), ("samples", self.samples),
+                                   ("capacity_s", self.capacity_s), ("consumer_wait_s", self.consumer_wait_s),
+                                   ("boundary_wait_s", self.boundary_wait_s), ("model_s", self.model_s),
+                                   *self.stage_s.items()) if v < 0]
+        if negative:
+            out.append("negative figures: " + ", ".join(negative))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(samples_per_s=self.samples_per_s, busy_fraction=self.busy_fraction,
+                 stage_share=self.stage_share, wait_fraction=self.wait_fraction,
+                 boundary_fraction=self.boundary_fraction)
+        return _jsonable(d)
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def _bins(stats: Stats) -> Iterable[tuple]:
+    """``(start, end, samples, batches, stage dict, capacity, wait, boundary, threads)`` per bin,
+    start and end on the profiling clock in seconds."""
+    ser = stats.series
+    base = stats.started_s
+    for i, end in enumerate(ser["t_s"]):
+        dur = ser["dur_s"][i]
+        yield (base + end - dur, base + end, ser["samples"][i], ser["batches"][i],
+               {k: ser[f"stage_s.{k}"][i] for k in STAGES}, ser["capacity_s"][i], ser["wait_s"][i],
+               ser["boundary_wait_s"][i], ser["threads"][i])
+
+
+def window_of(
+    epochs: Sequence[Stats],
+    start_s: float,
+    end_s: float,
+    deliveries: Sequence[Delivery] | None = None,
+    *,
+    closed: bool = True,
+) -> Window:
+    """Account ``[start_s, end_s]`` (profiling clock, seconds) once, from recorder bins and deliveries.
+
+    Parameters
+    ----------
+    epochs : sequence of Stats
+        Snapshots of the epochs that overlap the window (the recorder restarts each epoch);
+        their time bins are cut at the window's edges, each bin's figures taken in proportion
+        to the part of it inside the window.
+    start_s, end_s : float
+        The window, in seconds of :func:`clock_ns`.
+    deliveries : sequence of Delivery, optional
+        The consumer's view. When given, samples, waits and model time come from it (a
+        batch counts when ``next()`` returned it inside the window; waits and model time in
+        proportion to their overlap). Otherwise they come from the recorder (produced samples,
+        the waits the loader reported).
+
+    Returns
+    -------
+    Window
+    """
+    wall = max(0.0, end_s - start_s)
+    stage = {k: 0.0 for k in STAGES}
+    cap = samples = batches = wait = boundary = model = unattributed = 0.0
+    threads = 0
+    n_epochs = 0
+    for st in epochs:
+        if start_s < st.started_s < end_s:
+            # An epoch starting inside the window: the work done ahead for it was done inside too.
+            n_epochs += 1
+            for k in STAGES:
+                stage[k] += st.ahead_stage_s.get(k, 0.0)
+        covered = 0.0
+        for b0, b1, n, nb, sd, c, w, bw, th in _bins(st):
+            f = _overlap(b0, b1, start_s, end_s) / (b1 - b0) if b1 > b0 else 0.0
+            if f <= 0:
+                continue
+            covered += f
+            for k in STAGES:
+                stage[k] += f * sd[k]
+            cap += f * c
+            samples += f * n
+            batches += f * nb
+            wait += f * w
+            boundary += f * bw
+            threads = max(threads, int(th))
+        if covered and st.unattributed_s:
+            unattributed += st.unattributed_s
+    total = sum(stage.values())
+    if total > cap:
+        # Work done ahead is placed by epoch, not by bin; what does not fit the window's
+        # capacity is reported, never shown as a pool busier than its threads.
+        keep = cap / total
+        stage = {k: v * keep for k, v in stage.items()}
+        unattributed += total - cap
+    if deliveries is not None:
+        samples = batches = wait = boundary = model = 0.0
+        n_epochs = 0
+        for d in deliveries:
+            if start_s <= d.t and (d.t < end_s or (closed and d.t == end_s)) and d.samples:
+                samples += d.samples
+                batches += 1
+                n_epochs += d.boundary
+            w = _overlap(d.t - d.wait_s, d.t, start_s, end_s)
+            if d.boundary:
+                boundary += w
+            else:
+                wait += w
+            model += _overlap(d.t, d.t + d.model_s, start_s, end_s)
+    return Window(start_s=start_s, wall_s=wall, samples=samples, batches=batches, stage_s=stage,
+                  capacity_s=cap, threads=threads, consumer_wait_s=wait, boundary_wait_s=boundary,
+                  model_s=model, unattributed_s=unattributed, epochs=n_epochs)
+
+
+def split_window(
+    epochs: Sequence[Stats],
+    start_s: float,
+    end_s: float,
+    parts: int,
+    deliveries: Sequence[Delivery] | None = None,
+) -> list[Window]:
+    """:func:`window_of` over ``parts`` equal consecutive pieces of ``[start_s, end_s]``.
+
+    The pieces' spread is the confidence the verdict reports (NOTE [ Verdict rules ] in
+    ``loaderlib.profiling.verdict``).
+    """
+    parts = max(1, int(parts))
+    step = (end_s - start_s) / parts
+    edges = [start_s + i * step for i in range(parts)] + [end_s]
+    return [window_of(epochs, edges[i], edges[i + 1], deliveries, closed=i == parts - 1) for i in range(parts)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +330,9 @@ class Stats:
     batches, samples : int
         Batches and samples the pipeline produced so far this epoch.
     elapsed_s : float
-        From the start of the epoch to the last finished batch.
+        From the start of the epoch to the last thing recorded (a batch or a consumer wait).
+    started_s : float
+        When the epoch started, in seconds of the profiling clock (:func:`clock_ns`).
     samples_per_s, batches_per_s : float
         Production rates over ``elapsed_s``.
     stage_total_s : dict
@@ -54,12 +346,21 @@ class Stats:
     producer_wall_s : float
         Sum of the producer's wall time per batch.
     thread_capacity_s : float
-        Thread time available to the pool (threads x batch wall time, summed).
+        Thread time the pool had: its threads times the epoch's elapsed time.
     busy_fraction : float
-        ``sum(stage_total_s) / thread_capacity_s``: how saturated the pool was.
+        Stage thread time placed in the epoch's bins over ``thread_capacity_s`` (never above
+        1; NOTE [ Stage time and busy fraction ] in ``_recorder.py``).
+    unattributed_s : float
+        Stage thread time that did not fit in the pool's capacity (0 for a consistent loader).
+    ahead_stage_s : dict
+        Stage thread time of this epoch's samples done before it started (a warm epoch built
+        ahead while the previous one was consumed; NOTE [ Epoch boundaries ] in
+        ``_recorder.py``). Counted in ``stage_total_s``, not in the busy fraction.
     consumer_wait_s : float
-        Time the consumer's ``next()`` blocked waiting for a batch; ``consumer_waits`` counts
-        the calls that reported.
+        Time the consumer's ``next()`` blocked waiting for a batch in steady state;
+        ``consumer_waits`` counts every call that reported.
+    boundary_wait_s : float
+        The consumer's wait for the epoch's first batch (the pipeline refilling), apart.
     producer_blocked_s : float
         Time the pipeline waited on a full prefetch queue.
     queue_depth, queue_capacity : int
@@ -68,9 +369,12 @@ class Stats:
         Stage name -> whether its Python step holds the GIL (only stages with Python steps).
     series : dict
         A short time series, one point per recorder interval (0.5 s by default): ``t_s``
-        (end of the interval, seconds since the epoch start), ``samples_per_s``,
-        ``busy_fraction``, ``consumer_wait_fraction``, ``queue_depth``, ``threads``, and
+        (end of the interval, seconds since the epoch start), ``dur_s`` (its length; the last
+        one ends at the last thing recorded), ``samples`` and ``batches`` (produced),
+        ``samples_per_s``, ``capacity_s``, ``busy_fraction``, ``wait_s``,
+        ``consumer_wait_fraction``, ``boundary_wait_s``, ``queue_depth``, ``threads``, and
         ``stage_s.<stage>`` (thread seconds spent in the stage in that interval).
+        :func:`window_of` reads it.
     """
 
     enabled: bool
@@ -79,6 +383,7 @@ class Stats:
     batches: int
     samples: int
     elapsed_s: float
+    started_s: float
     samples_per_s: float
     batches_per_s: float
     stage_total_s: dict
@@ -89,7 +394,10 @@ class Stats:
     producer_wall_s: float
     thread_capacity_s: float
     busy_fraction: float
+    unattributed_s: float
+    ahead_stage_s: dict
     consumer_wait_s: float
+    boundary_wait_s: float
     consumer_waits: int
     producer_blocked_s: float
     queue_depth: int
@@ -151,7 +459,8 @@ class Stats:
             (f"{self.samples} samples in {self.batches} batches over {self.elapsed_s:.2f} s: "
             f"{self.samples_per_s:,.1f} samples/s, {self.batches_per_s:.2f} batches/s"),
             (f"threads {self.num_threads}, pool busy {100 * self.busy_fraction:.0f}%, "
-            f"consumer waited {self.consumer_wait_s:.3f} s ({100 * self.consumer_wait_fraction:.0f}%), "
+            f"consumer waited {self.consumer_wait_s:.3f} s ({100 * self.consumer_wait_fraction:.0f}%) "
+            f"plus {self.boundary_wait_s:.3f} s for the epoch's first batch, "
             f"producer blocked {self.producer_blocked_s:.3f} s"),
         ]
         if self.queue_capacity:
@@ -180,7 +489,7 @@ class Stats:
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
-        parts = ["<div class='loaderlib-stats'><b>loaderlib Stats</b><br>"]
+        parts = [f"<div class='loaderlib-stats' style=\"{FONT_CSS}\"><b>loaderlib Stats</b><br>"]
         parts += [html.escape(line) + "<br>" for line in self._summary()]
         if self.enabled:
             parts.append("<table><thead><tr>")

@@ -242,7 +242,7 @@ def _resize(img: np.ndarray, h: int, w: int, interp: str, antialias: bool) -> np
         out = np.empty((h, w, img.shape[2]), np.uint8)
         _transform.resize_into(np.ascontiguousarray(img), out, _interp(interp), bool(antialias))
         return out
-    import cv2
+    from ._opencv import cv2
 
     flag = {"bilinear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA, "nearest": cv2.INTER_NEAREST_EXACT}[interp]
     out = cv2.resize(np.ascontiguousarray(img), (w, h), interpolation=flag)

@@ -46,7 +46,7 @@ def read_file(item: Any) -> bytes:
 
 def decode_opencv(data: bytes) -> np.ndarray:
     """Decode step: ``cv2.imdecode`` to an HWC uint8 RGB array (EXIF orientation ignored)."""
-    import cv2
+    from .._opencv import cv2
 
     img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     if img is None:
@@ -70,7 +70,7 @@ class ResNetTrainTransform:
         self.inv_std = 1.0 / (np.asarray(std, np.float32) * 255.0)
 
     def __call__(self, img: np.ndarray, index: int = 0) -> np.ndarray:
-        import cv2
+        from .._opencv import cv2
 
         rng = np.random.default_rng((self.seed, index))
         h, w = img.shape[:2]
@@ -251,7 +251,8 @@ class _Iter:
         # Each batch's recorded wall time runs from when its predecessor was handed over (or
         # its own submission, if later) to its own completion, so batch walls never overlap
         # and threads x wall is the pool time the batch really had. The driver collates
-        # alongside the pool, so the pool's busy fraction can read slightly above 100%.
+        # alongside the pool: what does not fit in the pool's threads is reported apart by the
+        # recorder (NOTE [ Stage time and busy fraction ]), never as a pool above 100% busy.
         loader = self.loader
         pool = None
         pool_threads = 0
@@ -301,7 +302,7 @@ class _Iter:
             stage = dict(zip(STAGES, (int(v) for v in per.sum(0))))
             stage["collate"] = t1 - tc
             wall = t1 - max(t_submit, self._t_prev)
-            rec.batch_done(len(results), stage, wall, min(threads, len(results)), per)
+            rec.batch_done(len(results), stage, wall, threads, per)
         ok = self._put((batch, labels))
         self._t_prev = time.perf_counter_ns()
         return ok

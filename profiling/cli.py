@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import textwrap
 import warnings
 from typing import Any
 
@@ -26,28 +28,75 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m loaderlib bench",
-        description="Measure loaderlib's DataLoader against a Python thread-pool loader (and PyTorch's "
-                    "DataLoader when torch is installed) on the ResNet-50 training pipeline, and say what "
-                    "limits each one.")
+EXAMPLES = """examples:
+  python -m loaderlib bench                          the demo dataset, every available loader
+  python -m loaderlib bench --data ~/imagenet/val --threads 8 --seconds 10
+  python -m loaderlib bench --model-step-ms 50       with a simulated 50 ms model step
+  python -m loaderlib bench --loaders loaderlib --json report.json
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _float_at_least(lo: float, strict: bool) -> Any:
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if math.isnan(v) or not (v > lo if strict else v >= lo):
+            raise argparse.ArgumentTypeError(f"expected a number {'>' if strict else '>='} {lo:g}, got {text!r}")
+        return v
+    return parse
+
+
+def _crop_size(text: str) -> int:
+    v = _positive_int(text)
+    if v < 8:
+        raise argparse.ArgumentTypeError(f"expected a crop size >= 8, got {text!r}")
+    return v
+
+
+def _loader_list(text: str) -> list[str]:
+    wanted = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = sorted(set(wanted) - {"loaderlib", "python", "torch"})
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(f"unknown loader(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from loaderlib,python,torch")
+    return wanted
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the benchmark's options to ``p`` (``python -m loaderlib bench`` builds its parser with it)."""
+    p.description = textwrap.fill(
+        "Measure loaderlib's DataLoader against a Python thread-pool loader (and PyTorch's DataLoader when "
+        "torch is installed) on the ResNet-50 training pipeline, and say what limits each one. Needs OpenCV "
+        "(the Python baseline and the demo dataset use it).", 88)
+    p.epilog = EXAMPLES
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--data", metavar="DIR", help="image folder (one sub-folder per class); default: the demo "
                    "dataset, built once into the user cache directory")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                    help="threads (and PyTorch workers) per loader; default: the CPUs available")
-    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size (default 64)")
-    p.add_argument("--model-step-ms", type=float, default=0.0, metavar="M",
+    p.add_argument("--batch-size", type=_positive_int, default=64, metavar="B", help="batch size (default 64)")
+    p.add_argument("--model-step-ms", type=_float_at_least(0.0, strict=False), default=0.0, metavar="M",
                    help="simulated model step per batch in ms (default 0: an infinitely fast model, "
                         "which measures each loader's ceiling)")
-    p.add_argument("--seconds", type=float, default=4.0, metavar="S",
+    p.add_argument("--seconds", type=_float_at_least(0.0, strict=True), default=4.0, metavar="S",
                    help="measured seconds per loader and run (default 4)")
-    p.add_argument("--size", type=int, default=224, help="crop size (default 224)")
-    p.add_argument("--loaders", default="loaderlib,python,torch",
-                   help="comma-separated subset of loaderlib,python,torch (default: all available)")
+    p.add_argument("--size", type=_crop_size, default=224, help="crop size (default 224)")
+    p.add_argument("--loaders", type=_loader_list, default=["loaderlib", "python", "torch"],
+                   metavar="LIST", help="comma-separated subset of loaderlib,python,torch (default: all available)")
     p.add_argument("--json", metavar="FILE", help="also write every report as JSON to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return p
 
 
 def _native_loader(root: str, args: argparse.Namespace, threads: int) -> Any:
@@ -71,7 +120,7 @@ def _torch_loader(items: list, args: argparse.Namespace, threads: int) -> Any:
 
 
 def _torch_worker_init(_worker_id: int) -> None:
-    import cv2
+    from .._opencv import cv2
 
     cv2.setNumThreads(1)  # one process per worker already; nested OpenCV threads only contend
 
@@ -92,7 +141,8 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the table; returns the process exit status.
+    """Parse the arguments, run the benchmark and print the table; returns the exit status
+    (2 for bad arguments; ``--help`` exits with status 0).
 
     Parameters
     ----------
@@ -102,16 +152,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         argv = argv[1:]
-    args = _parser().parse_args(argv)
-    if args.batch_size < 1 or args.seconds <= 0 or args.model_step_ms < 0 or args.size < 8:
-        print("error: --batch-size >= 1, --seconds > 0, --model-step-ms >= 0 and --size >= 8 are required",
-              file=sys.stderr)
-        return 2
-    wanted = [x.strip() for x in args.loaders.split(",") if x.strip()]
-    unknown = set(wanted) - {"loaderlib", "python", "torch"}
-    if unknown:
-        print(f"error: unknown loader(s) {', '.join(sorted(unknown))}", file=sys.stderr)
-        return 2
+    from ..__main__ import main as loaderlib_main  # one parser: python -m loaderlib's
+
+    return loaderlib_main(["bench", *argv])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark for parsed arguments (see :func:`add_arguments`); returns the exit status."""
+    wanted = list(args.loaders)
+    if not args.data or {"python", "torch"} & set(wanted):  # the demo dataset and the baselines use OpenCV
+        try:
+            from .._opencv import cv2  # noqa: F401
+        except ImportError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
 
     from .. import ImageFolderDataset, available_cpus
     from .baselines import python_thread_loader

@@ -1,19 +1,30 @@
 """A live bottleneck dashboard for notebooks: ``Dashboard(loader)``.
 
 NOTE [ Dashboard drawing ]
-The plots are drawn by matplotlib's Agg renderer into one ``Figure`` (no pyplot, see NOTE
-[ Figures without pyplot ] in ``_plot.py``), saved as PNG and put into a
-``widgets.Image``. A redraw costs about 25 ms, well inside the half-second update period.
-This was chosen over ipympl (and bqplot) because it needs no frontend extension: it works
-the same in JupyterLab, classic Notebook, VS Code, headless test runs (the widget's value
-is just PNG bytes) and in a notebook exported to HTML with its widget state (the last
-frame is in the state).
+The plots are drawn by matplotlib into one ``Figure`` (no pyplot, see NOTE [ Figures without
+pyplot ] in ``_plot.py``), saved as SVG (text as text, in a sans-serif font stack) and put
+inline into a ``widgets.HTML``: sharp at any zoom or screen density, no frontend extension
+needed, the same in JupyterLab, classic Notebook, VS Code, headless test runs and a
+notebook exported to HTML with its widget state (the last frame is in the state, so the
+export shows what the live view showed). The figure is built once with fixed margins wide
+enough for every label (large rates print as "1.2k"), because a constrained layout on
+every frame costs several times the drawing; a test checks that no text leaves the figure.
+The update thread slows down rather than take more than a third of a core.
 
 NOTE [ Dashboard history ]
 The recorder keeps a time series of the current epoch only (``loader.stats`` is per epoch).
-The dashboard appends one point per update to its own history (samples/s, consumer wait,
-queue depth, pool busy, each over the last second of the recorder's series), so its plots
-run on across epochs and show the effect of a knob moved mid-run.
+The dashboard keeps the last snapshot of the previous epoch too, so its "now" window (the
+last ``RECENT_S`` seconds) runs across an epoch boundary, and it appends one point per
+update to its own history (samples/s, steady consumer wait, queue depth, pool busy, each
+over the last ``POINT_S`` seconds), so its plots run on across epochs and show the effect
+of a knob moved mid-run. Epoch starts are marked on the plots; the consumer's wait for an
+epoch's first batch is shown apart, never as a stage's fault (NOTE [ Epoch boundaries ]).
+
+NOTE [ Dashboard now ]
+Every "now" figure, the stage bar and the verdict come from one window
+(``loaderlib.stats.window_of``) that ends at the last thing the recorder saw, not at the
+wall clock: when the run ends, the figures freeze at the run's last seconds instead of
+decaying towards zero, and the title says how long ago the last batch came.
 
 NOTE [ Dashboard threading ]
 The dashboard updates from its own daemon thread (ipywidgets sends state changes from any
@@ -30,13 +41,12 @@ from __future__ import annotations
 
 import collections
 import html
-import io
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..stats import STAGES, Stats, busy_fraction
+from ..stats import FONT_CSS, Stats, Window, clock_ns, split_window, window_of
 
 __all__ = ["Dashboard"]
 
@@ -44,10 +54,17 @@ __all__ = ["Dashboard"]
 # point of the dashboard's own history averages.
 RECENT_S = 4.0
 POINT_S = 1.0
+# The verdict's evidence threshold on the dashboard: the "now" window must be this long.
+DASH_MIN_S = 2.0
+DASH_MIN_BATCHES = 8
 
 
 def _loader_closed(loader: Any) -> bool:
     return bool(getattr(loader, "closed", False))
+
+
+def _now() -> float:
+    return clock_ns() / 1e9
 
 
 class Dashboard:
@@ -76,20 +93,19 @@ class Dashboard:
         How many times the dashboard has refreshed.
     last_stats : Stats or None
         The snapshot the current figures come from.
+    last_window : Window or None
+        The "now" window every figure, the stage bar and the verdict read (NOTE [ Dashboard now ]).
+    last_verdict : Verdict or None
+        The verdict on :attr:`last_window`.
     history : collections.deque
-        One point per update: ``(seconds since the dashboard started, samples/s, consumer
-        wait fraction, queue depth, pool busy fraction, threads)``, each over the last
-        ``POINT_S`` seconds of the loader's recorder.
+        One point per update: ``(seconds since the dashboard started, samples/s, steady
+        consumer wait fraction, queue depth, pool busy fraction, threads)``, each over the last
+        ``POINT_S`` seconds the recorder saw.
 
     Notes
     -----
-    See NOTE [ Dashboard history ]
-The recorder keeps a time series of the current epoch only (``loader.stats`` is per epoch).
-The dashboard appends one point per update to its own history (samples/s, consumer wait,
-queue depth, pool busy, each over the last second of the recorder's series), so its plots
-run on across epochs and show the effect of a knob moved mid-run.
-
-NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
+    See NOTE [ Dashboard history ], NOTE [ Dashboard now ], NOTE [ Dashboard threading ] and
+    NOTE [ Dashboard drawing ] in this module.
     """
 
     def __init__(self, loader: Any, *, interval: float = 0.5, autostart: bool = True,
@@ -110,6 +126,7 @@ NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
         loader.recorder.enabled = True
         self.updates = 0
         self.last_stats: Stats | None = None
+        self.last_window: Window | None = None
         self.last_verdict = None
         self._model_ran = True
         self._stop = threading.Event()
@@ -119,25 +136,30 @@ NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
         self._lock = threading.Lock()
         self._fig = None
         self._cpu = _CpuMeter()
-        # The dashboard's own history: the recorder's series restarts with every epoch, the
-        # plots should not (NOTE [ Dashboard history ]).
-        self._t0 = time.monotonic()
+        self._prev_epochs: collections.deque = collections.deque(maxlen=64)  # earlier epochs' last snapshots
+        self._epoch_starts: list[float] = []    # profiling-clock seconds
+        self._t_seen = -1.0                     # end of the last window a history point covers
+        self._t0 = _now()
         self.history: collections.deque = collections.deque(maxlen=int(history))
 
         cpus = available_cpus()
         top = max_threads or max(8, 2 * cpus)
+        box = f"{FONT_CSS}; max-width: 980px"
         self.title = widgets.HTML()
         self.figures = widgets.HTML()
-        self.image = widgets.Image(format="png", layout=widgets.Layout(width="100%", max_width="980px"))
+        self.plots = widgets.HTML(layout=widgets.Layout(width="100%", max_width="980px"))
         self.verdict = widgets.HTML()
+        self._box = box
         self.threads = widgets.IntSlider(value=_int(loader.num_threads, cpus), min=1, max=top,
                                          description="threads", continuous_update=False)
         self.prefetch = widgets.IntSlider(value=_int(getattr(loader, "prefetch", 2), 2), min=1, max=32,
                                           description="prefetch", continuous_update=False)
         self.threads.observe(self._on_threads, names="value")
         self.prefetch.observe(self._on_prefetch, names="value")
-        self.widget = widgets.VBox([self.title, self.figures, self.image, self.verdict,
+        self.widget = widgets.VBox([self.title, self.figures, self.plots, self.verdict,
                                     widgets.HBox([self.threads, self.prefetch])])
+        # The knobs' labels too, in the exported HTML as well as live (no serif fallback).
+        self.widget.add_class("loaderlib-dashboard")
         self.update()
         if autostart:
             self.start()
@@ -158,35 +180,62 @@ NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
     def _on_prefetch(self, change: dict) -> None:
         self.loader.prefetch = int(change["new"])
 
+    # -- accounting ------------------------------------------------------------------------
+    def _epochs(self, stats: Stats) -> list[Stats]:
+        """The current epoch's snapshot and the last snapshots of the earlier epochs that end
+        within ``RECENT_S`` of it (NOTE [ Dashboard history ])."""
+        last = self.last_stats
+        if last is not None and stats.started_s != last.started_s:
+            # The epoch's final figures when the recorder kept them (our last poll may predate its end).
+            ended = getattr(self.loader.recorder, "previous_epoch", lambda: None)()
+            self._prev_epochs.append(ended if ended is not None and ended.started_s >= last.started_s else last)
+            self._epoch_starts.append(stats.started_s)
+        elif last is None and stats.batches:
+            self._epoch_starts.append(stats.started_s)
+        end = stats.started_s + stats.elapsed_s
+        keep = [e for e in self._prev_epochs if e.started_s + e.elapsed_s > end - RECENT_S]
+        return [*keep, stats]
+
     # -- updating --------------------------------------------------------------------------
     def update(self) -> Stats:
         """Refresh every widget from a new ``loader.stats`` snapshot; return that snapshot."""
+        from .. import available_cpus
+        from .verdict import diagnose
+
         with self._lock:
             stats = self.loader.stats
-            now = _recent(stats)
-            cores = self._cpu.cores()
-            from .verdict import diagnose
-
+            epochs = self._epochs(stats)
+            end = stats.started_s + stats.elapsed_s
+            start = max(end - RECENT_S, min(e.started_s for e in epochs))
+            k = max(1, round((end - start) / 0.5))
+            now = window_of(epochs, start, end)
+            parts = split_window(epochs, start, end, k)
+            self._cpu.sample()
+            cpu = self._cpu.cores(start, end)
+            cores, others = cpu if cpu is not None else (None, None)
             self.last_verdict = diagnose(
-                stage_s=now["stage_s"] if any(now["stage_s"].values()) else None,
-                busy_fraction=now["busy"],
+                now,
+                parts=parts,
                 threads=stats.num_threads or _int(self.loader.num_threads, 1),
-                cpus=_cpus(),
+                cpus=available_cpus(),
                 model_ran=self._model_ran,
-                consumer_wait_fraction=now["wait_fraction"],
                 cores_used=cores,
+                other_cores=others,
                 gil_held=stats.gil_held,
-                samples_per_s=now["samples_per_s"],
+                min_seconds=DASH_MIN_S,
+                min_batches=DASH_MIN_BATCHES,
             )
             self.last_stats = stats
-            if stats.batches:
-                pt = _recent(stats, POINT_S)
-                self.history.append((time.monotonic() - self._t0, pt["samples_per_s"], pt["wait_fraction"],
-                                     float(stats.queue_depth), pt["busy"], float(stats.num_threads)))
+            self.last_window = now
+            if stats.batches and end > self._t_seen:
+                self._t_seen = end
+                pt = window_of(epochs, max(end - POINT_S, start), end)
+                self.history.append((end - self._t0, pt.samples_per_s, pt.wait_fraction,
+                                     float(stats.queue_depth), pt.busy_fraction, float(stats.num_threads)))
             self.title.value = self._title_html(stats)
-            self.figures.value = self._figures_html(stats, now, cores)
+            self.figures.value = self._figures_html(stats, now, cores, others)
             self.verdict.value = self._verdict_html(stats)
-            self.image.value = self._draw(stats, now)
+            self.plots.value = self._draw(stats, now)
             # Knobs follow the loader (another cell may have changed it).
             for slider, value in ((self.threads, self.loader.num_threads),
                                   (self.prefetch, getattr(self.loader, "prefetch", None))):
@@ -240,7 +289,6 @@ NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
             self._consumer.join()
         self.stop()
         self.widget.close()
-
     # -- a consumer in the background ------------------------------------------------------
     def run_in_background(self, model_step: float | Callable[[Any], Any] = 0.0, seconds: float | None = None,
                           epochs: int | None = None) -> threading.Thread:
@@ -304,73 +352,97 @@ NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
     # -- rendering ---------------------------------------------------------------------------
     def _title_html(self, stats: Stats | None, stopped: bool = False) -> str:
         engine = getattr(self.loader, "engine", "?")
-        state = "stopped" if stopped else ("closed" if _loader_closed(self.loader) else "live")
-        return (f"<b>loaderlib dashboard</b> &mdash; {html.escape(type(self.loader).__name__)} "
-                f"(engine {html.escape(str(engine))}) <i>{state}</i>")
+        if _loader_closed(self.loader):
+            state = "closed"
+        elif self._consumer is not None and not self._consumer.is_alive():
+            state = "run finished: figures frozen at its last seconds"
+        elif stopped:
+            state = "stopped"
+        else:
+            state = "live"
+        if stats is not None and stats.batches and state == "live":
+            ago = _now() - (stats.started_s + stats.elapsed_s)
+            if ago > 2 * max(self.interval, 0.5):
+                state = f"live, no batch for {ago:.0f} s: figures show the last seconds with batches"
+        style = ("<style>.loaderlib-dashboard, .loaderlib-dashboard .widget-label, .loaderlib-dashboard "
+                 f".widget-readout {{{FONT_CSS}}}</style>")
+        return (f"{style}<div style=\"{self._box}\"><span style='font-size:16px;font-weight:600'>loaderlib dashboard"
+                f"</span> &mdash; {html.escape(type(self.loader).__name__)} (engine {html.escape(str(engine))}) "
+                f"<i>{html.escape(state)}</i></div>")
 
-    def _figures_html(self, stats: Stats, now: dict, cores: float | None) -> str:
+    def _figures_html(self, stats: Stats, now: Window, cores: float | None, others: float | None = None) -> str:
         cells = [
-            ("samples/s (now)", f"{now['samples_per_s']:,.1f}"),
+            (f"samples/s (last {now.wall_s:.0f} s)", f"{now.samples_per_s:,.1f}"),
             ("samples/s (epoch)", f"{stats.samples_per_s:,.1f}"),
             ("samples", f"{stats.samples:,}"),
             ("threads", f"{stats.num_threads}"),
-            ("pool busy", f"{100 * now['busy']:.0f}%"),
+            ("pool busy", f"{100 * now.busy_fraction:.0f}%"),
             ("queue", f"{stats.queue_depth}/{stats.queue_capacity}"),
-            ("consumer waits", f"{100 * now['wait_fraction']:.0f}%"),
+            ("consumer waits", f"{100 * now.wait_fraction:.0f}%"),
+            ("epoch starts", f"{100 * now.boundary_fraction:.0f}%"),
         ]
         if cores is not None:
             cells.append(("CPU cores", f"{cores:.2f}"))
-        head = "".join(f"<th style='padding:0 10px'>{html.escape(k)}</th>" for k, _ in cells)
+        if others is not None:
+            cells.append(("other processes", f"{others:.2f} cores"))
+        head = "".join(f"<th style='padding:0 10px;font-weight:600'>{html.escape(k)}</th>" for k, _ in cells)
         body = "".join(f"<td style='padding:0 10px;text-align:center'>{html.escape(v)}</td>" for _, v in cells)
-        return f"<table><tr>{head}</tr><tr>{body}</tr></table>"
+        return f"<div style=\"{self._box}\"><table><tr>{head}</tr><tr>{body}</tr></table></div>"
 
     def _verdict_html(self, stats: Stats) -> str:
         v = self.last_verdict
         if v is None or stats.batches == 0:
-            return "<div style='padding:4px'>waiting for batches&hellip;</div>"
-        color = "#55a868" if v.bottleneck == "model" else "#dd8452"
-        return (f"<div style='border-left:6px solid {color};padding:4px 8px;background:#f7f7f7'>"
-                f"<b>{html.escape(str(v.bottleneck))}</b>: {html.escape(v.summary)}<br>"
-                f"<small>try: {html.escape(v.suggestion)}</small></div>")
+            return f"<div style=\"{self._box};padding:4px\">waiting for batches&hellip;</div>"
+        color = "#55a868" if v.bottleneck == "model" else ("#999999" if not v.enough else "#dd8452")
+        name = v.bottleneck if v.enough else "gathering evidence"
+        notes = "".join(f"<br>note: {html.escape(n)}" for n in v.notes)
+        return (f"<div style=\"{self._box};border-left:6px solid {color};padding:6px 10px;background:#f7f7f7\">"
+                f"<b>{html.escape(str(name))}</b>: {html.escape(v.summary)}<br>"
+                f"try: {html.escape(v.suggestion)}{notes}</div>")
 
     def _build_figure(self) -> None:
-        # Built once; updates only move data (re-laying out the figure each frame would cost
-        # several times the drawing itself).
+        # Built once; updates only move data. A fixed layout, wide enough margins for every label: a constrained layout per frame
+        # would cost several times the drawing itself (NOTE [ Dashboard drawing ]).
         from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
 
-        from ._plot import STAGE_COLORS
+        from ._plot import LABEL_PT, STAGE_COLORS, TITLE_PT, _style
 
-        fig = Figure(figsize=(10.0, 2.9), dpi=72)
-        fig.subplots_adjust(left=0.06, right=0.95, bottom=0.2, top=0.88, wspace=0.55)
+        fig = Figure(figsize=(10.0, 3.3))
+        fig.subplots_adjust(left=0.065, right=0.925, bottom=0.16, top=0.9, wspace=0.62)
         ax1, ax2, ax3 = fig.subplots(1, 3, width_ratios=[1.3, 1, 1.2])
+        compact = FuncFormatter(lambda v, _pos: f"{v / 1000:g}k" if abs(v) >= 1000 else f"{v:g}")
+        ax1.yaxis.set_major_formatter(compact)
         a = self._art = {"fig": fig, "ax1": ax1, "ax2": ax2, "ax3": ax3}
-        (a["sps"],) = ax1.plot([], [], color="#4c72b0", lw=1.5)
-        ax1.set_xlabel("seconds")
-        ax1.set_ylabel("samples/s", color="#4c72b0")
-        ax1.set_title("throughput and accelerator idle", fontsize=9)
+        (a["sps"],) = ax1.plot([], [], color="#4c72b0", lw=1.8, label="samples/s")
+        ax1.set_xlabel("seconds", fontsize=LABEL_PT)
+        ax1.set_ylabel("samples/s", color="#4c72b0", fontsize=LABEL_PT)
+        ax1.set_title("throughput and accelerator idle", fontsize=TITLE_PT)
         ax1b = ax1.twinx()
-        (a["idle"],) = ax1b.plot([], [], color="#c44e52", lw=1, ls="--")
+        (a["idle"],) = ax1b.plot([], [], color="#c44e52", lw=1.2, ls="--", label="idle %")
         ax1b.set_ylim(0, 100)
-        ax1b.set_ylabel("idle %", color="#c44e52")
-        names = [*STAGES, "wait"]
-        a["bars"] = [ax2.barh([0], [0.0], left=0.0, height=0.6, color=STAGE_COLORS[k], label=k)[0] for k in names]
-        a["bar_names"] = names
-        ax2.set_yticks([])
-        ax2.set_ylim(-0.6, 1.4)
-        ax2.set_xlabel("ms per sample (stages: thread time)")
-        ax2.set_title(f"per-stage time, last {RECENT_S:g} s", fontsize=9)
-        ax2.legend(loc="upper center", ncol=3, fontsize=7, frameon=False)
-        (a["queue"],) = ax3.plot([], [], color=STAGE_COLORS["collate"], lw=1.5)
-        ax3.set_xlabel("seconds")
-        ax3.set_ylabel("queue depth", color=STAGE_COLORS["collate"])
-        ax3.set_title("queue depth and pool busy", fontsize=9)
+        ax1b.set_ylabel("idle %", color="#c44e52", fontsize=LABEL_PT)
+        a["ax1b"] = ax1b
+        a["stage_color"] = STAGE_COLORS
+        (a["queue"],) = ax3.plot([], [], color=STAGE_COLORS["collate"], lw=1.8)
+        ax3.set_xlabel("seconds", fontsize=LABEL_PT)
+        ax3.set_ylabel("queue depth", color=STAGE_COLORS["collate"], fontsize=LABEL_PT)
+        ax3.set_title("queue depth and pool busy", fontsize=TITLE_PT)
         ax3b = ax3.twinx()
-        (a["busy"],) = ax3b.plot([], [], color="#55a868", lw=1)
+        (a["busy"],) = ax3b.plot([], [], color="#55a868", lw=1.2)
         ax3b.set_ylim(0, 105)
-        ax3b.set_ylabel("busy %", color="#55a868")
+        ax3b.set_ylabel("busy %", color="#55a868", fontsize=LABEL_PT)
+        a["ax3b"] = ax3b
+        for ax in (ax1, ax1b, ax3, ax3b):
+            ax.tick_params(labelsize=9)
+        _style(ax1)
+        _style(ax3)
+        a["marks"] = []
         self._fig = fig
 
-    def _draw(self, stats: Stats, now: dict) -> bytes:
+    def _draw(self, stats: Stats, now: Window) -> str:
+        from ._plot import draw_stage_bar, figure_svg
+
         if self._fig is None:
             self._build_figure()
         a = self._art
@@ -384,83 +456,57 @@ NOTE [ Dashboard threading ] and NOTE [ Dashboard drawing ] in this module.
         x0, x1 = (t[0], t[-1]) if t else (0.0, 1.0)
         for ax in (a["ax1"], a["ax3"]):
             ax.set_xlim(x0, max(x1, x0 + 1.0))
+        for m in a["marks"]:
+            m.remove()
+        a["marks"] = [a["ax1"].axvline(s - self._t0, color="#888888", ls=":", lw=1)
+                      for s in self._epoch_starts if x0 <= s - self._t0 <= x1]
         top = max(sps, default=0.0)
-        a["ax1"].set_ylim(0, top * 1.1 if top > 0 else 1.0)
+        a["ax1"].set_ylim(0, top * 1.15 if top > 0 else 1.0)
         a["ax3"].set_ylim(0, max(1, stats.queue_capacity, *(h[3] for h in hist)) + 0.5)
-        n = now["samples"] or 1.0
-        left = 0.0
-        for bar, name in zip(a["bars"], a["bar_names"]):
-            ms = 1e3 * (now["wait_s"] if name == "wait" else now["stage_s"][name]) / n
-            bar.set_x(left)
-            bar.set_width(ms)
-            left += ms
-        a["ax2"].set_xlim(0, left * 1.05 if left > 0 else 1.0)
-        buf = io.BytesIO()
-        self._fig.savefig(buf, format="png")
-        return buf.getvalue()
-
-
-def _recent(stats: Stats, seconds: float = RECENT_S) -> dict:
-    """Figures over the last ``seconds`` of the recorder's series (the whole epoch if shorter)."""
-    ser = stats.series
-    t = ser["t_s"]
-    if not t:
-        return {"samples_per_s": 0.0, "busy": 0.0, "wait_fraction": 0.0, "wait_s": 0.0, "wall_s": 0.0, "samples": 0.0,
-                "stage_s": {k: 0.0 for k in STAGES}}
-    start = t[-1] - seconds
-    idx = [i for i, x in enumerate(t) if x > start]
-    prev = [0.0, *t]
-    dur = [t[i] - prev[i] for i in idx]
-    wall = sum(dur) or 1e-9
-    samples = sum(ser["samples_per_s"][i] * d for i, d in zip(idx, dur))
-    stage_s = {k: sum(ser[f"stage_s.{k}"][i] for i in idx) for k in STAGES}
-    threads = ser["threads"][idx[-1]] or 1
-    wait_s = sum(ser["consumer_wait_fraction"][i] * d for i, d in zip(idx, dur))
-    return {
-        "samples_per_s": samples / wall,
-        # Pool busy over the interval, as the harness computes it (NOTE [ Busy fraction over
-        # the window ] in harness.py).
-        "busy": busy_fraction(sum(stage_s.values()), threads * wall),
-        "wait_fraction": wait_s / wall,
-        "wait_s": wait_s,
-        "wall_s": wall,
-        "samples": samples,
-        "stage_s": stage_s,
-    }
+        a["ax2"].clear()
+        draw_stage_bar(a["ax2"], now.stage_s, title=f"stage shares, last {now.wall_s:.0f} s")
+        return figure_svg(self._fig, text=True)
 
 
 class _CpuMeter:
-    """CPU cores this process used since the previous call (None without psutil)."""
+    """CPU seconds of this process and of the whole machine, sampled at each update, to give the
+    cores this process and all others used over any window between samples (None without psutil)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 256) -> None:
         try:
             import psutil
 
+            self._psutil = psutil
             self._proc = psutil.Process()
         except ImportError:
             self._proc = None
-        self._last = self._read()
+        self._samples: collections.deque = collections.deque(maxlen=keep)
+        self.sample()
 
-    def _read(self) -> tuple[float, float] | None:
+    def sample(self) -> None:
         if self._proc is None:
-            return None
+            return
         t = self._proc.cpu_times()
-        return time.monotonic(), t.user + t.system
+        m = self._psutil.cpu_times()
+        busy = m.user + m.system + getattr(m, "nice", 0.0) + getattr(m, "irq", 0.0) + \
+            getattr(m, "softirq", 0.0) + getattr(m, "steal", 0.0)
+        self._samples.append((_now(), t.user + t.system, busy))
 
-    def cores(self) -> float | None:
-        cur = self._read()
-        if cur is None or self._last is None:
+    def cores(self, start: float, end: float) -> tuple[float, float] | None:
+        """``(this process, every other process)`` cores used between the samples nearest
+        ``start`` and ``end``."""
+        s = list(self._samples)
+        if len(s) < 2:
             return None
-        (t0, c0), (t1, c1) = self._last, cur
-        self._last = cur
-        return (c1 - c0) / (t1 - t0) if t1 > t0 else None
+        a = min(s, key=lambda x: abs(x[0] - start))
+        b = min(s, key=lambda x: abs(x[0] - end))
+        if b[0] - a[0] < 0.2:
+            a, b = s[-2], s[-1]
+        if b[0] <= a[0]:
+            return None
+        mine = (b[1] - a[1]) / (b[0] - a[0])
+        return mine, max(0.0, (b[2] - a[2]) / (b[0] - a[0]) - mine)
 
 
 def _int(value: Any, default: int) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else int(default)
-
-
-def _cpus() -> int:
-    from .. import available_cpus
-
-    return available_cpus()

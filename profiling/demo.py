@@ -2,8 +2,8 @@
 
 NOTE [ Demo dataset ]
 ``python -m loaderlib bench`` needs realistic JPEGs on a fresh machine with no network, so
-the images are derived from the one real photograph that ships with matplotlib
-(``grace_hopper.jpg``, 512x600): each image is a random crop of it (1/4 to all of the area,
+the images are derived from the one real photograph that ships with loaderlib
+(``loaderlib/_data/grace_hopper.jpg``, 512x600, see ``loaderlib._sample``): each image is a random crop of it (1/4 to all of the area,
 aspect 3/4 to 4/3), resized so its longer side is 300-500 px (the ImageNet range), colour
 jittered (brightness, contrast, saturation, hue), sometimes mirrored, given mild sensor
 noise (an upscaled crop is smoother than a photo and would decode unrealistically fast),
@@ -26,7 +26,7 @@ import tempfile
 
 import numpy as np
 
-from .._synth import base_photo
+from .._sample import SAMPLE_NAME, sample_photo_bgr
 
 __all__ = ["build_demo_dataset", "demo_cache_dir"]
 
@@ -44,7 +44,7 @@ def demo_cache_dir() -> pathlib.Path:
 
 
 def _make_image(src: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, list[int], dict]:
-    import cv2
+    from .._opencv import cv2
 
     h, w = src.shape[:2]
     for _ in range(20):
@@ -119,7 +119,7 @@ def build_demo_dataset(
         The dataset root, with ``class_00/ ... class_{n_classes-1}/`` of ``.jpg`` files and a
         hidden ``.loaderlib-demo.json`` manifest describing each image.
     """
-    import cv2
+    from .._opencv import cv2
 
     if n_images < 1 or n_classes < 1:
         raise ValueError("n_images and n_classes must be >= 1")
@@ -130,7 +130,7 @@ def build_demo_dataset(
     parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
     try:
-        src = base_photo()
+        src = sample_photo_bgr()
         for c in range(n_classes):
             (tmp / f"class_{c:02d}").mkdir()
         from tqdm.auto import tqdm
@@ -151,7 +151,7 @@ def build_demo_dataset(
             manifest = list(tqdm(pool.map(make, range(n_images)), total=n_images, desc="building demo dataset",
                                  unit="img", disable=not progress, leave=False))
         (tmp / MANIFEST).write_text(json.dumps(
-            {"version": _VERSION, "seed": seed, "source": "matplotlib sample_data/grace_hopper.jpg",
+            {"version": _VERSION, "seed": seed, "source": f"loaderlib/_data/{SAMPLE_NAME}",
              "images": manifest}, indent=1))
         if force and final.exists():
             shutil.rmtree(final)

@@ -12,9 +12,15 @@ Everything the harness reports covers the measured window only: it opens once th
 consumer has received and processed ``warmup_batches`` batches (so pool start-up, first
 file-cache misses and allocation are left out; the first-batch latency is reported on its
 own; the harness's own bookkeeping at the opening is left out too) and ends after
-``seconds`` or ``epochs``. Per-stage figures are the differences of the loader's
-``stats`` between the window's ends, summed over epochs (the recorder restarts at each
-epoch).
+``seconds`` or ``epochs``. The ceiling run and the run with the model use the same warm-up
+and the same length, so their rates compare like with like.
+
+The window is accounted once, by ``loaderlib.stats.window_of`` (NOTE [ One accounting ]):
+the consumer's side from the harness's own records of each batch (when ``next()`` returned
+it, how long it blocked, how long the model step took, whether it was the first batch of
+an epoch), the pipeline's side from the loader recorder's time bins of every epoch the
+window overlaps, cut at the window's edges. Both sides read one clock
+(``loaderlib.stats.clock_ns``), which tests replace to run the harness without real time.
 """
 
 from __future__ import annotations
@@ -23,14 +29,25 @@ import dataclasses
 import math
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..stats import STAGES, busy_fraction
+from ..stats import Delivery, clock_ns, split_window, window_of
 
 __all__ = ["benchmark", "replay_consumer"]
+
+# Length of one part of the window (the verdict's confidence compares the parts), and the
+# most parts a window is cut into.
+PART_S = 0.5
+MAX_PARTS = 8
+
+
+def _now() -> float:
+    """Seconds on the profiling clock (the recorder's clock)."""
+    return clock_ns() / 1e9
 
 
 # -- resources -------------------------------------------------------------------------------
@@ -66,11 +83,15 @@ class _ResourceMonitor:
         self._last_cpu: dict[int, float] = {}
         self._children: list = []
         self._t_children = -math.inf
+        self._others0: dict = {}
+        self._machine0 = 0.0
+        self.other_cores: float | None = None
+        self.top_others: list = []
 
     def _tree(self) -> list:
         import psutil
 
-        now = time.perf_counter()
+        now = _now()
         if now - self._t_children >= self.refresh:
             self._t_children = now
             try:
@@ -118,50 +139,83 @@ class _ResourceMonitor:
         while not self._stop.wait(self.interval):
             self._sample()
 
+    def _others(self) -> tuple[float, dict]:
+        """Machine-wide busy CPU seconds, and CPU seconds of every process outside this tree."""
+        if self._proc is None:
+            return 0.0, {}
+        import psutil
+
+        t = psutil.cpu_times()
+        machine = t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + \
+            getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0)
+        mine = {p.pid for p in self._tree()}
+        others = {}
+        for p in psutil.process_iter(["name", "cpu_times"]):
+            if p.pid in mine or p.info["cpu_times"] is None:
+                continue
+            c = p.info["cpu_times"]
+            others[p.pid] = (p.info["name"] or "?", c.user + c.system)
+        return machine, others
+
     def start(self) -> None:
         self._cpu0 = self._cpu()
-        self._t0 = time.perf_counter()
+        self._machine0, self._others0 = self._others()
+        self._t0 = _now()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="loaderlib-benchmark-monitor", daemon=True)
         self._thread.start()
 
     def stop(self) -> float:
-        """Stop sampling; return the CPU cores used on average since :meth:`start`."""
-        wall = time.perf_counter() - self._t0
+        """Stop sampling; return the CPU cores used on average since :meth:`start`.
+
+        Also sets :attr:`other_cores` (cores the rest of the machine used meanwhile) and
+        :attr:`top_others` (the busiest other processes, ``(name, cores)``).
+        """
+        wall = _now() - self._t0
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         cpu = self._cpu() - self._cpu0
-        return cpu / wall if wall > 0 else 0.0
+        mine = cpu / wall if wall > 0 else 0.0
+        if self._proc is not None and wall > 0:
+            machine, others = self._others()
+            self.other_cores = max(0.0, (machine - self._machine0) / wall - mine)
+            used = {}
+            for pid, (name, c) in others.items():
+                if pid in self._others0:
+                    used[name] = used.get(name, 0.0) + max(0.0, c - self._others0[pid][1]) / wall
+            self.top_others = sorted(((k, v) for k, v in used.items() if v >= 0.05), key=lambda x: -x[1])[:5]
+        return mine
 
 
 # -- one pass over a loader ------------------------------------------------------------------
 @dataclasses.dataclass
 class _Phase:
-    samples: int = 0
-    batches: int = 0
-    wall_s: float = 0.0
+    """What one pass over the loader recorded; :meth:`window` accounts it."""
+
+    seen: int = 0
     first_batch_s: float = float("nan")
-    wait_s: float = 0.0
-    model_s: float = 0.0
-    stage_s: dict | None = None
-    capacity_s: float = 0.0
-    blocked_s: float = 0.0
+    t_window: float = 0.0
+    t_end: float = 0.0
+    deliveries: list = dataclasses.field(default_factory=list)
+    epochs: list = dataclasses.field(default_factory=list)  # the recorder's Stats of each epoch
+    has_stats: bool = False
+    buffered: float = 0.0
     stats: Any = None
     cores_used: float | None = None
-    times: list = dataclasses.field(default_factory=list)  # (t since window start, samples)
+    other_cores: float | None = None
+    top_others: list = dataclasses.field(default_factory=list)
     cached: list = dataclasses.field(default_factory=list)
     peak_rss: int = 0
     rss_source: str = ""
 
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+    def window(self) -> Any:
+        return window_of(self.epochs, self.t_window, self.t_end, self.deliveries)
 
-    @property
-    def batches_per_s(self) -> float:
-        return self.batches / self.wall_s if self.wall_s > 0 else 0.0
+    def parts(self) -> list:
+        k = max(1, min(MAX_PARTS, int((self.t_end - self.t_window) / PART_S)))
+        return split_window(self.epochs, self.t_window, self.t_end, k, self.deliveries)
 
 
 def _batch_len(batch: Any) -> int:
@@ -201,28 +255,6 @@ def _model_fn(model_step: float | Callable[[Any], Any]) -> tuple[Callable[[Any],
     return (lambda _batch: time.sleep(step)), f"{1e3 * step:g} ms (simulated, sleep)"
 
 
-def _stage_delta(a: Any, b: Any, delivered: int) -> tuple[dict, float, float]:
-    """Stage thread seconds, thread capacity and producer blocking of the window's samples.
-
-    ``a``/``b`` are the loader's stats at the window's ends (``a`` None: from the epoch
-    start). The pipeline runs ahead of the consumer by the prefetched batches, so the
-    samples produced between ``a`` and ``b`` are not the ``delivered`` samples of the
-    window; the per-sample cost of the produced ones is scaled to the delivered count.
-    """
-    if b is None:
-        return {k: 0.0 for k in STAGES}, 0.0, 0.0
-    a_stage = a.stage_total_s if a is not None else {k: 0.0 for k in STAGES}
-    a_cap = a.thread_capacity_s if a is not None else 0.0
-    a_blk = a.producer_blocked_s if a is not None else 0.0
-    produced = b.samples - (a.samples if a is not None else 0)
-    scale = delivered / produced if produced > 0 else 0.0
-    return (
-        {k: max(0.0, b.stage_total_s[k] - a_stage[k]) * scale for k in STAGES},
-        max(0.0, b.thread_capacity_s - a_cap) * scale,
-        max(0.0, b.producer_blocked_s - a_blk),
-    )
-
-
 def _stats_of(loader: Any) -> Any:
     if getattr(loader, "recorder", None) is None:
         return None
@@ -238,91 +270,73 @@ def _run_phase(
     cache: int,
     progress: Any,
 ) -> _Phase:
-    ph = _Phase()
-    has_stats = getattr(loader, "recorder", None) is not None
-    if has_stats:
-        ph.stage_s = {k: 0.0 for k in STAGES}
+    ph = _Phase(has_stats=getattr(loader, "recorder", None) is not None)
     monitor = _ResourceMonitor()
-    seen = 0
     t_window = None
-    t_last = 0.0
     t_progress = 0.0
-    base = None
     done = False
     epoch = 0
-    t_start = time.perf_counter()
+    t_start = _now()
 
     def open_window() -> None:
         # The bookkeeping comes first, so none of it is inside the window.
-        nonlocal t_window, base, t_last
-        base = _stats_of(loader) if has_stats else None
+        nonlocal t_window
+        if ph.has_stats:
+            st = loader.stats
+            ph.buffered = float(st.queue_depth * (st.batch_size or 0))
         monitor.start()
-        t_window = t_last = time.perf_counter()
+        t_window = ph.t_window = ph.t_end = _now()
 
     while not done and (epochs is None or epoch < epochs):
         epoch += 1
-        t_iter = time.perf_counter()
-        it = iter(loader)
-        if t_window is not None:
-            # Starting a later epoch (sampler, plan, pool) is time the consumer waits for data.
-            t_last = time.perf_counter()
-            ph.wait_s += t_last - t_iter
-            base = None  # the recorder restarted with this epoch
-        elif warmup == 0:
+        if t_window is None and warmup == 0:
             open_window()
+        t_iter = _now()
+        it = iter(loader)
         got_any = False
-        window_samples_before = ph.samples
+        first = True  # the next batch is the epoch's first (NOTE [ Epoch boundaries ])
         try:
             while True:
-                t = time.perf_counter()
+                t = _now()
                 try:
                     batch = next(it)
                 except StopIteration:
                     if t_window is not None:
-                        # Waiting for the loader to say the epoch is over is part of the epoch.
-                        t_last = time.perf_counter()
-                        ph.wait_s += t_last - t
+                        # Waiting for the loader to say the epoch is over is an epoch boundary.
+                        ph.t_end = _now()
+                        ph.deliveries.append(Delivery(ph.t_end, 0, ph.t_end - t, 0.0, boundary=True))
                     break
-                t1 = time.perf_counter()
+                t1 = _now()
                 got_any = True
                 nb = _batch_len(batch)
-                if seen == 0:
+                if ph.seen == 0:
                     ph.first_batch_s = t1 - t_iter
-                seen += 1
+                ph.seen += 1
                 if len(ph.cached) < cache:
                     ph.cached.append(_copy_batch(batch))
-                if t_window is not None:
-                    ph.wait_s += t1 - t
-                ts = time.perf_counter()
+                ts = _now()
                 if step is not None:
                     step(batch)
-                te = time.perf_counter()
+                te = _now()
                 del batch
                 if t_window is None:
-                    if seen == warmup:  # the window opens after the last warmup batch
-                        window_samples_before = ph.samples
+                    first = False
+                    if ph.seen == warmup:  # the window opens after the last warmup batch
                         open_window()
                     continue
-                ph.model_s += te - ts
-                ph.samples += nb
-                ph.batches += 1
-                ph.times.append((te - t_window, ph.samples))
-                t_last = te
+                ph.deliveries.append(Delivery(t1, nb, t1 - (t_iter if first else t), te - ts, boundary=first))
+                first = False
+                ph.t_end = te
                 if progress is not None and te - t_progress >= 0.1:
-                    progress(te - t_window, ph.samples, ph.batches)
-                    t_progress = time.perf_counter()
+                    progress(te - t_window, sum(d.samples for d in ph.deliveries), len(ph.deliveries))
+                    t_progress = _now()
                 if seconds is not None and te - t_window >= seconds:
                     done = True
                     break
         finally:
-            if t_window is not None and has_stats:
-                end = _stats_of(loader)
-                stage, cap, blocked = _stage_delta(base, end, ph.samples - window_samples_before)
-                for k in STAGES:
-                    ph.stage_s[k] += stage[k]
-                ph.capacity_s += cap
-                ph.blocked_s += blocked
-                ph.stats = end
+            if ph.has_stats and t_window is not None:
+                ph.stats = _stats_of(loader)
+                ph.epochs.append(ph.stats)  # this epoch's bins (the recorder restarts with the next)
             if t_window is not None and ph.cores_used is None and (
                     done or (epochs is not None and epoch >= epochs)):
                 ph.cores_used = monitor.stop()  # before the loader's threads are shut down
@@ -334,18 +348,19 @@ def _run_phase(
             break
         if epochs is None and seconds is None:
             break
-        if t_window is None and time.perf_counter() - t_start > 600:
+        if t_window is None and _now() - t_start > 600:
             raise RuntimeError("the loader delivered fewer batches than warmup_batches in 10 minutes")
-    if t_window is None or ph.batches == 0:
-        raise ValueError(f"the loader delivered {seen} batches, not more than warmup_batches={warmup}; "
+    batches = sum(1 for d in ph.deliveries if d.samples)
+    if t_window is None or batches == 0:
+        raise ValueError(f"the loader delivered {ph.seen} batches, not more than warmup_batches={warmup}; "
                          "lower warmup_batches or give more data")
     if progress is not None:
-        progress(t_last - t_window, ph.samples, ph.batches)
+        progress(ph.t_end - t_window, sum(d.samples for d in ph.deliveries), batches)
     # The window ends with the last batch consumed (or the last epoch's end), before the
     # iterator is closed: shutting a loader's threads down is not part of its throughput.
-    ph.wall_s = t_last - t_window
     if ph.cores_used is None:
         ph.cores_used = monitor.stop()
+    ph.other_cores, ph.top_others = monitor.other_cores, monitor.top_others
     ph.peak_rss = monitor.peak_rss
     ph.rss_source = monitor.source
     return ph
@@ -381,38 +396,26 @@ def replay_consumer(
     lens = [_batch_len(b) for b in batches]
     samples = 0
     k = 0
-    t0 = time.perf_counter()
+    t0 = _now()
     while True:
         step(batches[k % len(batches)])
         samples += lens[k % len(batches)]
         k += 1
-        if k >= min_steps and time.perf_counter() - t0 >= seconds:
+        if k >= min_steps and _now() - t0 >= seconds:
             break
-    return samples / (time.perf_counter() - t0)
+    return samples / max(_now() - t0, 1e-9)
 
 
-def _throughput_series(times: list, interval: float = 0.5) -> dict:
-    """Delivered samples/s per ``interval`` from (t, cumulative samples) points."""
-    if not times:
-        return {"t_s": (), "samples_per_s": ()}
-    t = np.array([x[0] for x in times])
-    c = np.array([x[1] for x in times], dtype=np.float64)
-    end = float(t[-1])
-    nbins = max(1, math.ceil(end / interval))
-    edges = np.minimum(np.arange(1, nbins + 1) * interval, end)
-    # Cumulative samples at each edge (step function: what had arrived by then).
-    cum = np.concatenate([[0.0], c])[np.searchsorted(t, edges, side="right")]
-    starts = np.concatenate([[0.0], edges[:-1]])
-    dur = np.maximum(edges - starts, 1e-9)
-    counts = np.diff(np.concatenate([[0.0], cum]))
-    if nbins > 1 and dur[-1] < interval / 2:
-        # A short last bin holds one or two batches: its rate is noise. Fold it into the previous.
-        counts[-2] += counts[-1]
-        dur[-2] += dur[-1]
-        edges[-2] = edges[-1]
-        counts, dur, edges = counts[:-1], dur[:-1], edges[:-1]
-    rate = counts / dur
-    return {"t_s": tuple(edges.tolist()), "samples_per_s": tuple(rate.tolist())}
+def _series(parts: list, t0: float) -> dict:
+    """The window's parts as a time series: each part's end (seconds into the window), length,
+    delivered rate, steady consumer wait and pool busy (the same accounting as the totals)."""
+    return {
+        "t_s": tuple(p.start_s + p.wall_s - t0 for p in parts),
+        "dur_s": tuple(p.wall_s for p in parts),
+        "samples_per_s": tuple(p.samples_per_s for p in parts),
+        "wait_fraction": tuple(p.wait_fraction for p in parts),
+        "busy_fraction": tuple(p.busy_fraction for p in parts),
+    }
 
 
 class _Progress:
@@ -487,6 +490,10 @@ def benchmark(
     Returns
     -------
     Report
+        Every figure from one accounting of the window (``report.window``). A window too
+        short (under 2 s or 20 batches), fed mostly from batches queued before it opened, or
+        whose half-second parts disagree gets ``report.bottleneck is None`` and a verdict that
+        says "not enough evidence" and how long to run (NOTE [ Verdict rules ]).
     """
     from .. import available_cpus
     from .report import Report
@@ -538,64 +545,69 @@ def benchmark(
     if step is not None and replay and main.cached:
         consumer_alone = replay_consumer(main.cached, model_step, seconds=min(seconds or 1.0, 1.0))
     main.cached = []
-    ceiling_sps = (ceil_phase or main).samples_per_s if (ceil_phase or step is None) else None
-    ceiling_bps = (ceil_phase or main).batches_per_s if (ceil_phase or step is None) else None
-    wait_frac = main.wait_s / main.wall_s if main.wall_s > 0 else 0.0
-    stage_s = main.stage_s
-    busy = None
-    stage_mean_ms = None
-    if stage_s is not None:
-        # NOTE [ Busy fraction over the window ]: the pool's busy fraction is its stage thread
-        # time over the thread time it had in the window (threads x wall). The recorder's own
-        # figure sums threads x wall per batch, which counts twice the time of engines that
-        # keep several batches in flight (their batch walls overlap); the window's figure
-        # does not, and it also counts the time the pool idled on a full queue.
-        pool = main.stats.num_threads if main.stats is not None and main.stats.num_threads else None
-        busy = busy_fraction(sum(stage_s.values()), pool * main.wall_s if pool else main.capacity_s)
-        stage_mean_ms = {k: (1e3 * v / main.samples if main.samples else 0.0) for k, v in stage_s.items()}
+    window = main.window()
+    parts = main.parts()
+    ceil_window = ceil_phase.window() if ceil_phase is not None else (window if step is None else None)
+    ceiling_sps = ceil_window.samples_per_s if ceil_window is not None else None
+    ceiling_bps = ceil_window.batches / ceil_window.wall_s if ceil_window is not None and ceil_window.wall_s else None
+    has_stages = main.has_stats
+    stage_mean_ms = ({k: (1e3 * v / window.samples if window.samples else 0.0) for k, v in window.stage_s.items()}
+                     if has_stages else None)
     threads = getattr(loader, "num_threads", None)
+    threads = threads if isinstance(threads, int) else None
+    cpus = available_cpus()
     verdict = diagnose(
-        stage_s=stage_s,
-        busy_fraction=busy,
-        threads=threads if isinstance(threads, int) else None,
-        cpus=available_cpus(),
+        window,
+        parts=parts,
+        threads=threads,
+        cpus=cpus,
         model_ran=step is not None,
-        consumer_wait_fraction=wait_frac,
         cores_used=main.cores_used,
         gil_held=main.stats.gil_held if main.stats is not None else None,
-        ceiling_samples_per_s=ceiling_sps,
-        samples_per_s=main.samples_per_s,
-        stage_mean_ms=stage_mean_ms,
+        ceiling_samples_per_s=ceiling_sps if step is not None else None,
+        buffered_samples=main.buffered,
+        other_cores=main.other_cores,
+        top_others=main.top_others,
     )
+    problems = window.problems()
+    if problems:  # the accounting contradicts itself: say so rather than show it
+        warnings.warn("loaderlib benchmark: inconsistent accounting: " + "; ".join(problems), RuntimeWarning,
+                      stacklevel=2)
     peak_rss = max(main.peak_rss, ceil_phase.peak_rss if ceil_phase else 0)
     return Report(
         engine=getattr(loader, "engine", None),
         loader_type=type(loader).__name__,
-        num_threads=threads if isinstance(threads, int) else None,
+        num_threads=threads,
         batch_size=getattr(loader, "batch_size", None),
         model_step=desc,
-        samples=main.samples,
-        batches=main.batches,
-        wall_s=main.wall_s,
-        samples_per_s=main.samples_per_s,
-        batches_per_s=main.batches_per_s,
+        samples=round(window.samples),
+        batches=round(window.batches),
+        wall_s=window.wall_s,
+        samples_per_s=window.samples_per_s,
+        batches_per_s=window.batches / window.wall_s if window.wall_s > 0 else 0.0,
         first_batch_s=(ceil_phase or main).first_batch_s,
         ceiling_samples_per_s=ceiling_sps,
         ceiling_batches_per_s=ceiling_bps,
-        accelerator_idle_fraction=wait_frac if step is not None else None,
-        consumer_wait_s=main.wait_s,
-        model_s=main.model_s,
+        accelerator_idle_fraction=window.wait_fraction if step is not None else None,
+        consumer_wait_s=window.consumer_wait_s,
+        boundary_wait_s=window.boundary_wait_s,
+        model_s=window.model_s,
         consumer_alone_samples_per_s=consumer_alone,
         headspace=(ceiling_sps / consumer_alone) if (ceiling_sps and consumer_alone) else None,
-        stage_s=stage_s,
+        stage_s=dict(window.stage_s) if has_stages else None,
         stage_mean_ms=stage_mean_ms,
-        busy_fraction=busy,
-        producer_blocked_s=main.blocked_s if stage_s is not None else None,
+        busy_fraction=window.busy_fraction if has_stages else None,
+        producer_blocked_s=(sum(e.producer_blocked_s for e in main.epochs) if has_stages else None),
         cpu_cores_used=main.cores_used,
-        cpus_available=available_cpus(),
+        cpus_available=cpus,
+        other_cores=main.other_cores,
         peak_rss_bytes=int(peak_rss),
         rss_source=main.rss_source,
         stats=main.stats,
-        series=_throughput_series(main.times),
+        window=window,
+        parts=tuple(parts),
+        ceiling_window=ceil_window if step is not None else None,
+        problems=tuple(problems),
+        series=_series(parts, main.t_window),
         verdict=verdict,
     )

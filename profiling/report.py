@@ -7,7 +7,7 @@ import html
 import json
 from typing import Any
 
-from ..stats import STAGES, Stats, _jsonable
+from ..stats import FONT_CSS, STAGES, Stats, Window, _jsonable
 from .verdict import Verdict
 
 __all__ = ["Report"]
@@ -18,7 +18,7 @@ class Report:
     """The result of one :func:`~loaderlib.profiling.benchmark` run.
 
     Rates and times cover the measured window (see NOTE [ Measured window ] in
-    ``harness.py``); times are seconds.
+    ``harness.py``), accounted once (:attr:`window`); times are seconds.
 
     Attributes
     ----------
@@ -35,9 +35,10 @@ class Report:
     ceiling_samples_per_s, ceiling_batches_per_s : float or None
         The same loader under an infinitely fast model (None if not measured).
     accelerator_idle_fraction : float or None
-        With a model step: share of the window the consumer waited for data.
-    consumer_wait_s, model_s : float
-        Time blocked in ``next()`` and time in the model step.
+        With a model step: share of the window the consumer waited for data in steady state.
+    consumer_wait_s, boundary_wait_s, model_s : float
+        Time blocked in ``next()`` in steady state, time blocked at epoch boundaries (the
+        refill at each epoch start, apart), and time in the model step.
     consumer_alone_samples_per_s : float or None
         The model step fed cached batches ("infinitely fast data").
     headspace : float or None
@@ -50,12 +51,24 @@ class Report:
         Time the pipeline waited on a full prefetch queue.
     cpu_cores_used, cpus_available : float, int
         CPU time of the process tree / wall time, and the CPUs the process may use.
+    other_cores : float or None
+        CPU cores the rest of the machine used during the window (None without psutil).
     peak_rss_bytes, rss_source : int, str
         Peak resident memory and how it was measured.
     stats : Stats or None
         The loader's last ``stats`` snapshot.
+    window : Window
+        The one accounting every figure above comes from.
+    parts : tuple of Window
+        The window cut into consecutive parts (about 0.5 s each): the verdict's confidence.
+    ceiling_window : Window or None
+        The ceiling run's window (same warm-up and length), when a model step ran.
+    problems : tuple of str
+        Invariants the window breaks (empty for a consistent loader; see
+        :meth:`loaderlib.stats.Window.problems`).
     series : dict
-        ``t_s`` and ``samples_per_s``: delivered throughput over the window, 0.5 s bins.
+        The parts as a time series: ``t_s`` (end of each part, seconds into the window),
+        ``dur_s``, ``samples_per_s``, ``wait_fraction``, ``busy_fraction``.
     verdict : Verdict
         What limits the loader; see :attr:`bottleneck`.
     """
@@ -75,6 +88,7 @@ class Report:
     ceiling_batches_per_s: float | None
     accelerator_idle_fraction: float | None
     consumer_wait_s: float
+    boundary_wait_s: float
     model_s: float
     consumer_alone_samples_per_s: float | None
     headspace: float | None
@@ -84,9 +98,14 @@ class Report:
     producer_blocked_s: float | None
     cpu_cores_used: float
     cpus_available: int
+    other_cores: float | None
     peak_rss_bytes: int
     rss_source: str
     stats: Stats | None
+    window: Window
+    parts: tuple
+    ceiling_window: Window | None
+    problems: tuple
     series: dict
     verdict: Verdict
 
@@ -96,20 +115,11 @@ class Report:
         return self.verdict.bottleneck
 
     @property
-    def stage_wall_fraction(self) -> float | None:
-        """Stage thread time / (threads x measured wall time): how much of the wall the stages explain.
-
-        Near 1 when the pipeline limits and its threads are saturated (every thread second
-        of the window is attributed to a stage); lower when the pipeline waits on the model.
-        """
-        if self.stage_s is None or not self.num_threads or self.wall_s <= 0:
-            return None
-        return sum(self.stage_s.values()) / (self.num_threads * self.wall_s)
-
-    @property
     def consumer_wall_fraction(self) -> float:
-        """(consumer wait + model step) / measured wall time: the consumer's side, accounted."""
-        return (self.consumer_wait_s + self.model_s) / self.wall_s if self.wall_s > 0 else 0.0
+        """(steady wait + boundary wait + model step) / measured wall time: the consumer's side, accounted."""
+        if self.wall_s <= 0:
+            return 0.0
+        return (self.consumer_wait_s + self.boundary_wait_s + self.model_s) / self.wall_s
 
     # -- export --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -117,8 +127,10 @@ class Report:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["stats"] = self.stats.to_dict() if self.stats is not None else None
         d["verdict"] = self.verdict.to_dict()
+        d["window"] = self.window.to_dict()
+        d["parts"] = [p.to_dict() for p in self.parts]
+        d["ceiling_window"] = self.ceiling_window.to_dict() if self.ceiling_window is not None else None
         d["bottleneck"] = self.bottleneck
-        d["stage_wall_fraction"] = self.stage_wall_fraction
         d["consumer_wall_fraction"] = self.consumer_wall_fraction
         return _jsonable(d)
 
@@ -140,7 +152,10 @@ class Report:
         if self.ceiling_samples_per_s is not None:
             rows.append(("ceiling", f"{self.ceiling_samples_per_s:,.1f} samples/s (infinitely fast model)"))
         if self.accelerator_idle_fraction is not None:
-            rows.append(("accelerator idle", f"{100 * self.accelerator_idle_fraction:.1f}%"))
+            rows.append(("accelerator idle", f"{100 * self.accelerator_idle_fraction:.1f}% in steady state"))
+        if self.boundary_wait_s > 0:
+            rows.append(("epoch boundaries", (f"{100 * self.boundary_wait_s / self.wall_s:.1f}% of the window waiting "
+                         f"for an epoch's first batch ({self.window.epochs} epoch starts; no stage blamed)")))
         if self.consumer_alone_samples_per_s is not None:
             text = f"{self.consumer_alone_samples_per_s:,.1f} samples/s (infinitely fast data)"
             if self.headspace is not None:
@@ -148,7 +163,12 @@ class Report:
             rows.append(("consumer alone", text))
         if self.busy_fraction is not None:
             rows.append(("pool busy", f"{100 * self.busy_fraction:.0f}%"))
-        rows.append(("CPU", f"{self.cpu_cores_used:.2f} of {self.cpus_available} cores used"))
+        cpu = f"{self.cpu_cores_used:.2f} of {self.cpus_available} cores used"
+        if self.other_cores is not None:
+            cpu += f"; other processes used {self.other_cores:.2f}"
+        rows.append(("CPU", cpu))
+        if self.verdict.confidence is not None:
+            rows.append(("confidence", f"{100 * self.verdict.confidence:.0f}% of {len(self.parts)} parts agree"))
         rows.append(("peak RSS", f"{self.peak_rss_bytes / 2**20:,.0f} MiB ({self.rss_source})"))
         return rows
 
@@ -170,25 +190,36 @@ class Report:
             for r in rows:
                 out.append("  " + r[0].ljust(w[0]) + "  " + "  ".join(c.rjust(x) for c, x in zip(r[1:], w[1:])))
         out.append(f"  bottleneck: {self.bottleneck}: {self.verdict.summary}")
-        out.append(f"  try: {self.verdict.suggestion})")
+        out.append(f"  try: {self.verdict.suggestion}")
+        out += [f"  note: {n}" for n in self.verdict.notes]
+        out += [f"  accounting problem: {p}" for p in self.problems]
+        out[-1] += ")"
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
-        p = ["<div class='loaderlib-report'><b>loaderlib benchmark</b><table>"]
-        p += [f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
-              f"{html.escape(v)}</td></tr>" for k, v in self._lines()]
+        p = [(f"<div class='loaderlib-report' style=\"{FONT_CSS}\"><b>loaderlib benchmark</b>"
+             "<table style='border-collapse:collapse'>")]
+        p += [f"<tr><th style='text-align:left;padding:1px 12px 1px 0'>{html.escape(k)}</th>"
+              f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in self._lines()]
         p.append("</table>")
         if self.stage_s is not None:
             p.append("<table><thead><tr><th>stage</th><th>thread s</th><th>share</th><th>ms/sample</th>"
                      "</tr></thead><tbody>")
-            p += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in self._stage_rows()]
+            p += ["<tr>" + "".join(f"<td style='text-align:right;padding:1px 8px'>{html.escape(c)}</td>" for c in r)
+                  + "</tr>" for r in self._stage_rows()]
             p.append("</tbody></table>")
         p.append(f"<p><b>Bottleneck: {html.escape(str(self.bottleneck))}</b>: "
-                 f"{html.escape(self.verdict.summary)}<br>Try: {html.escape(self.verdict.suggestion)}</p></div>")
+                 f"{html.escape(self.verdict.summary)}<br>Try: {html.escape(self.verdict.suggestion)}</p>")
+        p += [f"<p>Note: {html.escape(n)}</p>" for n in self.verdict.notes]
+        p += [f"<p style='color:#c44e52'>Accounting problem: {html.escape(x)}</p>" for x in self.problems]
+        p.append("</div>")
         return "".join(p)
 
     def plot(self, fig: Any = None) -> Any:
-        """Stage breakdown (with consumer wait and model time) and delivered throughput over time.
+        """Stage shares (labelled in percent) and delivered throughput over the window's parts.
+
+        The figure lays itself out (constrained layout, legends inside the figure), so
+        ``fig.savefig(path)`` keeps every label and legend.
 
         Returns
         -------
@@ -202,13 +233,19 @@ class Report:
             fig.clear()
         ax1, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.3])
         if self.stage_s is not None:
-            draw_stage_bar(ax1, self.stage_s, title=f"stage breakdown: {self.bottleneck}-bound")
+            title = (f"stage shares: {self.bottleneck}-bound" if self.bottleneck
+                     else "stage shares (verdict: " + ("not enough evidence)" if not self.verdict.enough
+                                                       else "none)"))
+            draw_stage_bar(ax1, self.stage_s, title=title)
         else:
             ax1.text(0.5, 0.5, "no per-stage timings", ha="center", va="center")
             ax1.set_axis_off()
-        draw_throughput(ax2, self.series["t_s"], self.series["samples_per_s"],
+        draw_throughput(ax2, self.series["t_s"], self.series["samples_per_s"], self.series["dur_s"],
                         title=f"delivered throughput ({self.model_step})")
         if self.ceiling_samples_per_s:
-            ax2.axhline(self.ceiling_samples_per_s, color="#55a868", ls="--", lw=1, label="ceiling")
-            ax2.legend(fontsize=8)
+            ax2.axhline(self.ceiling_samples_per_s, color="#55a868", ls="--", lw=1.2,
+                        label=f"ceiling {self.ceiling_samples_per_s:,.0f}/s")
+            top = max([self.ceiling_samples_per_s, *self.series["samples_per_s"]])
+            ax2.set_ylim(0, 1.25 * top)
+            ax2.legend(loc="upper right", frameon=False)
         return fig

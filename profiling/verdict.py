@@ -1,49 +1,55 @@
 """The bottleneck verdict: which stage limits a loader, the numbers that say so, what to try.
 
 NOTE [ Verdict rules ]
-The verdict is decided from measured numbers only, in this order:
+The verdict is decided from one :class:`~loaderlib.stats.Window` (NOTE [ One accounting ]
+in ``loaderlib/stats.py``) and the same window cut into ``parts`` (about half a second
+each), in this order:
 
-1. Model or data. When a model step ran (simulated or real), the harness measured how long
-   the consumer's ``next()`` blocked waiting for a batch. If that wait is under
-   ``MODEL_BOUND_WAIT`` (10%) of the measured wall time, the accelerator was almost never
-   idle on data: the verdict is ``model``. The loader's ceiling (the same loader consumed
-   by an infinitely fast model) next to the rate with the model shows the margin.
-   With ``model_step=0`` the consumer is infinitely fast, so the pipeline is the limit by
-   construction and step 1 is skipped.
-2. Which stage. Otherwise the data pipeline limits, and the limiting stage is the one with
-   the largest share of *thread time* over the measured window (see NOTE [ Stage time and
-   busy fraction ] in ``recorder.py``): ``read`` -> ``io``, ``decode``, ``transform``,
-   ``python`` (user Python steps), ``collate``. Thread time is what a stage costs the pool
-   whatever the thread count, so the largest share is the stage whose speed-up (or whose
-   extra threads) raises the pipeline's rate most. A loader that exposes no per-stage
-   timings gets no stage (``bottleneck is None``), only step 1.
-3. What to try, from the pool's busy fraction (stage thread time / threads x wall, see
-   NOTE [ Busy fraction over the window ] in ``harness.py``), the thread count, the CPUs
-   available and the CPU cores the process actually used:
+0. Enough evidence. A window shorter than ``MIN_WINDOW_S`` or with fewer than
+   ``MIN_BATCHES`` batches, one whose first samples were mostly waiting in the prefetch
+   queue before it opened (more than ``MAX_BUFFERED`` of its samples), or whose parts
+   disagree on the answer (fewer than ``AGREE`` of them give the whole window's answer)
+   gets no bottleneck: the verdict says "not enough evidence", what the figures so far
+   point at, and how long to run.
+1. Model or data. When a model step ran, the steady-state share of the window the consumer
+   blocked in ``next()`` decides: under ``MODEL_BOUND_WAIT`` (10%) the accelerator was almost
+   never idle on data and the verdict is ``model``. Waits at epoch boundaries (the refill at
+   each epoch start, NOTE [ Epoch boundaries ] in ``_recorder.py``) are not part of it: they
+   are reported apart, never blamed on a stage. With ``model_step=0`` the consumer is
+   infinitely fast, so the pipeline is the limit by construction.
+2. Which stage. Otherwise the limiting stage is the one with the largest share of *thread
+   time* in the window (NOTE [ Stage time and busy fraction ] in ``_recorder.py``):
+   ``read`` -> ``io``, ``decode``, ``transform``, ``python``, ``collate``. Thread time is what a
+   stage costs the pool whatever the thread count, so the largest share is the stage whose
+   speed-up raises the rate most. A loader with no per-stage timings gets no stage.
+3. Confidence: the share of the parts that give the same answer as the whole window, and
+   the spread of their delivered rates.
+4. What to try, from the window's busy fraction, the thread count, the CPUs available and
+   the CPU cores the process actually used:
    * a ``python`` stage on several threads while the process used about one core
-     (``GIL_CORES``): the GIL runs the Python steps one at a time; more threads cannot
-     help; move the step into native transforms or run it in worker processes;
+     (``GIL_CORES``): the GIL runs the Python steps one at a time;
    * ``io`` or ``python`` with the process using far fewer cores than busy threads
-     (``cores_used < IO_WAIT_CORES x threads x busy``): the threads are blocked (reads,
-     sleeps, network), not computing, so they do not hold the GIL either: more threads
-     than cores help; or make reads cheaper (one record file);
-   * a Python step the engine flags as holding the GIL: same advice as the first case;
-   * a native stage (decode, transform, collate: pure computation) whose busy threads got
-     fewer cores than ``CONTENDED_CORES x min(threads, CPUs) x busy``: other processes
-     took the CPUs, so the figures understate the loader; say so first;
+     (``cores_used < IO_WAIT_CORES x busy threads``): the threads are blocked (reads,
+     sleeps), not computing: more threads than cores help, or make reads cheaper;
+   * a Python step the engine flags as holding the GIL: as in the first case;
    * a saturated pool (busy >= ``SATURATED``) with fewer threads than CPUs: add threads;
    * a saturated pool on every CPU: make the stage cheaper (stage-specific advice);
-   * an unsaturated pool (busy < ``SATURATED``): the threads wait on something that no
-     stage times (the GIL, the driver, a small prefetch queue); say so.
+   * an unsaturated pool: the threads wait on something no stage times; say so.
+   On a full machine (other processes used the cores this process did not get), CPU use
+   cannot tell a GIL-bound Python step from a blocked one: the advice says so instead.
+   Competing load is named whenever the process got fewer cores than its busy threads
+   (``cores_used < CONTENDED_CORES x min(busy threads, CPUs)``) while other processes used
+   at least ``OTHER_CORES`` cores: the figures then understate the loader.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import html
+from collections.abc import Sequence
 from typing import Any
 
-from ..stats import STAGES
+from ..stats import Window, _jsonable
 
 __all__ = ["BOTTLENECKS", "Verdict", "diagnose"]
 
@@ -56,6 +62,12 @@ SATURATED = 0.80
 IO_WAIT_CORES = 0.5
 GIL_CORES = (0.6, 1.3)
 CONTENDED_CORES = 0.7
+OTHER_CORES = 0.25
+MIN_WINDOW_S = 2.0
+MIN_BATCHES = 20
+MAX_BUFFERED = 0.10
+AGREE = 0.75
+BOUNDARY_NOTE = 0.02
 
 _CHEAPER = {
     "io": "pack the files into one RecordFileDataset (ll.write_records) read with pread, or move the "
@@ -78,34 +90,53 @@ class Verdict:
     ----------
     bottleneck : str or None
         One of ``io``, ``decode``, ``transform``, ``python``, ``collate``, ``model``; None when
-        the data pipeline limits but the loader exposes no per-stage timings.
+        there is not enough evidence (``enough`` is False) or the data pipeline limits but
+        the loader exposes no per-stage timings.
     summary : str
         One line, e.g. ``"decode-bound at 2 threads with 98% busy"``.
     suggestion : str
-        The next thing to try, in plain words.
+        The next thing to try, in plain words (or how long to run, without enough evidence).
     evidence : dict
         The measured numbers the rules used (see NOTE [ Verdict rules ]).
+    enough : bool
+        Whether the window was long and steady enough for a verdict.
+    confidence : float or None
+        Share of the window's parts that give the same answer (None without parts).
+    notes : tuple of str
+        What else the figures show: epoch boundaries, competing load, a disturbed ceiling.
+    seconds_needed : float or None
+        Without enough evidence: how long a window to measure.
     """
 
     bottleneck: str | None
     summary: str
     suggestion: str
     evidence: dict
+    enough: bool = True
+    confidence: float | None = None
+    notes: tuple = ()
+    seconds_needed: float | None = None
 
     def __str__(self) -> str:
-        return f"{self.summary}: {self.suggestion}"
+        text = f"{self.summary}: {self.suggestion}"
+        return text + "".join(f"\n  note: {n}" for n in self.notes)
 
     def __repr__(self) -> str:
         ev = ", ".join(f"{k}={_fmt(v)}" for k, v in self.evidence.items())
-        return f"Verdict({self.bottleneck!r}: {self.summary}\n  try: {self.suggestion}\n  evidence: {ev})"
+        notes = "".join(f"\n  note: {n}" for n in self.notes)
+        return f"Verdict({self.bottleneck!r}: {self.summary}\n  try: {self.suggestion}{notes}\n  evidence: {ev})"
 
     def _repr_html_(self) -> str:
+        from ..stats import FONT_CSS
+
         ev = "".join(f"<li>{html.escape(k)}: {html.escape(_fmt(v))}</li>" for k, v in self.evidence.items())
-        return (f"<div class='loaderlib-verdict'><b>{html.escape(self.summary)}</b><br>"
-                f"Try: {html.escape(self.suggestion)}<ul>{ev}</ul></div>")
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
+        return (f"<div class='loaderlib-verdict' style=\"{FONT_CSS}\"><b>{html.escape(self.summary)}</b><br>"
+                f"Try: {html.escape(self.suggestion)}" + (f"<ul>{notes}</ul>" if notes else "")
+                + f"<details><summary>evidence</summary><ul>{ev}</ul></details></div>")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return _jsonable(dataclasses.asdict(self))
 
 
 def _fmt(v: Any) -> str:
@@ -116,125 +147,216 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _answer(w: Window, model_ran: bool) -> str | None:
+    """The whole decision (model, a stage kind, or None for data without stages) for one window."""
+    if model_ran and w.wait_fraction < MODEL_BOUND_WAIT:
+        return "model"
+    if not w.has_stages:
+        return None
+    share = w.stage_share
+    return _STAGE_TO_BOTTLENECK[max(share, key=share.get)]
+
+
+def _spread(values: list) -> float | None:
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return (max(values) - min(values)) / 2 / mean if mean > 0 else None
+
+
 def diagnose(
+    window: Window,
     *,
-    stage_s: dict | None,
-    busy_fraction: float | None,
+    parts: Sequence[Window] = (),
     threads: int | None,
     cpus: int,
     model_ran: bool,
-    consumer_wait_fraction: float,
     cores_used: float | None = None,
     gil_held: dict | None = None,
     ceiling_samples_per_s: float | None = None,
-    samples_per_s: float | None = None,
-    stage_mean_ms: dict | None = None,
+    buffered_samples: float = 0.0,
+    other_cores: float | None = None,
+    top_others: Sequence[tuple[str, float]] = (),
+    min_seconds: float = MIN_WINDOW_S,
+    min_batches: int = MIN_BATCHES,
 ) -> Verdict:
-    """Apply NOTE [ Verdict rules ] to measured numbers.
+    """Apply NOTE [ Verdict rules ] to one accounted window.
 
     Parameters
     ----------
-    stage_s : dict or None
-        Thread seconds per stage over the measured window (None: no per-stage timings).
-    busy_fraction : float or None
-        Stage thread time / (threads x producer wall time) over the window.
+    window : loaderlib.stats.Window
+        The measured window (:func:`loaderlib.stats.window_of`).
+    parts : sequence of Window
+        The same window cut into consecutive parts (:func:`loaderlib.stats.split_window`);
+        their agreement is the verdict's confidence.
     threads : int or None
         The loader's thread count.
     cpus : int
         CPUs available to the process.
     model_ran : bool
         Whether a (simulated or real) model step consumed the batches.
-    consumer_wait_fraction : float
-        Share of the measured wall time the consumer spent blocked in ``next()``.
     cores_used : float, optional
         CPU time of the process tree / wall time over the window.
     gil_held : dict, optional
         Stage -> whether its Python step holds the GIL (from the engine).
-    ceiling_samples_per_s, samples_per_s : float, optional
-        The infinitely-fast-model rate and the rate of the run being judged.
-    stage_mean_ms : dict, optional
-        Per-sample mean per stage, quoted in the evidence.
+    ceiling_samples_per_s : float, optional
+        The infinitely-fast-model rate over a window of the same length.
+    buffered_samples : float
+        Samples already waiting in the prefetch queue when the window opened.
+    other_cores : float, optional
+        CPU cores other processes on the machine used over the window.
+    top_others : sequence of (name, cores)
+        The other processes that used the most CPU, named in the competing-load note.
+    min_seconds, min_batches
+        The shortest window that gets a verdict.
 
     Returns
     -------
     Verdict
     """
-    ev: dict[str, Any] = {"consumer_wait_fraction": consumer_wait_fraction}
+    w = window
+    ev: dict[str, Any] = {"window_s": w.wall_s, "batches": w.batches, "samples_per_s": w.samples_per_s,
+                          "consumer_wait_fraction": w.wait_fraction, "boundary_wait_fraction": w.boundary_fraction}
     if model_ran:
-        ev["accelerator_idle_fraction"] = consumer_wait_fraction
-    if samples_per_s is not None:
-        ev["samples_per_s"] = samples_per_s
+        ev["accelerator_idle_fraction"] = w.wait_fraction
     if ceiling_samples_per_s is not None:
         ev["ceiling_samples_per_s"] = ceiling_samples_per_s
+    n = threads or w.threads or 1
+    busy = w.busy_fraction
+    busy_threads = busy * n
+    if w.has_stages:
+        ev["stage_share"] = w.stage_share
+        ev["busy_fraction"] = busy
+    ev["threads"] = n
+    ev["cpus"] = cpus
+    if cores_used is not None:
+        ev["cores_used"] = cores_used
+
+    notes: list[str] = []
+    if w.boundary_fraction >= BOUNDARY_NOTE:
+        notes.append(f"epoch boundaries: the consumer waited {100 * w.boundary_fraction:.0f}% of the window for the "
+                     f"first batch of an epoch ({w.epochs} epoch start{'s' if w.epochs != 1 else ''}), the pipeline "
+                     "refilling; that is not counted against any stage (fewer, longer epochs make it smaller)")
+    contended = (cores_used is not None and w.has_stages and busy_threads > 0
+                 and cores_used < CONTENDED_CORES * min(busy_threads, cpus))
+    # Only a full machine takes cores away (a GIL-bound or blocked step also leaves busy threads without cores).
+    full = (cores_used is not None and other_cores is not None and other_cores >= OTHER_CORES
+            and cores_used + other_cores >= 0.8 * cpus)
+    if contended and full:
+        who = ", ".join(f"{name} {c:.1f}" for name, c in top_others[:3])
+        notes.append(f"competing load: other processes used {other_cores:.1f} of {cpus} cores"
+                     + (f" ({who})" if who else "") + f" while {busy_threads:.1f} threads were busy and this "
+                     f"process got {cores_used:.1f} cores: the figures understate the loader; measure on a "
+                     "quieter machine")
+        ev["other_cores"] = other_cores
+    rates = [p.samples_per_s for p in parts if p.wall_s > 0]
+    spread = _spread(rates)
+    if spread is not None:
+        ev["rate_spread"] = spread
+    if ceiling_samples_per_s and w.samples_per_s > ceiling_samples_per_s * (1 + max(0.05, spread or 0.0)):
+        over = w.samples_per_s / ceiling_samples_per_s - 1
+        notes.append(f"the ceiling run was disturbed: this run delivered {w.samples_per_s:,.0f} samples/s, "
+                     f"{100 * over:.0f}% above the ceiling's {ceiling_samples_per_s:,.0f} (other load or a cold "
+                     "cache during the ceiling run); the ceiling understates the loader")
+    if w.has_stages and w.unattributed_s > 0.03 * sum(w.stage_s.values()):
+        notes.append(f"{w.unattributed_s:.3f} thread-seconds of stage time did not fit in the pool's "
+                     f"{n} threads: some stage ran on another thread too (a driver thread collating, say); "
+                     "the busy figure counts the pool's threads only")
+
+    answer = _answer(w, model_ran)
+    agree = [_answer(p, model_ran) == answer for p in parts if p.batches > 0 or p.wall_s > 0]
+    confidence = sum(agree) / len(agree) if agree else None
+    if confidence is not None:
+        ev["confidence"] = confidence
+        ev["parts"] = len(agree)
+
+    # Rule 0: enough evidence.
+    short = []
+    need = min_seconds
+    if w.wall_s < min_seconds:
+        short.append(f"the measured window was {w.wall_s:.2f} s")
+    if w.batches < min_batches:
+        short.append(f"it held {w.batches:.0f} batches (at least {min_batches} needed)")
+        if w.batches > 0:
+            need = max(need, 1.2 * min_batches * w.wall_s / w.batches)
+    if w.samples > 0 and buffered_samples > MAX_BUFFERED * w.samples:
+        short.append(f"{buffered_samples:.0f} of its {w.samples:.0f} samples were already waiting in the prefetch "
+                     "queue when it opened")
+        need = max(need, 1.2 * w.wall_s * buffered_samples / (MAX_BUFFERED * w.samples))
+    if confidence is not None and confidence < AGREE and len(agree) >= 2:
+        short.append(f"only {sum(agree)} of its {len(agree)} parts agree on the answer")
+        need = max(need, 2 * w.wall_s)
+    if short:
+        need = float(f"{need:.2g}")
+        lead = f"; so far the figures point at {answer}" if answer else ""
+        ev["leading"] = answer
+        return Verdict(None, "not enough evidence: " + ", ".join(short) + lead,
+                       f"measure a longer window: at least {need:g} s (benchmark(..., seconds={need:g}), or "
+                       "more epochs)", ev, enough=False, confidence=confidence, notes=tuple(notes),
+                       seconds_needed=need)
+
+    conf = f" (confidence {100 * confidence:.0f}%: {sum(agree)} of {len(agree)} parts agree" \
+        + (f", rate \u00b1{100 * spread:.0f}%)" if spread is not None else ")") if confidence is not None else ""
 
     # Rule 1: model or data.
-    if model_ran and consumer_wait_fraction < MODEL_BOUND_WAIT:
+    if answer == "model":
         margin = ""
-        if ceiling_samples_per_s and samples_per_s:
+        if ceiling_samples_per_s and w.samples_per_s and ceiling_samples_per_s >= w.samples_per_s:
             margin = (f"; the loader alone delivers {ceiling_samples_per_s:,.0f} samples/s, "
-                      f"{ceiling_samples_per_s / samples_per_s:.1f}x what the model consumes")
+                      f"{ceiling_samples_per_s / w.samples_per_s:.1f}x what the model consumes")
         return Verdict(
             "model",
-            f"model-bound: the accelerator waited for data only {100 * consumer_wait_fraction:.0f}% of the time",
+            f"model-bound: the accelerator waited for data {100 * w.wait_fraction:.0f}% of the time in steady "
+            "state" + conf,
             "the loader keeps up" + margin + ": speed up the model step (larger batch, mixed precision, "
             "compiled model), or give the loader fewer threads and the CPU to something else",
-            ev,
+            ev, confidence=confidence, notes=tuple(notes),
         )
 
-    if not stage_s or not any(stage_s.values()):
+    if answer is None:
         ev["note"] = "the loader exposes no per-stage timings"
         return Verdict(
             None,
             ("data-bound: the accelerator waited for data "
-             f"{100 * consumer_wait_fraction:.0f}% of the time" if model_ran else "data-bound (no model step)"),
+             f"{100 * w.wait_fraction:.0f}% of the time" if model_ran else "data-bound (no model step)") + conf,
             "the loader exposes no per-stage timings; run a loaderlib DataLoader to see which stage limits",
-            ev,
+            ev, confidence=confidence, notes=tuple(notes),
         )
 
     # Rule 2: the stage with the largest share of thread time.
-    total = sum(stage_s.values())
-    share = {k: stage_s.get(k, 0.0) / total for k in STAGES}
+    share = w.stage_share
     stage = max(share, key=share.get)
-    kind = _STAGE_TO_BOTTLENECK[stage]
-    ev["stage_share"] = share
+    kind = answer
     ev["stage"] = stage
-    if stage_mean_ms:
-        ev["stage_mean_ms"] = stage_mean_ms.get(stage, 0.0)
-    busy = busy_fraction if busy_fraction is not None else 0.0
-    ev["busy_fraction"] = busy
-    ev["threads"] = threads
-    ev["cpus"] = cpus
-    if cores_used is not None:
-        ev["cores_used"] = cores_used
-    n = threads or 1
     where = f"at {n} thread{'s' if n != 1 else ''} with {100 * busy:.0f}% busy"
     summary = f"{kind}-bound {where} ({100 * share[stage]:.0f}% of thread time in {stage})"
     if model_ran:
-        summary += f", accelerator idle {100 * consumer_wait_fraction:.0f}%"
+        summary += f", accelerator idle {100 * w.wait_fraction:.0f}%"
+    summary += conf
 
-    # Rule 3: what to try.
+    # Rule 4: what to try.
     gil = bool(gil_held and gil_held.get(stage))
-    off_cpu = cores_used is not None and cores_used < IO_WAIT_CORES * n * busy
+    off_cpu = cores_used is not None and cores_used < IO_WAIT_CORES * busy_threads
     gil_serialised = (kind == "python" and n >= 2 and cores_used is not None
                       and GIL_CORES[0] <= cores_used <= GIL_CORES[1])
-    if gil_serialised:
+    if kind in ("io", "python") and contended and full:
+        # Other processes took the cores: CPU use no longer tells a GIL-bound step from a blocked one.
+        tip = (f"the machine is full (other processes used {other_cores:.1f} cores), so CPU use cannot tell whether "
+               f"the {stage} step holds the GIL or waits on something: measure on a quieter machine; either way, "
+               + _CHEAPER[kind])
+    elif gil_serialised:
         ev["gil_held"] = True
         tip = (f"{n} threads ran the Python step but the process used only {cores_used:.1f} cores: the GIL "
                "runs it one thread at a time, so more threads cannot help: " + _CHEAPER["python"]
                + ", or run it in worker processes (num_workers > 0)")
     elif kind in ("io", "python") and off_cpu:
         what = "reads" if kind == "io" else "the Python step (sleeping or blocked, so not holding the GIL)"
-        tip = (f"the threads mostly wait on {what}: {cores_used:.1f} cores used by {n} busy threads, so more "
-               f"threads than cores help here (try num_threads={max(2 * n, cpus)}), or " + _CHEAPER[kind])
+        tip = (f"the threads mostly wait on {what}: {cores_used:.1f} cores used by {busy_threads:.1f} busy threads, "
+               f"so more threads than cores help here (try num_threads={max(2 * n, cpus)}), or " + _CHEAPER[kind])
     elif gil:
         ev["gil_held"] = True
         tip = ("this Python step holds the GIL, so more threads cannot help: " + _CHEAPER["python"]
                + ", or run it in worker processes (num_workers > 0)")
-    elif kind in ("decode", "transform", "collate") and cores_used is not None and (
-            cores_used < CONTENDED_CORES * min(n, cpus) * busy):
-        tip = (f"the {n} busy threads got only {cores_used:.1f} cores: other processes compete for the "
-               "CPUs (measure on a quieter machine); then " + (f"add threads (num_threads={n} -> {cpus}), or "
-                                                               if n < cpus else "") + _CHEAPER[kind])
     elif busy >= SATURATED and n < cpus:
         tip = f"add threads (num_threads={n} -> {cpus}), or " + _CHEAPER[kind]
     elif busy >= SATURATED:
@@ -243,4 +365,4 @@ def diagnose(
         tip = (f"the pool is busy only {100 * busy:.0f}% of the time, so threads wait on something no stage "
                "times (the GIL, the driver, a small prefetch queue): raise prefetch, check Python steps; "
                "the stage to make cheaper is still " + stage + ": " + _CHEAPER[kind])
-    return Verdict(kind, summary, tip, ev)
+    return Verdict(kind, summary, tip, ev, confidence=confidence, notes=tuple(notes))

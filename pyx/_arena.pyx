@@ -18,6 +18,7 @@ cimport cython
 from libc.stdint cimport uint8_t
 from libc.stdlib cimport free
 from libc.string cimport memset
+import numpy as np
 
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void** memptr, size_t alignment, size_t size)
@@ -257,7 +258,9 @@ cdef class SlotRing:
             raise
 
     cdef void _release(self, Py_ssize_t slot):
-        if 0 <= slot < len(self.states):
+        # states is None when the collector cleared this ring in the same cycle as the lease
+        # (NOTE [ A lease's buffer survives garbage collection ]): nothing is left to free.
+        if self.states is not None and 0 <= slot < len(self.states):
             self.states[slot] = SLOT_FREE
 
     def buffer(self, Py_ssize_t slot):
@@ -295,7 +298,15 @@ cdef Py_ssize_t _nbytes(object buf):
 cdef object _exporter(object source):
     # Slot buffers are buffer-protocol objects, or objects whose ``buf`` attribute is one
     # (a shared-memory block, which Python < 3.12 classes cannot export directly).
-    return source if isinstance(source, AlignedBuffer) or not hasattr(source, "buf") else source.buf
+    # NOTE [ A lease's buffer survives garbage collection ]: the lease holds its export on a
+    # numpy array over the buffer, never on a memoryview or mmap directly. When a lease dies
+    # in a reference cycle (an exception's traceback holding the frame that held it), the
+    # collector clears every object of the cycle; clearing a memoryview that still has an
+    # export drops its managed buffer, and the lease's PyBuffer_Release then reads freed
+    # memory (a crash). numpy arrays are not tracked by the collector, so the array, and the
+    # buffer it keeps, live until the lease releases them.
+    obj = source if isinstance(source, AlignedBuffer) or not hasattr(source, "buf") else source.buf
+    return obj if isinstance(obj, AlignedBuffer) else np.frombuffer(obj, np.uint8)
 
 
 @cython.no_gc_clear

@@ -19,7 +19,7 @@ from cython.parallel cimport prange, threadid
 
 from _common cimport *
 from jpeglib cimport *
-from worker cimport ll_worker, ll_worker_init, ll_worker_free
+from worker cimport ll_worker, ll_workers_alloc, ll_worker_init, ll_worker_free, LL_CACHE_LINE
 from omp cimport LL_HAVE_OPENMP, omp_get_max_threads
 
 cnp.import_array()
@@ -89,7 +89,7 @@ cdef class Workers:
         self.size = 0
         if size < 1:
             raise ValueError("Workers size must be >= 1")
-        self.w = <ll_worker*>calloc(size, sizeof(ll_worker))
+        self.w = ll_workers_alloc(size)   # NOTE [ Per-thread entries own their cache lines ]
         if self.w == NULL:
             raise MemoryError()
         cdef int i
@@ -98,6 +98,12 @@ cdef class Workers:
                 self.size = i + 1
                 raise MemoryError("could not create a libjpeg decompressor")
         self.size = size
+
+    @property
+    def layout(self):
+        """``(address of the entry array, bytes per entry, cache-line size)``: the entries own
+        their cache lines (NOTE [ Per-thread entries own their cache lines ])."""
+        return <uintptr_t>self.w, <Py_ssize_t>sizeof(ll_worker), <Py_ssize_t>LL_CACHE_LINE
 
     def __dealloc__(self):
         cdef int i

@@ -19,5 +19,7 @@ cdef extern from "ll_worker.h":
         ll_jpeg_dec dec
         ll_buf file
 
+    const int LL_CACHE_LINE
+    ll_worker* ll_workers_alloc(int n) noexcept nogil
     int ll_worker_init(ll_worker* w) noexcept nogil
     void ll_worker_free(ll_worker* w) noexcept nogil

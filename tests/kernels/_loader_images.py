@@ -1,4 +1,4 @@
-"""Photo-like JPEG fixtures for the kernel and engine tests, generated from matplotlib's sample
+"""Photo-like JPEG fixtures for the kernel and engine tests, generated from loaderlib's sample
 photo, and the one recoverably damaged JPEG they use."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import cv2
 import numpy as np
 
-from loaderlib._synth import base_photo
+from tests._synth import base_photo
 
 
 def photo() -> np.ndarray:

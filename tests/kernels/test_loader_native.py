@@ -206,13 +206,22 @@ def test_two_native_loaders_in_lockstep(folder, tmp_path):
     for i in range(10):
         with open(other / "a" / f"{i}.jpg", "wb") as f:
             f.write(encode(img[i * 10:i * 10 + 200, :300]))
-    l1 = DataLoader(ds.transform_first(T.Resize((16, 16))), batch_size=4)
-    l2 = DataLoader(ll.ImageFolderDataset(other).transform_first(T.Resize((8, 8))), batch_size=4)
+    def make():
+        return (DataLoader(ds.transform_first(T.Resize((16, 16))), batch_size=4),
+                DataLoader(ll.ImageFolderDataset(other).transform_first(T.Resize((8, 8))), batch_size=4))
+
+    # Each loader alone is the reference; in lockstep they must deliver the very same batches.
+    alone1, alone2 = ([(x.copy(), y.copy()) for x, y in loader] for loader in make())
+    l1, l2 = make()
     n = 0
     for (x1, y1), (x2, y2) in zip(l1, l2):
         assert x1.shape[1:] == (16, 16, 3) and x2.shape[1:] == (8, 8, 3)
+        np.testing.assert_array_equal(x1, alone1[n][0])
+        np.testing.assert_array_equal(y1, alone1[n][1])
+        np.testing.assert_array_equal(x2, alone2[n][0])
+        np.testing.assert_array_equal(y2, alone2[n][1])
         n += 1
-    assert n == 3
+    assert n == len(alone2) == 3
 
 
 def test_torch_zero_copy(folder):

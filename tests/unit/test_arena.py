@@ -1,4 +1,5 @@
 import gc
+import itertools
 
 import numpy as np
 import pytest
@@ -67,7 +68,12 @@ def test_growth_for_larger_batches_is_geometric():
         sizes.append(lease.nbytes)
         del lease, parts
     assert arena.stats["slots"] == 1
-    assert arena.stats["allocations"] < 15   # logarithmic, not one per size
+    needs = [n * 100 for n in range(1, 60)]
+    assert all(size >= need for size, need in zip(sizes, needs))    # every lease holds its batch
+    assert sizes == sorted(sizes)                                     # one slot, never shrunk
+    grown = sorted(set(sizes))
+    assert all(b >= 1.5 * a for a, b in itertools.pairwise(grown))        # each growth is geometric
+    assert len(grown) == arena.stats["allocations"] < 15              # so logarithmic in the largest size
 
 
 def test_aligned_empty():

@@ -20,7 +20,7 @@ def _xy(n=50):
     return x, y
 
 
-def _wait_threads(before, timeout=5.0):
+def _wait_threads(before, timeout=30.0):
     """Threads started since ``before`` (a set of threads) that are still alive after up to
     ``timeout`` seconds of waiting for them to end (a bound, not a timing assertion)."""
     end = time.monotonic() + timeout

@@ -75,7 +75,7 @@ def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
         return real(src, rng)
 
     monkeypatch.setattr(demo, "_make_image", failing)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="^$"):  # the interrupt itself, not a wrapped error
         build_demo_dataset(tmp_path, n_images=6, progress=False)
     assert os.listdir(tmp_path) == []
 
@@ -99,7 +99,10 @@ def test_bench_command_prints_the_table_and_verdicts(small_root, tmp_path, capsy
     assert set(reports) == {"loaderlib DataLoader", "Python thread pool"}
     native = reports["loaderlib DataLoader"]
     assert native["engine"] == "native" and native["samples"] > 0
-    assert native["bottleneck"] in ("io", "decode", "transform", "collate")
+    # 0.4 s is too short to judge: the verdict says so, and how long to run, instead of guessing.
+    assert native["bottleneck"] is None and native["verdict"]["enough"] is False
+    assert native["verdict"]["summary"].startswith("not enough evidence: the measured window was")
+    assert native["verdict"]["seconds_needed"] >= 2.0
     # The table's images/s is the report's.
     line = next(x for x in out.splitlines() if x.startswith("loaderlib DataLoader"))
     assert f"{native['samples_per_s']:,.1f}" in line
@@ -111,14 +114,16 @@ def test_bench_command_with_a_model_step(small_root, capsys):
                    "--size", "64", "--loaders", "python", "--model-step-ms", "100", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "accel idle" in out and "ceiling" in out and "100 ms (simulated)" in out
-    assert "verdict for Python thread pool: model-bound" in out
+    # Too short a window for a verdict (0.8 s, 8 batches): it says so, and what the figures point at.
+    assert "verdict for Python thread pool: not enough evidence" in out
+    assert "so far the figures point at model" in out
 
 
 def test_bench_command_argument_errors(capsys):
     assert cli.main(["--seconds", "0"]) == 2
     assert cli.main(["--loaders", "loaderlib,fast"]) == 2
     assert "unknown loader" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit, match="^0$") as e:
         cli.main(["--help"])
     assert e.value.code == 0
     assert "--model-step-ms" in capsys.readouterr().out

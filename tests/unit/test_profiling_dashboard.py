@@ -1,4 +1,4 @@
-"""The live dashboard, driven headlessly: it builds, follows a running loader, its knobs act."""
+"""The live dashboard: its accounting driven by an injected clock, its knobs and threads on a real loader."""
 
 from __future__ import annotations
 
@@ -6,25 +6,40 @@ import re
 import threading
 import time
 
-import numpy as np
 import pytest
 from loaderlib.profiling import Dashboard, build_demo_dataset
-from loaderlib.profiling.baselines import PythonThreadLoader
+from loaderlib.profiling import dashboard as dashboard_mod
 
+import loaderlib
 import loaderlib as ll
+from loaderlib import stats as stats_mod
 from loaderlib import transforms as T
 
+from .profiling_sim import FakeClock, SimLoader
+
 ipywidgets = pytest.importorskip("ipywidgets")
-
-
-def _slow_read(item):
-    time.sleep(0.002)
-    return np.zeros((8, 8, 3), np.uint8)
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return str(build_demo_dataset(tmp_path_factory.mktemp("dash"), n_images=64, n_classes=2, progress=False))
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(stats_mod, "_clock", c)
+    monkeypatch.setattr(loaderlib, "available_cpus", lambda: 2)
+
+    class NoCpu:
+        def sample(self):
+            pass
+
+        def cores(self, start, end):
+            return None
+
+    monkeypatch.setattr(dashboard_mod, "_CpuMeter", NoCpu)
+    return c
 
 
 def _cells(html_table):
@@ -33,38 +48,95 @@ def _cells(html_table):
     return dict(zip(heads, vals))
 
 
-def test_builds_and_shows_what_loader_stats_says():
-    loader = PythonThreadLoader([(i, 0) for i in range(4000)], [("read", _slow_read)], batch_size=16,
-                                num_threads=2, record=False)
-    dash = Dashboard(loader, interval=0.2, autostart=False)
+def _consume(loader, it, n, model_s, dash, every=0.5):
+    """Take ``n`` batches with a model step of ``model_s``, updating the dashboard every ``every``
+    simulated seconds; return the verdicts it showed. A new epoch starts when one ends."""
+    step = loader.model(model_s)
+    shown = []
+    last = loader.clock.t
+    for _ in range(n):
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(loader)
+            batch = next(it)
+        step(batch)
+        if loader.clock.t - last >= every * 1e9:
+            last = loader.clock.t
+            dash.update()
+            shown.append(dash.last_verdict)
+    return it, shown
+
+
+def _no_text_outside(fig):
+    """Every axes with what it draws (labels, tick labels, title, legend) lies inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    box = fig.bbox
+    for ax in fig.axes:
+        e = ax.get_tightbbox(renderer)
+        assert box.x0 - 1 <= e.x0 and e.x1 <= box.x1 + 1 and box.y0 - 1 <= e.y0 and e.y1 <= box.y1 + 1, \
+            (ax.get_title(), ax.get_ylabel(), e, box)
+
+
+def test_figures_verdict_and_plots_read_one_window(clock):
+    # A loader (1,600 samples/s) faster than the model (800/s), with a 90 ms refill at the start
+    # of each epoch of 20 batches: model-bound, the refills shown apart.
+    loader = SimLoader(clock, n_batches=20, batch_s=0.01, startup_s=0.08, prefetch=4)
+    dash = Dashboard(loader, interval=0.5, autostart=False)
     try:
         assert loader.recorder.enabled  # the dashboard switches recording on
         assert isinstance(dash.widget, ipywidgets.VBox)
-        assert dash.image.value[:8] == b"\x89PNG\r\n\x1a\n"
+        assert dash.plots.value.startswith("<svg") and 'width="100%"' in dash.plots.value
         assert "waiting for batches" in dash.verdict.value
-        dash.run_in_background(model_step=0.0, seconds=30)
-        deadline = time.monotonic() + 20
-        while loader.stats.batches < 20 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        updates = dash.updates
-        deadline = time.monotonic() + 10  # redraws pace themselves on a busy machine
-        while dash.updates == updates and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert dash.updates > updates  # the update thread keeps refreshing
-        dash.stop()
-        snap = dash.update()
+        _, shown = _consume(loader, iter(loader), 300, 0.02, dash)
+        # Early updates lack evidence and say so; after that every verdict names the model, at
+        # epoch starts too: the refill is never blamed on a stage.
+        kinds = [v.bottleneck if v.enough else "not enough" for v in shown]
+        assert kinds[0] == "not enough" and set(kinds[4:]) == {"model"}, kinds
+        w = dash.last_window
         cells = _cells(dash.figures.value)
-        assert cells["samples"] == f"{snap.samples:,}"
-        assert cells["samples/s (epoch)"] == f"{snap.samples_per_s:,.1f}"
-        assert cells["threads"] == str(snap.num_threads) == "2"
-        assert cells["queue"] == f"{snap.queue_depth}/{snap.queue_capacity}"
-        assert dash.last_stats is snap
-        # Slow reads on an unsaturated CPU: the banner names I/O, with the numbers.
-        assert dash.last_verdict.bottleneck == "io"
-        assert "<b>io</b>" in dash.verdict.value and "try:" in dash.verdict.value
+        # The widget's figures, the verdict's evidence and the window are the same numbers.
+        assert cells["pool busy"] == f"{100 * w.busy_fraction:.0f}%"
+        assert dash.last_verdict.evidence["busy_fraction"] == w.busy_fraction
+        assert cells["consumer waits"] == f"{100 * w.wait_fraction:.0f}%" == "0%"
+        assert cells["epoch starts"] == f"{100 * w.boundary_fraction:.0f}%" != "0%"
+        assert cells["samples/s (last 4 s)"] == f"{w.samples_per_s:,.1f}"
+        assert w.samples_per_s == pytest.approx(320 / 0.49, rel=0.05)  # 20 batches of 16 per 20 x 20 ms + refill
+        assert w.problems() == [] and w.busy_fraction <= 1.0
+        assert cells["samples"] == f"{dash.last_stats.samples:,}"
+        assert cells["threads"] == "2" and cells["queue"] == f"{dash.last_stats.queue_depth}/4"
+        assert "<b>model</b>" in dash.verdict.value and "font-family: system-ui" in dash.verdict.value
+        assert "<small>" not in dash.verdict.value  # the advice is at body size
+        _no_text_outside(dash._fig)
+        legend = [t.get_text() for t in dash._art["ax2"].get_legend().get_texts()]
+        assert legend[0].startswith("read ") and legend[1].startswith("decode ") and legend[1].endswith("%")
+        # The run ends: nothing is recorded any more, and the figures stay what they were.
+        dash.update()
+        frozen = (dash.figures.value, dash.verdict.value, dash.last_window)
+        clock.advance(30.0)
+        dash.update()
+        assert (dash.figures.value, dash.verdict.value, dash.last_window) == frozen
+        assert "no batch for 30 s" in dash.title.value
+        n = len(dash.history)
+        dash.update()
+        assert len(dash.history) == n  # no history point for time in which nothing happened
     finally:
         dash.close()
-        loader.close()
+
+
+def test_a_slow_loader_is_named_with_its_stage(clock):
+    loader = SimLoader(clock, batch_s=0.04, shares={"read": 0.9, "collate": 0.1}, prefetch=2)
+    dash = Dashboard(loader, autostart=False)
+    try:
+        _, shown = _consume(loader, iter(loader), 150, 0.02, dash)
+        assert [v.bottleneck for v in shown if v.enough][-5:] == ["io"] * 5
+        assert dash.last_window.wait_fraction == pytest.approx(0.5, rel=0.02)
+        assert "<b>io</b>" in dash.verdict.value and "try: " in dash.verdict.value
+    finally:
+        dash.close()
 
 
 def test_knobs_change_the_running_loader(root):
@@ -98,6 +170,7 @@ def test_knobs_change_the_running_loader(root):
         loader.close()
 
 
+@pytest.mark.timing
 def test_stops_when_the_loader_is_closed_and_leaves_no_threads(root):
     before = set(threading.enumerate())
     chain = T.Compose([T.RandomResizedCrop(32), T.ToCHW()])
@@ -115,7 +188,7 @@ def test_stops_when_the_loader_is_closed_and_leaves_no_threads(root):
     n = dash.updates
     time.sleep(0.4)
     assert dash.updates == n  # no more updates after the loader closed
-    assert "stopped" in dash.title.value
+    assert "<i>closed</i>" in dash.title.value
     dash.close()
     time.sleep(0.1)
     assert {t for t in threading.enumerate() if t.is_alive()} <= before
@@ -137,5 +210,5 @@ def test_loader_dashboard_method_and_closed_flag(root):
         dash.close()
         loader.close()
     assert loader.closed is True
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="this DataLoader is closed"):
         iter(loader)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from loaderlib.profiling import STAGES, StageRecorder, Stats
 
-from loaderlib import _recorder as recorder_mod
+from loaderlib import stats as stats_mod
 
 
 class FakeClock:
@@ -26,7 +26,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):
     c = FakeClock()
-    monkeypatch.setattr(recorder_mod, "_clock", c)
+    monkeypatch.setattr(stats_mod, "_clock", c)  # the one profiling clock
     return c
 
 
@@ -66,8 +66,8 @@ def test_totals_means_busy_against_numpy(clock):
     all_rows, walls, threads = [], [], []
     for b in range(7):
         n = 16 if b < 6 else 5
-        rows = rng.integers(1_000, 2_000_000, size=(n, len(STAGES)))
-        wall = int(rows.sum() / 2 * 1.25)
+        rows = rng.integers(1_000, 200_000, size=(n, len(STAGES)))
+        wall = 100_000_000
         th = 2 if b % 2 else 1
         clock.advance(0.1)
         rec.batch_done(n, _stage_dict(rows.sum(0)), wall, th, per_sample_ns=rows)
@@ -83,7 +83,9 @@ def test_totals_means_busy_against_numpy(clock):
     np.testing.assert_allclose([s.stage_p50_ms[k] for k in STAGES], np.percentile(rows, 50, axis=0) / 1e6)
     np.testing.assert_allclose([s.stage_p99_ms[k] for k in STAGES], np.percentile(rows, 99, axis=0) / 1e6)
     assert s.percentile_source == "per-sample"
-    capacity = sum(w * t for w, t in zip(walls, threads))
+    # Capacity: each 0.1 s had the thread count reported before it (2 from epoch_started).
+    capacity = sum(0.1e9 * t for t in [2, *threads[:-1]])
+    assert s.thread_capacity_s == pytest.approx(capacity / 1e9)
     assert s.busy_fraction == pytest.approx(rows.sum() / capacity)
     assert s.producer_wall_s == pytest.approx(sum(walls) / 1e9)
     assert s.elapsed_s == pytest.approx(0.7)
@@ -157,8 +159,10 @@ def test_consumer_producer_queue_gil(clock):
     clock.advance(0.04)
     rec.batch_done(8, {"decode": 1}, 1, 2)
     s = rec.snapshot()
-    assert s.consumer_wait_s == pytest.approx(0.004) and s.consumer_waits == 2
-    assert s.consumer_wait_fraction == pytest.approx(0.1)
+    # The epoch's first wait is its boundary (the refill), the second a steady-state wait.
+    assert s.boundary_wait_s == pytest.approx(0.003) and s.consumer_wait_s == pytest.approx(0.001)
+    assert s.consumer_waits == 2
+    assert s.consumer_wait_fraction == pytest.approx(0.025)
     assert s.producer_blocked_s == pytest.approx(0.007)
     assert (s.queue_depth, s.queue_capacity) == (2, 4)
     assert s.queue_depth_mean == pytest.approx(2.0)
@@ -177,9 +181,10 @@ def test_events_are_visible_to_snapshot_before_the_next_batch():
     rec = StageRecorder()
     rec.epoch_started(1, 1)
     rec.consumer_waited(5_000)
+    rec.consumer_waited(7_000)
     rec.queue_depth(0, 2)
     s = rec.snapshot()
-    assert s.consumer_wait_s == pytest.approx(5e-6)
+    assert s.boundary_wait_s == pytest.approx(5e-6) and s.consumer_wait_s == pytest.approx(7e-6)
     assert s.queue_capacity == 2
 
 
@@ -193,7 +198,7 @@ def test_bad_input_raises():
         rec.batch_done(2, {"read": 1}, 1, 1, per_sample_ns=np.zeros((2, 6)))
     with pytest.raises(ValueError, match="unknown stage"):
         rec.python_gil("model", True)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="sample_window and series_len must be >= 1"):
         StageRecorder(sample_window=0)
     assert rec.snapshot().samples == 0  # nothing half-recorded
 
@@ -231,10 +236,14 @@ def test_concurrent_writers_lose_nothing():
     s = rec.snapshot()
     total = n_threads * n_iter
     assert s.batches == total and s.samples == 4 * total
-    assert s.consumer_waits == total and s.consumer_wait_s == pytest.approx(total * 1e-9)
+    assert s.consumer_waits == total
+    assert s.consumer_wait_s + s.boundary_wait_s == pytest.approx(total * 1e-9)
     assert s.producer_blocked_s == pytest.approx(2 * total * 1e-9)
     assert s.stage_total_s["collate"] == pytest.approx(5 * total * 1e-9)
-    assert s.busy_fraction == pytest.approx(15 / 20)
+    # Every nanosecond of stage time is in a bin, done ahead of the epoch, or reported apart.
+    placed = sum(sum(s.series[f"stage_s.{k}"]) for k in STAGES)
+    assert placed + sum(s.ahead_stage_s.values()) + s.unattributed_s == pytest.approx(15 * total * 1e-9)
+    assert s.busy_fraction <= 1.0
     assert s.queue_depth_mean == pytest.approx(np.mean(range(n_threads)))
     # Every snapshot taken while running was internally consistent.
     for snap in snaps:
@@ -246,30 +255,38 @@ def test_time_series_bins(clock):
     rec = StageRecorder(series_interval=0.5, series_len=100)
     rec.epoch_started(2, 10)
     clock.advance(0.1)
-    rec.batch_done(10, {"decode": 200_000_000}, 100_000_000, 2)
+    rec.batch_done(10, {"decode": 200_000_000}, 100_000_000, 2)     # [0.0, 0.1]
     clock.advance(0.2)  # t = 0.3
-    rec.consumer_waited(50_000_000)
-    rec.batch_done(10, {"decode": 100_000_000}, 100_000_000, 2)
+    rec.consumer_waited(50_000_000)                                 # the epoch's first wait: boundary
+    rec.consumer_waited(50_000_000)                                 # [0.25, 0.3]: steady
+    rec.batch_done(10, {"decode": 100_000_000}, 100_000_000, 2)     # [0.2, 0.3]
     clock.advance(0.4)  # t = 0.7
     rec.queue_depth(3, 4)
-    rec.batch_done(20, {"read": 50_000_000}, 100_000_000, 1)
+    rec.batch_done(20, {"read": 50_000_000}, 100_000_000, 1)        # [0.6, 0.7]; 1 thread from now
     clock.advance(0.9)  # t = 1.6: [1.0, 1.5) delivered nothing
     rec.batch_done(5, {"read": 1}, 1, 1)
-    clock.advance(0.15)  # t = 1.75: partial bin [1.5, 1.75)
+    clock.advance(0.15)  # t = 1.75: nothing more happened, so the series ends at 1.6
     s = rec.snapshot()
     ser = s.series
-    assert ser["t_s"] == pytest.approx((0.5, 1.0, 1.5, 1.75))
-    assert ser["samples_per_s"] == pytest.approx((40.0, 40.0, 0.0, 20.0))
-    assert ser["busy_fraction"][0] == pytest.approx(300e6 / 400e6)
-    assert ser["busy_fraction"][1] == pytest.approx(0.5)
+    assert s.elapsed_s == pytest.approx(1.6)
+    assert ser["t_s"] == pytest.approx((0.5, 1.0, 1.5, 1.6))
+    assert ser["dur_s"] == pytest.approx((0.5, 0.5, 0.5, 0.1))
+    assert ser["samples"] == (20, 20, 0, 5)
+    assert ser["samples_per_s"] == pytest.approx((40.0, 40.0, 0.0, 50.0))
+    # Capacity: 2 threads until 0.7 s, then 1.
+    assert ser["capacity_s"] == pytest.approx((1.0, 0.2 * 2 + 0.3, 0.5, 0.1))
+    assert ser["busy_fraction"][0] == pytest.approx(0.3 / 1.0)
+    assert ser["busy_fraction"][1] == pytest.approx(0.05 / 0.7)
+    assert ser["boundary_wait_s"] == pytest.approx((0.05, 0.0, 0.0, 0.0))
+    assert ser["wait_s"] == pytest.approx((0.05, 0.0, 0.0, 0.0))
     assert ser["consumer_wait_fraction"][0] == pytest.approx(0.1)
     assert ser["queue_depth"][1] == 3 and np.isnan(ser["queue_depth"][0])
     assert ser["threads"] == (2.0, 1.0, 1.0, 1.0)
     assert ser["stage_s.decode"] == pytest.approx((0.3, 0.0, 0.0, 0.0))
     assert ser["stage_s.read"] == pytest.approx((0.0, 0.05, 0.0, 1e-9))
-    # Integrating the series gives back the samples produced.
-    durations = np.diff((0.0, *ser["t_s"]))
-    assert float(np.dot(durations, ser["samples_per_s"])) == pytest.approx(s.samples)
+    # Integrating the series gives back the samples produced and the capacity.
+    assert float(np.dot(ser["dur_s"], ser["samples_per_s"])) == pytest.approx(s.samples)
+    assert sum(ser["capacity_s"]) == pytest.approx(s.thread_capacity_s)
 
 
 def test_series_is_bounded(clock):
@@ -316,7 +333,8 @@ def test_plot_returns_a_figure(clock):
 
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     line = fig.axes[1].lines[0]
-    assert len(line.get_xdata()) == len(rec.snapshot().series["t_s"])
+    # One level per bin, drawn as steps from each bin's start to the last bin's end.
+    assert list(line.get_xdata()) == pytest.approx([0.0, *rec.snapshot().series["t_s"]])
 
 
 def test_core_runs_and_records_without_importing_profiling():

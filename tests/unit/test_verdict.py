@@ -1,7 +1,9 @@
-"""The bottleneck verdict: its rules on given numbers, and on loaders with injected bottlenecks.
+"""The bottleneck verdict: its rules on synthetic windows, and on loaders with injected bottlenecks.
 
-The injected scenarios run a real loader (the Python thread-pool loader, whose every step
-can be any callable) with real sleeps and real decoding, measured by the real harness.
+The rules are tested on ``loaderlib.stats.Window`` objects built by hand (no clock). The
+injected scenarios run a real loader (the Python thread-pool loader, whose every step can be
+any callable) with real sleeps and real decoding, measured by the real harness: they are
+timing checks (``-m timing``), run apart from the main suite.
 """
 
 from __future__ import annotations
@@ -15,27 +17,43 @@ from loaderlib.profiling import benchmark, diagnose
 from loaderlib.profiling.baselines import PythonThreadLoader, decode_opencv
 from loaderlib.profiling.verdict import BOTTLENECKS, MODEL_BOUND_WAIT
 
-from loaderlib._synth import base_photo
 from loaderlib._threads import available_cpus
+from loaderlib.stats import Window
+from tests._synth import base_photo
 
 STAGE_S = {"read": 0.1, "decode": 2.0, "transform": 0.5, "python": 0.0, "collate": 0.1}
 
 
-def _diag(**kw):
-    args = {"stage_s": STAGE_S, "busy_fraction": 0.97, "threads": 1, "cpus": 4, "model_ran": False,
-                "consumer_wait_fraction": 0.9, "cores_used": 0.97, "gil_held": None}
+def _window(stage_s=STAGE_S, busy=0.97, threads=1, wall=4.0, wait=0.9, boundary=0.0, batches=100,
+            samples_per_s=500.0):
+    stage_s = stage_s or {}
+    total = sum(stage_s.values())
+    cap = total / busy if total and busy else threads * wall
+    return Window(start_s=0.0, wall_s=wall, samples=samples_per_s * wall, batches=batches, stage_s=dict(stage_s),
+                  capacity_s=cap, threads=threads, consumer_wait_s=wait * wall, boundary_wait_s=boundary * wall,
+                  model_s=0.0, epochs=1 if boundary else 0)
+
+
+def _diag(parts=None, **kw):
+    wkeys = ("stage_s", "busy", "wall", "wait", "boundary", "batches", "samples_per_s")
+    wkw = {k: kw.pop(k) for k in wkeys if k in kw}
+    args = {"threads": 1, "cpus": 4, "model_ran": False, "cores_used": 0.97, "gil_held": None}
     args.update(kw)
-    return diagnose(**args)
+    w = _window(threads=args["threads"] or 1, **wkw)
+    if parts is None:
+        parts = [_window(threads=args["threads"] or 1, **{**wkw, "wall": 0.5, "batches": 12})] * 8
+    return diagnose(w, parts=parts, **args)
 
 
 # -- the rules on given numbers ---------------------------------------------------------------
 def test_largest_thread_time_share_names_the_stage():
     v = _diag()
-    assert v.bottleneck == "decode"
+    assert v.enough and v.bottleneck == "decode"
     assert v.evidence["stage"] == "decode"
     assert v.evidence["stage_share"]["decode"] == pytest.approx(2.0 / 2.7)
     assert "decode-bound at 1 thread with 97% busy" in v.summary
     assert "num_threads=1 -> 4" in v.suggestion and "crop-region" in v.suggestion
+    assert v.confidence == 1.0 and "confidence 100%: 8 of 8 parts agree" in v.summary
     for stage, kind in [("read", "io"), ("transform", "transform"), ("python", "python"), ("collate", "collate")]:
         s = dict(STAGE_S)
         s[stage] = 10.0
@@ -43,24 +61,32 @@ def test_largest_thread_time_share_names_the_stage():
 
 
 def test_saturated_on_every_cpu_asks_for_a_cheaper_stage():
-    v = _diag(threads=4, cpus=4, busy_fraction=0.95, cores_used=3.8)
+    v = _diag(threads=4, cpus=4, busy=0.95, cores_used=3.8)
     assert "add threads" not in v.suggestion and "every CPU is busy" in v.suggestion
 
 
 def test_unsaturated_pool_says_threads_wait():
-    v = _diag(threads=4, busy_fraction=0.4, cores_used=1.6)
+    v = _diag(threads=4, busy=0.4, cores_used=1.6)
     assert v.bottleneck == "decode" and "busy only 40%" in v.suggestion
 
 
 def test_model_bound_only_when_a_model_ran_and_the_consumer_rarely_waited():
-    v = _diag(model_ran=True, consumer_wait_fraction=MODEL_BOUND_WAIT / 2,
-              ceiling_samples_per_s=900.0, samples_per_s=300.0)
+    v = _diag(model_ran=True, wait=MODEL_BOUND_WAIT / 2, ceiling_samples_per_s=1500.0)
     assert v.bottleneck == "model"
-    assert v.evidence["accelerator_idle_fraction"] == MODEL_BOUND_WAIT / 2
-    assert "3.0x" in v.suggestion
-    assert _diag(model_ran=True, consumer_wait_fraction=0.3).bottleneck == "decode"
+    assert v.evidence["accelerator_idle_fraction"] == pytest.approx(MODEL_BOUND_WAIT / 2)
+    assert "3.0x what the model consumes" in v.suggestion
+    assert _diag(model_ran=True, wait=0.3).bottleneck == "decode"
     # model_step=0: the consumer never waits on itself; a tiny wait still means the loader limits.
-    assert _diag(model_ran=False, consumer_wait_fraction=0.01).bottleneck == "decode"
+    assert _diag(model_ran=False, wait=0.01).bottleneck == "decode"
+
+
+def test_epoch_boundary_waits_are_shown_apart_and_never_blamed_on_a_stage():
+    # 18% of the window waiting, all of it for the first batch of each epoch: still the model.
+    v = _diag(model_ran=True, wait=0.01, boundary=0.18)
+    assert v.bottleneck == "model"
+    assert v.evidence["boundary_wait_fraction"] == pytest.approx(0.18)
+    assert any(n.startswith("epoch boundaries: the consumer waited 18% of the window") for n in v.notes)
+    assert "decode" not in v.summary
 
 
 def test_gil_and_io_wait_advice():
@@ -70,19 +96,69 @@ def test_gil_and_io_wait_advice():
     # Flagged, but the threads were off-CPU (sleeping, blocked): they do not hold the GIL then.
     v = _diag(stage_s=s, gil_held={"python": True}, threads=2, cores_used=0.1)
     assert v.bottleneck == "python" and "mostly wait on the Python step" in v.suggestion
-    v = _diag(stage_s=s, threads=4, busy_fraction=0.95, cores_used=1.0)
+    v = _diag(stage_s=s, threads=4, busy=0.95, cores_used=1.0)
     assert "GIL" in v.suggestion and "1.0 cores" in v.suggestion
     s = dict(STAGE_S, read=10.0)
-    v = _diag(stage_s=s, threads=2, busy_fraction=0.95, cores_used=0.1)
+    v = _diag(stage_s=s, threads=2, busy=0.95, cores_used=0.1)
     assert v.bottleneck == "io" and "more threads than cores" in v.suggestion
-    v = _diag(stage_s=s, threads=2, busy_fraction=0.95, cores_used=1.9)
+    v = _diag(stage_s=s, threads=2, busy=0.95, cores_used=1.9)
     assert v.bottleneck == "io" and "more threads than cores" not in v.suggestion
 
 
 def test_no_stage_timings():
-    v = _diag(stage_s=None, model_ran=True, consumer_wait_fraction=0.5)
-    assert v.bottleneck is None and "no per-stage timings" in v.suggestion
+    v = _diag(stage_s=None, model_ran=True, wait=0.5)
+    assert v.bottleneck is None and v.enough and "no per-stage timings" in v.suggestion
     assert set(BOTTLENECKS) == {"io", "decode", "transform", "python", "collate", "model"}
+
+
+def test_competing_load_is_named_only_when_the_machine_is_full():
+    v = _diag(threads=2, cpus=2, busy=0.9, cores_used=0.6, other_cores=1.3,
+              top_others=[("python3", 1.0), ("chromium", 0.3)])
+    assert v.bottleneck == "decode"
+    assert any(n.startswith("competing load: other processes used 1.3 of 2 cores (python3 1.0, chromium 0.3) "
+                            "while 1.8 threads were busy and this process got 0.6 cores") for n in v.notes)
+    # Same shortfall with cores to spare: something else (the GIL, blocking) explains it.
+    v = _diag(threads=2, cpus=4, busy=0.9, cores_used=0.6, other_cores=0.5)
+    assert not any(n.startswith("competing load") for n in v.notes)
+    v = _diag(threads=2, cpus=2, busy=0.9, cores_used=1.8, other_cores=0.2)
+    assert not v.notes and "every CPU is busy" in v.suggestion
+
+
+# -- not enough evidence ------------------------------------------------------------------------
+def test_short_window_says_not_enough_evidence_and_how_long():
+    v = _diag(wall=0.31, batches=6)
+    assert v.bottleneck is None and not v.enough
+    assert v.summary == ("not enough evidence: the measured window was 0.31 s, it held 6 batches (at least 20 "
+                         "needed); so far the figures point at decode")
+    # 20 batches at 6 per 0.31 s, with a margin: 1.24 s, but never less than 2 s.
+    assert v.seconds_needed == 2.0 and "seconds=2" in v.suggestion
+    v = _diag(wall=3.0, batches=10)
+    assert not v.enough and v.seconds_needed == pytest.approx(7.2)
+
+
+def test_a_window_fed_from_the_prefetch_queue_is_not_enough_evidence():
+    v = _diag(model_ran=True, wait=0.0, buffered_samples=600.0, samples_per_s=500.0, wall=4.0)
+    assert not v.enough and "600 of its 2000 samples were already waiting in the prefetch queue" in v.summary
+    assert v.seconds_needed == pytest.approx(14.0)
+
+
+def test_parts_that_disagree_are_not_enough_evidence():
+    model = _window(wait=0.01, wall=0.5, batches=12)
+    data = _window(wait=0.4, wall=0.5, batches=12)
+    v = _diag(model_ran=True, wait=0.08, parts=[model, data] * 4)
+    assert not v.enough and v.bottleneck is None and v.confidence == 0.5
+    assert "only 4 of its 8 parts agree on the answer" in v.summary
+    v = _diag(model_ran=True, wait=0.05, parts=[model] * 7 + [data])
+    assert v.enough and v.bottleneck == "model" and v.confidence == pytest.approx(7 / 8)
+
+
+def test_delivered_above_the_ceiling_says_the_ceiling_run_was_disturbed():
+    v = _diag(model_ran=True, wait=0.0, samples_per_s=1249.0, ceiling_samples_per_s=932.0)
+    note = [n for n in v.notes if "ceiling run was disturbed" in n]
+    assert note and "delivered 1,249 samples/s, 34% above the ceiling's 932" in note[0]
+    assert "x what the model consumes" not in v.suggestion
+    assert not [n for n in _diag(model_ran=True, wait=0.0, samples_per_s=900.0,
+                                 ceiling_samples_per_s=932.0).notes if "disturbed" in n]
 
 
 # -- injected bottlenecks, measured ---------------------------------------------------------------
@@ -103,57 +179,68 @@ def _resize(img):
     return cv2.resize(img, (32, 32), interpolation=cv2.INTER_AREA)
 
 
+def _judged(r, expected):
+    """The expected stage, or "not enough evidence" (allowed on a loaded machine): never a wrong one."""
+    assert r.bottleneck == expected or not r.verdict.enough, r
+    return r.verdict.enough
+
+
 def _check_adds_up(report, threads):
-    # Pipeline-bound: every thread second of the window is attributed to some stage.
-    assert report.stage_wall_fraction == pytest.approx(1.0, abs=0.10), report
+    assert report.problems == () and all(p.problems() == [] for p in report.parts)
     # Consumer side: time blocked in next() plus model time is the window's wall time.
     assert report.consumer_wall_fraction == pytest.approx(1.0, abs=0.10), report
     assert report.num_threads == threads
 
 
+@pytest.mark.timing
 def test_slow_reads_are_io():
     def sleepy_read(item):
         time.sleep(0.008)
         return _small(item)
 
-    loader = PythonThreadLoader([(i, 0) for i in range(160)], [("read", sleepy_read), ("transform", _resize)],
+    loader = PythonThreadLoader([(i, 0) for i in range(20000)], [("read", sleepy_read), ("transform", _resize)],
                                 batch_size=16, num_threads=2)
     try:
-        r = benchmark(loader, epochs=1, warmup_batches=3)
+        r = benchmark(loader, seconds=2.5, warmup_batches=3)
     finally:
         loader.close()
-    assert r.bottleneck == "io", r
+    if not _judged(r, "io"):
+        return
     assert r.verdict.evidence["stage_share"]["read"] > 0.9
     assert r.stage_mean_ms["read"] == pytest.approx(8.0, rel=0.5)
     _check_adds_up(r, 2)
 
 
+@pytest.mark.timing
 def test_slow_python_transform_is_python():
     def slow_python_step(img):
         time.sleep(0.006)
         return img
 
-    loader = PythonThreadLoader([(i, 0) for i in range(120)],
+    loader = PythonThreadLoader([(i, 0) for i in range(20000)],
                                 [("read", _small), ("transform", _resize), ("python", slow_python_step)],
                                 batch_size=8, num_threads=1)
     try:
-        r = benchmark(loader, epochs=1, warmup_batches=3)
+        r = benchmark(loader, seconds=2.5, warmup_batches=3)
     finally:
         loader.close()
-    assert r.bottleneck == "python", r
+    if not _judged(r, "python"):
+        return
     _check_adds_up(r, 1)
 
 
+@pytest.mark.timing
 def test_one_thread_on_heavy_decode_is_decode(jpeg_bytes):
-    loader = PythonThreadLoader([(i, 0) for i in range(40)],
+    loader = PythonThreadLoader([(i, 0) for i in range(2000)],
                                 [("read", lambda item: jpeg_bytes), ("decode", decode_opencv),
                                  ("transform", _resize)],
                                 batch_size=4, num_threads=1)
     try:
-        r = benchmark(loader, epochs=1, warmup_batches=2)
+        r = benchmark(loader, seconds=2.5, warmup_batches=2)
     finally:
         loader.close()
-    assert r.bottleneck == "decode", r
+    if not _judged(r, "decode"):
+        return
     assert r.busy_fraction > 0.8
     assert "at 1 thread" in r.verdict.summary
     if available_cpus() > 1:
@@ -161,22 +248,28 @@ def test_one_thread_on_heavy_decode_is_decode(jpeg_bytes):
     _check_adds_up(r, 1)
 
 
+@pytest.mark.timing
 def test_slow_model_step_is_model():
-    loader = PythonThreadLoader([(i, 0) for i in range(160)], [("read", _small), ("transform", _resize)],
+    loader = PythonThreadLoader([(i, 0) for i in range(20000)], [("read", _small), ("transform", _resize)],
                                 batch_size=16, num_threads=2)
     try:
-        r = benchmark(loader, model_step=0.05, epochs=1, warmup_batches=2)
+        r = benchmark(loader, model_step=0.05, seconds=2.5, warmup_batches=2)
     finally:
         loader.close()
-    assert r.bottleneck == "model", r
+    if not _judged(r, "model"):
+        return
     assert r.accelerator_idle_fraction < MODEL_BOUND_WAIT
     assert r.model_s == pytest.approx(0.05 * r.batches, rel=0.2)
     assert r.ceiling_samples_per_s > r.samples_per_s
     assert r.consumer_wall_fraction == pytest.approx(1.0, abs=0.10)
 
 
-def test_cpu_contention_is_called_out_for_native_stages():
-    v = _diag(threads=2, cpus=2, busy_fraction=0.9, cores_used=0.6)
-    assert v.bottleneck == "decode" and "other processes compete" in v.suggestion
-    v = _diag(threads=2, cpus=2, busy_fraction=0.9, cores_used=1.8)
-    assert "other processes" not in v.suggestion and "every CPU is busy" in v.suggestion
+def test_a_full_machine_does_not_pass_for_a_gil_or_blocked_step():
+    s = dict(STAGE_S, python=10.0)
+    v = _diag(stage_s=s, threads=2, cpus=2, busy=0.7, cores_used=0.4, other_cores=1.6)
+    assert v.bottleneck == "python"
+    assert "the machine is full (other processes used 1.6 cores)" in v.suggestion
+    assert "GIL runs it one thread at a time" not in v.suggestion and "mostly wait" not in v.suggestion
+    # The same shortfall on an idle machine: the threads were blocked, not computing.
+    v = _diag(stage_s=s, threads=2, cpus=2, busy=0.7, cores_used=0.4, other_cores=0.0)
+    assert "mostly wait on the Python step" in v.suggestion

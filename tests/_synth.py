@@ -1,31 +1,23 @@
-"""Deterministic photo-like test images, derived from the real photo in matplotlib's
-sample data (a 512x600 portrait). Used by the test suite, the benchmarks and the demo
-dataset, so that every measurement runs on natural image statistics rather than on flat
-colours or noise (both of which make JPEG decoding unrealistically fast or slow)."""
+"""Deterministic photo-like test images, derived from the real photo loaderlib ships
+(``loaderlib/_data/grace_hopper.jpg``, a 512x600 portrait; see ``loaderlib._sample``). Used by
+the test suite and the benchmarks, so that every measurement runs on natural image statistics
+rather than on flat colours or noise (both of which make JPEG decoding unrealistically fast or
+slow). Test data only: nothing in the ``loaderlib`` package imports this module."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
+
+from loaderlib._sample import sample_photo_bgr
 
 __all__ = ["SAMPLING_NAMES", "base_photo", "encode_jpeg", "photo_like"]
 
 SAMPLING_NAMES = ("420", "422", "444")
 
 
-@functools.lru_cache(maxsize=1)
 def base_photo() -> np.ndarray:
-    """The sample photo as a read-only BGR uint8 array."""
-    import cv2
-    from matplotlib import cbook
-
-    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
-    if img is None:
-        raise RuntimeError(f"cannot read matplotlib's sample photo at {path}")
-    img.setflags(write=False)
-    return img
+    """The sample photo as a read-only BGR uint8 array (decoded by OpenCV)."""
+    return sample_photo_bgr()
 
 
 def photo_like(width: int, height: int, seed: int = 0, jitter: int = 20) -> np.ndarray:

@@ -1,0 +1,137 @@
+"""Does the verdict name the right stage? Five injected bottlenecks, each measured several times.
+
+Each scenario builds a real loaderlib DataLoader on the demo dataset with one bottleneck
+injected, measures it with ``loaderlib.profiling.benchmark`` (a steady window of
+``--seconds`` after warm-up) and prints the verdict. A run counts as *right* when the verdict
+names the expected stage, as *not enough evidence* when the verdict says so (an allowed
+answer on a noisy machine), and as *wrong* otherwise. The goal: no wrong answer, ever.
+
+Scenarios:
+
+- slow storage: every read of the dataset sleeps 6 ms (a slow disk or network file system);
+  expected ``io``;
+- slow Python step: a per-sample Python transform that waits 6 ms without holding the GIL
+  (a blocking call); expected ``python``;
+- GIL-holding step: a brightness jitter written row by row in Python (holds the GIL);
+  expected ``python``;
+- too few threads: the native decode chain on 1 thread of the machine's CPUs; expected
+  ``decode``;
+- slow model: a fast native loader consumed by a simulated 100 ms model step per batch of
+  16; expected ``model``.
+
+The machine's load is printed with the results (the check is meant to run on a busy one).
+
+Usage::
+
+    python benchmarks/verdict_check.py [--runs 3] [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import numpy as np
+from loaderlib.profiling import benchmark, build_demo_dataset
+
+import loaderlib as ll
+from loaderlib import transforms as T
+
+
+class SlowReads(ll.Dataset):
+    """A dataset whose every read takes 6 ms more (a slow disk)."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        time.sleep(0.006)
+        return self.base[i]
+
+
+def blocking_step(img):
+    time.sleep(0.006)  # a blocking call (I/O, a service): the GIL is released meanwhile
+    return img
+
+
+def brighter_row_by_row(img):
+    out = np.empty_like(img)
+    for y in range(img.shape[0]):
+        out[y] = np.minimum(img[y] * 1.2, 255)
+    return out
+
+
+def scenarios(root):
+    ds = ll.ImageFolderDataset(root)
+    small = T.Compose([T.RandomResizedCrop(64), T.ToCHW()])
+    return [
+        ("slow storage", "io", 0.0,
+         lambda: ll.DataLoader(SlowReads(ds.transform_first(small)), batch_size=16, shuffle=True, num_threads=2,
+                               seed=0)),
+        ("slow Python step", "python", 0.0,
+         lambda: ll.DataLoader(ds.transform_first(T.Compose([T.RandomResizedCrop(64), blocking_step, T.ToCHW()])),
+                               batch_size=16, shuffle=True, num_threads=2, seed=0)),
+        ("GIL-holding step", "python", 0.0,
+         lambda: ll.DataLoader(ds.transform_first(T.Compose([T.RandomResizedCrop(224), brighter_row_by_row,
+                                                             T.ToCHW()])),
+                               batch_size=16, shuffle=True, num_threads=2, seed=0)),
+        ("too few threads", "decode", 0.0,
+         lambda: ll.DataLoader(ds.transform_first(T.Compose([T.RandomResizedCrop(224), T.ToCHW()])),
+                               batch_size=16, shuffle=True, num_threads=1, seed=0)),
+        ("slow model", "model", 0.1,
+         lambda: ll.DataLoader(ds.transform_first(small), batch_size=16, shuffle=True, num_threads=2, seed=0)),
+    ]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=3.0, help="length of each measured window")
+    args = p.parse_args()
+
+    root = build_demo_dataset(os.path.join(tempfile.gettempdir(), "loaderlib-verdict-check"), n_images=256,
+                              n_classes=4, progress=False)
+    print(f"verdict check: {args.runs} runs x 5 injected bottlenecks, {args.seconds:g} s windows, "
+          f"demo dataset {root} (256 JPEGs)")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({ll.available_cpus()} available), "
+          f"Python {platform.python_version()}, load average before {os.getloadavg()[0]:.1f}")
+    tally = {"right": 0, "not enough evidence": 0, "wrong": 0}
+    for name, expected, step, make in scenarios(root):
+        for run in range(1, args.runs + 1):
+            loader = make()
+            try:
+                r = benchmark(loader, model_step=step, seconds=args.seconds, replay=False)
+            finally:
+                loader.close()
+            v = r.verdict
+            if not v.enough:
+                outcome = "not enough evidence"
+            elif r.bottleneck == expected:
+                outcome = "right"
+            else:
+                outcome = "wrong"
+            tally[outcome] += 1
+            conf = f"{100 * v.confidence:.0f}%" if v.confidence is not None else "-"
+            print(f"{name:>17} #{run}: expected {expected:<7} got {r.bottleneck!s:<7} {outcome:<19} "
+                  f"(confidence {conf}, {r.samples_per_s:,.0f} samples/s, cores {r.cpu_cores_used:.2f}, "
+                  f"others {r.other_cores if r.other_cores is not None else float('nan'):.2f}, "
+                  f"load {os.getloadavg()[0]:.1f})")
+            print(f"{'':>21}{v.summary}")
+            print(f"{'':>21}try: {v.suggestion[:160]}{'...' if len(v.suggestion) > 160 else ''}")
+            for n in v.notes:
+                print(f"{'':>21}note: {n[:160]}{'...' if len(n) > 160 else ''}")
+    total = sum(tally.values())
+    print(f"\nright {tally['right']} of {total}, not enough evidence {tally['not enough evidence']}, "
+          f"wrong {tally['wrong']}")
+    return 1 if tally["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
