@@ -11,7 +11,7 @@ over 100 epochs, 0 leaked threads, fds or segments.
 
 Usage::
 
-    python benchmarks/soak.py [--data DIR] [--epochs 100] [--abandon 1000] [--images 64]
+    python benchmarks/soak.py [--data DIR] [--epochs 100] [--abandon 1000] [--images 64] [--engines native,...]
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--abandon", type=int, default=1000)
     p.add_argument("--images", type=int, default=64, help="images per epoch (the first N of the folder)")
+    p.add_argument("--engines", default="native,threads,processes", help="comma-separated engines to soak")
     args = p.parse_args()
 
     from loaderlib.profiling import build_demo_dataset
@@ -100,6 +101,8 @@ def main() -> int:
     print(f"data: {len(paths)} images from {root}; batch 16; {args.epochs} epochs, then {args.abandon} iterators "
           "each advanced one batch and dropped\n")
     for name, (kw, chain) in setups.items():
+        if name not in args.engines.split(","):
+            continue
         gc.collect()
         before = _counts()
         t0 = time.perf_counter()
