@@ -4,13 +4,14 @@ For each engine (native: an image folder with the fused chain; threads: the same
 Python step; processes: the same Python step in 2 worker processes) one DataLoader runs
 ``--epochs`` full epochs, then ``--abandon`` iterators are created, advanced one batch and
 dropped. Printed per engine: resident memory growth (VmRSS after the first epoch vs at the
-end), and the threads, open file descriptors and ``/dev/shm`` segments of this process
-before the loader existed and after it was closed. Expected (issue 12): RSS growth < 5 MB
+end), and the threads, open file descriptors and shared-memory segments of this process
+(created by it and still in ``/dev/shm`` or still mapped) before the loader existed and after
+it was closed. Expected (issue 12): RSS growth < 5 MB
 over 100 epochs, 0 leaked threads, fds or segments.
 
 Usage::
 
-    python benchmarks/soak.py [--data DIR] [--epochs 100] [--abandon 1000] [--images 64]
+    python benchmarks/soak.py [--data DIR] [--epochs 100] [--abandon 1000] [--images 64] [--engines native,...]
 """
 
 from __future__ import annotations
@@ -33,9 +34,38 @@ def _rss_kib() -> int:
         return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
 
 
+_CREATED: set = set()   # names of the shared-memory blocks this process created
+
+
+def _track_shm() -> None:
+    """Record every shared-memory block the processes engine creates in this process.
+
+    /dev/shm is shared by every process on the machine: counting its files would count
+    other programs' segments (a test suite running beside this script, say). A segment this
+    process leaked is one it created that is still in /dev/shm or still mapped here."""
+    from loaderlib import _engine_procs
+
+    init = _engine_procs._ShmBlock.__init__
+
+    def tracked(self, nbytes: int) -> None:
+        init(self, nbytes)
+        _CREATED.add(self.name)
+
+    _engine_procs._ShmBlock.__init__ = tracked
+
+
 def _counts() -> tuple[int, int, int]:
-    shm = len([n for n in os.listdir("/dev/shm") if n.startswith("psm_")])
-    return threading.active_count(), len(os.listdir("/proc/self/fd")), shm
+    with open("/proc/self/maps") as f:
+        mapped = {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/psm_ll" in line}
+    shm = len({n for n in _CREATED if os.path.exists("/dev/shm/" + n)} | (mapped & _CREATED))
+    fds = set(os.listdir("/proc/self/fd"))
+    # multiprocessing's resource tracker (started by the first shared-memory block, once per
+    # process, kept until exit) holds one pipe: not the loader's.
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker._resource_tracker, "_fd", None)
+    fds.discard(str(tracker))
+    return threading.active_count(), len(fds), shm
 
 
 def _flip(img):
@@ -48,6 +78,7 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--abandon", type=int, default=1000)
     p.add_argument("--images", type=int, default=64, help="images per epoch (the first N of the folder)")
+    p.add_argument("--engines", default="native,threads,processes", help="comma-separated engines to soak")
     args = p.parse_args()
 
     from loaderlib.profiling import build_demo_dataset
@@ -55,6 +86,7 @@ def main() -> int:
     import loaderlib as ll
     from loaderlib import transforms as T
 
+    _track_shm()
     root = args.data or str(build_demo_dataset())
     items = ll.ImageFolderDataset(root).items[:args.images]
     paths, labels = [q for q, _ in items], [lab for _, lab in items]
@@ -69,6 +101,8 @@ def main() -> int:
     print(f"data: {len(paths)} images from {root}; batch 16; {args.epochs} epochs, then {args.abandon} iterators "
           "each advanced one batch and dropped\n")
     for name, (kw, chain) in setups.items():
+        if name not in args.engines.split(","):
+            continue
         gc.collect()
         before = _counts()
         t0 = time.perf_counter()
@@ -96,7 +130,7 @@ def main() -> int:
               f"{args.epochs} epochs {rss1 / 1024:7.1f} MB (+{(rss1 - rss0) / 1024:.1f}), after {args.abandon} "
               f"abandoned iterators {rss2 / 1024:7.1f} MB (+{(rss2 - rss1) / 1024:.1f})")
         print(f"{'':<10} threads {before[0]} -> {after[0]}, fds {before[1]} -> {after[1]}, shm segments "
-              f"{before[2]} -> {after[2]}")
+              f"{before[2]} -> {after[2]} (of {len(_CREATED)} this process created so far)")
     return 0
 
 

@@ -11,6 +11,11 @@ Usage::
 
     python fuzz/fuzz_decode.py [libFuzzer options] fuzz/corpus     # needs atheris
     python fuzz/fuzz_decode.py --slice 2000 fuzz/corpus             # deterministic, no atheris
+    python fuzz/fuzz_decode.py --sanitized --slice N DIR...         # ASan/UBSan build (make fuzz)
+
+``--sanitized`` first checks that the extensions in use are the sanitizer build (libasan
+mapped, extensions outside the source tree), replays every corpus file as it is, then runs
+the slice. See NOTE [ Sanitizers and atheris ] in the Makefile.
 """
 
 from __future__ import annotations
@@ -91,6 +96,19 @@ def main(argv: list[str]) -> int:
     paths = [a for a in rest if not a.startswith("-")]
     corpus = _corpus(paths or [os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")])
     _GOOD = corpus[0]
+    if "--sanitized" in argv:
+        from loaderlib._ext import _jpeg
+
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+        if "libasan" not in maps or "libubsan" not in maps or "asan" not in _jpeg.__file__:
+            raise SystemExit(f"--sanitized: not the ASan/UBSan build ({_jpeg.__file__}); run `make fuzz`")
+        for data in corpus:
+            one_input(data)
+        n = run_slice(slice_n or 0, corpus)
+        print(f"{len(corpus) + n} inputs ({len(corpus)} corpus files replayed, {n} mutations) under "
+              f"AddressSanitizer + UBSan ({os.path.dirname(_jpeg.__file__)}): 0 findings")
+        return 0
     if slice_n is not None:
         print(f"{run_slice(slice_n, corpus)} inputs, 0 findings")
         return 0

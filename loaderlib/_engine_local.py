@@ -21,7 +21,7 @@ from . import _threads
 from ._engine_base import Produced, Producer, RunState, Task, _clock
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, BatchLayout
-from .batchify import Pad, Stack, Tuple, _shard, default_batchify_fn
+from .batchify import Pad, Stack, Tuple, default_batchify_fn, finish_native
 from .datasets import _TransformDataset
 from .errors import DecodeError, DecodeWarning
 
@@ -220,7 +220,7 @@ class NativeProducer(Producer):
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.src = src
         self.plan = plan
-        self.shards = shards          # num_shards per output part (None: plain array)
+        self.shards = shards          # per output part: num_shards (None: plain array) or a Pad
         self.arena = arena
         self.knobs = knobs
         self._layouts: dict[int, BatchLayout] = {}
@@ -259,7 +259,7 @@ class NativeProducer(Producer):
         return Produced(self._structure(views), task.start + idx.size, idx.size, task.target)
 
     def _structure(self, views: list) -> Any:
-        out = [_shard(v, k) for v, k in zip(views, self.shards)]
+        out = [finish_native(v, k) for v, k in zip(views, self.shards)]
         return out[0] if len(out) == 1 else tuple(out)
 
     def finish(self, task: Task) -> Produced | None:
@@ -386,9 +386,12 @@ class _DaemonThreadPool:
     standard ``ThreadPoolExecutor`` joins its threads when the interpreter exits, so one
     stuck call would keep a finished training script alive for ever. These threads are
     daemonic: after a timeout the loader stops waiting for them, and they never block exit.
+    ``running`` holds each thread's call in progress, so a timeout can name the samples
+    left behind (ThreadsProducer.timed_out warns with them).
     """
 
     def __init__(self, n: int, initializer: Callable[[], None] | None = None) -> None:
+        self.running: dict[int, tuple] = {}   # thread ident -> (fn, args) of the call in progress
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._broken: BaseException | None = None
@@ -414,10 +417,14 @@ class _DaemonThreadPool:
                 f.set_exception(RuntimeError(f"worker_init_fn failed: {type(self._broken).__name__}: "
                                              f"{self._broken}"))
                 continue
+            me = threading.get_ident()
+            self.running[me] = (fn, args)
             try:
                 f.set_result(fn(*args))
             except BaseException as e:  # noqa: BLE001 - handed to whoever reads the future
                 f.set_exception(e)
+            finally:
+                self.running.pop(me, None)
 
     def submit(self, fn: Callable, *args: Any) -> cf.Future:
         if self._closed:
@@ -498,6 +505,12 @@ class PythonPool:
                 init(wid)
 
         return _DaemonThreadPool(n, initializer)   # NOTE [ Stuck user code ]
+
+    def running_calls(self) -> list[tuple]:
+        """``(fn, args)`` of every call a pool thread is running now."""
+        with self._lock:
+            pools = [self._pool, *self._old]
+        return [c for p in pools for c in list(getattr(p, "running", {}).values())]
 
     def close(self, wait: bool = True) -> None:
         with self._lock:
@@ -626,6 +639,17 @@ class ThreadsProducer(Producer):
                                  {"read": read_ns, "python": python_ns}, t0, nthreads)
         self.pool.last_end = max(self.pool.last_end, _clock())
         return None if batch is None else Produced(batch, end, len(samples), task.target)
+
+    def timed_out(self) -> str | None:
+        # NOTE [ Stuck user code ]: a call that never returns cannot be interrupted; name it.
+        stuck = sorted(args[1] for fn, args in self.pool.running_calls() if fn is _load)
+        if not stuck:
+            return None
+        named = ", ".join(f"{i}" + (f" ({src!r})" if (src := _source(self.dataset, i)) else "") for i in stuck[:10])
+        msg = (f"dataset[i] is still running for sample{'s' if len(stuck) > 1 else ''} {named}{' and more' if len(stuck) > 10 else ''}; it is "
+               "left on a daemon thread, which cannot be interrupted and does not keep the interpreter from exiting")
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        return msg
 
     def close(self, wait: bool = True) -> None:
         self.cancel(None)

@@ -77,6 +77,12 @@ def _shard(batch: np.ndarray, num_shards: int | None) -> Any:
     return batch if num_shards is None else Shards(batch, num_shards)
 
 
+def finish_native(out: np.ndarray, part: Any) -> Any:
+    """One output part of a natively collated batch: ``part`` is the part's ``num_shards``
+    (Stack; None for a plain array) or its :class:`Pad` (NOTE [ Native Pad ])."""
+    return part.from_stacked(out) if isinstance(part, Pad) else _shard(out, part)
+
+
 class Stack:
     """Stack samples along a new first axis: ``(N, *sample_shape)``.
 
@@ -168,6 +174,24 @@ class Pad:
     def __call__(self, samples: Sequence[Any]) -> Any:
         shape, dtype = self.plan(samples)
         return self.collate_into(samples, np.empty(shape, dtype))
+
+    def from_stacked(self, out: np.ndarray) -> Any:
+        """What :meth:`collate_into` returns for samples that all have ``out``'s sample shape and
+        were already written into ``out`` (the native engine's arena slot).
+
+        NOTE [ Native Pad ]
+        On the native engine every sample of a field has the shape planned before the epoch
+        (a fused chain's fixed output, an array's row), so padding to the largest sample pads
+        nothing: the kernels write the samples into the slot exactly as for Stack, the pad
+        value never appears, and the lengths (``ret_length``) are the planned size along the
+        padded axis. Variable-size samples come from Python code, which collates in Python.
+        """
+        batch = _shard(out, self.num_shards)
+        if not self.ret_length:
+            return batch
+        sample = out.shape[1:]
+        ax = 0 if self.axis is None else (self.axis if isinstance(self.axis, int) else self.axis[0])
+        return batch, np.full(out.shape[0], sample[ax] if sample else 1, np.int64)
 
     def __repr__(self) -> str:
         return f"Pad(axis={self.axis}, val={self.val!r}, ret_length={self.ret_length})"

@@ -14,6 +14,7 @@ JPEG output is bitwise equal to ``cv2.imdecode(buf, IMREAD_COLOR | IMREAD_IGNORE
 from __future__ import annotations
 
 import math
+import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -254,6 +255,38 @@ def _declared_size(kind: str, buf: memoryview) -> tuple[int, int] | None:
     return None
 
 
+def _imdecode(cv2: Any, arr: np.ndarray, flags: int) -> np.ndarray | None:
+    """``cv2.imdecode(arr, flags)`` holding one decoded image at a time, not two.
+
+    NOTE [ No full-size colour copy ]
+    OpenCV's Python binding returns a Mat its decoder allocated as a *copy* in numpy memory,
+    so ``cv2.imdecode`` peaks at twice the image (and reversing BGR to RGB then making it
+    contiguous would add a third). Functions with an output argument write into numpy memory
+    directly, and ``cv2.imread(path, dst, flags)`` is one: given an empty ``dst`` it allocates
+    the result with numpy's allocator and returns it, no copy. So the encoded bytes (small)
+    go to an anonymous in-memory file (memfd) that imread reads by its /proc path, and RGB
+    comes straight from the decoder (IMREAD_COLOR_RGB, OpenCV >= 4.10; older builds swap the
+    channels in place, a few rows at a time: cvtColor with dst=img copies its input). imread
+    leaves ``dst`` empty when the header is bad and returns None when the data is: both are
+    failures. Without memfd (not Linux) this falls back to imdecode. Not for WebP: OpenCV's
+    WebP reader loads the whole file and decodes through its own full-size buffer anyway
+    (about 2.5x the image either way), so imdecode on the bytes in hand is cheaper there.
+    """
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is None or not os.path.isdir("/proc/self/fd"):
+        return cv2.imdecode(arr, flags)
+    fd = memfd("loaderlib-decode", getattr(os, "MFD_CLOEXEC", 0))
+    try:
+        view = memoryview(arr)
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+        img = cv2.imread(f"/proc/self/fd/{fd}", np.empty(0, np.uint8), flags)
+    finally:
+        os.close(fd)
+    return None if img is None or img.size == 0 else img
+
+
 def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: int) -> np.ndarray:
     """Decode a non-JPEG image with OpenCV (which releases the GIL) to the same convention.
 
@@ -277,9 +310,11 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
         raise DecodeError(f"{kind} declares {size[0]}x{size[1]} = {size[0] * size[1]} pixels, more than "
                           f"max_pixels={max_pixels}; refused before decoding")
     arr = np.frombuffer(buf, dtype=np.uint8)
-    flags = cv2.IMREAD_IGNORE_ORIENTATION | (cv2.IMREAD_GRAYSCALE if mode == 2 else cv2.IMREAD_COLOR)
+    rgb_flag = getattr(cv2, "IMREAD_COLOR_RGB", None) if mode == 0 else None
+    color = cv2.IMREAD_GRAYSCALE if mode == 2 else (rgb_flag if rgb_flag is not None else cv2.IMREAD_COLOR)
+    flags = cv2.IMREAD_IGNORE_ORIENTATION | color
     try:
-        img = cv2.imdecode(arr, flags)
+        img = cv2.imdecode(arr, flags) if kind == "WebP" else _imdecode(cv2, arr, flags)
     except cv2.error as e:
         raise DecodeError(f"OpenCV could not decode this {kind}: {str(e).strip()}") from None
     if img is None:
@@ -288,8 +323,9 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
         raise DecodeError(f"{kind} has {img.shape[0] * img.shape[1]} pixels, more than max_pixels={max_pixels}")
     if img.ndim == 2:
         img = img[:, :, None]
-    elif mode == 0:
-        img = img[:, :, ::-1]
+    elif mode == 0 and rgb_flag is None:
+        for r in range(0, img.shape[0], 64):   # BGR -> RGB in place, 64 rows of scratch at a time
+            img[r:r + 64] = img[r:r + 64, :, ::-1]
     H, W = img.shape[:2]
     if denom > 1:
         sw, sh = math.ceil(W / denom), math.ceil(H / denom)

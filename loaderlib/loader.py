@@ -50,7 +50,7 @@ from ._iterable import (
 from ._tree import tree_map
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, pinned_allocator
-from .batchify import Stack, Tuple, default_batchify_fn
+from .batchify import Pad, Stack, Tuple, default_batchify_fn
 from .datasets import (
     ArrayDataset,
     ImageFolderDataset,
@@ -146,11 +146,12 @@ def _native_prefix(steps: list) -> tuple[int, Any]:
 
 
 def _is_native_batchify(fn: Any, nparts: int) -> tuple | None:
-    """num_shards per output part if ``fn`` collates natively, else None."""
+    """Per output part, num_shards (Stack) or the Pad (NOTE [ Native Pad ]) if ``fn`` collates
+    natively, else None."""
     if fn is None or fn is default_batchify_fn:
         return (None,) * nparts
-    if isinstance(fn, Stack) and fn.dtype is None and nparts == 1:
-        return (fn.num_shards,)
+    if isinstance(fn, (Stack, Pad)) and fn.dtype is None and nparts == 1:
+        return (fn.num_shards if isinstance(fn, Stack) else fn,)
     if isinstance(fn, Tuple) and len(fn.fns) == nparts:
         out = []
         for f in fn.fns:
@@ -158,6 +159,8 @@ def _is_native_batchify(fn: Any, nparts: int) -> tuple | None:
                 out.append(None)
             elif isinstance(f, Stack) and f.dtype is None:
                 out.append(f.num_shards)
+            elif isinstance(f, Pad) and f.dtype is None:
+                out.append(f)
             else:
                 return None
         return tuple(out)
@@ -257,12 +260,12 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     if src is not None and not why_py and shards is not None:
         stages.append(("collate", "native", "into a pre-planned arena slot (labels with numpy take)"))
     else:
-        plain = batchify_fn in (None, default_batchify_fn) or isinstance(batchify_fn, (Stack, Tuple))
+        plain = batchify_fn in (None, default_batchify_fn) or isinstance(batchify_fn, (Stack, Pad, Tuple))
         name = "default (Stack per field)" if batchify_fn in (None, default_batchify_fn) else _describe(batchify_fn)
         stages.append(("collate", "native" if plain else "python", f"{name}, into arena slots when shapes allow"))
         if src is not None and not why_py:
-            why_py.append("the batchify function is not one loaderlib runs natively (default, Stack, Tuple of "
-                          "Stack) on this dataset")
+            why_py.append("the batchify function is not one loaderlib runs natively (default, Stack, Pad, Tuple "
+                          "of those) on this dataset")
 
     if src is not None and not why_py:
         reason = "every stage runs in native kernels (zero Python per sample)"

@@ -432,19 +432,20 @@ class RandomResizedCrop(Transform):
     ratio : (float, float)
     interpolation : {"bilinear", "area", "nearest"}
     antialias : bool
-        Low-pass (triangle filter) before bilinear downscaling. Off by default: in a fused
-        chain the DCT-scaled decode already low-passes every reduction beyond 2x (NOTE
-        [ DCT scale choice ]), and at the residual factors below 2 plain bilinear (what
-        ``cv2.resize`` does) aliases little while costing half as much. Turn it on with
-        ``Decode(dct_scaling=False)`` and strong reductions, or for parity with
-        torchvision v2 on tensors.
+        True (default, as torchvision v2): bilinear downscaling by a factor ``a > 1`` uses
+        the triangle filter of half-width ``a`` (Pillow's BILINEAR, torchvision's
+        ``antialias=True``), so a small crop of a large image does not alias, and the fused
+        chain (which decodes DCT-scaled, NOTE [ DCT scale choice ]) and the same chain
+        called on a decoded image agree within 1 level on average. False: plain two-tap
+        bilinear (``cv2.INTER_LINEAR``), cheaper, aliases on strong reductions. Ignored for
+        "area" (already a box average) and "nearest".
     """
 
     size: Size
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     interpolation: str = "bilinear"
-    antialias: bool = False
+    antialias: bool = True
 
     random = True
 
@@ -488,16 +489,17 @@ class Resize(Transform):
     ----------
     size : int or (height, width)
     interpolation : {"bilinear", "area", "nearest"}
-        Bilinear and area agree with ``cv2.INTER_LINEAR`` / ``cv2.INTER_AREA`` within +-1;
+        Bilinear (with ``antialias=False``, or when upscaling) and area agree with
+        ``cv2.INTER_LINEAR`` / ``cv2.INTER_AREA`` within +-1;
         nearest takes the pixel under each output pixel's centre, index
         ``floor((o + 0.5) * in / out)`` (torchvision's "nearest-exact").
     antialias : bool
-        As in :class:`RandomResizedCrop` (off by default, for the same reason).
+        As in :class:`RandomResizedCrop` (on by default, as torchvision v2).
     """
 
     size: Size
     interpolation: str = "bilinear"
-    antialias: bool = False
+    antialias: bool = True
 
     def __post_init__(self) -> None:
         _pair(self.size, "size")

@@ -314,9 +314,41 @@ static void ll_jpeg_status_msg(const ll_jpeg_dec *d, int st, char *msg) {
     else if (st != LL_OK) ll_copy_msg(msg, d->err.msg[0] ? d->err.msg : ll_status_message(st));
 }
 
+/* NOTE [ Coefficient memory budget ]
+ * A baseline (single-scan) JPEG decodes one iMCU row at a time, but a progressive or
+ * multi-scan one makes libjpeg keep every DCT coefficient of the whole image (2 bytes x 64
+ * per 8x8 block, per component, rounded up to whole iMCUs), allocated at
+ * jpeg_start_decompress whatever the output scale or crop: a 16 KB progressive file
+ * declaring 13000x13000 costs 515 MB per decode even for a 64x64 crop at 1/8. The header
+ * gives that size exactly, so such an image is refused before any allocation when it
+ * exceeds 1.5 bytes per pixel of max_pixels: with the default max_pixels (2 x Pillow's
+ * 89,478,485) that is 256 MiB, which admits 4:2:0 progressive images up to Pillow's
+ * 89.5 megapixels (3 bytes per pixel), 4:4:4 ones up to 44.7 and grayscale up to 134.
+ * Raising max_pixels raises the budget; max_pixels=None disables both guards. */
+
+/* Bytes of the whole-image coefficient buffer this image needs (0 for single-scan images,
+ * which need none). Valid after ll_jpeg_header. */
+static long long ll_jpeg_coef_bytes(ll_jpeg_dec *d) {
+    struct jpeg_decompress_struct *c = &d->cinfo;
+    if (!c->progressive_mode && c->comps_in_scan >= c->num_components) return 0;
+    long long total = 0;
+    for (int ci = 0; ci < c->num_components; ci++) {
+        const jpeg_component_info *k = &c->comp_info[ci];
+        long long bw = k->width_in_blocks, bh = k->height_in_blocks;
+        long long hs = k->h_samp_factor > 0 ? k->h_samp_factor : 1, vs = k->v_samp_factor > 0 ? k->v_samp_factor : 1;
+        bw = (bw + hs - 1) / hs * hs;
+        bh = (bh + vs - 1) / vs * vs;
+        total += bw * bh * (long long)sizeof(JBLOCK);
+    }
+    return total;
+}
+
+static inline long long ll_jpeg_coef_budget(long long max_pixels) { return max_pixels + max_pixels / 2; }
+
 /* Header phase of one item: parse, apply the max_pixels guard, and compute the output
- * shape (*oh, *ow, *oc) of a decode with these parameters. msg (LL_MSG_LEN bytes) gets
- * the reason for any non-zero code. */
+ * shape (*oh, *ow, *oc) of a decode with these parameters; a progressive image whose
+ * coefficients exceed the budget is refused too (NOTE [ Coefficient memory budget ]).
+ * msg (LL_MSG_LEN bytes) gets the reason for any non-zero code. */
 static int ll_jpeg_plan_item(ll_jpeg_dec *d, const unsigned char *buf, size_t size, int mode, int denom,
                              int cx, int cy, int cw, int ch, long long max_pixels, ll_jpeg_info *info,
                              int *x0, int *y0, int *oh, int *ow, int *oc, char *msg) {
@@ -328,6 +360,15 @@ static int ll_jpeg_plan_item(ll_jpeg_dec *d, const unsigned char *buf, size_t si
         if (msg) snprintf(msg, LL_MSG_LEN, "image declares %dx%d = %lld pixels, more than max_pixels=%lld "
                           "(decompression bomb guard)", info->width, info->height,
                           (long long)info->width * info->height, max_pixels);
+        return LL_ERR_TOO_LARGE;
+    }
+    long long coef = ll_jpeg_coef_bytes(d);
+    if (max_pixels > 0 && coef > ll_jpeg_coef_budget(max_pixels)) { /* NOTE [ Coefficient memory budget ] */
+        d->have_header = 0;
+        if (msg) snprintf(msg, LL_MSG_LEN, "%s JPEG of %dx%d needs %.1f MB of coefficients at any scale or crop, "
+                          "over the budget of %.1f MB (1.5 B/pixel of max_pixels); raise max_pixels to %lld or "
+                          "pass None", info->progressive ? "progressive" : "multi-scan", info->width, info->height,
+                          coef / 1e6, ll_jpeg_coef_budget(max_pixels) / 1e6, (coef * 2 + 2) / 3);
         return LL_ERR_TOO_LARGE;
     }
     st = ll_jpeg_region(info, denom, cx, cy, cw, ch, x0, y0, ow, oh);

@@ -265,18 +265,19 @@ def test_bombs_are_refused_from_the_header(kind):
 
 
 def test_bombs_cost_no_memory(tmp_path):
-    """Peak memory (VmHWM, per process) of refusing every bomb: far below what decoding would take."""
+    """Peak memory (VmHWM, per process) of refusing every bomb (the progressive JPEG too): far
+    below what decoding would take."""
     import subprocess
     import sys
 
     code = (
         "import loaderlib as ll, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from test_decode_bad_input import _bombs\n"
+        "from test_decode_bad_input import _bombs, progressive_bomb\n"
         "def hwm():\n"
         "    return int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])\n"
         "before = hwm()\n"
-        "for data in _bombs().values():\n"
+        "for data in [*_bombs().values(), progressive_bomb()]:\n"
         "    try:\n"
         "        ll.decode(data)\n"
         "    except ll.DecodeError:\n"
@@ -287,3 +288,111 @@ def test_bombs_cost_no_memory(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120, check=True,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
     assert int(r.stdout.strip()) < 50 * 1024   # KiB: refused before 50 MB
+
+
+def _progressive(w: int, h: int, seed: int = 0, progressive: bool = True) -> bytes:
+    """A 4:2:0 JPEG written by Pillow (an independent encoder), progressive or baseline."""
+    import io
+
+    from PIL import Image
+
+    bio = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(make_photo(w, h, seed)[:, :, ::-1])).save(
+        bio, "JPEG", quality=85, progressive=progressive, subsampling=2)
+    return bio.getvalue()
+
+
+def progressive_bomb() -> bytes:
+    """A 2 KB progressive JPEG whose header declares 13000 x 13000 (169 megapixels, under
+    DEFAULT_MAX_PIXELS): libjpeg would allocate its whole coefficient buffer, 508 MB."""
+    return _with_dims(_progressive(64, 64), 13000, 13000)
+
+
+def _coef_bytes_420(w: int, h: int) -> int:
+    """libjpeg's whole-image coefficient buffer for 4:2:0 (jdcoefct.c): per component, blocks
+    rounded up to whole MCUs of its sampling factors, 64 coefficients of 2 bytes each."""
+    def up(n, k):
+        return -(-n // k)
+
+    luma = up(up(w, 8), 2) * 2 * up(up(h, 8), 2) * 2
+    chroma = up(w, 16) * up(h, 16)
+    return (luma + 2 * chroma) * 128
+
+
+def test_progressive_bomb_is_refused_before_allocation():
+    """NOTE [ Coefficient memory budget ]: refused from the header at every scale and crop,
+    with the file named and the way to raise the budget, in decode, decode_batch and the
+    fused chain."""
+    from loaderlib._chain import compile_chain
+
+    bomb = progressive_bomb()
+    assert len(bomb) < 4096 and 13000 * 13000 < DEFAULT_MAX_PIXELS
+    need = _coef_bytes_420(13000, 13000)
+    msg = (rf"progressive JPEG of 13000x13000 needs {need / 1e6:.1f} MB of coefficients at any scale or crop, "
+           rf"over the budget of 268\.4 MB .*raise max_pixels to {(2 * need + 2) // 3} or pass None")
+    for kwargs in ({}, {"scale": 1 / 8}, {"crop": (0, 0, 64, 64)}, {"scale": 1 / 8, "crop": (100, 100, 64, 64)}):
+        with pytest.raises(DecodeError, match=msg):
+            ll.decode(bomb, source="bomb.jpg", **kwargs)
+    res = decode_batch([_progressive(64, 64), bomb], sources=["ok.jpg", "bomb.jpg"], on_error="return")
+    assert res.status[0] == 0 and res.status[1] < 0
+    assert "bomb.jpg" in str(res.errors[1]) and "coefficients" in str(res.errors[1])
+    plan = compile_chain(ll.transforms.Compose([ll.transforms.RandomResizedCrop(32)]))
+    out = np.zeros((1, *plan.sample_shape), plan.dtype)
+    st = plan.run_buffers_into([bomb], out, np.arange(1), seed=0, epoch=0, num_threads=1)
+    assert st.status[0] < 0 and "coefficients" in st.errors[0].reason
+
+
+def test_progressive_budget_follows_max_pixels():
+    """A real 600x400 progressive JPEG needs 729,600 bytes of coefficients (computed from
+    libjpeg's layout): refused when 1.5 x max_pixels is below that, decoded (equal to OpenCV)
+    at exactly the max_pixels the error names; the baseline file of the same image needs no
+    coefficient buffer and decodes under the same low max_pixels."""
+    prog, base = _progressive(600, 400, seed=3), _progressive(600, 400, seed=3, progressive=False)
+    need = _coef_bytes_420(600, 400)
+    assert need == 729_600 and jpeg_info(prog).progressive
+    with pytest.raises(DecodeError, match=rf"needs 0\.7 MB of coefficients.*raise max_pixels to {(2 * need + 2) // 3} "):
+        ll.decode(prog, max_pixels=400_000)
+    img = ll.decode(prog, max_pixels=(2 * need + 2) // 3)
+    assert np.array_equal(img, cv2_reference(prog))
+    assert np.array_equal(ll.decode(base, max_pixels=400_000), cv2_reference(base))
+    assert np.array_equal(ll.decode(prog, max_pixels=None), img)
+
+
+_PEAK = r"""
+import sys, cv2, numpy as np, loaderlib as ll
+path, mode, rgb_flag = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if not rgb_flag:
+    del cv2.IMREAD_COLOR_RGB   # an OpenCV older than 4.10: the in-place cvtColor path
+data = open(path, "rb").read()
+def hwm():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]) * 1024
+before = hwm()
+out = ll.decode(data, mode=mode)
+ratio = (hwm() - before - out.nbytes) / (out.shape[0] * out.shape[1] * 3)   # beyond the output, in colour images
+ref = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_GRAYSCALE if mode == "GRAY" else cv2.IMREAD_COLOR)
+ref = ref[:, :, None] if ref.ndim == 2 else (ref[:, :, ::-1] if mode == "RGB" else ref)
+print(ratio, np.array_equal(out, ref))
+"""
+
+
+@pytest.mark.parametrize(("ext", "mode", "rgb_flag"), [(".png", "RGB", 1), (".bmp", "BGR", 1), (".tiff", "RGB", 1),
+                                                       (".png", "GRAY", 1), (".png", "RGB", 0)])
+def test_opencv_formats_decode_without_a_full_size_copy(tmp_path, ext, mode, rgb_flag):
+    """NOTE [ No full-size colour copy ]: decoding a 3000x2000 PNG/BMP/TIFF raises the process's
+    peak memory (VmHWM, read in a fresh process) by the output image plus less than a third of
+    a colour image, not by two images (which cv2.imdecode's returned copy costs, and a BGR->RGB
+    copy on top); equal to OpenCV's own decode. Also for OpenCV builds without
+    IMREAD_COLOR_RGB (channels swapped in place)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / f"big{ext}"
+    params = [cv2.IMWRITE_WEBP_QUALITY, 101] if ext == ".webp" else []
+    path.write_bytes(cv2.imencode(ext, make_photo(3000, 2000, seed=4), params)[1].tobytes())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    r = subprocess.run([sys.executable, "-c", _PEAK, str(path), mode, str(rgb_flag)], capture_output=True, text=True,
+                       timeout=120, check=True, env=env)
+    ratio, same = r.stdout.split()
+    assert same == "True"
+    limit = 0.5 if ext == ".tiff" else 0.3   # libtiff maps the file itself: an uncompressed TIFF is 1/3 of it
+    assert float(ratio) < limit, f"{ext} {mode}: {float(ratio):.2f} colour images beyond the output"

@@ -16,6 +16,7 @@ import loaderlib as ll
 from loaderlib import DataLoader
 from loaderlib import transforms as T
 from loaderlib.arena import arena_counters
+from tests.kernels import _resample_ref as resample_ref
 from tests.kernels._loader_images import damaged, encode, make_image_folder, photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -31,11 +32,12 @@ def _train_chain():
 
 
 def _ref_resize_crop(path, size):
-    """OpenCV reference: decode, RGB, shorter side to `size` (torchvision rule), centre crop."""
+    """Reference: OpenCV decode, RGB, shorter side to `size` (torchvision rule) with the numpy
+    model of the antialiased bilinear filter (Resize's default), centre crop."""
     img = cv2.imread(path, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)[:, :, ::-1]
     h, w = img.shape[:2]
     oh, ow = (int(size * h / w), size) if w <= h else (size, int(size * w / h))
-    img = cv2.resize(np.ascontiguousarray(img), (ow, oh), interpolation=cv2.INTER_LINEAR)
+    img = resample_ref.resize(np.ascontiguousarray(img), oh, ow)
     top, left = round((oh - size) / 2.0), round((ow - size) / 2.0)
     return img[top:top + size, left:left + size]
 

@@ -13,6 +13,7 @@ import pytest
 from loaderlib import transforms as T
 from loaderlib._ext import _transform
 from tests.conftest import make_photo
+from tests.kernels import _resample_ref as resample_ref
 
 # (source w, h) -> (target w, h): down and up, integer and fractional factors, mixed axes.
 RESIZE_CASES = [
@@ -261,6 +262,45 @@ def test_rrc_crops_the_drawn_box_then_resizes():
     img = _photo_rgb(300, 200, seed=10)
     rrc = T.RandomResizedCrop((50, 70), scale=(0.2, 0.6))
     i, j, h, w = rrc.get_params(300, 200, T._Rng(3, 0, 4, 0))
-    ref = cv2.resize(img[i:i + h, j:j + w], (70, 50), interpolation=cv2.INTER_LINEAR)
+    ref = resample_ref.resize(img[i:i + h, j:j + w], 50, 70)   # antialiased by default
     out = rrc(img, seed=3, index=4)
     assert out.shape == (50, 70, 3) and np.abs(out.astype(int) - ref).max() <= 1
+    plain = T.RandomResizedCrop((50, 70), scale=(0.2, 0.6), antialias=False)(img, seed=3, index=4)
+    ref = cv2.resize(img[i:i + h, j:j + w], (70, 50), interpolation=cv2.INTER_LINEAR)
+    assert np.abs(plain.astype(int) - ref).max() <= 1
+
+
+def test_antialias_reference_is_pillows_bilinear():
+    """The numpy model of the documented filter against an independent implementation
+    (Pillow's BILINEAR reduce, float, then rounded): it is the filter torchvision and
+    Pillow use, and differs from OpenCV's box average (INTER_AREA) by well under 2 levels."""
+    from PIL import Image
+
+    for (sw, sh), (dw, dh) in [((512, 600), (64, 75)), ((333, 251), (100, 90)), ((1031, 777), (224, 200))]:
+        src = _photo_rgb(sw, sh, seed=7)
+        ref = resample_ref.resize(src, dh, dw)
+        pil = np.asarray(Image.fromarray(src).resize((dw, dh), Image.BILINEAR))
+        assert np.abs(ref.astype(int) - pil).max() <= 1
+        # the plain bilinear model (antialias off) is cv2.INTER_LINEAR
+        lin = resample_ref.resize(src, dh, dw, antialias=False)
+        assert np.abs(lin.astype(int) - cv2.resize(src, (dw, dh), interpolation=cv2.INTER_LINEAR)).max() <= 1
+        # a low-pass: much closer to OpenCV's box average than aliasing bilinear is
+        area = cv2.resize(src, (dw, dh), interpolation=cv2.INTER_AREA).astype(int)
+        assert np.abs(ref - area).mean() < 0.7 * np.abs(lin - area).mean()
+
+
+def test_resize_antialiases_by_default_like_torchvision_v2():
+    """Resize and RandomResizedCrop default to antialias=True: every downscaling case is within
+    +-1 of the numpy model of the triangle filter, upscaling is plain bilinear (cv2), and
+    antialias=False keeps plain bilinear (which aliases: far from the model)."""
+    assert T.Resize(10).antialias and T.RandomResizedCrop(10).antialias
+    for k, ((sw, sh), (dw, dh)) in enumerate(RESIZE_CASES):
+        src = _photo_rgb(sw, sh, seed=20 + k)
+        got = T.Resize((dh, dw))(src)
+        ref = resample_ref.resize(src, dh, dw)
+        assert np.abs(got.astype(int) - ref).max() <= 1, f"{(sw, sh)}->{(dw, dh)}"
+        if dw > sw and dh > sh:   # upscaling: no low-pass, OpenCV's bilinear
+            assert np.abs(got.astype(int) - cv2.resize(src, (dw, dh), interpolation=cv2.INTER_LINEAR)).max() <= 1
+    src = _photo_rgb(1031, 777, seed=3)
+    plain = T.Resize((37, 29), antialias=False)(src)
+    assert np.abs(plain.astype(int) - resample_ref.resize(src, 37, 29)).mean() > 2.0

@@ -65,31 +65,66 @@ def test_explain_names_python_steps_by_qualified_name():
 
 
 _STUCK = r"""
-import threading, numpy as np, loaderlib as ll
+import gc, sys, threading, warnings, numpy as np, loaderlib as ll
+
+engine, fifo = sys.argv[1], sys.argv[2]
+
 
 class Stuck:
     def __len__(self):
         return 8
-    def __getitem__(self, i):
-        threading.Event().wait()      # a read that never returns (a hung network mount)
 
-loader = ll.DataLoader(Stuck(), batch_size=2, num_threads=2, timeout=1)
-try:
-    next(iter(loader))
-except ll.LoaderTimeoutError:
-    print("timed out")
+    def source(self, i):
+        return fifo if i == 0 else f"ok{i}.jpg"
+
+    def __getitem__(self, i):
+        if fifo == "-":
+            threading.Event().wait()      # a call that never returns
+        if i == 0:
+            with open(fifo, "rb") as f:   # a FIFO named .jpg (a hung network mount): blocks for ever
+                return np.frombuffer(f.read(), np.uint8)
+        return np.full(3, i, np.uint8)
+
+
+kw = {"num_workers": 1} if engine == "processes" else {"num_threads": 2}
+loader = ll.DataLoader(Stuck(), batch_size=2, timeout=1, **kw)
+assert loader.engine == engine, loader.engine
+it = iter(loader)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    try:
+        next(it)
+    except ll.LoaderTimeoutError as e:
+        print("timed out:", e)
+print("warned:", " | ".join(str(w.message) for w in seen if w.category is RuntimeWarning))
+del it, loader
+gc.collect()
+print("released")
 """
 
 
-def test_interpreter_exits_while_a_dataset_call_is_stuck(tmp_path):
+@pytest.mark.parametrize(("engine", "what"), [("threads", "fifo"), ("processes", "fifo"), ("threads", "never")])
+def test_stuck_reads_can_be_released_and_the_interpreter_exits(tmp_path, engine, what):
+    """NOTE [ Stuck user code ]: a dataset whose read never returns (a FIFO named .jpg, or a
+    call that waits for ever) times out, the iterator and loader can be released, and the
+    interpreter exits; the threads engine warns naming the sample left on its daemon thread,
+    the processes engine kills the stuck worker. The subprocess timeout only guards against a
+    hang (which is the failure), it measures nothing."""
+    fifo = tmp_path / "stuck.jpg"
+    os.mkfifo(fifo)
     script = tmp_path / "stuck.py"
     script.write_text(_STUCK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    # The bound is generous; the point is that the process ends at all (a non-daemon pool
-    # thread stuck in __getitem__ would keep it alive for ever).
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env, check=False)
+    arg = str(fifo) if what == "fifo" else "-"
+    r = subprocess.run([sys.executable, str(script), engine, arg], capture_output=True, text=True, timeout=120,
+                       env=env, check=False)
     assert r.returncode == 0, r.stderr
-    assert "timed out" in r.stdout
+    assert "timed out: no batch within timeout=1 s" in r.stdout and "released" in r.stdout
+    if engine == "threads":   # the stuck samples, named by the dataset's source(i)
+        named = f"sample 0 ({str(fifo)!r})" if what == "fifo" else "samples 0 ('-'), 1 ('ok1.jpg')"
+        assert f"warned: dataset[i] is still running for {named}; it is left on a daemon thread" in r.stdout
+    else:
+        assert "worker 0 was still on batch 0 and was killed" in r.stdout
 
 
 def test_chw_input_is_refused_with_the_fix():
@@ -122,3 +157,47 @@ def test_tuple_of_arrays_and_bare_arrays_run_natively():
     bare = ll.DataLoader(x, batch_size=3)
     assert bare.engine == "native"
     np.testing.assert_array_equal(np.concatenate(list(bare)), x)
+
+
+def test_pad_runs_natively_and_equals_python_pad(tmp_path):
+    """NOTE [ Native Pad ]: Pad (alone, or in a Tuple, with shards and ret_length) keeps the
+    native engine, and every batch equals what batchify.Pad itself returns for the same
+    samples (taken from a Stack run), for 1 and 2 threads."""
+    from loaderlib import transforms as T
+    from loaderlib.batchify import Pad, Stack, Tuple
+    from tests.kernels._loader_images import make_image_folder
+
+    ds = ll.ImageFolderDataset(make_image_folder(tmp_path, num_classes=2, per_class=5)).transform_first(
+        T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]))
+    ref_loader = ll.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_threads=1)
+    stacked = [(x.copy(), y.copy()) for x, y in ref_loader]
+    fns = [Tuple(Pad(val=255, ret_length=True), Pad(val=-1)), Tuple(Pad(axis=1, num_shards=2), Stack())]
+    for fn in fns:
+        want = [fn([(x[i], y[i]) for i in range(len(y))]) for x, y in stacked]
+        for threads in (1, 2):
+            loader = ll.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_threads=threads, batchify_fn=fn)
+            assert loader.engine == "native", loader.explain()
+            got = list(loader)
+            assert len(got) == len(want) == 3
+            for g, w in zip(got, want):
+                _assert_same_structure(g, w)
+    x = np.arange(30, dtype=np.float32).reshape(10, 3)
+    arrays = ll.DataLoader(ll.ArrayDataset(x, np.arange(10)), batch_size=4, batchify_fn=Tuple(Pad(ret_length=True), Pad()))
+    assert arrays.engine == "native"
+    for (batch, lengths), labels in arrays:
+        start = int(labels[0])
+        ref_batch, ref_len = Pad(ret_length=True)([x[i] for i in range(start, start + len(labels))])
+        np.testing.assert_array_equal(batch, ref_batch)
+        np.testing.assert_array_equal(lengths, ref_len)
+        assert lengths.dtype == ref_len.dtype == np.int64
+
+
+def _assert_same_structure(got, want):
+    assert type(got) is type(want) or (isinstance(got, list) and isinstance(want, list)), (type(got), type(want))
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _assert_same_structure(g, w)
+    else:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
