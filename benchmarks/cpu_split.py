@@ -85,7 +85,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: benchmarks/loader.py's generated photos)")
     p.add_argument("--make", type=int, default=1024)
-    p.add_argument("--images", type=int, default=2048)
+    p.add_argument("--images", type=int, default=4096,
+                   help="images measured (several epochs: the arena slots are first touched during the first)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variant", default="float", choices=("float", "uint8"))
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)

@@ -286,8 +286,17 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     (void)rh;
     size_t hstride = hrow + 8; /* spare int16 for the SIMD pass's overlapping stores */
     if (ll_buf_reserve(&wk->hbuf, (size_t)K * hstride * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
+    const int simd = ll_simd_on();
+    size_t wide_bytes = 0;
+#if defined(__SSE2__)
+    /* NOTE [ Wide taps in pairs ] (ll_resize.h) */
+    const int wide = simd && C == 3 && tx->maxt > 2 && ll_wide_ok(tx);
+    if (wide) wide_bytes = (size_t)ow * ((tx->maxt + 1) / 2) * 8 * sizeof(int16_t) + 16;
+#else
+    const int wide = 0;
+#endif
     size_t misc = 16 * (size_t)ow + 16 + hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) + 16 +
-                  (size_t)K * (sizeof(void *) + sizeof(int)) + hrow + 64;
+                  (size_t)K * (sizeof(void *) + sizeof(int)) + hrow + 64 + wide_bytes;
     if (ll_buf_reserve(&wk->misc, misc) != 0) return LL_ERR_NOMEM;
     int16_t *hbuf = (int16_t *)wk->hbuf.p;
     ll_pairs pairs, *pr = NULL;
@@ -296,12 +305,20 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     pairs.off = acc + hrow;
     pairs.w = pairs.off + 2 * (size_t)ow;
     if (tx->maxt <= 2) {
+        if (!simd) pairs.wv = NULL; /* NOTE [ SIMD switch ] */
         ll_pairs_build(tx, C, (int)(stride > 0 ? stride : 0), &pairs);
         pr = &pairs;
     }
     const int16_t **rows = (const int16_t **)(((uintptr_t)(pairs.w + 2 * (size_t)ow) + 15) & ~(uintptr_t)15);
     int *slot_row = (int *)(rows + K);
     uint8_t *row = (uint8_t *)(slot_row + K);
+    int16_t *wide_wv = NULL;
+#if defined(__SSE2__)
+    if (wide) {
+        wide_wv = (int16_t *)(((uintptr_t)(row + hrow) + 15) & ~(uintptr_t)15);
+        ll_wide_build(tx, wide_wv);
+    }
+#endif
     for (int k = 0; k < K; k++) slot_row[k] = -1;
     int direct = (pl->dtype == LL_DTYPE_UINT8 && !pl->chw && !pl->use_lut);
     for (int oy = 0; oy < oh; oy++) {
@@ -310,6 +327,10 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
             int r = s + t, k = r % K;
             int16_t *h = hbuf + (size_t)k * hstride;
             if (slot_row[k] != r) {
+#if defined(__SSE2__)
+                if (wide_wv != NULL) ll_hpass3_wide_sse2(src + (ptrdiff_t)r * stride, tx, wide_wv, (int)stride, h);
+                else
+#endif
                 ll_hpass_any(src + (ptrdiff_t)r * stride, tx, pr, h, C);
                 slot_row[k] = r;
             }

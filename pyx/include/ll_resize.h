@@ -267,6 +267,83 @@ static void ll_hpass3_sse2(const uint8_t *src, const ll_pairs *pr, int n, int16_
 }
 #endif
 
+/* NOTE [ SIMD switch ]
+ * Every SIMD kernel here has a scalar twin computing the same integers. LOADERLIB_NO_SIMD=1
+ * in the environment selects the scalar twins, so a test can run the same chain both ways
+ * (in a subprocess) and require bitwise-equal output. Read once per process. */
+static int ll_simd_on(void) {
+    static int on = -1; /* racing first reads store the same value */
+    if (on < 0) {
+        const char *v = getenv("LOADERLIB_NO_SIMD");
+        on = !(v != NULL && v[0] != 0 && v[0] != '0');
+    }
+    return on;
+}
+
+#if defined(__SSE2__)
+/* NOTE [ Wide taps in pairs ]
+ * Antialiased downscaling (the default) gives filters of 3 to 8+ taps, which the two-tap
+ * pass cannot take. The same pmaddwd trick works for any count: per output, walk the taps
+ * two at a time, load 8 bytes at tap t (pixels t and t+1 and spare bytes), interleave the
+ * two pixels' channels as int16 pairs and multiply-add them with (w_t, w_t+1) for the 3
+ * channels at once, accumulating in int32. An odd last tap pairs with a zero weight (its
+ * partner pixel is read but contributes nothing). Integer arithmetic in the same order of
+ * magnitude as the scalar loop: the sums are equal, so the output is bitwise the scalar
+ * pass's (tests run both, NOTE [ SIMD switch ]). Only for non-negative weights (the
+ * triangle and area filters), whose results fit int16 so the saturating pack is exact. */
+static int ll_wide_ok(const ll_taps *tx) {
+    size_t n = (size_t)tx->n * tx->maxt;
+    for (size_t k = 0; k < n; k++)
+        if (tx->w[k] < 0) return 0;
+    return 1;
+}
+
+/* Weight vectors for ll_hpass3_wide_sse2: per output, (maxt+1)/2 vectors of 8 int16,
+ * (w_t, w_t+1) x 3 then two zeros; wv is 16-byte aligned. */
+static void ll_wide_build(const ll_taps *tx, int16_t *wv) {
+    const int m = tx->maxt, np = (m + 1) / 2;
+    for (int o = 0; o < tx->n; o++) {
+        const int16_t *w = tx->w + (size_t)o * m;
+        const int nt = tx->ntap[o];
+        for (int q = 0; q < np; q++) {
+            int16_t a = 2 * q < nt ? w[2 * q] : 0, b = 2 * q + 1 < nt ? w[2 * q + 1] : 0;
+            int16_t *v = wv + ((size_t)o * np + q) * 8;
+            for (int k = 0; k < 3; k++) { v[2 * k] = a; v[2 * k + 1] = b; }
+            v[6] = v[7] = 0;
+        }
+    }
+}
+
+static void ll_hpass3_wide_sse2(const uint8_t *src, const ll_taps *tx, const int16_t *wv, int row_len,
+                                int16_t *dst) {
+    const __m128i zero = _mm_setzero_si128(), round = _mm_set1_epi32(64);
+    const int m = tx->maxt, np = (m + 1) / 2, lim = row_len - 8;
+    for (int o = 0; o < tx->n; o++) {
+        const int nt = tx->ntap[o];
+        const int e0 = tx->start[o] * 3;
+        const int last = e0 + 3 * (2 * ((nt + 1) / 2) - 2); /* the last 8-byte load's start */
+        if (nt > 0 && e0 >= 0 && last <= lim) {
+            __m128i acc = round;
+            const int16_t *v = wv + (size_t)o * np * 8;
+            for (int t = 0; t < nt; t += 2, v += 8) {
+                __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(src + e0 + 3 * t)), zero);
+                __m128i b = _mm_srli_si128(a, 6);
+                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi16(a, b), _mm_load_si128((const __m128i *)v)));
+            }
+            acc = _mm_srai_epi32(acc, 7);
+            _mm_storel_epi64((__m128i *)(dst + 3 * o), _mm_packs_epi32(acc, acc));
+        } else {
+            const uint8_t *p = src + (ptrdiff_t)e0;
+            const int16_t *w = tx->w + (size_t)o * m;
+            int32_t acc[3] = {64, 64, 64};
+            for (int t = 0; t < nt; t++)
+                for (int c = 0; c < 3; c++) acc[c] += w[t] * p[t * 3 + c];
+            for (int c = 0; c < 3; c++) dst[3 * o + c] = (int16_t)(acc[c] >> 7);
+        }
+    }
+}
+#endif
+
 /* Horizontal pass of one source row into Q7 int16 (see NOTE [ Fixed-point resampling ]).
  * C is a literal at every call site, so each channel count gets its own unrolled copy. */
 static inline __attribute__((always_inline)) void ll_hpass(const uint8_t *restrict src, const ll_taps *tx,
