@@ -214,14 +214,23 @@ class TupleDataset(Dataset):
         return tuple(d[idx] for d in self.datasets)
 
 
+#: Largest file one sample may be read from (NOTE [ One sample's file size limit ] in
+#: pyx/include/ll_read.h; the native reader uses the same value).
+MAX_FILE_BYTES = 1 << 30
+
+
 def _read_file(path: str) -> bytes:
     """A regular file's bytes. Anything else (a FIFO, a device such as ``/dev/zero``, a
-    directory) is refused without blocking or reading without bound, as the native reader does."""
+    directory) is refused without blocking or reading without bound, as the native reader does,
+    and so is a file larger than :data:`MAX_FILE_BYTES`."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
+        if st.st_size > MAX_FILE_BYTES:
+            raise OSError(errno.EFBIG, f"file of {st.st_size} bytes is larger than the {MAX_FILE_BYTES}-byte limit "
+                          "for one sample", path)
         chunks, left = [], st.st_size
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 24))

@@ -23,6 +23,7 @@ cdef extern from "ll_resize.h":
 
 
 cdef extern from "ll_read.h":
+    const long long LL_MAX_FILE_BYTES
     int ll_read_file(const char* path, ll_buf* b, size_t* size, char* msg) noexcept nogil
     int ll_pread_all(int fd, unsigned char* dst, size_t size, long long offset, char* msg) noexcept nogil
 

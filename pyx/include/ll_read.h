@@ -49,6 +49,13 @@ static int ll_pread_all(int fd, unsigned char *dst, size_t size, long long offse
 }
 
 /* Read a whole file into b; *size gets its length. */
+/* NOTE [ One sample's file size limit ]
+ * A path that names a huge file (a disk image mislabelled .jpg, a sparse file) would
+ * otherwise be read whole into memory by whichever thread meets it. No image a loader
+ * trains on comes near 1 GiB, so both readers (this one and datasets._read_file, which
+ * tests hold to the same value) refuse larger files from their size, before reading. */
+#define LL_MAX_FILE_BYTES (1LL << 30)
+
 static int ll_read_file(const char *path, ll_buf *b, size_t *size, char *msg) {
     int fd;
     /* O_NONBLOCK: opening a FIFO (or a device) must never block the kernel; anything that
@@ -66,6 +73,12 @@ static int ll_read_file(const char *path, ll_buf *b, size_t *size, char *msg) {
     }
     if (!S_ISREG(stbuf.st_mode)) {
         if (msg) snprintf(msg, LL_MSG_LEN, "not a regular file");
+        close(fd);
+        return LL_ERR_READ;
+    }
+    if ((long long)stbuf.st_size > LL_MAX_FILE_BYTES) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "file of %lld bytes is larger than the %lld-byte limit for one sample",
+                          (long long)stbuf.st_size, (long long)LL_MAX_FILE_BYTES);
         close(fd);
         return LL_ERR_READ;
     }

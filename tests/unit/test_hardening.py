@@ -201,3 +201,22 @@ def _assert_same_structure(got, want):
     else:
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_file_larger_than_the_sample_limit_is_refused_by_both_readers(tmp_path):
+    # NOTE [ One sample's file size limit ]: a sparse file costs no disk, yet declares 1 GiB + 1.
+    from loaderlib import datasets as D
+    from loaderlib import transforms as T
+    from loaderlib._ext import _pipeline
+
+    assert D.MAX_FILE_BYTES == _pipeline.MAX_FILE_BYTES == 1 << 30
+    big = tmp_path / "huge.jpg"
+    with open(big, "wb") as f:
+        f.truncate(D.MAX_FILE_BYTES + 1)
+    ds = ll.ImageListDataset([str(big)], [0])
+    with pytest.raises(OSError, match="larger than the 1073741824-byte limit"):
+        ds[0]                                                  # the Python reader
+    loader = ll.DataLoader(ds.transform_first(T.Resize((8, 8))), batch_size=1)
+    assert loader.engine == "native"
+    with pytest.raises(ll.DecodeError, match="huge.jpg.*larger than the 1073741824-byte limit"):
+        next(iter(loader))                                     # the native reader
