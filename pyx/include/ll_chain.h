@@ -223,7 +223,18 @@ static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, i
     size_t plane = (size_t)oh * ow;
     if (pl->dtype == LL_DTYPE_FLOAT32) {
         float *o = (float *)out;
-        if (pl->chw) {
+        if (pl->chw && C == 3) {
+            /* The common case in one pass over the row: three planes written side by side,
+             * each channel's table in registers' reach, no stride-C re-reads of the row. */
+            const float *restrict l0 = pl->lutf, *restrict l1 = pl->lutf + 256, *restrict l2 = pl->lutf + 512;
+            float *restrict d0 = o + (size_t)oy * ow, *restrict d1 = d0 + plane, *restrict d2 = d1 + plane;
+            for (int x = 0; x < ow; x++) {
+                const uint8_t *p = row + 3 * x;
+                d0[x] = l0[p[0]];
+                d1[x] = l1[p[1]];
+                d2[x] = l2[p[2]];
+            }
+        } else if (pl->chw) {
             for (int c = 0; c < C; c++) {
                 const float *lut = pl->lutf + 256 * c;
                 float *d = o + c * plane + (size_t)oy * ow;
