@@ -423,7 +423,8 @@ def compile_chain(transform: Any) -> NativePlan | None:
     if erases and dtype not in (np.float32, np.uint8):
         return None
     resamples = any(o[0] in (_pipeline.OP_RRC, _pipeline.OP_RESIZE) for o in ops)
-    first = ("decode JPEG (libjpeg-turbo, ISLOW): only the source region the output needs"
+    idct = "IFAST, merged upsampling (fast=True)" if decode.fast else "ISLOW"
+    first = (f"decode JPEG (libjpeg-turbo, {idct}): only the source region the output needs"
              + (", at the smallest DCT scale 1/2, 1/4 or 1/8 that keeps the output resolution"
                 if decode.dct_scaling and resamples else ", full resolution")
              + "; other formats via OpenCV then the same steps in Python")

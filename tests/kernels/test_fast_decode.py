@@ -115,6 +115,7 @@ def test_fused_fast_chain_equals_the_python_compose(images, name):
     chain = T.Compose([T.Decode(dct_scaling=False, fast=True), *CHAINS[name]])
     plan = compile_chain(chain)
     assert plan is not None
+    assert "IFAST, merged upsampling (fast=True)" in plan.describe()[0]
     outs = []
     for threads in (1, 2):
         out = np.zeros((len(datas), *plan.sample_shape), plan.dtype)
