@@ -4,6 +4,8 @@ bitwise equal to OpenCV (the independent reference of tests/kernels/test_decode.
 
 from __future__ import annotations
 
+import warnings
+
 import cv2
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
 from loaderlib.decoding import decode_batch
+from loaderlib.errors import DecodeError, DecodeWarning
 from tests._synth import encode_jpeg, photo_like
 from tests.conftest import cv2_reference
 
@@ -141,3 +144,24 @@ def test_bad_fast_argument_raises():
     with pytest.raises(TypeError, match="fast must be True or False, got None"):
         T.Decode(fast=None)
     assert T.Decode(fast=np.bool_(True)).fast is True
+
+
+def test_fast_decode_of_bad_data_raises_or_decodes_never_crashes():
+    """The fast path takes the same guards: truncated data raises, corrupted bytes decode or
+    raise DecodeError (at every scale, with and without a crop), as the exact path does."""
+    data = encode_jpeg(photo_like(200, 150, seed=7), 90, "420")
+    with pytest.raises(DecodeError, match="truncated: the data ends before the image"):
+        ll.decode(data[: len(data) // 2], fast=True)
+    rng = np.random.default_rng(5)
+    for k in range(40):
+        bad = bytearray(data)
+        for pos in rng.integers(2, len(bad), 8):
+            bad[pos] = int(rng.integers(0, 256))
+        for scale, crop in ((1, None), (1 / 2, (30, 20, 100, 90)), (1 / 8, None)):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DecodeWarning)
+                    got = ll.decode(bytes(bad), scale=scale, crop=crop, fast=True, strict=False)
+            except DecodeError:
+                continue
+            assert got.dtype == np.uint8 and got.ndim == 3, k
