@@ -392,8 +392,9 @@ class Decode(Transform):
         False (default): the exact decode, bitwise equal to OpenCV. True: libjpeg's fast
         integer IDCT and merged (non-fancy) chroma upsampling, the equivalent of tf.data's
         ``dct_method="INTEGER_FAST"`` with ``fancy_upscaling=False``: faster, with the
-        error against the exact decode stated in :func:`loaderlib.decoding.decode`. The
-        fused chain and this transform called alone give the same pixels either way.
+        error against the exact decode stated in :func:`loaderlib.decoding.decode`. With
+        ``dct_scaling=False`` the fused chain equals the chain called step by step, as for
+        the exact decode.
 
     Called on an already decoded numpy image, Decode returns it unchanged.
     """
