@@ -110,7 +110,7 @@ class NativePlan:
                 ops, mode_code(decode.mode), decode.channels, bool(decode.dct_scaling), strict_level(decode.strict), max_px,
                 _pipeline.DTYPE_FLOAT32 if self.dtype == np.float32 else
                 _pipeline.DTYPE_UINT16 if self.dtype.itemsize == 2 else _pipeline.DTYPE_UINT8, chw, lut,
-                int(spec.height), int(spec.width), augs=augs or [], erases=erases or [])
+                int(spec.height), int(spec.width), augs=augs or [], erases=erases or [], fast=bool(decode.fast))
 
     def describe(self) -> list[str]:
         """One line per fused step (what ``loader.explain()`` shows)."""
@@ -271,7 +271,7 @@ class NativePlan:
             data = fetch(i)
             t1 = time.perf_counter_ns()
             d = self.decode_spec
-            img = _decode_image(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict)
+            img = _decode_image(data, mode=d.mode, max_pixels=d.max_pixels, strict=d.strict, fast=d.fast)
             t2 = time.perf_counter_ns()
             res = np.asarray(self.transform(img, seed=seed, epoch=epoch, index=int(idx[i])))
             if res.shape != out.shape[1:]:
@@ -423,7 +423,8 @@ def compile_chain(transform: Any) -> NativePlan | None:
     if erases and dtype not in (np.float32, np.uint8):
         return None
     resamples = any(o[0] in (_pipeline.OP_RRC, _pipeline.OP_RESIZE) for o in ops)
-    first = ("decode JPEG (libjpeg-turbo, ISLOW): only the source region the output needs"
+    idct = "IFAST, merged upsampling (fast=True)" if decode.fast else "ISLOW"
+    first = (f"decode JPEG (libjpeg-turbo, {idct}): only the source region the output needs"
              + (", at the smallest DCT scale 1/2, 1/4 or 1/8 that keeps the output resolution"
                 if decode.dct_scaling and resamples else ", full resolution")
              + "; other formats via OpenCV then the same steps in Python")

@@ -208,8 +208,11 @@ def read_headers_into(list bufs, int mode, int denom, const int32_t[:, ::1] crop
 @cython.wraparound(False)
 def decode_into(list bufs, list outs, int mode, int denom, const int32_t[:, ::1] crops not None,
                 long long max_pixels, int strict, int32_t[::1] status not None,
-                uint8_t[:, ::1] msgs not None, int num_threads, Workers pool not None):
+                uint8_t[:, ::1] msgs not None, int num_threads, Workers pool not None, bint fast=False):
     """Decode item i of ``bufs`` into ``outs[i]`` (C-contiguous uint8 HWC), in parallel.
+
+    ``fast``: libjpeg's fast integer IDCT and merged upsampling instead of the exact
+    (OpenCV-equal) decode (NOTE [ Fast decode ] in include/ll_jpeg.h).
 
     ``outs[i]`` may be None to skip an item (its status is left untouched). Per item:
     status[i] is LL_OK, LL_WARNED (decoded; libjpeg recovered from corrupt data, reason in
@@ -254,7 +257,7 @@ def decode_into(list bufs, list outs, int mode, int denom, const int32_t[:, ::1]
                 &pool.w[threadid()].dec, inp.ptrs[i], inp.sizes[i], mode, denom,
                 crops[i, 0], crops[i, 1], crops[i, 2], crops[i, 3], max_pixels, strict,
                 <uint8_t*>optr[i], <Py_ssize_t>oshape[3 * i + 1] * oshape[3 * i + 2],
-                oshape[3 * i], oshape[3 * i + 1], oshape[3 * i + 2], <char*>&msgs[i, 0])
+                oshape[3 * i], oshape[3 * i + 1], oshape[3 * i + 2], <char*>&msgs[i, 0], fast)
     finally:
         if inp is not None:
             inp.release()

@@ -58,12 +58,14 @@ cdef class CompiledChain:
     cdef readonly int out_h, out_w, channels, dtype, chw
 
     def __cinit__(self, list ops, int mode, int channels, bint dct_scaling, int strict, long long max_pixels,
-                  int dtype, bint chw, object lut, int out_h, int out_w, list augs=None, list erases=None):
+                  int dtype, bint chw, object lut, int out_h, int out_w, list augs=None, list erases=None,
+                  bint fast=False):
         """``ops``: tuples (kind, pos, h, w, interp, antialias, s0, s1, r0, r1, p);
         ``lut``: None or a (channels, 256) float32 (dtype float32), uint16 (dtype uint16: float16 or
         bfloat16 bits) or uint8 array;
         ``augs`` / ``erases``: augmentation ops (kind, pos, ints, doubles) run after the
-        geometry / on the finished output (NOTE [ Augmentations in the chain ])."""
+        geometry / on the finished output (NOTE [ Augmentations in the chain ]);
+        ``fast``: decode with NOTE [ Fast decode ] (include/ll_jpeg.h)."""
         if len(ops) > LL_MAX_OPS:
             raise ValueError(f"at most {LL_MAX_OPS} geometric transforms can be fused, got {len(ops)}")
         if channels < 1 or channels > 4:
@@ -84,6 +86,7 @@ cdef class CompiledChain:
         p.channels = channels
         p.dct_scaling = dct_scaling
         p.strict = strict
+        p.fast = fast
         p.max_pixels = max_pixels
         p.dtype = dtype
         p.chw = chw

@@ -52,6 +52,7 @@ cdef extern from "ll_chain.h":
         uint8_t lut8[1024]
         ll_aug_plan aug
         uint16_t lut16[1024]
+        int fast
 
     int64_t ll_now_ns() noexcept nogil
     int ll_chain_run(const ll_plan* pl, ll_worker* wk, const uint8_t* buf, size_t size, uint64_t seed,

@@ -28,11 +28,11 @@ cdef extern from "ll_jpeg.h":
     int ll_jpeg_region(const ll_jpeg_info* info, int denom, int cx, int cy, int cw, int ch,
                        int* x0, int* y0, int* w, int* h) noexcept nogil
     int ll_jpeg_decode(ll_jpeg_dec* d, int mode, int denom, int x0, int y0, int w, int h,
-                       unsigned char* out, Py_ssize_t out_stride, int strict) noexcept nogil
+                       unsigned char* out, Py_ssize_t out_stride, int strict, int fast) noexcept nogil
     int ll_jpeg_plan_item(ll_jpeg_dec* d, const unsigned char* buf, size_t size, int mode, int denom,
                           int cx, int cy, int cw, int ch, long long max_pixels, ll_jpeg_info* info,
                           int* x0, int* y0, int* oh, int* ow, int* oc, char* msg) noexcept nogil
     int ll_jpeg_decode_item(ll_jpeg_dec* d, const unsigned char* buf, size_t size, int mode, int denom,
                             int cx, int cy, int cw, int ch, long long max_pixels, int strict,
                             unsigned char* out, Py_ssize_t out_stride, int out_h, int out_w, int out_c,
-                            char* msg) noexcept nogil
+                            char* msg, int fast) noexcept nogil

@@ -100,6 +100,7 @@ typedef struct {
     uint8_t lut8[4 * 256]; /* the same for uint8 output when use_lut */
     ll_aug_plan aug;       /* augmentations after the geometry (ll_augment.h) */
     uint16_t lut16[4 * 256]; /* the same for 16-bit output: float16 or bfloat16 bit patterns */
+    int fast;              /* decode with NOTE [ Fast decode ] (ll_jpeg.h) */
 } ll_plan;
 
 static inline int64_t ll_now_ns(void) {
@@ -512,7 +513,7 @@ static int ll_chain_stages(const ll_plan *pl, ll_worker *wk, const uint8_t *pixe
             t1 = t_dec ? ll_now_ns() : 0;
             if (ll_buf_reserve(&wk->region, (size_t)rw * rh * C + 16) != 0) goto nomem;
             st = ll_jpeg_decode(&wk->dec, pl->mode, d, rx0, ry0, rw, rh, wk->region.p, (ptrdiff_t)rw * C,
-                                pl->strict);
+                                pl->strict, pl->fast);
             ll_jpeg_status_msg(&wk->dec, st, msg);
             if (st < 0) return st;
             if (t_dec) t_decode += ll_now_ns() - t1;

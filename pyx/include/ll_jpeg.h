@@ -208,9 +208,20 @@ static void ll_cmyk_row(const unsigned char *src, unsigned char *dst, int n, int
  * as image borders, and a skip loses the context row above. We therefore decode one iMCU
  * more on each side (clipped to the image) and drop it, so the result is bitwise equal to
  * slicing a full decode at the same scale, for every subsampling, at a cost of one iMCU
- * column on each side and one iMCU row above. */
+ * column on each side and one iMCU row above.
+ *
+ * NOTE [ Fast decode ]
+ * fast != 0 trades exactness for speed, as tf.data's dct_method="INTEGER_FAST" with
+ * fancy_upscaling=False: libjpeg's fast integer IDCT (JDCT_IFAST, 8-bit multipliers, less
+ * accurate rounding) and merged (non-fancy) chroma upsampling, where each chroma sample is
+ * replicated over its 2x1 or 2x2 luma pixels and colour conversion is fused with the
+ * upsampling. The result is no longer OpenCV's; its measured error against the exact decode
+ * is stated in loaderlib.decoding.decode. At a reduced DCT scale libjpeg uses its scaled
+ * IDCTs whatever dct_method says, so there only the upsampling changes. The crop margins
+ * of NOTE [ Exact crop decode ] are kept: a crop stays bitwise equal to slicing a full
+ * fast decode at the same scale. */
 static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
-                          unsigned char *out, ptrdiff_t out_stride, int strict) {
+                          unsigned char *out, ptrdiff_t out_stride, int strict, int fast) {
     struct jpeg_decompress_struct *c = &d->cinfo;
     if (!d->have_header) return LL_ERR_STATE;
     d->have_header = 0;
@@ -231,8 +242,8 @@ static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, i
     }
     c->scale_num = 1;
     c->scale_denom = (unsigned int)denom;
-    c->dct_method = JDCT_ISLOW;
-    c->do_fancy_upsampling = TRUE;
+    c->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW; /* NOTE [ Fast decode ] */
+    c->do_fancy_upsampling = fast ? FALSE : TRUE;
     c->do_block_smoothing = TRUE;
     jpeg_start_decompress(c);
 
@@ -383,11 +394,12 @@ static int ll_jpeg_plan_item(ll_jpeg_dec *d, const unsigned char *buf, size_t si
 }
 
 /* One item, bytes to pixels, into out (out_h x out_w x out_c, row stride out_stride), which
- * must have exactly the planned shape. Thread-safe for distinct decoders. */
+ * must have exactly the planned shape; fast: NOTE [ Fast decode ]. Thread-safe for distinct
+ * decoders. */
 static int ll_jpeg_decode_item(ll_jpeg_dec *d, const unsigned char *buf, size_t size, int mode, int denom,
                                int cx, int cy, int cw, int ch, long long max_pixels, int strict,
                                unsigned char *out, ptrdiff_t out_stride, int out_h, int out_w, int out_c,
-                               char *msg) {
+                               char *msg, int fast) {
     ll_jpeg_info info;
     int x0, y0, oh, ow, oc;
     int st = ll_jpeg_plan_item(d, buf, size, mode, denom, cx, cy, cw, ch, max_pixels, &info, &x0, &y0, &oh, &ow,
@@ -399,7 +411,7 @@ static int ll_jpeg_decode_item(ll_jpeg_dec *d, const unsigned char *buf, size_t 
                           out_h, out_w, out_c, oh, ow, oc);
         return LL_ERR_SHAPE;
     }
-    st = ll_jpeg_decode(d, mode, denom, x0, y0, ow, oh, out, out_stride, strict);
+    st = ll_jpeg_decode(d, mode, denom, x0, y0, ow, oh, out, out_stride, strict, fast);
     ll_jpeg_status_msg(d, st, msg);
     return st;
 }
