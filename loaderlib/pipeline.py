@@ -751,6 +751,24 @@ class Pipeline:
         return node.engine.engine if isinstance(node, _Head) else "python"
 
     @property
+    def head_loader(self) -> Any:
+        """The ``DataLoader`` that runs the head's engine stage of the next iteration, or None
+        when no step runs on an engine. Its ``recorder``, ``stats``, ``num_threads`` and
+        ``prefetch`` are that stage's (the dashboard watches it). After a ``cache`` step is
+        complete, later iterations run on another one (the stage over the cached pixels)."""
+        node = self._build(self._iteration)
+        while not isinstance(node, _Head) and hasattr(node, "up"):
+            node = node.up
+        return node.engine.loader if isinstance(node, _Head) else None
+
+    def dashboard(self, **kwargs: Any) -> Any:
+        """A live bottleneck dashboard for this pipeline's engine stage, with the tuner's
+        decisions (Jupyter; see :class:`loaderlib.profiling.Dashboard`, which takes ``kwargs``)."""
+        from .profiling import Dashboard
+
+        return Dashboard(self, **kwargs)
+
+    @property
     def stats(self) -> dict:
         """Per-stage timings of the head's engine (``stats["engine"]``), the tuner's decisions
         (``stats["autotune"]``: ``(time, knob, old, new, reason)``) and :meth:`cache_info`."""

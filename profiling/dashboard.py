@@ -35,15 +35,27 @@ or :meth:`Dashboard.run_in_background`, which consumes the loader with a simulat
 step in a thread (the harness's infinitely-fast or simulated model). The update thread
 ends when the dashboard is closed, when the loader is closed, or after ``idle_stop``
 seconds without new batches once the consumer in the background has finished.
+
+NOTE [ Dashboard autotune ]
+With ``AUTOTUNE`` the tuner's decisions are in the snapshot (``Stats.autotune``: ``(time, knob,
+old, new, reason)``, NOTE [ Autotune ] in ``loaderlib/_autotune.py``). The dashboard lists them
+under the verdict, newest last, from the same snapshot as every other figure: they appear as
+the tuner takes them, stay when the run ends (the snapshot keeps them) and are in the exported
+HTML (the list is a ``widgets.HTML``, so its last value is in the widget state). The threads
+and prefetch knobs follow the tuner's changes as they follow any other. A ``Pipeline`` is
+watched through its head's engine stage (``Pipeline.head_loader``), re-read at each update
+because after a complete ``cache`` later iterations run on another stage; its decisions are
+all of the pipeline's tuners' (``Pipeline.stats["autotune"]``).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import html
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..stats import FONT_CSS, Stats, Window, clock_ns, split_window, window_of
@@ -57,6 +69,8 @@ POINT_S = 1.0
 # The verdict's evidence threshold on the dashboard: the "now" window must be this long.
 DASH_MIN_S = 2.0
 DASH_MIN_BATCHES = 8
+# The most autotune decisions listed (the newest; the count says how many there were).
+AUTOTUNE_ROWS = 12
 
 
 def _loader_closed(loader: Any) -> bool:
@@ -72,9 +86,10 @@ class Dashboard:
 
     Parameters
     ----------
-    loader : DataLoader-like
+    loader : DataLoader-like or Pipeline
         A ``loaderlib.DataLoader`` (or an object with the same ``recorder``, ``stats``,
-        settable ``num_threads`` and ``prefetch``). Its recorder is switched on.
+        settable ``num_threads`` and ``prefetch``), or a ``loaderlib.Pipeline`` (its head's
+        engine stage is watched, NOTE [ Dashboard autotune ]). Its recorder is switched on.
     interval : float
         Seconds between updates (0.5: about twice a second).
     autostart : bool
@@ -89,6 +104,8 @@ class Dashboard:
     ----------
     widget : ipywidgets.VBox
         The layout (shown when the dashboard is the last expression of a cell).
+    autotune : ipywidgets.HTML
+        The tuner's decisions (time, knob, old -> new, reason); empty when nothing is tuned.
     updates : int
         How many times the dashboard has refreshed.
     last_stats : Stats or None
@@ -105,7 +122,7 @@ class Dashboard:
     Notes
     -----
     See NOTE [ Dashboard history ], NOTE [ Dashboard now ], NOTE [ Dashboard threading ] and
-    NOTE [ Dashboard drawing ] in this module.
+    NOTE [ Dashboard drawing ] and NOTE [ Dashboard autotune ] in this module.
     """
 
     def __init__(self, loader: Any, *, interval: float = 0.5, autostart: bool = True,
@@ -117,7 +134,10 @@ class Dashboard:
                               "(or pip install ipywidgets)") from None
 
         from .. import available_cpus
+        from ..pipeline import Pipeline
 
+        if isinstance(loader, Pipeline):
+            loader = _PipelineView(loader)
         if getattr(loader, "recorder", None) is None:
             raise TypeError("Dashboard needs a loader with a stage recorder (loader.recorder), "
                             f"got {type(loader).__name__}")
@@ -149,6 +169,7 @@ class Dashboard:
         self.figures = widgets.HTML()
         self.plots = widgets.HTML(layout=widgets.Layout(width="100%", max_width="980px"))
         self.verdict = widgets.HTML()
+        self.autotune = widgets.HTML()
         self._box = box
         self.threads = widgets.IntSlider(value=_int(loader.num_threads, cpus), min=1, max=top,
                                          description="threads", continuous_update=False)
@@ -156,7 +177,7 @@ class Dashboard:
                                           description="prefetch", continuous_update=False)
         self.threads.observe(self._on_threads, names="value")
         self.prefetch.observe(self._on_prefetch, names="value")
-        self.widget = widgets.VBox([self.title, self.figures, self.plots, self.verdict,
+        self.widget = widgets.VBox([self.title, self.figures, self.plots, self.verdict, self.autotune,
                                     widgets.HBox([self.threads, self.prefetch])])
         # The knobs' labels too, in the exported HTML as well as live (no serif fallback).
         self.widget.add_class("loaderlib-dashboard")
@@ -235,6 +256,7 @@ class Dashboard:
             self.title.value = self._title_html(stats)
             self.figures.value = self._figures_html(stats, now, cores, others)
             self.verdict.value = self._verdict_html(stats)
+            self.autotune.value = self._autotune_html(stats)
             self.plots.value = self._draw(stats, now)
             # Knobs follow the loader (another cell may have changed it).
             for slider, value in ((self.threads, self.loader.num_threads),
@@ -352,6 +374,7 @@ class Dashboard:
     # -- rendering ---------------------------------------------------------------------------
     def _title_html(self, stats: Stats | None, stopped: bool = False) -> str:
         engine = getattr(self.loader, "engine", "?")
+        kind = type(getattr(self.loader, "pipeline", self.loader)).__name__
         if _loader_closed(self.loader):
             state = "closed"
         elif self._consumer is not None and not self._consumer.is_alive():
@@ -367,7 +390,7 @@ class Dashboard:
         style = ("<style>.loaderlib-dashboard, .loaderlib-dashboard .widget-label, .loaderlib-dashboard "
                  f".widget-readout {{{FONT_CSS}}}</style>")
         return (f"{style}<div style=\"{self._box}\"><span style='font-size:16px;font-weight:600'>loaderlib dashboard"
-                f"</span> &mdash; {html.escape(type(self.loader).__name__)} (engine {html.escape(str(engine))}) "
+                f"</span> &mdash; {html.escape(kind)} (engine {html.escape(str(engine))}) "
                 f"<i>{html.escape(state)}</i></div>")
 
     def _figures_html(self, stats: Stats, now: Window, cores: float | None, others: float | None = None) -> str:
@@ -399,6 +422,24 @@ class Dashboard:
         return (f"<div style=\"{self._box};border-left:6px solid {color};padding:6px 10px;background:#f7f7f7\">"
                 f"<b>{html.escape(str(name))}</b>: {html.escape(v.summary)}<br>"
                 f"try: {html.escape(v.suggestion)}{notes}</div>")
+
+    def _autotune_html(self, stats: Stats) -> str:
+        """The tuner's decisions in ``stats`` as a table, newest last (NOTE [ Dashboard autotune ])."""
+        rows = tuple(getattr(stats, "autotune", ()) or ())
+        if not rows:
+            return ""
+        shown = rows[-AUTOTUNE_ROWS:]
+        more = f", the last {len(shown)} shown" if len(shown) < len(rows) else ""
+        cell = "<td style='padding:0 10px;vertical-align:top'>{}</td>"
+        head = "".join(f"<th style='padding:0 10px;font-weight:600;text-align:left'>{k}</th>"
+                       for k in ("t (s)", "knob", "change", "why"))
+        body = "".join(
+            "<tr>" + "".join(cell.format(html.escape(v)) for v in (f"{t:.1f}", str(knob), f"{old} \u2192 {new}",
+                                                                   str(reason))) + "</tr>"
+            for t, knob, old, new, reason in shown)
+        n = len(rows)
+        return (f"<div style=\"{self._box};padding:4px 0\"><b>autotune</b>: {n} decision{'s' if n != 1 else ''}"
+                f"{more} (t: seconds since tuning began)<table><tr>{head}</tr>{body}</table></div>")
 
     def _build_figure(self) -> None:
         # Built once; updates only move data. A fixed layout, wide enough margins for every label: a constrained layout per frame
@@ -466,6 +507,59 @@ class Dashboard:
         a["ax2"].clear()
         draw_stage_bar(a["ax2"], now.stage_s, title=f"stage shares, last {now.wall_s:.0f} s")
         return figure_svg(self._fig, text=True)
+
+
+class _PipelineView:
+    """What the dashboard watches of a ``Pipeline``: the loader of its head's engine stage,
+    re-read on each access, with every tuner's decisions (NOTE [ Dashboard autotune ])."""
+
+    closed = False
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+        self._head = pipeline.head_loader
+        if self._head is None:
+            raise TypeError(f"the dashboard watches an engine stage, and {pipeline!r} runs none "
+                            "(add a map of loaderlib transforms or a batch after the source)")
+
+    def _current(self) -> Any:
+        head = self.pipeline.head_loader
+        if head is not None and head is not self._head:
+            # Another stage runs now (after a complete cache): record it as the first one was.
+            head.recorder.enabled = self._head.recorder.enabled
+            self._head = head
+        return self._head
+
+    @property
+    def recorder(self) -> Any:
+        return self._current().recorder
+
+    @property
+    def stats(self) -> Stats:
+        return dataclasses.replace(self._current().stats, autotune=tuple(self.pipeline.stats["autotune"]))
+
+    @property
+    def engine(self) -> str:
+        return self._current().engine
+
+    @property
+    def num_threads(self) -> int:
+        return self._current().num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: int) -> None:
+        self._current().num_threads = value
+
+    @property
+    def prefetch(self) -> int:
+        return self._current().prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._current().prefetch = value
+
+    def __iter__(self) -> Iterator:
+        return iter(self.pipeline)
 
 
 class _CpuMeter:

@@ -20,8 +20,9 @@ def cache_home(tmp_path_factory):
 
 
 def test_there_are_notebooks():
-    assert [p.name for p in NOTEBOOKS][:3] == [
-        "01_quickstart.ipynb", "02_live_bottleneck_dashboard.ipynb", "03_infinitely_fast_model.ipynb"]
+    assert [p.name for p in NOTEBOOKS][:4] == [
+        "01_quickstart.ipynb", "02_live_bottleneck_dashboard.ipynb", "03_infinitely_fast_model.ipynb",
+        "04_pipeline.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

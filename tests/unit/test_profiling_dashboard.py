@@ -212,3 +212,132 @@ def test_loader_dashboard_method_and_closed_flag(root):
     assert loader.closed is True
     with pytest.raises(RuntimeError, match="this DataLoader is closed"):
         iter(loader)
+
+
+def _decision_rows(html_table):
+    """The autotune table's rows as ``(t, knob, change, why)`` text (HTML entities undone)."""
+    import html as html_mod
+
+    rows = re.findall(r"<tr>(<td.*?)</tr>", html_table)
+    return [tuple(html_mod.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)) for r in rows]
+
+
+def _expected_rows(decisions):
+    return [(f"{t:.1f}", knob, f"{old} \u2192 {new}", reason) for t, knob, old, new, reason in decisions]
+
+
+class _TunedSim(SimLoader):
+    """A simulated loader whose thread count a real tuner moves, on the fake clock: a batch takes
+    40 ms of pool time spread over at most 4 useful threads."""
+
+    def __init__(self, clock, **kw):
+        super().__init__(clock, threads=1, batch_s=lambda *_: 0.04 / min(self.num_threads, 4), **kw)
+        from loaderlib._autotune import HillClimb, Tuner
+
+        def apply(n):
+            self.num_threads = n
+
+        self.tuner = Tuner([(HillClimb("num_threads", 1, 1, 8), apply)], clock=lambda: clock.t / 1e9)
+
+    @property
+    def stats(self):
+        import dataclasses
+
+        return dataclasses.replace(self.recorder.snapshot(), autotune=tuple(self.tuner.decisions))
+
+
+def test_autotune_decisions_are_listed_live_and_stay_when_the_run_ends(clock):
+    loader = _TunedSim(clock, n_batches=2000, prefetch=4)
+    dash = Dashboard(loader, interval=0.5, autostart=False, max_threads=8)
+    try:
+        assert dash.autotune.value == ""  # nothing tuned yet: no list
+        assert dash.autotune in dash.widget.children
+        step = loader.model(0.002)
+        it = iter(loader)
+        seen = []
+        last = clock.t
+        for _ in range(600):
+            step(next(it))
+            loader.tuner.observe(1)
+            if clock.t - last >= 0.5e9:
+                last = clock.t
+                dash.update()
+                seen.append(len(_decision_rows(dash.autotune.value)))
+        decisions = loader.tuner.decisions
+        # The model of the tuner (NOTE [ Autotune ]): doubling while the rate improves, one step
+        # past the best (8 threads are no faster than 4), then back to the best and settled.
+        assert [(k, old, new) for _, k, old, new, _ in decisions] == [
+            ("num_threads", 1, 2), ("num_threads", 2, 4), ("num_threads", 4, 8), ("num_threads", 8, 4)]
+        assert decisions[-1][4].endswith("back to 4, settled")
+        # Listed as they were taken (the list grew over the updates), each one as recorded.
+        assert seen[0] == 0 and seen[-1] == 4 and sorted(seen) == seen and len(set(seen)) == 5, seen
+        assert _decision_rows(dash.autotune.value) == _expected_rows(decisions)
+        assert "4 decisions (" in dash.autotune.value and "font-family: system-ui" in dash.autotune.value
+        assert dash.threads.value == 4  # the knob follows the tuner
+        # The run ends: the list stays as it was.
+        frozen = dash.autotune.value
+        clock.advance(30.0)
+        dash.update()
+        assert dash.autotune.value == frozen
+    finally:
+        dash.close()
+
+
+def test_autotune_list_keeps_the_newest_and_escapes_reasons(clock):
+    decisions = tuple((0.5 * i, "prefetch", i, i + 1, f"rate <{i}> & more") for i in range(15))
+
+    class Tuned(SimLoader):
+        @property
+        def stats(self):
+            import dataclasses
+
+            return dataclasses.replace(self.recorder.snapshot(), autotune=decisions)
+
+    loader = Tuned(clock)
+    dash = Dashboard(loader, autostart=False)
+    try:
+        value = dash.autotune.value
+        n = dashboard_mod.AUTOTUNE_ROWS
+        assert f"15 decisions, the last {n} shown" in value
+        assert _decision_rows(value) == _expected_rows(decisions[-n:])
+        assert "<3>" not in value and "&lt;3&gt; &amp; more" in value
+    finally:
+        dash.close()
+
+
+def test_a_pipeline_is_watched_with_all_its_tuners_decisions(root, monkeypatch):
+    import itertools
+
+    monkeypatch.setattr(loaderlib._threads, "default_num_threads", lambda: 2)
+    ticks = itertools.count()
+    pipe = (ll.Pipeline.from_folder(root).map(T.Compose([T.CenterCrop(16), T.ToCHW()])).batch(4)
+            .with_options(seed=0, num_threads=ll.AUTOTUNE, autotune_clock=lambda: 0.25 * next(ticks)))
+    dash = pipe.dashboard(autostart=False)
+    try:
+        head = pipe.head_loader
+        assert dash.loader.pipeline is pipe and dash.loader.recorder is head.recorder and head.recorder.enabled
+        assert dash.autotune.value == ""
+        for _ in range(2):
+            for _ in pipe:
+                pass
+        dash.update()
+        decisions = pipe.stats["autotune"]
+        # A constant measured rate (the injected clock ticks 0.25 s per batch): 2 threads are the
+        # upper limit, 1 is tried and is no faster, so back to 2.
+        assert [(k, old, new) for _, k, old, new, _ in decisions] == [("num_threads", 2, 1), ("num_threads", 1, 2)]
+        assert _decision_rows(dash.autotune.value) == _expected_rows(decisions)
+        assert "Pipeline (engine native)" in dash.title.value
+        # The engine stage's counts, recorded from the start (64 images an iteration; the next
+        # iteration's first batches may be under way already, NOTE [ Warm iterations ]).
+        assert dash.last_stats.samples >= 64 and dash.last_stats.batches == dash.last_stats.samples // 4
+        dash.threads.value = 1
+        assert head.num_threads == 1
+    finally:
+        dash.close()
+        pipe.close()
+
+
+def test_a_pipeline_without_an_engine_stage_is_refused():
+    pipe = ll.Pipeline.from_iterable(range(4)).map(lambda x: x + 1)
+    with pytest.raises(TypeError, match="runs none"):
+        Dashboard(pipe)
