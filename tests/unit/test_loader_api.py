@@ -199,12 +199,17 @@ def test_ctrl_c_stops_cleanly():
 
     before = set(threading.enumerate())
     loader = DataLoader(ArrayDataset(*_xy(40)).transform(slow), batch_size=2, num_threads=1, timeout=30)
-    timer = threading.Timer(0.5, _thread.interrupt_main)
+    it = iter(loader)
+    next(it)   # the pipeline is running: the interrupt cannot land inside iter() itself
+    timer = threading.Timer(0.3, _thread.interrupt_main)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        for _ in loader:
+        for _ in it:
             pass
     timer.join()
+    # Wherever the interrupt landed (in the loader's wait or between two batches), dropping
+    # the iterator stops its driver and the loader's Python threads.
+    del it
     gc.collect()
     assert _wait_threads(before) == []
 
