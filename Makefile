@@ -98,14 +98,14 @@ bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/epochs.py
 	$(BIN)/python benchmarks/shards.py
 
-# loaderlib beside TurboLoader and DALI's CPU pipeline (and PyTorch's DataLoader), interleaved
+# loaderlib beside TurboLoader, DALI's CPU pipeline and tf.data (and PyTorch's DataLoader), interleaved
 # rounds in one run. The peers live in their own virtualenv (DALI's wheel is large and pins
 # its own dependencies); nothing here is needed by make test.
 PEERS_VENV ?= .venv-peers
 bench-peers: build $(TESTS)
-	@if [ ! -x $(PEERS_VENV)/bin/python ] || ! $(PEERS_VENV)/bin/python -c "import turboloader, nvidia.dali" 2>/dev/null; then \
-	  $(PYTHON) -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/pip install -q "numpy<2.5" opencv-python-headless psutil \
-	    turboloader==2.39.0 nvidia-dali-cuda120==2.4.0; fi
+	@if [ ! -x $(PEERS_VENV)/bin/python ] || ! $(PEERS_VENV)/bin/python -c "import turboloader, nvidia.dali, tensorflow" 2>/dev/null; then \
+	  $(PYTHON) -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/python -m pip install -q "numpy<2.5" opencv-python-headless psutil \
+	    turboloader==2.39.0 nvidia-dali-cuda120==2.4.0 tensorflow-cpu==2.21.0; fi
 	$(BIN)/python benchmarks/loader.py --peers $(PEERS_VENV)/bin/python --repeat 5
 
 # Fuzzing of the decoders and the fused chain, two passes over FUZZ_RUNS inputs each:

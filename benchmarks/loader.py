@@ -7,11 +7,12 @@ Runs side by side, each in a fresh process (so peak memory is its own):
   transforms written in numpy/OpenCV (skipped with a message when torch is absent);
 * ``opencv-1thread``: a plain one-thread OpenCV loop (the per-core limit of the usual
   Python pipeline);
-* with ``--peers PYTHON`` (an interpreter with ``turboloader`` and ``nvidia-dali`` installed,
-  e.g. ``.venv-peers/bin/python`` from ``make bench-peers``): TurboLoader's fused C++ train
-  path (``train_aug=True`` on a TAR of the same JPEGs) and DALI's CPU pipeline
-  (``readers.file`` + ``decoders.image_random_crop`` + ``resize`` + ``crop_mirror_normalize``,
-  ``device_id=None``), each with the same thread count as loaderlib.
+* with ``--peers PYTHON`` (an interpreter with ``turboloader``, ``nvidia-dali`` and
+  ``tensorflow`` installed, e.g. ``.venv-peers/bin/python`` from ``make bench-peers``; any that
+  is missing is skipped): TurboLoader's fused C++ train path (``train_aug=True`` on a TAR of
+  the same JPEGs), DALI's CPU pipeline (``readers.file`` + ``decoders.image_random_crop`` +
+  ``resize`` + ``crop_mirror_normalize``, ``device_id=None``) and tf.data's ImageNet
+  preprocessing (``decode_and_crop_jpeg``), each with the same thread count as loaderlib.
 
 Two variants: ``float`` (RandomResizedCrop(224), flip, Normalize, CHW float32) and ``uint8``
 (RandomResizedCrop(224), flip, HWC uint8). Batch 64. Reports images/s (after the first
@@ -226,6 +227,43 @@ def run_dali(root: str, variant: str, images: int, threads: int) -> dict:
     return consume(batches(), images, t0, version=dali.__version__)
 
 
+def run_tfdata(root: str, variant: str, images: int, threads: int) -> dict:
+    """tf.data's ImageNet input pipeline (TensorFlow's own ResNet preprocessing): shuffled file
+    list, ``sample_distorted_bounding_box`` + ``decode_and_crop_jpeg`` (it decodes only the crop,
+    as loaderlib does), bilinear resize to 224, flip, normalize, CHW; ``num_parallel_calls`` and
+    ``prefetch`` AUTOTUNE on a private pool of ``threads`` threads."""
+    import tensorflow as tf
+
+    paths, labels = image_files(root)
+    mean = tf.constant([m * 255 for m in MEAN]) if variant == "float" else None
+    std = tf.constant([s * 255 for s in STD]) if variant == "float" else None
+
+    def load(path, label):
+        data = tf.io.read_file(path)
+        shape = tf.io.extract_jpeg_shape(data)
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            shape, tf.zeros([0, 0, 4], tf.float32), min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+        y, x, _ = tf.unstack(begin)
+        h, w, _ = tf.unstack(size)
+        img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+        img = tf.image.resize(img, (224, 224), method="bilinear")
+        img = tf.image.random_flip_left_right(img)
+        if variant == "float":
+            img = tf.transpose((img - mean) / std, (2, 0, 1))
+        else:
+            img = tf.cast(tf.clip_by_value(tf.round(img), 0, 255), tf.uint8)
+        return img, label
+
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = threads
+    ds = (tf.data.Dataset.from_tensor_slices((paths, labels)).shuffle(len(paths), seed=0).repeat()
+          .map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH, drop_remainder=True)
+          .prefetch(tf.data.AUTOTUNE).with_options(opts))
+    t0 = time.perf_counter()
+    return consume(((x.numpy(), y.numpy()) for x, y in ds), images, t0, version=tf.__version__)
+
+
 def run_opencv(root: str, variant: str, images: int) -> dict:
     import cv2
 
@@ -338,6 +376,8 @@ def main() -> None:
             res = run_turbo(root, variant, int(images), int(n))
         elif kind == "dali":
             res = run_dali(root, variant, int(images), int(n))
+        elif kind == "tfdata":
+            res = run_tfdata(root, variant, int(images), int(n))
         else:
             res = run_opencv(root, variant, int(images))
         print(json.dumps(res))
@@ -368,8 +408,14 @@ def main() -> None:
         rows.append(("OpenCV loop", ["opencv", root, variant, str(a.images), "1"], "1 thread"))
         python = {}
         if a.peers:
-            for name, kind, cfg in (("TurboLoader", "turbo", f"train_aug fused path, {a.threads} threads"),
-                                    ("DALI CPU", "dali", f"device_id=None, {a.threads} threads")):
+            for name, kind, cfg, module in (
+                    ("TurboLoader", "turbo", f"train_aug fused path, {a.threads} threads", "turboloader"),
+                    ("DALI CPU", "dali", f"device_id=None, {a.threads} threads", "nvidia.dali"),
+                    ("tf.data", "tfdata", f"decode_and_crop_jpeg, {a.threads}-thread pool", "tensorflow")):
+                probe = subprocess.run([a.peers, "-c", f"import {module}"], capture_output=True, check=False)
+                if probe.returncode != 0:
+                    print(f"{name}: {module} is not installed in {a.peers}; skipped")
+                    continue
                 rows.append((name, [kind, root, variant, str(a.images), str(a.threads)], cfg))
                 python[name] = a.peers
         runs: dict = {name: [] for name, _, _ in rows}
@@ -397,7 +443,7 @@ def main() -> None:
                 t_r = res["PyTorch DataLoader"]
                 line += f"; loaderlib / PyTorch DataLoader {ll_r['images_per_s'] / t_r['images_per_s']:.2f}x"
             print(line)
-        peers = [n for n in ("TurboLoader", "DALI CPU", "PyTorch DataLoader") if n in results]
+        peers = [n for n in ("TurboLoader", "DALI CPU", "tf.data", "PyTorch DataLoader") if n in results]
         if peers:
             top = max(peers, key=lambda n: results[n]["images_per_s"])
             print(f"median: loaderlib / best peer ({top}) "
