@@ -219,15 +219,41 @@ class TupleDataset(Dataset):
 MAX_FILE_BYTES = 1 << 30
 
 
-def _read_file(path: str) -> bytes:
+def _read_stream(fd: int, path: str) -> bytes:
+    """A FIFO's or character device's bytes up to end of file, never more than
+    :data:`MAX_FILE_BYTES` (blocking: the loader's timeout covers a writer that never comes)."""
+    os.set_blocking(fd, True)
+    chunks, total = [], 0
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > MAX_FILE_BYTES:
+            raise OSError(errno.EFBIG, f"more than the {MAX_FILE_BYTES}-byte limit for one sample came from this "
+                          "special file", path)
+        chunks.append(chunk)
+
+
+def _read_file(path: str, special: bool = False) -> bytes:
     """A regular file's bytes. Anything else (a FIFO, a device such as ``/dev/zero``, a
     directory) is refused without blocking or reading without bound, as the native reader does,
-    and so is a file larger than :data:`MAX_FILE_BYTES`."""
+    and so is a file larger than :data:`MAX_FILE_BYTES`. With ``special``, FIFOs and character
+    devices are read to end of file, still within :data:`MAX_FILE_BYTES`."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
         st = os.fstat(fd)
+        if special and stat.S_ISFIFO(st.st_mode):
+            # Opened without blocking, a FIFO with no writer yet reads as empty: open it again,
+            # blocking until its writer connects (the loader's timeout covers one that never does).
+            os.close(fd)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return _read_stream(fd, path)
+        if special and stat.S_ISCHR(st.st_mode):
+            return _read_stream(fd, path)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
+            raise OSError(errno.EINVAL, "not a regular file" + ("" if special else
+                          " (ImageListDataset(..., special_files=True) reads FIFOs and devices)"), path)
         if st.st_size > MAX_FILE_BYTES:
             raise OSError(errno.EFBIG, f"file of {st.st_size} bytes is larger than the {MAX_FILE_BYTES}-byte limit "
                           "for one sample", path)
@@ -248,6 +274,7 @@ class _ImageFiles(Dataset):
 
     paths: list
     labels: np.ndarray | None
+    special_files: bool = False
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -257,12 +284,12 @@ class _ImageFiles(Dataset):
 
     def read(self, idx: int) -> bytes:
         """The encoded bytes of sample ``idx``."""
-        return _read_file(self.source(idx))
+        return _read_file(self.source(idx), self.special_files)
 
     def __getitem__(self, idx: int) -> Any:
         i = _check_index(idx, len(self.paths))
         path = self.paths[i]
-        img = decode(_read_file(path), source=path)
+        img = decode(_read_file(path, self.special_files), source=path)
         if self.labels is None:
             return img
         return img, int(self.labels[i])
@@ -339,10 +366,19 @@ class ImageListDataset(_ImageFiles):
         One integer label per path. Without labels, items are images only.
     root : str, optional
         Prefix joined to relative paths.
+    special_files : bool
+        Also read FIFOs and character devices (named pipes fed by another process), to end of
+        file and within :data:`MAX_FILE_BYTES`. Off by default: such a path is refused, since a
+        pipe nobody writes to would block a reader for ever. With it on, the samples are read
+        from Python (the threads or processes engine; the loader's ``timeout`` covers a pipe
+        that never delivers) and decoded by the same decoder.
     """
 
     def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None,
-                 root: str | os.PathLike | None = None) -> None:
+                 root: str | os.PathLike | None = None, special_files: bool = False) -> None:
+        if not isinstance(special_files, bool):
+            raise TypeError(f"special_files must be True or False, got {special_files!r}")
+        self.special_files = special_files
         base = os.fspath(root) if root is not None else None
         self.paths = [os.path.join(base, os.fspath(p)) if base else os.fspath(p) for p in paths]
         if labels is None:

@@ -181,7 +181,11 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     src: NativeSource | None = None
     nparts = 0
 
-    if isinstance(base, (ImageFolderDataset, ImageListDataset)):
+    if isinstance(base, (ImageFolderDataset, ImageListDataset)) and base.special_files:
+        what = f"{type(base).__name__}(special_files=True): FIFOs and devices are read from Python, each to end of file"
+        stages.append(("read", "python", what))
+        why_py.append("special_files=True: samples are read from Python")
+    elif isinstance(base, (ImageFolderDataset, ImageListDataset)):
         labels = base.labels
         src = NativeSource("files", paths=base.paths, labels=labels, description=repr(base))
         stages.append(("read", "native", f"{type(base).__name__}: POSIX reads inside the kernel"))

@@ -220,3 +220,40 @@ def test_a_file_larger_than_the_sample_limit_is_refused_by_both_readers(tmp_path
     assert loader.engine == "native"
     with pytest.raises(ll.DecodeError, match="huge.jpg.*larger than the 1073741824-byte limit"):
         next(iter(loader))                                     # the native reader
+
+
+def test_special_files_are_read_only_when_asked(tmp_path, monkeypatch):
+    import threading
+
+    import cv2
+
+    from loaderlib import datasets as D
+    from loaderlib import transforms as T
+
+    img = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    ok, enc = cv2.imencode(".jpg", img)
+    assert ok
+    fifo = str(tmp_path / "pipe.jpg")
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file.*special_files=True"):
+        ll.ImageListDataset([fifo], [3])[0]                  # refused without blocking
+
+    def writer():
+        with open(fifo, "wb") as f:                          # blocks until the reader opens it
+            f.write(enc.tobytes())
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    ds = ll.ImageListDataset([fifo], [3], special_files=True)
+    got, label = ds[0]
+    t.join(timeout=60)
+    np.testing.assert_array_equal(got, ll.decode(enc.tobytes()))   # the same decoder as a file
+    assert label == 3
+    loader = ll.DataLoader(ds.transform_first(T.Resize((8, 8))), batch_size=1)
+    assert loader.engine == "threads" and "special_files=True" in loader.explain()
+    # a device that never ends is cut at the size limit
+    monkeypatch.setattr(D, "MAX_FILE_BYTES", 1 << 16)
+    with pytest.raises(OSError, match="more than the 65536-byte limit"):
+        ll.ImageListDataset(["/dev/zero"], special_files=True)[0]
+    with pytest.raises(TypeError, match="special_files must be True or False"):
+        ll.ImageListDataset([fifo], special_files="yes")
