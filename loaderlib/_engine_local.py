@@ -655,6 +655,19 @@ class ThreadsProducer(Producer):
         self.cancel(None)
 
 
+def python_tail(item: Any, suffix: Any, position: int, others: list, seed: int, epoch: int, index: int) -> Any:
+    """A native sample through the chain's Python tail: ``suffix`` (a transforms.Compose, or None)
+    on its image with the sample's keyed randomness, then the whole-sample ``.transform(fn)``
+    layers, innermost first. Shared by the threads engine and worker processes."""
+    if suffix is not None:
+        img = suffix(item[0] if isinstance(item, tuple) else item, seed=seed, epoch=epoch, index=index,
+                     position=position)
+        item = (img, *item[1:]) if isinstance(item, tuple) else img
+    for fn in others:
+        item = fn(*item) if isinstance(item, tuple) else fn(item)
+    return item
+
+
 class HybridProducer(Producer):
     """Native samples, Python after them: the threads engine when only the tail is Python.
 
@@ -681,12 +694,8 @@ class HybridProducer(Producer):
 
     def _tail(self, item: Any, index: int) -> tuple[Any, int]:
         t0 = _clock()
-        if self.suffix is not None:
-            img = self.suffix(item[0] if isinstance(item, tuple) else item, seed=self.state.seed,
-                              epoch=self.state.epoch, index=index, position=self.suffix_position)
-            item = (img, *item[1:]) if isinstance(item, tuple) else img
-        for fn in self.others:
-            item = fn(*item) if isinstance(item, tuple) else fn(item)
+        item = python_tail(item, self.suffix, self.suffix_position, self.others, self.state.seed,
+                           self.state.epoch, index)
         return item, _clock() - t0
 
     def finish(self, task: Task) -> Produced | None:

@@ -183,7 +183,7 @@ class NativePrefix:
     def item(self, j: int) -> Any:
         """Sample ``j`` of the last :meth:`run`: its native output through the Python tail.
         Raises the sample's DecodeError when the native prefix failed on it."""
-        from ._engine_local import native_error
+        from ._engine_local import native_error, python_tail
         from .errors import DecodeWarning
 
         indices, out, st, seed, epoch = self._run
@@ -196,14 +196,9 @@ class NativePrefix:
 
             warnings.warn(f"sample {i} {self.src.source(i)!r} decoded from corrupt data ({why}); pass "
                           "Decode(strict=True) to refuse such images", DecodeWarning, stacklevel=2)
-        img = out[j]
-        if self.suffix is not None:
-            img = self.suffix(img, seed=seed, epoch=epoch, index=i, position=self.position)
         labels = self.src.labels
-        item = img if labels is None else (img, labels[i].item() if labels.ndim == 1 else labels[i].copy())
-        for fn in self.others:
-            item = fn(*item) if isinstance(item, tuple) else fn(item)
-        return item
+        item = out[j] if labels is None else (out[j], labels[i].item() if labels.ndim == 1 else labels[i].copy())
+        return python_tail(item, self.suffix, self.position, self.others, seed, epoch, i)
 
 
 def _run(conn: Any) -> None:

@@ -11,16 +11,7 @@ from loaderlib.profiling import STAGES, StageRecorder, Stats
 
 from loaderlib import stats as stats_mod
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1_000_000_000
-
-    def __call__(self) -> int:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += round(seconds * 1e9)
+from .profiling_sim import FakeClock
 
 
 @pytest.fixture
