@@ -477,10 +477,23 @@ class PythonPool:
         """Threads of the current executor (0: inline)."""
         return max(self._size, 0)
 
-    def executor(self) -> Any:
+    def executor(self, stop: threading.Event) -> Any:
+        """The executor for the next calls of a run whose stop event is ``stop``.
+
+        Raises :class:`_Stopped` once ``stop`` is set: a run stopped without waiting (Ctrl-C,
+        a timeout) may still be inside a step, and must not start a pool after
+        :meth:`close` (NOTE [ No pool after close ]).
+        """
         n = self.knobs.num_threads
         n = _threads.default_num_threads() if n is None else int(n)
         with self._lock:
+            # NOTE [ No pool after close ]
+            # close() runs after the run's stop is set (the iterator's finaliser stops the run,
+            # then the loader closes the pool). Checked under the lock close() takes, a stopped
+            # run can never create threads after close() has collected the pools: one driver
+            # that did so left an idle pool thread alive for ever after Ctrl-C.
+            if stop.is_set():
+                raise _Stopped("the run stopped before asking for the Python pool")
             if self._pool is None or n != self._size:
                 if self._pool is not None:
                     self._pool.shutdown(wait=False)   # its queued samples still run
@@ -587,7 +600,7 @@ class ThreadsProducer(Producer):
     # epoch's last batch comes out shorter (NOTE [ The epoch is one stream ]).
 
     def _submit_indices(self, indices: np.ndarray, start: int) -> None:
-        ex = self.pool.executor()
+        ex = self.pool.executor(self.state.stop)
         timed = self.rec.enabled
         for j, i in enumerate(indices.tolist()):
             self._stream.append((i, start + j, ex.submit(_load, self.dataset, i, timed)))
@@ -713,7 +726,7 @@ class HybridProducer(Producer):
             arrays, sel, st, _rows, nthreads, _wall, end = res
             for k in stage:
                 stage[k] += st.get(k, 0)
-            ex = self.pool.executor()
+            ex = self.pool.executor(self.state.stop)
             items = [(arrays[0][j], int(arrays[1][j])) if len(arrays) > 1 else arrays[0][j] for j in range(len(sel))]
             futs = [ex.submit(self._tail, it, int(i)) for it, i in zip(items, sel.tolist())]
             for i, f in zip(sel.tolist(), futs):
