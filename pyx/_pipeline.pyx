@@ -32,6 +32,12 @@ OP_CENTER_CROP = LL_OP_CENTER_CROP
 OP_HFLIP = LL_OP_HFLIP
 MAX_OPS = LL_MAX_OPS
 MAX_FILE_BYTES = LL_MAX_FILE_BYTES   # NOTE [ One sample's file size limit ]
+
+
+def simd_level():
+    """The SIMD level the chain kernels run at: ``"avx2"``, ``"sse2"`` or ``"scalar"``
+    (NOTE [ SIMD switch ] in ll_resize.h; ``LOADERLIB_SIMD`` caps it)."""
+    return ll_simd_name().decode()
 DTYPE_UINT8 = LL_DTYPE_UINT8
 DTYPE_FLOAT32 = LL_DTYPE_FLOAT32
 DTYPE_UINT16 = LL_DTYPE_UINT16

@@ -20,6 +20,7 @@ cdef extern from "ll_rng.h":
 
 cdef extern from "ll_resize.h":
     const int LL_INTERP_LINEAR, LL_INTERP_AREA, LL_INTERP_NEAREST
+    const char* ll_simd_name() noexcept nogil
 
 
 cdef extern from "ll_read.h":

@@ -219,6 +219,39 @@ static int ll_chain_denom(const ll_geom *g, int allow) {
 static long ll_floor_div(long a, long b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 static long ll_ceil_div_l(long a, long b) { return -ll_floor_div(-a, b); }
 
+#if defined(LL_HAVE_AVX2_KERNELS)
+/* NOTE [ Emitting float planes in AVX2 ]
+ * The float CHW row of three channels, 8 pixels per step: two loads take the 24 bytes of 8
+ * RGB pixels, byte shuffles gather each channel's 8 values, which widen to 8 int32 indices
+ * into that channel's table, and one gather per channel reads the 8 floats, stored to the
+ * channel's plane. The values are the table's, so the output is bitwise the scalar
+ * loop's. Returns the pixels done (a multiple of 8); the caller finishes the row. */
+__attribute__((target("avx2"))) static int ll_emit_chw3_avx2(const float *lut, const uint8_t *row, int ow,
+                                                              float *d0, float *d1, float *d2) {
+    /* channel c of pixels 0-4 (and 5 for c = 0) sits in bytes 3k + c of the first load; the
+     * rest in the second load, which starts at byte 16 */
+    const __m128i a0 = _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i b0 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i a1 = _mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i b1 = _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i a2 = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i b2 = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, -1, -1, -1, -1, -1, -1, -1, -1);
+    const float *l0 = lut, *l1 = lut + 256, *l2 = lut + 512;
+    int x = 0;
+    for (; x + 8 <= ow; x += 8) {
+        const uint8_t *p = row + 3 * x;
+        __m128i u = _mm_loadu_si128((const __m128i *)p), v = _mm_loadl_epi64((const __m128i *)(p + 16));
+        __m256i i0 = _mm256_cvtepu8_epi32(_mm_or_si128(_mm_shuffle_epi8(u, a0), _mm_shuffle_epi8(v, b0)));
+        __m256i i1 = _mm256_cvtepu8_epi32(_mm_or_si128(_mm_shuffle_epi8(u, a1), _mm_shuffle_epi8(v, b1)));
+        __m256i i2 = _mm256_cvtepu8_epi32(_mm_or_si128(_mm_shuffle_epi8(u, a2), _mm_shuffle_epi8(v, b2)));
+        _mm256_storeu_ps(d0 + x, _mm256_i32gather_ps(l0, i0, 4));
+        _mm256_storeu_ps(d1 + x, _mm256_i32gather_ps(l1, i1, 4));
+        _mm256_storeu_ps(d2 + x, _mm256_i32gather_ps(l2, i2, 4));
+    }
+    return x;
+}
+#endif
+
 /* Writes one finished uint8 output row (out_w * C, HWC order) into the sample's output. */
 static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, int ow, int C, void *out) {
     size_t plane = (size_t)oh * ow;
@@ -229,7 +262,11 @@ static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, i
              * each channel's table in registers' reach, no stride-C re-reads of the row. */
             const float *restrict l0 = pl->lutf, *restrict l1 = pl->lutf + 256, *restrict l2 = pl->lutf + 512;
             float *restrict d0 = o + (size_t)oy * ow, *restrict d1 = d0 + plane, *restrict d2 = d1 + plane;
-            for (int x = 0; x < ow; x++) {
+            int x = 0;
+#if defined(LL_HAVE_AVX2_KERNELS)
+            if (ll_simd_level() >= LL_SIMD_AVX2) x = ll_emit_chw3_avx2(pl->lutf, row, ow, d0, d1, d2);
+#endif
+            for (; x < ow; x++) {
                 const uint8_t *p = row + 3 * x;
                 d0[x] = l0[p[0]];
                 d1[x] = l1[p[1]];
@@ -300,23 +337,29 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     if (ll_buf_reserve(&wk->hbuf, (size_t)K * hstride * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
     const int simd = ll_simd_on();
     size_t wide_bytes = 0;
+#if defined(LL_HAVE_AVX2_KERNELS)
+    /* NOTE [ Horizontal pass in AVX2 ] (ll_resize.h): every filter width */
+    const int avx2 = ll_simd_level() >= LL_SIMD_AVX2 && C == 3 && ll_wide_ok(tx);
+    if (avx2) wide_bytes = (size_t)((ow + 1) / 2) * (((tx->maxt + 1) / 2) * 16 * sizeof(int16_t) + 3 * sizeof(int32_t)) + 32;
+#else
+    const int avx2 = 0;
+#endif
 #if defined(__SSE2__)
     /* NOTE [ Wide taps in pairs ] (ll_resize.h) */
-    const int wide = simd && C == 3 && tx->maxt > 2 && ll_wide_ok(tx);
+    const int wide = !avx2 && simd && C == 3 && tx->maxt > 2 && ll_wide_ok(tx);
     if (wide) wide_bytes = (size_t)ow * ((tx->maxt + 1) / 2) * 8 * sizeof(int16_t) + 16;
 #else
     const int wide = 0;
 #endif
-    size_t misc = 16 * (size_t)ow + 16 + hrow * sizeof(int32_t) + (size_t)ow * 4 * sizeof(int32_t) + 16 +
+    size_t misc = 16 * (size_t)ow + 16 + (size_t)ow * 4 * sizeof(int32_t) + 16 +
                   (size_t)K * (sizeof(void *) + sizeof(int)) + hrow + 64 + wide_bytes;
     if (ll_buf_reserve(&wk->misc, misc) != 0) return LL_ERR_NOMEM;
     int16_t *hbuf = (int16_t *)wk->hbuf.p;
     ll_pairs pairs, *pr = NULL;
     pairs.wv = (int16_t *)(((uintptr_t)wk->misc.p + 15) & ~(uintptr_t)15);
-    int32_t *acc = (int32_t *)(pairs.wv + 8 * (size_t)ow);
-    pairs.off = acc + hrow;
+    pairs.off = (int32_t *)(pairs.wv + 8 * (size_t)ow);
     pairs.w = pairs.off + 2 * (size_t)ow;
-    if (tx->maxt <= 2) {
+    if (tx->maxt <= 2 && !avx2) {
         if (!simd) pairs.wv = NULL; /* NOTE [ SIMD switch ] */
         ll_pairs_build(tx, C, (int)(stride > 0 ? stride : 0), &pairs);
         pr = &pairs;
@@ -325,10 +368,18 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     int *slot_row = (int *)(rows + K);
     uint8_t *row = (uint8_t *)(slot_row + K);
     int16_t *wide_wv = NULL;
+    int32_t *wide_meta = NULL;
 #if defined(__SSE2__)
     if (wide) {
         wide_wv = (int16_t *)(((uintptr_t)(row + hrow) + 15) & ~(uintptr_t)15);
         ll_wide_build(tx, wide_wv);
+    }
+#endif
+#if defined(LL_HAVE_AVX2_KERNELS)
+    if (avx2) {
+        wide_wv = (int16_t *)(((uintptr_t)(row + hrow) + 31) & ~(uintptr_t)31);
+        wide_meta = (int32_t *)(wide_wv + (size_t)((ow + 1) / 2) * ((tx->maxt + 1) / 2) * 16);
+        ll_wide2_build(tx, (int)stride, wide_wv, wide_meta);
     }
 #endif
     for (int k = 0; k < K; k++) slot_row[k] = -1;
@@ -339,8 +390,12 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
             int r = s + t, k = r % K;
             int16_t *h = hbuf + (size_t)k * hstride;
             if (slot_row[k] != r) {
+#if defined(LL_HAVE_AVX2_KERNELS)
+                if (avx2) ll_hpass3_avx2(src + (ptrdiff_t)r * stride, tx, wide_wv, wide_meta, h);
+                else
+#endif
 #if defined(__SSE2__)
-                if (wide_wv != NULL) ll_hpass3_wide_sse2(src + (ptrdiff_t)r * stride, tx, wide_wv, (int)stride, h);
+                if (wide) ll_hpass3_wide_sse2(src + (ptrdiff_t)r * stride, tx, wide_wv, (int)stride, h);
                 else
 #endif
                 ll_hpass_any(src + (ptrdiff_t)r * stride, tx, pr, h, C);
@@ -350,7 +405,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
         }
         uint8_t *dst = direct ? (uint8_t *)out + (size_t)oy * hrow : row;
         if (nt == 0) memset(dst, 0, hrow);
-        else ll_vpass(rows, ty->w + (size_t)oy * ty->maxt, nt, (int)hrow, acc, dst);
+        else ll_vpass(rows, ty->w + (size_t)oy * ty->maxt, nt, (int)hrow, dst);
         ll_emit_row(pl, dst, oy, oh, ow, C, out);
     }
     return LL_OK;

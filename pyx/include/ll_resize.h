@@ -44,6 +44,13 @@
 
 #include "ll_common.h"
 
+#if defined(__SSE2__) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+/* AVX2 kernels, compiled for AVX2 by target attribute and chosen at run time
+ * (NOTE [ SIMD switch ]) */
+#define LL_HAVE_AVX2_KERNELS 1
+#include <immintrin.h>
+#endif
+
 #define LL_INTERP_LINEAR 0
 #define LL_INTERP_AREA 1
 #define LL_INTERP_NEAREST 2
@@ -268,16 +275,43 @@ static void ll_hpass3_sse2(const uint8_t *src, const ll_pairs *pr, int n, int16_
 #endif
 
 /* NOTE [ SIMD switch ]
- * Every SIMD kernel here has a scalar twin computing the same integers. LOADERLIB_NO_SIMD=1
- * in the environment selects the scalar twins, so a test can run the same chain both ways
- * (in a subprocess) and require bitwise-equal output. Read once per process. */
-static int ll_simd_on(void) {
-    static int on = -1; /* racing first reads store the same value */
-    if (on < 0) {
-        const char *v = getenv("LOADERLIB_NO_SIMD");
-        on = !(v != NULL && v[0] != 0 && v[0] != '0');
+ * Every SIMD kernel here has a scalar twin computing the same integers, so the level only
+ * changes speed. The level is the best the CPU offers (AVX2 when it has it: the AVX2
+ * kernels are compiled for it with a target attribute and chosen at run time, so the
+ * extension itself still runs on any x86-64), capped by the environment:
+ * LOADERLIB_SIMD=scalar | sse2 | avx2, or LOADERLIB_NO_SIMD=1 (= scalar). A test runs the
+ * same chains at every level (in subprocesses) and requires bitwise-equal output. Read
+ * once per process. */
+#define LL_SIMD_SCALAR 0
+#define LL_SIMD_SSE2 1
+#define LL_SIMD_AVX2 2
+
+static int ll_simd_level(void) {
+    static int level = -1; /* racing first reads store the same value */
+    if (level < 0) {
+        int l = LL_SIMD_SCALAR;
+#if defined(__SSE2__)
+        l = LL_SIMD_SSE2;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2")) l = LL_SIMD_AVX2;
+#endif
+#endif
+        const char *off = getenv("LOADERLIB_NO_SIMD");
+        const char *cap = getenv("LOADERLIB_SIMD");
+        if (off != NULL && off[0] != 0 && off[0] != '0') l = LL_SIMD_SCALAR;
+        else if (cap != NULL && strcmp(cap, "scalar") == 0) l = LL_SIMD_SCALAR;
+        else if (cap != NULL && strcmp(cap, "sse2") == 0 && l > LL_SIMD_SSE2) l = LL_SIMD_SSE2;
+        level = l;
     }
-    return on;
+    return level;
+}
+
+static int ll_simd_on(void) { return ll_simd_level() > LL_SIMD_SCALAR; }
+
+static const char *ll_simd_name(void) {
+    static const char *names[] = {"scalar", "sse2", "avx2"};
+    return names[ll_simd_level()];
 }
 
 #if defined(__SSE2__)
@@ -292,9 +326,10 @@ static int ll_simd_on(void) {
  * pass's (tests run both, NOTE [ SIMD switch ]). Only for non-negative weights (the
  * triangle and area filters), whose results fit int16 so the saturating pack is exact. */
 static int ll_wide_ok(const ll_taps *tx) {
-    size_t n = (size_t)tx->n * tx->maxt;
-    for (size_t k = 0; k < n; k++)
-        if (tx->w[k] < 0) return 0;
+    /* only each output's own taps: the slots past ntap[o] hold whatever the scratch held */
+    for (int o = 0; o < tx->n; o++)
+        for (int t = 0; t < tx->ntap[o]; t++)
+            if (tx->w[(size_t)o * tx->maxt + t] < 0) return 0;
     return 1;
 }
 
@@ -340,6 +375,88 @@ static void ll_hpass3_wide_sse2(const uint8_t *src, const ll_taps *tx, const int
                 for (int c = 0; c < 3; c++) acc[c] += w[t] * p[t * 3 + c];
             for (int c = 0; c < 3; c++) dst[3 * o + c] = (int16_t)(acc[c] >> 7);
         }
+    }
+}
+#endif
+
+#if defined(LL_HAVE_AVX2_KERNELS)
+/* NOTE [ Horizontal pass in AVX2 ]
+ * Two output pixels per step, one in each 128-bit half. For tap pair q of an output, one
+ * unaligned 16-byte load at its pixel 2q and one byte shuffle give the int16 pairs
+ * (p_c, p'_c) of its two pixels' three channels (zero-extended, 4th lane zero), and one
+ * pmaddwd with (w_2q, w_2q+1) x 3 adds both taps for the three channels: a load, a
+ * shuffle and a multiply-add per two taps and two outputs. Weights come per output pair
+ * (ll_wide2_build), zero past an output's own taps, so both halves run the pair's larger
+ * count. The integers are those of the scalar loop (NOTE [ Wide taps in pairs ]). A pair
+ * whose loads would leave the source row (the row's last pixels, the first ones when it is
+ * mirrored) is computed in scalar code. Each output stores 4 int16: the next output's store
+ * overwrites the 4th, and the row has spare int16 after its end. */
+
+/* Weight vectors and per-pair plan for ll_hpass3_avx2. Per output pair (o, o+1): (maxt+1)/2
+ * vectors of 16 int16 in wv (32-byte aligned), the first 8 for o and the last 8 for o+1,
+ * each (w_t, w_t+1) x 3 then two zeros; and in meta three int32: the byte offsets of both
+ * outputs' first taps and the pair count the step runs, 0 when a load would leave a source
+ * row of row_len bytes (those outputs are computed in scalar code). A lone last output has
+ * count 0. Everything per row is decided here, once per image. */
+static void ll_wide2_build(const ll_taps *tx, int row_len, int16_t *wv, int32_t *meta) {
+    const int m = tx->maxt, np = (m + 1) / 2;
+    for (int o = 0; o < tx->n; o++) {
+        const int16_t *w = tx->w + (size_t)o * m;
+        const int nt = tx->ntap[o];
+        for (int q = 0; q < np; q++) {
+            int16_t a = 2 * q < nt ? w[2 * q] : 0, b = 2 * q + 1 < nt ? w[2 * q + 1] : 0;
+            int16_t *v = wv + ((size_t)(o / 2) * np + q) * 16 + 8 * (o & 1);
+            for (int k = 0; k < 3; k++) { v[2 * k] = a; v[2 * k + 1] = b; }
+            v[6] = v[7] = 0;
+        }
+    }
+    for (int o = 0; o < tx->n; o += 2) {
+        int32_t *mt = meta + 3 * (o / 2);
+        mt[0] = tx->start[o] * 3;
+        mt[1] = o + 1 < tx->n ? tx->start[o + 1] * 3 : 0;
+        mt[2] = 0;
+        if (o + 1 >= tx->n) continue;
+        const int na = tx->ntap[o], nb = tx->ntap[o + 1];
+        const int pq = ((na > nb ? na : nb) + 1) / 2, reach = 6 * (pq - 1) + 16;
+        if (na > 0 && nb > 0 && mt[0] >= 0 && mt[1] >= 0 && mt[0] + reach <= row_len && mt[1] + reach <= row_len)
+            mt[2] = pq;
+    }
+}
+
+static inline void ll_hpass3_one(const uint8_t *src, const ll_taps *tx, int o, int16_t *dst) {
+    const uint8_t *p = src + (ptrdiff_t)tx->start[o] * 3;
+    const int16_t *w = tx->w + (size_t)o * tx->maxt;
+    int32_t acc[3] = {64, 64, 64};
+    for (int t = 0; t < tx->ntap[o]; t++)
+        for (int c = 0; c < 3; c++) acc[c] += w[t] * p[t * 3 + c];
+    for (int c = 0; c < 3; c++) dst[3 * o + c] = (int16_t)(acc[c] >> 7);
+}
+
+__attribute__((target("avx2"))) static void ll_hpass3_avx2(const uint8_t *src, const ll_taps *tx,
+                                                            const int16_t *wv, const int32_t *meta, int16_t *dst) {
+    const __m256i mask = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                                          0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m256i round = _mm256_set1_epi32(64);
+    const int np = (tx->maxt + 1) / 2, n = tx->n;
+    const size_t vstep = (size_t)np * 16;
+    for (int o = 0; o < n; o += 2, meta += 3, wv += vstep) {
+        const int pq = meta[2];
+        if (pq == 0) {
+            ll_hpass3_one(src, tx, o, dst);
+            if (o + 1 < n) ll_hpass3_one(src, tx, o + 1, dst);
+            continue;
+        }
+        const uint8_t *a = src + meta[0], *b = src + meta[1];
+        __m256i acc = round;
+        for (int q = 0; q < pq; q++) {
+            __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(a + 6 * q))),
+                                                _mm_loadu_si128((const __m128i *)(b + 6 * q)), 1);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(x, mask),
+                                                          _mm256_load_si256((const __m256i *)(wv + 16 * q))));
+        }
+        __m256i p = _mm256_packs_epi32(_mm256_srai_epi32(acc, 7), acc);
+        _mm_storel_epi64((__m128i *)(dst + 3 * o), _mm256_castsi256_si128(p));
+        _mm_storel_epi64((__m128i *)(dst + 3 * o + 3), _mm256_extracti128_si256(p, 1));
     }
 }
 #endif
@@ -394,30 +511,133 @@ static void ll_hpass_any(const uint8_t *src, const ll_taps *tx, const ll_pairs *
     else ll_hpass2(src, tx, pr, dst);
 }
 
-/* Vertical pass: one output row from ntap horizontal-pass rows. */
-__attribute__((noinline)) static void ll_vpass(const int16_t *const *rows, const int16_t *w, int nt, int n, int32_t *restrict acc,
-                     uint8_t *restrict out) {
+/* NOTE [ Vertical pass in SIMD ]
+ * The vertical pass is a weighted sum of nt int16 rows, column by column. Two taps (the
+ * common bilinear case) keep the high half of each product (pmulhw) and round once, in
+ * 16-bit lanes. Wider filters pair rows the way NOTE [ Wide taps in pairs ] pairs pixels:
+ * rows t and t+1 interleaved as int16 pairs, pmaddwd with (w_t, w_t+1), accumulated in
+ * int32 registers across all taps (an odd last row pairs with weight 0), one shift, and
+ * the saturating packs clamp to 0..255 as the scalar loop does. The sums are the scalar
+ * sums (integers, no overflow: each is at most 32640 * 16384), so the result is bitwise
+ * the scalar pass's. Each SIMD kernel does the longest multiple of its width and returns
+ * where it stopped; the scalar loop finishes the row. */
+#if defined(__SSE2__)
+static int ll_vpass_sse2(const int16_t *const *rows, const int16_t *w, int nt, int n, uint8_t *out) {
+    int k = 0;
     if (nt <= 2) {
-        /* The common case in 16-bit lanes (SSE2 has no 32-bit multiply): each product keeps
-         * its high half, (w * h) >> 16, which is Q5; the truncation costs at most 2/32 of a
-         * level (NOTE [ Fixed-point resampling ]). Weights are >= 0 and sum to 16384 and
-         * h <= 32640, so the sum is in [0, 8160] and the result in [0, 255]: no clamp. */
+        const int16_t *r0 = rows[0], *r1 = nt == 2 ? rows[1] : rows[0];
+        const __m128i w0 = _mm_set1_epi16(w[0]), w1 = _mm_set1_epi16(nt == 2 ? w[1] : 0);
+        const __m128i sixteen = _mm_set1_epi16(16);
+        for (; k + 16 <= n; k += 16) {
+            __m128i a = _mm_add_epi16(_mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(r0 + k)), w0),
+                                      _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(r1 + k)), w1));
+            __m128i b = _mm_add_epi16(_mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(r0 + k + 8)), w0),
+                                      _mm_mulhi_epi16(_mm_loadu_si128((const __m128i *)(r1 + k + 8)), w1));
+            a = _mm_srai_epi16(_mm_add_epi16(a, sixteen), 5);
+            b = _mm_srai_epi16(_mm_add_epi16(b, sixteen), 5);
+            _mm_storeu_si128((__m128i *)(out + k), _mm_packus_epi16(a, b));
+        }
+        return k;
+    }
+    const __m128i round = _mm_set1_epi32(1 << 20);
+    for (; k + 16 <= n; k += 16) {
+        __m128i a0 = round, a1 = round, a2 = round, a3 = round;
+        for (int t = 0; t < nt; t += 2) {
+            const int two = t + 1 < nt;
+            const int16_t *r0 = rows[t] + k, *r1 = two ? rows[t + 1] + k : r0;
+            const __m128i wv = _mm_set1_epi32((int)((uint32_t)(uint16_t)w[t] |
+                                                    ((uint32_t)(uint16_t)(two ? w[t + 1] : 0) << 16)));
+            __m128i x0 = _mm_loadu_si128((const __m128i *)r0), y0 = _mm_loadu_si128((const __m128i *)r1);
+            __m128i x1 = _mm_loadu_si128((const __m128i *)(r0 + 8)), y1 = _mm_loadu_si128((const __m128i *)(r1 + 8));
+            a0 = _mm_add_epi32(a0, _mm_madd_epi16(_mm_unpacklo_epi16(x0, y0), wv));
+            a1 = _mm_add_epi32(a1, _mm_madd_epi16(_mm_unpackhi_epi16(x0, y0), wv));
+            a2 = _mm_add_epi32(a2, _mm_madd_epi16(_mm_unpacklo_epi16(x1, y1), wv));
+            a3 = _mm_add_epi32(a3, _mm_madd_epi16(_mm_unpackhi_epi16(x1, y1), wv));
+        }
+        __m128i p0 = _mm_packs_epi32(_mm_srai_epi32(a0, 21), _mm_srai_epi32(a1, 21));
+        __m128i p1 = _mm_packs_epi32(_mm_srai_epi32(a2, 21), _mm_srai_epi32(a3, 21));
+        _mm_storeu_si128((__m128i *)(out + k), _mm_packus_epi16(p0, p1));
+    }
+    return k;
+}
+#endif
+
+#if defined(LL_HAVE_AVX2_KERNELS)
+/* The same as ll_vpass_sse2, 32 columns per step. AVX2's unpack and pack work within each
+ * 128-bit half, so the packed bytes come out as columns 0-7, 16-23, 8-15, 24-31 and one
+ * permute puts them in order. */
+__attribute__((target("avx2"))) static int ll_vpass_avx2(const int16_t *const *rows, const int16_t *w, int nt,
+                                                          int n, uint8_t *out) {
+    int k = 0;
+    if (nt <= 2) {
+        const int16_t *r0 = rows[0], *r1 = nt == 2 ? rows[1] : rows[0];
+        const __m256i w0 = _mm256_set1_epi16(w[0]), w1 = _mm256_set1_epi16(nt == 2 ? w[1] : 0);
+        const __m256i sixteen = _mm256_set1_epi16(16);
+        for (; k + 32 <= n; k += 32) {
+            __m256i a = _mm256_add_epi16(_mm256_mulhi_epi16(_mm256_loadu_si256((const __m256i *)(r0 + k)), w0),
+                                         _mm256_mulhi_epi16(_mm256_loadu_si256((const __m256i *)(r1 + k)), w1));
+            __m256i b = _mm256_add_epi16(_mm256_mulhi_epi16(_mm256_loadu_si256((const __m256i *)(r0 + k + 16)), w0),
+                                         _mm256_mulhi_epi16(_mm256_loadu_si256((const __m256i *)(r1 + k + 16)), w1));
+            a = _mm256_srai_epi16(_mm256_add_epi16(a, sixteen), 5);
+            b = _mm256_srai_epi16(_mm256_add_epi16(b, sixteen), 5);
+            __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+            _mm256_storeu_si256((__m256i *)(out + k), p);
+        }
+        return k;
+    }
+    const __m256i round = _mm256_set1_epi32(1 << 20);
+    for (; k + 32 <= n; k += 32) {
+        __m256i a0 = round, a1 = round, a2 = round, a3 = round;
+        for (int t = 0; t < nt; t += 2) {
+            const int two = t + 1 < nt;
+            const int16_t *r0 = rows[t] + k, *r1 = two ? rows[t + 1] + k : r0;
+            const __m256i wv = _mm256_set1_epi32((int)((uint32_t)(uint16_t)w[t] |
+                                                       ((uint32_t)(uint16_t)(two ? w[t + 1] : 0) << 16)));
+            __m256i x0 = _mm256_loadu_si256((const __m256i *)r0), y0 = _mm256_loadu_si256((const __m256i *)r1);
+            __m256i x1 = _mm256_loadu_si256((const __m256i *)(r0 + 16));
+            __m256i y1 = _mm256_loadu_si256((const __m256i *)(r1 + 16));
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, y0), wv));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, y0), wv));
+            a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi16(x1, y1), wv));
+            a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi16(x1, y1), wv));
+        }
+        __m256i p0 = _mm256_packs_epi32(_mm256_srai_epi32(a0, 21), _mm256_srai_epi32(a1, 21)); /* cols 0-15 */
+        __m256i p1 = _mm256_packs_epi32(_mm256_srai_epi32(a2, 21), _mm256_srai_epi32(a3, 21)); /* cols 16-31 */
+        _mm256_storeu_si256((__m256i *)(out + k), _mm256_permute4x64_epi64(_mm256_packus_epi16(p0, p1), 0xD8));
+    }
+    return k;
+}
+#endif
+
+/* Vertical pass: one output row (n values) from nt horizontal-pass rows
+ * (NOTE [ Vertical pass in SIMD ]). */
+__attribute__((noinline)) static void ll_vpass(const int16_t *const *rows, const int16_t *w, int nt, int n,
+                                               uint8_t *restrict out) {
+    int k = 0;
+#if defined(LL_HAVE_AVX2_KERNELS)
+    if (ll_simd_level() >= LL_SIMD_AVX2) k = ll_vpass_avx2(rows, w, nt, n, out);
+    else
+#endif
+#if defined(__SSE2__)
+    if (ll_simd_level() >= LL_SIMD_SSE2) k = ll_vpass_sse2(rows, w, nt, n, out);
+#endif
+    if (nt <= 2) {
+        /* Each product keeps its high half, (w * h) >> 16, which is Q5; the truncation
+         * costs at most 2/32 of a level (NOTE [ Fixed-point resampling ]). Weights are >= 0
+         * and sum to 16384 and h <= 32640, so the sum is in [0, 8160] and the result in
+         * [0, 255]: no clamp. */
         const int16_t *restrict r0 = rows[0], *restrict r1 = nt == 2 ? rows[1] : rows[0];
         const int16_t w0 = w[0], w1 = nt == 2 ? w[1] : 0;
-        for (int k = 0; k < n; k++) {
+        for (; k < n; k++) {
             int16_t v = (int16_t)((int16_t)(((int32_t)w0 * r0[k]) >> 16) + (int16_t)(((int32_t)w1 * r1[k]) >> 16) + 16);
             out[k] = (uint8_t)(v >> 5);
         }
         return;
     }
-    for (int k = 0; k < n; k++) acc[k] = 1 << 20;
-    for (int t = 0; t < nt; t++) {
-        const int16_t *restrict r = rows[t];
-        const int32_t wt = w[t];
-        for (int k = 0; k < n; k++) acc[k] += wt * r[k];
-    }
-    for (int k = 0; k < n; k++) {
-        int32_t v = acc[k] >> 21;
+    for (; k < n; k++) {
+        int32_t acc = 1 << 20;
+        for (int t = 0; t < nt; t++) acc += (int32_t)w[t] * rows[t][k];
+        int32_t v = acc >> 21;
         out[k] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
     }
 }

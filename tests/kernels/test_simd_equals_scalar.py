@@ -1,6 +1,8 @@
-"""The SIMD resampling passes equal their scalar twins bitwise (NOTE [ SIMD switch ] and NOTE
-[ Wide taps in pairs ] in pyx/include/ll_resize.h): the same chains on random sizes and
-crops, run here and in a subprocess with LOADERLIB_NO_SIMD=1."""
+"""The SIMD kernels equal their scalar twins bitwise (NOTE [ SIMD switch ], NOTE [ Wide taps in
+pairs ], NOTE [ Horizontal pass in AVX2 ] and NOTE [ Vertical pass in SIMD ] in
+pyx/include/ll_resize.h, NOTE [ Emitting float planes in AVX2 ] in ll_chain.h): the same
+chains on random sizes and crops, run in subprocesses at every SIMD level this CPU has
+(LOADERLIB_SIMD=avx2, sse2, scalar)."""
 
 import os
 import subprocess
@@ -26,7 +28,9 @@ CODE = textwrap.dedent("""
         aa = bool(k % 3)   # antialias on (wide taps when downscaling) and off (two taps)
         chains = [T.Compose([T.Resize(size, antialias=aa)]),
                   T.Compose([T.RandomResizedCrop(size, antialias=aa), T.RandomHorizontalFlip()]),
-                  T.Compose([T.Resize(int(rng.integers(16, 400)), antialias=aa), T.CenterCrop(8)])]
+                  T.Compose([T.Resize(int(rng.integers(16, 400)), antialias=aa), T.CenterCrop(8)]),
+                  T.Compose([T.RandomResizedCrop(size, antialias=aa), T.RandomHorizontalFlip(),
+                             T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), T.ToCHW()])]
         path = os.path.join(tmp, f"{k}.jpg")
         with open(path, "wb") as f:
             f.write(encode_jpeg(img, quality=90))
@@ -37,27 +41,43 @@ CODE = textwrap.dedent("""
             x, _ = next(iter(ll.DataLoader(ds, batch_size=1, seed=k, num_threads=1)))
             outs.append(x[0].copy())
     np.savez(sys.argv[1], *outs)
+    from loaderlib._ext import _pipeline
+    print(_pipeline.simd_level())
 """)
 
 
 
-def _run(path, simd):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+def _run(path, level):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LOADERLIB_SIMD": level}
     env.pop("LOADERLIB_NO_SIMD", None)
-    if not simd:
-        env["LOADERLIB_NO_SIMD"] = "1"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = subprocess.run([sys.executable, "-c", CODE, str(path)], env=env, cwd=root, capture_output=True, text=True,
                        timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     with np.load(path) as z:
-        return [z[k] for k in sorted(z.files, key=lambda s: int(s.split("_")[1]))]
+        return r.stdout.split()[-1], [z[k] for k in sorted(z.files, key=lambda s: int(s.split("_")[1]))]
 
 
 def test_simd_and_scalar_passes_agree_bitwise(tmp_path):
-    simd = _run(tmp_path / "simd.npz", True)
-    scalar = _run(tmp_path / "scalar.npz", False)
-    assert len(simd) == len(scalar) == 72
-    for k, (a, b) in enumerate(zip(simd, scalar)):
-        assert a.shape == b.shape and a.dtype == b.dtype, k
-        np.testing.assert_array_equal(a, b, err_msg=f"output {k}")
+    from loaderlib._ext import _pipeline
+
+    best = _pipeline.simd_level()
+    levels = {"avx2": ["avx2", "sse2", "scalar"], "sse2": ["sse2", "scalar"]}.get(best, ["scalar"])
+    runs = {lv: _run(tmp_path / f"{lv}.npz", lv) for lv in levels}
+    scalar_level, scalar = runs["scalar"]
+    assert scalar_level == "scalar"
+    assert len(scalar) == 96
+    for lv in levels[:-1]:
+        got_level, outs = runs[lv]
+        assert got_level == lv   # the switch took effect
+        for k, (a, b) in enumerate(zip(outs, scalar)):
+            assert a.shape == b.shape and a.dtype == b.dtype, k
+            np.testing.assert_array_equal(a, b, err_msg=f"{lv} output {k}")
+
+
+def test_no_simd_switch_means_scalar():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LOADERLIB_NO_SIMD": "1"}
+    env.pop("LOADERLIB_SIMD", None)
+    r = subprocess.run([sys.executable, "-c", "from loaderlib._ext import _pipeline; print(_pipeline.simd_level())"],
+                       env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.stdout.strip() == "scalar", r.stderr
