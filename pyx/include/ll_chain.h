@@ -321,18 +321,18 @@ static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, i
     }
 }
 
-/* Resample the decoded region src (rh x rw x C, stride) through taps tx, ty (relative to
- * the region) and emit every output row. Scratch from wk.
+/* Resample the decoded region src (rows stride bytes apart, each with row_len readable bytes
+ * from its start) through taps tx, ty (relative to the region) and emit every output row.
+ * Scratch from wk.
  *
  * Horizontal-pass rows live in a ring of ty->maxt slots (row r in slot r % maxt): output
  * rows read source rows in non-decreasing order, so a row is evicted only after the
  * last output row that reads it, each source row is filtered once, and the ring stays in
  * L1/L2 however tall the source is. */
-static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *src, ptrdiff_t stride, int rh,
+static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *src, ptrdiff_t stride, int row_len,
                              const ll_taps *tx, const ll_taps *ty, int C, void *out) {
     int ow = tx->n, oh = ty->n, K = ty->maxt;
     size_t hrow = (size_t)ow * C;
-    (void)rh;
     size_t hstride = hrow + 8; /* spare int16 for the SIMD pass's overlapping stores */
     if (ll_buf_reserve(&wk->hbuf, (size_t)K * hstride * sizeof(int16_t) + 64) != 0) return LL_ERR_NOMEM;
     const int simd = ll_simd_on();
@@ -361,7 +361,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     pairs.w = pairs.off + 2 * (size_t)ow;
     if (tx->maxt <= 2 && !avx2) {
         if (!simd) pairs.wv = NULL; /* NOTE [ SIMD switch ] */
-        ll_pairs_build(tx, C, (int)(stride > 0 ? stride : 0), &pairs);
+        ll_pairs_build(tx, C, row_len > 0 ? row_len : 0, &pairs);
         pr = &pairs;
     }
     const int16_t **rows = (const int16_t **)(((uintptr_t)(pairs.w + 2 * (size_t)ow) + 15) & ~(uintptr_t)15);
@@ -379,7 +379,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     if (avx2) {
         wide_wv = (int16_t *)(((uintptr_t)(row + hrow) + 31) & ~(uintptr_t)31);
         wide_meta = (int32_t *)(wide_wv + (size_t)((ow + 1) / 2) * ((tx->maxt + 1) / 2) * 16);
-        ll_wide2_build(tx, (int)stride, wide_wv, wide_meta);
+        ll_wide2_build(tx, row_len, wide_wv, wide_meta);
     }
 #endif
     for (int k = 0; k < K; k++) slot_row[k] = -1;
@@ -395,7 +395,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
                 else
 #endif
 #if defined(__SSE2__)
-                if (wide) ll_hpass3_wide_sse2(src + (ptrdiff_t)r * stride, tx, wide_wv, (int)stride, h);
+                if (wide) ll_hpass3_wide_sse2(src + (ptrdiff_t)r * stride, tx, wide_wv, row_len, h);
                 else
 #endif
                 ll_hpass_any(src + (ptrdiff_t)r * stride, tx, pr, h, C);
@@ -557,7 +557,7 @@ static int ll_chain_stages(const ll_plan *pl, ll_worker *wk, const uint8_t *pixe
         if (g.flip) ll_taps_reverse(&tx);
         int rx0 = 0, rx1 = 0, ry0 = 0, ry1 = 0;
         int any = ll_taps_span(&tx, &rx0, &rx1) & ll_taps_span(&ty, &ry0, &ry1);
-        int rw = 0, rh = 0;
+        int rw = 0, rh = 0, row_len = 0;
         ptrdiff_t stride = 0;
         if (t_dec) t_transform += ll_now_ns() - t1;
         if (!any) { /* every output pixel is padding */
@@ -566,19 +566,20 @@ static int ll_chain_stages(const ll_plan *pl, ll_worker *wk, const uint8_t *pixe
             rw = rx1 - rx0;
             rh = ry1 - ry0;
             t1 = t_dec ? ll_now_ns() : 0;
-            if (ll_buf_reserve(&wk->region, (size_t)rw * rh * C + 16) != 0) goto nomem;
-            st = ll_jpeg_decode(&wk->dec, pl->mode, d, rx0, ry0, rw, rh, wk->region.p, (ptrdiff_t)rw * C,
-                                pl->strict, pl->fast);
+            int col = 0;
+            st = ll_jpeg_decode_wide(&wk->dec, pl->mode, d, rx0, ry0, rw, rh, &wk->region, &stride, &col,
+                                     pl->strict, pl->fast); /* NOTE [ Decoding in place ] */
             ll_jpeg_status_msg(&wk->dec, st, msg);
             if (st < 0) return st;
             if (t_dec) t_decode += ll_now_ns() - t1;
             ll_taps_shift(&tx, rx0);
             ll_taps_shift(&ty, ry0);
-            src = wk->region.p;
-            stride = (ptrdiff_t)rw * C;
+            src = wk->region.p + (size_t)col * C;
+            row_len = (int)(stride - (ptrdiff_t)col * C);
         } else { /* the previous stage's whole image */
             rh = in_h;
             stride = (ptrdiff_t)in_w * C;
+            row_len = (int)stride;
         }
         t1 = t_dec ? ll_now_ns() : 0;
         void *dst = out;
@@ -589,7 +590,7 @@ static int ll_chain_stages(const ll_plan *pl, ll_worker *wk, const uint8_t *pixe
             dst = ib->p;
             emit = &intermediate;
         }
-        if (ll_chain_resample(emit, wk, any ? src : NULL, stride, rh, &tx, &ty, C, dst) != LL_OK) goto nomem;
+        if (ll_chain_resample(emit, wk, any ? src : NULL, stride, row_len, &tx, &ty, C, dst) != LL_OK) goto nomem;
         if (t_dec) t_transform += ll_now_ns() - t1;
         if (last) {
             t1 = t_dec ? ll_now_ns() : 0;
@@ -670,7 +671,7 @@ static int ll_resize_image(const uint8_t *src, int sh, int sw, int C, uint8_t *d
         ll_taps_compute(&tx, ix, antialias, ax, 0.0, 0, sw, 0, sw, tmp);
         ll_taps_compute(&ty, ix, antialias, ay, 0.0, 0, sh, 0, sh, tmp);
         ll_plan *pl = (ll_plan *)&direct_plan;
-        st = ll_chain_resample(pl, &wk, src, (ptrdiff_t)sw * C, sh, &tx, &ty, C, dst);
+        st = ll_chain_resample(pl, &wk, src, (ptrdiff_t)sw * C, sw * C, &tx, &ty, C, dst);
     }
     ll_worker_free(&wk); /* no decoder was created: frees the scratch only */
     return st;

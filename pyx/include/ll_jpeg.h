@@ -220,8 +220,18 @@ static void ll_cmyk_row(const unsigned char *src, unsigned char *dst, int n, int
  * IDCTs whatever dct_method says, so there only the upsampling changes. The crop margins
  * of NOTE [ Exact crop decode ] are kept: a crop stays bitwise equal to slicing a full
  * fast decode at the same scale. */
-static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
-                          unsigned char *out, ptrdiff_t out_stride, int strict, int fast) {
+/* NOTE [ Decoding in place ]
+ * With ``wide`` (ll_jpeg_decode_wide), the rows are not cut to the region: libjpeg writes
+ * each row of its cropped output (the region plus the iMCU margins of NOTE [ Exact crop
+ * decode ], up to the image's edges) straight into the caller's buffer, which it grows to
+ * h rows of that width, and the region starts at column *wide_col of each row of
+ * *wide_stride bytes. A reader that only needs the region's pixels (the fused chain's
+ * resampling) then skips the copy of every row out of libjpeg's buffer, which cost a
+ * memory pass over the region. CMYK rows need converting, so they are cut as before
+ * (column 0, stride w * channels). */
+static int ll_jpeg_decode_impl(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
+                               unsigned char *out, ptrdiff_t out_stride, int strict, int fast, ll_buf *wide,
+                               ptrdiff_t *wide_stride, int *wide_col) {
     struct jpeg_decompress_struct *c = &d->cinfo;
     if (!d->have_header) return LL_ERR_STATE;
     d->have_header = 0;
@@ -266,7 +276,18 @@ static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, i
         jpeg_crop_scanline(c, &xoff, &xw); /* moves xoff left to an iMCU boundary */
     }
     int skip_cols = x0 - (int)xoff;
-    int direct = (!cmyk && xoff == 0 && (int)c->output_width == w);
+    if (wide != NULL) { /* NOTE [ Decoding in place ] */
+        ptrdiff_t stride = cmyk ? (ptrdiff_t)w * nch : (ptrdiff_t)c->output_width * nch;
+        if (ll_buf_reserve(wide, (size_t)stride * (size_t)h + 16) != 0) {
+            jpeg_abort_decompress(c);
+            return LL_ERR_NOMEM;
+        }
+        out = wide->p;
+        out_stride = stride;
+        *wide_stride = stride;
+        *wide_col = cmyk ? 0 : skip_cols;
+    }
+    int direct = !cmyk && ((xoff == 0 && (int)c->output_width == w) || wide != NULL);
     if (!direct && ll_buf_reserve(&d->row, (size_t)c->output_width * (size_t)in_ch) != 0) {
         jpeg_abort_decompress(c);
         return LL_ERR_NOMEM;
@@ -310,6 +331,18 @@ stalled: /* cannot happen with a memory source; never loop forever if it does */
     snprintf(d->err.msg, sizeof(d->err.msg), "decoder stopped at scanline %u", c->output_scanline);
     jpeg_abort_decompress(c);
     return LL_ERR_DECODE;
+}
+
+static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
+                          unsigned char *out, ptrdiff_t out_stride, int strict, int fast) {
+    return ll_jpeg_decode_impl(d, mode, denom, x0, y0, w, h, out, out_stride, strict, fast, NULL, NULL, NULL);
+}
+
+/* The region decoded in place (NOTE [ Decoding in place ]): into *buf, grown as needed; the
+ * region's pixel (0, 0) is at buf->p + *col * channels, rows *stride bytes apart. */
+static int ll_jpeg_decode_wide(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h, ll_buf *buf,
+                               ptrdiff_t *stride, int *col, int strict, int fast) {
+    return ll_jpeg_decode_impl(d, mode, denom, x0, y0, w, h, NULL, 0, strict, fast, buf, stride, col);
 }
 
 static void ll_copy_msg(char *dst, const char *src) {
