@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import _threads
-from ._ext import _jpeg
+from ._ext import _jpeg, _pipeline
 
 
 def build_info() -> dict:
@@ -18,7 +18,12 @@ def build_info() -> dict:
         ``libjpeg_turbo_version`` (str or None): the libjpeg-turbo the kernels link.
         ``libjpeg_api_version`` (int): libjpeg API level (62, 70 or 80).
         ``simd`` (bool): libjpeg-turbo was built with its SIMD routines.
+        ``kernels_simd`` (str): the instruction set loaderlib's own resampling and output
+        kernels run with on this CPU, ``"avx2"``, ``"sse2"`` or ``"scalar"`` (chosen at run
+        time; ``LOADERLIB_SIMD=sse2|scalar`` caps it, for comparisons; results are bitwise
+        equal at every level).
     """
     facts = dict(_jpeg.build_facts())
+    facts["kernels_simd"] = _pipeline.simd_level()
     facts["max_threads"] = _threads.default_num_threads() if facts["openmp"] else 1
     return facts
