@@ -70,3 +70,19 @@ def test_a_complete_copy_imports(tmp_path):
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str(tmp_path / "loaderlib" / "__init__.py")
+
+
+@pytest.mark.parametrize("user", [None, "active"])
+def test_openmp_waits_passively_unless_the_user_says(user):
+    # NOTE [ OpenMP threads wait passively ]: libgomp reports what it read (OMP_DISPLAY_ENV);
+    # the variable is gone again after the import unless the user had set it.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["OMP_DISPLAY_ENV"] = "true"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    if user:
+        env["OMP_WAIT_POLICY"] = user
+    r = subprocess.run([sys.executable, "-c", "import os, loaderlib; print('after', os.environ.get('OMP_WAIT_POLICY'))"],
+                       env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert f"OMP_WAIT_POLICY = '{(user or 'passive').upper()}'" in r.stderr
+    assert r.stdout.split()[-1] == str(user)
