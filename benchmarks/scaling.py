@@ -9,10 +9,20 @@ slots are touched once), then measures ``--epochs`` epochs; the settings alterna
 machine hits every setting alike. On a machine with more cores than images per batch / 4 the
 dataset is too small to keep the threads busy: use ``--make`` to generate more.
 
+``--model 16,32,64`` adds what this machine can say about cores it does not have: the
+per-image CPU time of every image of the epoch (the kernel's own per-item timings, one
+thread, two epochs of random crops) and the serial time per batch (a one-thread batch's wall
+time minus its images' time: the driver's Python work, the pass's start and end) feed a
+simulation of the engine's schedule at n threads: per batch, the images go in order to
+whichever thread is free first (OpenMP's dynamic schedule), the batch ends with its last
+image, then the serial part runs. The predicted efficiency is what the one-pass-per-batch
+design allows at n cores on this dataset; it is a model, stated as such.
+
 Usage::
 
     python benchmarks/scaling.py                       # 1 and 2 threads (or 1..cores)
     python benchmarks/scaling.py --threads 1,2,4,8,16 --make 4096 --repeat 3
+    python benchmarks/scaling.py --model 16,32,64      # plus the schedule model
 """
 
 from __future__ import annotations
@@ -48,6 +58,56 @@ def child(root: str, threads: int, epochs: int, variant: str) -> None:
     print(json.dumps({"rate": n / (time.perf_counter() - t0), "engine": loader.engine}))
 
 
+def model_child(root: str, variant: str) -> None:
+    """Per-image CPU nanoseconds (2 epochs) and the serial nanoseconds per batch, one thread."""
+    import time
+
+    import numpy as np
+
+    import loaderlib as ll
+    from loaderlib import transforms as T
+    from loaderlib._chain import compile_chain
+
+    steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    if variant == "float":
+        steps += [T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), T.ToCHW()]
+    chain = T.Compose(steps)
+    ds = ll.ImageFolderDataset(root)
+    paths = list(ds.paths)
+    plan = compile_chain(chain)
+    out = np.empty((64, *plan.sample_shape), plan.dtype)
+    items: list = []
+    for epoch in range(2):
+        for b in range(0, len(paths) - 63, 64):
+            t = np.zeros((64, 3), np.int64)
+            plan.run_files_into(paths[b:b + 64], out, np.arange(b, b + 64), seed=0, epoch=epoch, num_threads=1,
+                                timings=t)
+            items += t.sum(axis=1).tolist()
+    loader = ll.DataLoader(ds.transform_first(chain), batch_size=64, seed=0, num_threads=1, last_batch="discard")
+    for _ in loader:
+        pass
+    t0, n = time.perf_counter_ns(), 0
+    for _ in range(2):
+        for x, _y in loader:
+            n += 1
+    wall_per_batch = (time.perf_counter_ns() - t0) / n
+    serial = max(0.0, wall_per_batch - 64 * float(np.mean(items)))
+    print(json.dumps({"items": items, "serial_ns": serial}))
+
+
+def simulate(items: list, serial: float, threads: int, batch: int = 64) -> float:
+    """Seconds per epoch of ``items`` (ns) at ``threads`` under a per-batch dynamic schedule."""
+    import heapq
+
+    total = 0.0
+    for b in range(0, len(items) - batch + 1, batch):
+        free = [0.0] * threads
+        for cost in items[b:b + batch]:
+            heapq.heappush(free, heapq.heappop(free) + cost)
+        total += max(free) + serial
+    return total * 1e-9
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: benchmarks/loader.py's generated photos)")
@@ -56,8 +116,13 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--variant", default="float", choices=("float", "uint8"))
+    p.add_argument("--model", default=None, help="comma-separated thread counts to predict with the schedule model")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--model-child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.model_child:
+        model_child(*a.model_child)
+        return
     if a.child:
         root, threads, epochs, variant = a.child
         child(root, int(threads), int(epochs), variant)
@@ -96,6 +161,22 @@ def main() -> None:
         print(f"{n:>8} {med:9.0f} {med / (n * base):11.2f}")
     print(f"efficiency = rate(n) / (n x rate({counts[0]}) / {counts[0]}); load average at the end: "
           f"{os.getloadavg()[0]:.2f}")
+    if a.model:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--model-child", root, a.variant],
+                             capture_output=True, text=True, check=True).stdout
+        res = json.loads(out.strip().splitlines()[-1])
+        items, serial = res["items"], res["serial_ns"]
+        import numpy as np
+
+        arr = np.asarray(items, np.float64) * 1e-6
+        print(f"Schedule model (one kernel pass per batch of 64, dynamic schedule): {len(items)} images, "
+              f"{arr.mean():.3f} CPU-ms per image (p50 {np.median(arr):.3f}, p95 {np.percentile(arr, 95):.3f}, "
+              f"max {arr.max():.3f}), serial {serial * 1e-6:.3f} ms per batch, measured at one thread here.")
+        one = simulate(items, serial, 1)
+        print(f"{'threads':>8} {'predicted img/s':>16} {'efficiency':>11}")
+        for n in [int(t) for t in a.model.split(",")]:
+            sec = simulate(items, serial, n)
+            print(f"{n:>8} {len(items) // 64 * 64 / sec:16.0f} {one / (n * sec):11.2f}")
 
 
 if __name__ == "__main__":

@@ -256,8 +256,8 @@ def format_report(r: dict[str, Any]) -> str:
               f"  OpenMP          {'on' if b['openmp'] else 'OFF (serial build)'}{omp_runtime}",
               (f"  libjpeg-turbo   {b.get('libjpeg_turbo_version') or 'unknown'} "
                f"(libjpeg API {b.get('libjpeg_api_version')}){jpeg_at}"),
-              f"  SIMD            {_yes(b.get('simd'))} (libjpeg-turbo); loaderlib's kernels: "
-              f"{b.get('kernels_simd', 'unknown')}", ""]
+              (f"  SIMD            {_yes(b.get('simd'))} (libjpeg-turbo); loaderlib's kernels: "
+               f"{b.get('kernels_simd', 'unknown')}"), ""]
     lines += ["threads",
               f"  default         {t['default'] if t['default'] is not None else '-'}: {t['reason']}",
               f"  affinity mask   {t['affinity_cpus']} CPU(s) (os.cpu_count() {t['os_cpu_count']})",
