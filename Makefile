@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers soak fuzz clean sdist wheel test-wheel
+.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
 
@@ -108,33 +108,88 @@ bench-peers: build $(TESTS)
 	    turboloader==2.39.0 nvidia-dali-cuda120==2.4.0 tensorflow-cpu==2.21.0; fi
 	$(BIN)/python benchmarks/loader.py --peers $(PEERS_VENV)/bin/python --repeat 5
 
-# Fuzzing of the decoders and the fused chain, two passes over FUZZ_RUNS inputs each:
-# 1. coverage-guided (atheris/libFuzzer) on the normal build; new inputs go to
-#    build/fuzz-corpus (seed corpus: fuzz/corpus); prints libFuzzer's cov: figure.
-# 2. the extensions built with AddressSanitizer + UBSan into $(ASAN_DIR) (a side build: the
-#    in-place build `make test` uses is untouched) replay that corpus and FUZZ_RUNS
-#    deterministic mutations of it; Python is not instrumented, so libasan is LD_PRELOADed.
-# NOTE [ Sanitizers and atheris ]: both passes cannot be one here. Preloaded, gcc's libasan
-# defines the coverage symbols libFuzzer needs and atheris then sees no coverage at all;
-# atheris' own ASan runtime (asan_with_fuzzer.so) needs extensions built by clang, which
-# this machine does not have. OMP_WAIT_POLICY=passive: with spinning OpenMP threads on a
-# busy 2-core machine each input took 15x longer.
+# Fuzzing of the decoders and the fused chain, three passes of FUZZ_RUNS inputs each:
+# 1. native: fuzz/native_fuzz.c, a libFuzzer harness built by clang with AddressSanitizer +
+#    UBSan straight from pyx/include and the system libjpeg, drives the C functions the
+#    kernels call (decode, DCT scale, crop, GRAY strict, decode_batch, every fused chain of
+#    fuzz/gen_native_plans.py, file and record reads, the pixels path); the coverage that
+#    guides it is the native code's own. New inputs go to $(FUZZ_NATIVE)/corpus, a crash
+#    input to $(FUZZ_NATIVE)/crash-*; prints libFuzzer's cov: (edges of how many) and ft:.
+# 2. coverage-guided (atheris/libFuzzer) on the normal build over the Python API; new inputs
+#    go to build/fuzz-corpus (seed corpus: fuzz/corpus); prints libFuzzer's cov: figure.
+# 3. the extensions built with AddressSanitizer + UBSan into $(ASAN_DIR) (a side build: the
+#    in-place build `make test` uses is untouched) replay both corpora and FUZZ_RUNS
+#    deterministic mutations of them through the Python API on 2 OpenMP threads; Python is
+#    not instrumented, so libasan is LD_PRELOADed.
+# NOTE [ Sanitizers and atheris ]: atheris cannot give native coverage here. Preloaded, gcc's
+# libasan defines the coverage symbols libFuzzer needs and atheris then sees no coverage at
+# all; atheris' own ASan runtime (asan_with_fuzzer.so) needs the extensions built by clang.
+# So pass 1 fuzzes the native code in C, where coverage, ASan and UBSan work together, and
+# is the pass that guards memory safety; it does not replace the others: pass 2 covers the
+# Python owners (argument checks, the header parsers of the formats OpenCV decodes, error
+# mapping) and pass 3 the Cython glue (borrowed buffers, prange, per-thread pools) that the
+# C harness never enters. Pass 1 installs clang with apt-get when it is missing; if that
+# fails it says so and only that pass is skipped. OMP_WAIT_POLICY=passive: with spinning
+# OpenMP threads on a busy 2-core machine each input of passes 2 and 3 took 15x longer (the
+# C harness runs no OpenMP).
 FUZZ_RUNS ?= 100000
 ASAN_DIR  ?= build/asan
+FUZZ_NATIVE ?= build/fuzz-native
+CLANG ?= clang
+# No comparison tracing (trace-cmp): the bytes are parsed by libjpeg, which is not
+# instrumented, so it only traced the resampling loops' bounds, at 40% of the run time.
+NATIVE_FUZZ_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+	-fno-sanitize-recover=undefined -fno-sanitize-coverage=trace-cmp -Ipyx/include -I$(FUZZ_NATIVE)
 SAN_ENV = PYTHONPATH=$(ASAN_DIR)/lib \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:abort_on_error=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-fuzz: build $(OPENCV)
+fuzz: fuzz-native $(OPENCV)
 	$(BIN)/python -m pip install -q atheris==3.0.0
 	CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" \
 	LDFLAGS="-fsanitize=address,undefined" \
 	  $(BIN)/python setup.py -q build --build-base $(ASAN_DIR) --build-lib $(ASAN_DIR)/lib -j 2
-	mkdir -p build/fuzz-corpus
+	mkdir -p build/fuzz-corpus $(FUZZ_NATIVE)/corpus
 	OMP_WAIT_POLICY=passive $(BIN)/python fuzz/fuzz_decode.py -runs=$(FUZZ_RUNS) -print_final_stats=1 \
 	  build/fuzz-corpus fuzz/corpus
 	OMP_WAIT_POLICY=passive $(SAN_ENV) $(BIN)/python fuzz/fuzz_decode.py --sanitized --slice $(FUZZ_RUNS) \
-	  build/fuzz-corpus fuzz/corpus
+	  build/fuzz-corpus fuzz/corpus $(FUZZ_NATIVE)/corpus
+
+# Pass 1 of `make fuzz` alone (see above).
+fuzz-native: build
+	@command -v $(CLANG) >/dev/null 2>&1 || { echo "make fuzz: clang not found, installing it (apt-get install clang llvm)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q clang llvm || { apt-get update -q && apt-get install -y -q clang llvm; }; \
+	  elif command -v sudo >/dev/null 2>&1; then sudo -n apt-get install -y -q clang llvm; fi; } || true
+	@if ! command -v $(CLANG) >/dev/null 2>&1 || ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' | \
+	    $(CLANG) -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null; then \
+	  echo "make fuzz: SKIPPED the native pass: no clang with libFuzzer (apt-get install clang, or CLANG=...);" \
+	    "the Python and AddressSanitizer passes still run"; exit 0; fi; \
+	set -e; mkdir -p $(FUZZ_NATIVE)/corpus; \
+	$(BIN)/python fuzz/gen_native_plans.py $(FUZZ_NATIVE)/fuzz_plans.h; \
+	$(CLANG) $(NATIVE_FUZZ_CFLAGS) $$(pkg-config --cflags libjpeg) fuzz/native_fuzz.c -o $(FUZZ_NATIVE)/native_fuzz \
+	  $$(pkg-config --libs libjpeg) -lm; \
+	rc=0; UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz -runs=$(FUZZ_RUNS) -timeout=60 \
+	  -print_final_stats=1 -artifact_prefix=$(FUZZ_NATIVE)/ $(FUZZ_NATIVE)/corpus fuzz/corpus \
+	  > $(FUZZ_NATIVE)/fuzz.log 2>&1 || rc=$$?; \
+	if [ $$rc -ne 0 ]; then grep -E -A 30 'ERROR|runtime error|check failed' $(FUZZ_NATIVE)/fuzz.log | head -n 60; \
+	  echo "native fuzzing FAILED (exit $$rc): the input is $(FUZZ_NATIVE)/crash-* (or timeout-*, oom-*)," \
+	    "replay it with $(FUZZ_NATIVE)/native_fuzz FILE"; exit 1; fi; \
+	edges=$$(sed -n 's/.*Loaded 1 modules *(\([0-9]*\) inline 8-bit counters).*/\1/p' $(FUZZ_NATIVE)/fuzz.log); \
+	grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' $(FUZZ_NATIVE)/fuzz.log; \
+	sed -n "s|^#\([0-9]*\)[[:space:]]*DONE *cov: \([0-9]*\) ft: \([0-9]*\).*exec/s: \([0-9]*\).*|native pass: \1 inputs, 0 crashes, cov: \2 of $$edges edges, ft: \3, \4 exec/s (log: $(FUZZ_NATIVE)/fuzz.log)|p" \
+	  $(FUZZ_NATIVE)/fuzz.log; \
+	cov=$$($(CLANG) -print-prog-name=llvm-cov); prof=$$($(CLANG) -print-prog-name=llvm-profdata); \
+	if command -v $$cov >/dev/null 2>&1 && command -v $$prof >/dev/null 2>&1; then \
+	  $(CLANG) -g -O1 -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping -Ipyx/include -I$(FUZZ_NATIVE) \
+	    $$(pkg-config --cflags libjpeg) fuzz/native_fuzz.c -o $(FUZZ_NATIVE)/native_cov $$(pkg-config --libs libjpeg) -lm; \
+	  LLVM_PROFILE_FILE=$(FUZZ_NATIVE)/native.profraw $(FUZZ_NATIVE)/native_cov -runs=0 $(FUZZ_NATIVE)/corpus fuzz/corpus \
+	    > $(FUZZ_NATIVE)/coverage.log 2>&1; \
+	  $$prof merge -sparse $(FUZZ_NATIVE)/native.profraw -o $(FUZZ_NATIVE)/native.profdata; \
+	  echo "native source coverage of pyx/include by the corpus (llvm-cov; libjpeg itself is not instrumented):"; \
+	  $$cov report $(FUZZ_NATIVE)/native_cov -instr-profile=$(FUZZ_NATIVE)/native.profdata -use-color=false \
+	    -show-region-summary=false -show-branch-summary=false -show-instantiation-summary=false pyx/include/ \
+	    | grep -v '^---'; \
+	else echo "(llvm-cov / llvm-profdata not found: no source coverage report; apt-get install llvm)"; fi
 
 # Long runs, on purpose only: 100 epochs and 1,000 abandoned iterators per engine.
 soak: build
