@@ -138,6 +138,7 @@ class Pipeline:
     """
 
     def __init__(self, source: _Source, steps: tuple = (), options: dict | None = None) -> None:
+        from ._autotune import profiling_seconds
         from .sampler import draw_seed
 
         self._src = source
@@ -145,6 +146,8 @@ class Pipeline:
         self._options = dict(options) if options else {}
         if self._options.get("seed") is None:
             self._options["seed"] = draw_seed()
+        # Every AUTOTUNE decision of this pipeline is timed from here (NOTE [ Autotune ]).
+        self._tune_origin = (self._options.get("autotune_clock") or profiling_seconds)()
         self._iteration = 0
         self._resume: dict | None = None
         self._current: Any = None
@@ -557,7 +560,8 @@ class Pipeline:
                     from ._autotune import attach
 
                     attach(engine.loader, num_threads=("num_threads" in tuned), prefetch=("prefetch" in tuned),
-                           ram_budget=self._options.get("ram_budget"), clock=self._options.get("autotune_clock"))
+                           ram_budget=self._options.get("ram_budget"), clock=self._options.get("autotune_clock"),
+                           origin=self._tune_origin)
         n = engine.n
 
         def index_nodes(src: ops.Node) -> ops.Node:
@@ -770,16 +774,19 @@ class Pipeline:
 
     @property
     def stats(self) -> dict:
-        """Per-stage timings of the head's engine (``stats["engine"]``), the tuner's decisions
-        (``stats["autotune"]``: ``(time, knob, old, new, reason)``) and :meth:`cache_info`."""
+        """Per-stage timings of the head's engine (``stats["engine"]``), every tuner's decisions
+        (``stats["autotune"]``: ``(time_s, knob, old, new, reason)``, oldest first) and
+        :meth:`cache_info`.
+
+        Every decision time, the engine stages' tuners' included, is in seconds since this
+        pipeline object was made (by its last step or ``with_options``), read on the clock
+        ``AUTOTUNE`` uses: the profiling clock (``loaderlib.stats.clock_ns``, the clock of
+        ``Stats.started_s``) unless ``autotune_clock`` was given (NOTE [ Autotune ])."""
         from ._autotune import decisions_of
 
         engines = list(self._engines.values())
-        out: dict = {"engine": engines[0].loader.stats if engines else None, "autotune": decisions_of(self),
-                     "cache": self.cache_info()}
-        for e in engines:
-            out["autotune"] = sorted(out["autotune"] + decisions_of(e.loader), key=lambda d: d[0])
-        return out
+        return {"engine": engines[0].loader.stats if engines else None,
+                "autotune": decisions_of(self, *(e.loader for e in engines)), "cache": self.cache_info()}
 
     def cache_info(self) -> list[dict]:
         """What each ``cache`` step holds: kind, elements, bytes, whether complete, and why not."""
