@@ -6,15 +6,18 @@ maximise the modelled output rate. Here the loader already measures what matters
 one place that counts, the consumer, so the tuner is simpler: a hill climb on *delivered*
 throughput, one knob at a time (threads first, then prefetch depth).
 
-Measuring. The rate is counted in windows of at least ``window_s`` (0.25 s) and ``min_items``
-deliveries. A window is discarded, never compared, when it is *warm-up*: the first window of
-every stream (an epoch, a pipeline segment, a pass of a Python step: the queue is drained or
-refilling and threads start; a window that spans the end of one stream and the start of the
-next, including idle time after a dropped iterator, is dropped too) and the first window
-after every change of a knob. A setting is judged on the *median* of ``windows`` (3) steady
-windows, so one disturbed window (a GC pause, another process) cannot decide; when those
-windows disagree by more than ``spread`` (25% of the median) up to ``max_windows`` (5) are
-taken and the median of all is used.
+Measuring. The rate is the deliveries of a *window* over the time between them: at least
+``window_s`` (0.25 s) and ``min_items`` deliveries. A *stream* is one epoch's run (a pipeline
+segment, a pass of a Python step): the time between two streams (the end of an epoch, the idle
+time after a dropped iterator, a model's evaluation) is never measured, and the first
+deliveries of every stream are *warm-up*, discarded: what its queue held when it started
+(``prefetch + 2`` batches for a loader), made while nobody was measuring. A window in progress
+pauses at a stream's end and goes on after the next one's warm-up, so epochs shorter than a
+window still count. After every change of a knob the warm-up is those deliveries and at least
+``window_s`` more (the queue holds batches made with the old setting; threads start). A setting
+is judged on the *median* of ``windows`` (3) windows, so one disturbed window (a GC pause,
+another process) cannot decide; when those disagree by more than ``spread`` (25% of their
+median) up to ``max_windows`` (5) are taken and the median of all is used.
 
 Deciding. For the current knob the start value is measured, then a step up (doubling) is
 tried and kept while the median rate improves on the best by more than ``tolerance`` (5%);
@@ -26,10 +29,10 @@ Every step is recorded as ``(time, knob, old, new, reason)``, the last one of ea
 medians compared and the windows behind them.
 
 Bound. At most ``max_trials`` (4) settings per knob, its start included, each costing one
-warm-up window and 3 to 5 measured ones: a knob settles after at most 4 x 6 windows of
-0.25 s = 6 s of delivered data (plus one warm-up window per stream start), two knobs within
-12 s. The RN50 train pipeline on 2 cores tries threads 2 and 1, then prefetch 4 and 1, and
-settles after about 4 s of data.
+warm-up and 3 to 5 windows, about 1.5 s of deliveries at most: a knob settles after at most
+6 s of delivered data, two knobs within 10.5 s (the second starts from the first's best rate),
+plus the warm-up deliveries of each stream start. The RN50 train pipeline on 2 cores measures
+threads 2 and 1, then prefetch 4 and 1: about 4 s of data.
 
 Knobs only change speed: every engine's output is a pure function of the seed
 (NOTE [ Counter-based sample randomness ]), so tuning never changes which elements or batches
@@ -154,6 +157,9 @@ class HillClimb:
         return best, f"{why}: {verdict}, settled"
 
 
+_NO_STREAM = object()
+
+
 def _median(xs: list) -> float:
     s = sorted(xs)
     n = len(s)
@@ -172,7 +178,7 @@ class Tuner:
     origin : float, optional
         The clock reading decision times count from (default: now).
     window_s : float
-        Shortest measurement window.
+        Shortest measurement window (time between deliveries of one stream).
     min_items : int
         Fewest deliveries a window needs.
     windows : int
@@ -180,13 +186,15 @@ class Tuner:
     max_windows : int
         Most windows per setting, taken while the first ``windows`` disagree by more than
         ``spread`` (a fraction of their median).
-    warmup : int
-        Windows discarded after every change and at every stream start.
+    warmup_items : int or callable
+        Deliveries discarded at every stream start and after every change (what the queue
+        held, made before); a callable is asked each time (a loader's ``prefetch + 2``).
+        After a change, at least ``window_s`` of deliveries are discarded too.
     """
 
     def __init__(self, knobs: list, clock: Callable[[], float] | None = None, origin: float | None = None,
                  window_s: float = 0.25, min_items: int = 4, windows: int = 3, max_windows: int = 5,
-                 spread: float = 0.25, warmup: int = 1) -> None:
+                 spread: float = 0.25, warmup_items: int | Callable[[], int] = 4) -> None:
         self.knobs = knobs
         self.clock = clock or profiling_seconds
         self.origin = self.clock() if origin is None else origin
@@ -195,47 +203,50 @@ class Tuner:
         self.windows = windows
         self.max_windows = max(windows, max_windows)
         self.spread = spread
-        self.warmup = warmup
+        self.warmup_items = warmup_items
         self.decisions: list[tuple] = []
         self._k = 0
-        self._stream: Any = None
-        self._t0: float | None = None
-        self._count = 0
-        self._skip = warmup
-        self._rates: list[float] = []
+        self._stream: Any = _NO_STREAM
+        self._last = 0.0               # the previous delivery of the stream
+        self._skip_items = 0           # warm-up left: deliveries ...
+        self._skip_s = 0.0             # ... and seconds
+        self._w_items = 0              # the window in progress: deliveries and their time
+        self._w_s = 0.0
+        self._rates: list[float] = []  # the current setting's windows
         self._lock = threading.Lock()
 
     @property
     def settled(self) -> bool:
         return self._k >= len(self.knobs)
 
+    def _warmup(self) -> int:
+        w = self.warmup_items
+        return int(w() if callable(w) else w)
+
     def observe(self, items: int = 1, stream: Any = None) -> None:
         """Count ``items`` delivered now by ``stream`` (an epoch's run, a pass of a step: any
         value that changes when a new one starts); closes a window and steps the current knob
-        when due."""
+        when due (NOTE [ Autotune ])."""
         if self.settled:
             return
         with self._lock:
             now = self.clock()
             if stream != self._stream:
-                # A new stream: its first deliveries are warm-up, and the window in progress
-                # spans the gap between the streams (NOTE [ Autotune ]).
-                self._stream = stream
-                self._t0, self._count, self._skip = now, 0, self.warmup
+                # A new stream: the time since the last one is no delivery time, and its first
+                # deliveries are what its queue held. The window in progress only pauses.
+                self._stream, self._last, self._skip_items = stream, now, self._warmup()
                 return
-            if self._t0 is None:
-                self._t0, self._count = now, 0
+            dt, self._last = now - self._last, now
+            if self._skip_items > 0 or self._skip_s > 0:
+                self._skip_items -= items
+                self._skip_s -= dt
                 return
-            self._count += items
-            dt = now - self._t0
-            if dt < self.window_s or self._count < self.min_items:
+            self._w_items += items
+            self._w_s += dt
+            if self._w_s < self.window_s or self._w_items < self.min_items:
                 return
-            rate = self._count / dt
-            self._t0, self._count = now, 0
-            if self._skip:
-                self._skip -= 1
-                return
-            self._rates.append(rate)
+            self._rates.append(self._w_items / self._w_s)
+            self._w_items, self._w_s = 0, 0.0
             rates = self._rates
             if len(rates) < self.windows:
                 return
@@ -253,7 +264,7 @@ class Tuner:
         self.decisions.append((round(now - self.origin, 3), climb.name, old, new, reason))
         if new != old:
             apply(new)
-            self._skip = self.warmup
+            self._skip_items, self._skip_s = self._warmup(), self.window_s
         if climb.settled:
             self._k += 1
             if self._k < len(self.knobs):
@@ -324,7 +335,8 @@ def attach(loader: Any, *, num_threads: bool, prefetch: bool, ram_budget: int | 
 
         knobs.prefetch = start
         pairs.append((HillClimb("prefetch", start, 1, hi), set_prefetch))
-    tuner = Tuner(pairs, clock=clock, origin=origin)
+    # What the queue holds (and the batch in flight) was made before a change or a stream start.
+    tuner = Tuner(pairs, clock=clock, origin=origin, warmup_items=lambda: knobs.prefetch + 2)
     tuner.batch_check = (ram_budget, loader.batch_size) if nbytes is None and ram_budget is not None else None
     knobs.tuner = tuner
     loader._tuner = tuner
@@ -356,7 +368,9 @@ def tune_knob(owner: Any, knob: Any, label: str, kind: str = "num_parallel_calls
         knob.value = n
 
     climb = HillClimb(f"{label} {kind}", knob.value, lo, hi)
-    tuner = Tuner([(climb, apply)], clock=opts.get("autotune_clock"), origin=getattr(owner, "_tune_origin", None))
+    # A map keeps 2 * value calls in flight, a prefetch step value elements ready: made before.
+    tuner = Tuner([(climb, apply)], clock=opts.get("autotune_clock"), origin=getattr(owner, "_tune_origin", None),
+                  warmup_items=lambda: 2 * knob.value + 1)
     knob.observe = tuner.observe
     owner.__dict__.setdefault("_tuners", []).append(tuner)
     return tuner

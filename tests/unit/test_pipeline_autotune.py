@@ -143,7 +143,8 @@ def test_warm_up_windows_are_discarded_at_stream_starts_and_after_changes(clock)
         changed["at"] = clock.t
 
     steady = {1: 60.0, 2: 100.0, 4: 103.0}
-    tuner = Tuner([(HillClimb("num_threads", 2, 1, 4), apply)], clock=seconds(clock))
+    # the queue holds 15 items at each epoch start (a loader says prefetch + 2)
+    tuner = Tuner([(HillClimb("num_threads", 2, 1, 4), apply)], clock=seconds(clock), warmup_items=15)
     for epoch in range(40):
         clock.advance(30.0)                        # idle between epochs
         for k in range(90):
@@ -160,6 +161,31 @@ def test_warm_up_windows_are_discarded_at_stream_starts_and_after_changes(clock)
     assert [(d[2], d[3]) for d in tuner.decisions] == [(2, 4), (4, 1), (1, 2)]
     measured = [w for d in tuner.decisions for w in _windows(d[4])]
     assert len(measured) >= 9 and all(55 <= w <= 110 for w in measured), measured
+
+
+def test_epochs_shorter_than_a_window_still_settle(clock):
+    """Epochs of 12 deliveries (0.1 s at most, less than a window) with 5 s between them: a
+    window goes on across epochs, without the gaps and each epoch's warm-up."""
+    knobs = {"v": 2}
+
+    def apply(v):
+        knobs["v"] = v
+
+    rates = {1: 50.0, 2: 100.0, 4: 180.0}
+    tuner = Tuner([(HillClimb("num_threads", 2, 1, 4), apply)], clock=seconds(clock))
+    for epoch in range(400):
+        if tuner.settled:
+            break
+        clock.advance(5.0)
+        for _ in range(12):
+            clock.advance(1.0 / rates[knobs["v"]])
+            tuner.observe(1, epoch)
+    assert tuner.settled and knobs["v"] == 4
+    assert [(d[2], d[3]) for d in tuner.decisions] == [(2, 4), (4, 4)]
+    assert tuner.decisions[-1][4].endswith("4 is the upper limit: kept 4, settled")
+    quoted = [float(r) for d in tuner.decisions for r in re.findall(r"([0-9.]+)/s", d[4])]
+    assert sorted(set(quoted)) == [100.0, 180.0], tuner.decisions
+    assert epoch < 60     # 2 settings of (warm-up + 3 windows), 8 of 12 deliveries measured an epoch
 
 
 def test_an_outlier_window_is_ignored(clock):
