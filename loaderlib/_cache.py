@@ -143,6 +143,7 @@ class CacheStore:
         self.note = "empty: fills on the first full pass"
         self.writing = False
         self.over_budget = False
+        self.filling: _MemoryWriter | _DiskWriter | None = None   # the writer of the pass filling it
         self._lock = threading.Lock()
 
     # -- reading ---------------------------------------------------------------------
@@ -202,21 +203,28 @@ class CacheStore:
 
     def writer(self, n: int | None = None) -> _MemoryWriter | _DiskWriter:
         """A writer for one pass (``n``: the element count, when elements may come in any order)."""
-        return _MemoryWriter(self, n) if self.path is None else _DiskWriter(self, n)
+        self.filling = _MemoryWriter(self, n) if self.path is None else _DiskWriter(self, n)
+        return self.filling
 
     def info(self) -> dict:
-        """What the cache holds (``Pipeline.cache_info()``)."""
+        """What the cache holds (``Pipeline.cache_info()``); while a pass fills it, what it
+        holds so far (``complete`` False)."""
         if self.path is None:
             els = self._elements
-            return {"step": self.label, "kind": "memory", "path": None, "max_side": self.max_side,
-                    "complete": els is not None, "elements": 0 if els is None else len(els),
-                    "bytes": 0 if els is None else sum(_nbytes(e) for e in els), "ram_budget": self.ram_budget,
-                    "note": self.note}
-        ready = self.ready()
-        meta = self._meta or {}
-        return {"step": self.label, "kind": "disk", "path": self.path, "max_side": self.max_side, "complete": ready,
-                "elements": meta.get("count", 0), "bytes": meta.get("bytes", 0), "ram_budget": self.ram_budget,
-                "note": self.note}
+            out = {"step": self.label, "kind": "memory", "path": None, "max_side": self.max_side,
+                   "complete": els is not None, "elements": 0 if els is None else len(els),
+                   "bytes": 0 if els is None else sum(_nbytes(e) for e in els), "ram_budget": self.ram_budget,
+                   "note": self.note}
+        else:
+            ready = self.ready()
+            meta = self._meta or {}
+            out = {"step": self.label, "kind": "disk", "path": self.path, "max_side": self.max_side,
+                   "complete": ready, "elements": meta.get("count", 0), "bytes": meta.get("bytes", 0),
+                   "ram_budget": self.ram_budget, "note": self.note}
+        w = self.filling
+        if w is not None and not out["complete"] and not w.given_up:
+            out.update(elements=w.count, bytes=w.nbytes, note=f"filling: {w.count} elements so far")
+        return out
 
 
 class _MemoryWriter:
@@ -257,11 +265,13 @@ class _MemoryWriter:
         return kept
 
     def commit(self) -> None:
+        self.store.filling = None
         if self.items is not None:
             self.store._elements = self.items
             self.store.note = f"complete: {len(self.items)} elements, {self.nbytes} bytes in memory"
 
     def abort(self) -> None:
+        self.store.filling = None
         self.items = None
 
 
@@ -324,7 +334,12 @@ class _DiskWriter:
         self.count += 1
         return el
 
+    @property
+    def nbytes(self) -> int:
+        return self.pos
+
     def commit(self) -> None:
+        self.store.filling = None
         self.f.close()
         index = {}
         for j in range(len(self.offsets)):
@@ -347,6 +362,7 @@ class _DiskWriter:
         self.store.note = f"complete: {self.count} elements, {self.pos} bytes at {final} (memory-mapped)"
 
     def abort(self) -> None:
+        self.store.filling = None
         try:
             self.f.close()
         finally:

@@ -301,6 +301,9 @@ def test_filling_pass_that_stops_early_leaves_nothing(photos, tmp_path):
         pipe = ll.Pipeline.from_folder(photos).cache(where).map(_chain()).batch(4).with_options(seed=SEED)
         it = iter(pipe)
         next(it)
+        info = pipe.cache_info()[0]       # what the pass holds so far (the engine may be ahead)
+        assert not info["complete"] and info["note"].startswith("filling:") and 4 <= info["elements"] <= 14
+        assert info["bytes"] >= sum(ll.ImageFolderDataset(photos)[k][0].nbytes for k in range(4))
         it.close()
         assert not pipe.cache_info()[0]["complete"] and pipe.cache_info()[0]["note"].startswith("empty")
         if where is not None:
