@@ -10,10 +10,13 @@ Measuring. The rate is the deliveries of a *window* over the time between them: 
 ``window_s`` (0.25 s) and ``min_items`` deliveries. A *stream* is one epoch's run (a pipeline
 segment, a pass of a Python step): the time between two streams (the end of an epoch, the idle
 time after a dropped iterator, a model's evaluation) is never measured, and the first
-deliveries of every stream are *warm-up*, discarded: what its queue held when it started
-(``prefetch + 2`` batches for a loader), made while nobody was measuring. A window in progress
-pauses at a stream's end and goes on after the next one's warm-up, so epochs shorter than a
-window still count. After every change of a knob the warm-up is those deliveries and at least
+deliveries of a stream that starts after such a pause are *warm-up*, discarded: what its queue
+held when it started (``prefetch + 2`` batches for a loader), made while nobody was measuring.
+A window in progress pauses at a stream's end and goes on after the next one's warm-up, so
+epochs shorter than a window still count. A stream that starts without a pause (within twice
+the measured time between deliveries: a loader's warm next epoch, a consumer that asks at
+once) continues the measurement as if nothing happened: its producer never stopped, so its
+first deliveries come at the steady rate. After every change of a knob the warm-up is those deliveries and at least
 ``window_s`` more (the queue holds batches made with the old setting; threads start). A setting
 is judged on the *median* of ``windows`` (3) windows, so one disturbed window (a GC pause,
 another process) cannot decide; when those disagree by more than ``spread`` (25% of their
@@ -212,6 +215,7 @@ class Tuner:
         self._skip_s = 0.0             # ... and seconds
         self._w_items = 0              # the window in progress: deliveries and their time
         self._w_s = 0.0
+        self._typical: float | None = None   # the last window's time between deliveries
         self._rates: list[float] = []  # the current setting's windows
         self._lock = threading.Lock()
 
@@ -232,10 +236,14 @@ class Tuner:
         with self._lock:
             now = self.clock()
             if stream != self._stream:
-                # A new stream: the time since the last one is no delivery time, and its first
-                # deliveries are what its queue held. The window in progress only pauses.
-                self._stream, self._last, self._skip_items = stream, now, self._warmup()
-                return
+                self._stream = stream
+                typical = self._w_s / self._w_items if self._w_items else self._typical
+                if typical is None or now - self._last > 2 * typical:
+                    # A pause before this stream: the time since the last one is no delivery
+                    # time, and its first deliveries are what its queue held. The window in
+                    # progress only pauses (NOTE [ Autotune ]).
+                    self._last, self._skip_items = now, self._warmup()
+                    return
             dt, self._last = now - self._last, now
             if self._skip_items > 0 or self._skip_s > 0:
                 self._skip_items -= items
@@ -246,6 +254,7 @@ class Tuner:
             if self._w_s < self.window_s or self._w_items < self.min_items:
                 return
             self._rates.append(self._w_items / self._w_s)
+            self._typical = self._w_s / self._w_items
             self._w_items, self._w_s = 0, 0.0
             rates = self._rates
             if len(rates) < self.windows:

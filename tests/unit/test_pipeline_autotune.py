@@ -188,6 +188,36 @@ def test_epochs_shorter_than_a_window_still_settle(clock):
     assert epoch < 60     # 2 settings of (warm-up + 3 windows), 8 of 12 deliveries measured an epoch
 
 
+def test_epochs_that_follow_without_a_pause_are_measured_as_one_stream():
+    """A warm next epoch (or any stream that starts at once) loses nothing: the tuner decides
+    exactly as if one stream ran, where epochs after a pause each lose their warm-up."""
+    def run(epoch_len, pause):
+        fc = FakeClock()
+        knobs = {"v": 1}
+
+        def apply(v):
+            knobs["v"] = v
+
+        tuner = Tuner([(HillClimb("num_threads", 1, 1, 8), apply)], clock=seconds(fc))
+        for k in range(100_000):
+            if tuner.settled:
+                break
+            if k % epoch_len == 0 and k:
+                fc.advance(pause)
+            fc.advance(1.0 / (40.0 * min(knobs["v"], 4)))
+            tuner.observe(1, k // epoch_len)
+        return tuner.decisions
+
+    one = run(10**9, 0.0)
+    assert [(d[2], d[3]) for d in one] == [(1, 2), (2, 4), (4, 8), (8, 4)]
+    assert run(12, 0.0) == one
+    paused = run(12, 1.0)
+    assert [(d[2], d[3]) for d in paused] == [(1, 2), (2, 4), (4, 8), (8, 4)]
+    assert paused[-1][0] > one[-1][0] + 1.0     # the pauses and each epoch's warm-up cost time
+    quoted = {float(r) for d in paused for r in re.findall(r"([0-9.]+)/s", d[4])}
+    assert quoted == {40.0, 80.0, 160.0}, paused  # but never enter a rate
+
+
 def test_an_outlier_window_is_ignored(clock):
     """A GC pause in one window at 4 threads must not make 4 look worse than 2."""
     knobs = {"v": 2}
