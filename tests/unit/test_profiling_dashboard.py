@@ -317,7 +317,7 @@ def test_a_pipeline_is_watched_with_all_its_tuners_decisions(root, monkeypatch):
         head = pipe.head_loader
         assert dash.loader.pipeline is pipe and dash.loader.recorder is head.recorder and head.recorder.enabled
         assert dash.autotune.value == ""
-        for _ in range(8):   # an iteration is 16 batches: a warm-up window and two measured ones
+        for _ in range(8):   # an iteration is 16 batches, a few windows: tuning takes several
             for _ in pipe:
                 pass
             if head._tuner.settled:
