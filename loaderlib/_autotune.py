@@ -34,8 +34,10 @@ medians compared and the windows behind them.
 Bound. At most ``max_trials`` (4) settings per knob, its start included, each costing one
 warm-up and 3 to 5 windows, about 1.5 s of deliveries at most: a knob settles after at most
 6 s of delivered data, two knobs within 10.5 s (the second starts from the first's best rate),
-plus the warm-up deliveries of each stream start. The RN50 train pipeline on 2 cores measures
-threads 2 and 1, then prefetch 4 and 1: about 4 s of data.
+plus the warm-up deliveries of each stream start. The RN50 train pipeline on 2 shared cores
+(``benchmarks/pipeline.py`` (c), epochs of 1024 images) measures threads 2 and 1, then prefetch
+4 and 1, and settled 5.5 s after the loader was made, in its 5th epoch (7.0 s and 8.3 s in
+other runs; 10.6 s under a load average of 3.7, where windows disagree and take 5).
 
 Knobs only change speed: every engine's output is a pure function of the seed
 (NOTE [ Counter-based sample randomness ]), so tuning never changes which elements or batches

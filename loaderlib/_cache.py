@@ -462,8 +462,9 @@ class CachedImages(Dataset):
     one by one, so the filling epoch costs a full decode plus the pixel chain. That is more than
     the uncached fused chain, whose crop-window, DCT-scaled decode a full-resolution cache cannot
     use: on photos of about 500x375 px, one thread, 0.87 ms (full decode) + 0.60 ms (pixel chain)
-    per image against 1.17 ms; ``benchmarks/pipeline.py`` (b) ran the filling epoch at 0.71x an
-    uncached epoch, where the per-element path it replaces ran at about 0.5x. Elements may come
+    per image against 1.17 ms; ``benchmarks/pipeline.py`` (b) ran the filling epoch at 0.63x to
+    0.72x an uncached epoch (2 shared cores), where the per-element path it replaces ran at 0.43x
+    to 0.51x. Elements may come
     in any order (a ``shuffle`` after the cache): the writer records where each one goes. The
     pass that completes with every element held commits the cache (NOTE [ Pipeline cache ]); a
     pass that stops early, fails or runs over ``ram_budget`` leaves nothing, and later passes
