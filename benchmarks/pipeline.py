@@ -9,13 +9,13 @@ fast model (batches are taken and dropped):
     the same engine underneath, so equal within noise. Interleaved rounds, median.
 (b) a small fine-tuning set decoded every epoch (the native fused pipeline) vs
     ``.cache()`` of the decoded full-resolution images followed by the same random chain
-    (epoch 1 fills the cache; epochs 2+ read it). Also the crop-quality cost of
+    (epoch 1 fills the cache; epoch 2 reads it), a new cached pipeline every round. Also the crop-quality cost of
     ``cache(max_side=...)``: mean absolute difference (uint8 levels) between the final
     ``RandomResizedCrop(224)`` + flip crops from a reduced cache and from the full decode,
     the same crop boxes (same seed) on both.
 (c) ``AUTOTUNE`` (threads and prefetch) vs every hand setting of threads (1..cores) x
-    prefetch (1, 2, 4), and vs the default: steady-state images/s over the epochs after the
-    first two (the tuner settles in the first).
+    prefetch (1, 2, 4), and vs the default: steady-state images/s once the tuner has settled
+    (it runs alone first, at most 12 epochs, and says when it settled).
 
 Usage::
 
@@ -76,30 +76,46 @@ def part_a(root: str, rounds: int) -> None:
 def part_b(root: str, epochs: int) -> None:
     n = len(ll.ImageFolderDataset(root))
     threads = ll.default_num_threads()
+    rounds = max(2, epochs - 1)
     decoded = ll.Pipeline.from_folder(root).map(train_chain()).batch(BATCH).with_options(seed=0)
-    cached = (ll.Pipeline.from_folder(root).cache().map(train_chain(), num_parallel_calls=threads)
-              .batch(BATCH).with_options(seed=0))
-    print(f"(b) fine-tuning set of {n} images, RN50 train chain, batch {BATCH}, {threads} threads; epoch 1 of "
-          f"each, then {epochs - 1} rounds of one epoch of each (interleaved, so load changes hit both alike; "
-          "warm iterations off, as the other pipeline's turn would otherwise prefetch for it)")
+
+    def fresh_cached() -> ll.Pipeline:
+        return (ll.Pipeline.from_folder(root).cache().map(train_chain(), num_parallel_calls=threads)
+                .batch(BATCH).with_options(seed=0))
+
+    print(f"(b) fine-tuning set of {n} images, RN50 train chain, batch {BATCH}, {threads} threads. The decoding "
+          f"pipeline's epoch 1, then {rounds} rounds of: one epoch of it, then a new .cache() pipeline's epoch 1 "
+          "(decodes and fills the cache) and epoch 2 (from the cache); interleaved, so load changes hit all alike; "
+          "warm iterations off, as the other pipeline's turn would otherwise prefetch for it")
     decoded._warm_iteration = lambda iteration: None
-    pipes = {"decoded every epoch (native, fused)": decoded, "cache() full resolution": cached}
-    rates: dict = {k: [] for k in pipes}
-    for _ in range(epochs):
-        for k, pipe in pipes.items():
-            t0 = time.perf_counter()
-            drain(pipe)
-            rates[k].append(n / (time.perf_counter() - t0))
+
+    def epoch(pipe: ll.Pipeline) -> float:
+        t0 = time.perf_counter()
+        drain(pipe)
+        return n / (time.perf_counter() - t0)
+
+    first = epoch(decoded)
+    rates: dict = {"decoded every epoch (native, fused)": [], "cache(): epoch 1, filling": [],
+                   "cache(): epoch 2, from the cache": []}
+    cached = None
+    for _ in range(rounds):
+        if cached is not None:
+            cached.close()
+        cached = fresh_cached()
+        for k, pipe in zip(rates, (decoded, cached, cached)):
+            rates[k].append(epoch(pipe))
+    print(f"    decoded every epoch, its epoch 1: {first:7.1f} images/s")
     for k, r in rates.items():
-        print(f"    {k:<38} epoch 1: {r[0]:7.1f} images/s; epochs 2+: {med(r[1:]):7.1f} images/s (rounds: "
-              f"{', '.join(f'{x:.0f}' for x in r[1:])})")
+        print(f"    {k:<38} {med(r):7.1f} images/s (rounds: {', '.join(f'{x:.0f}' for x in r)})")
     info = cached.cache_info()[0]
     print(f"    cache holds {info['elements']} images, {info['bytes'] / 1e6:.1f} MB ({info['note']})")
-    plain_rate, cached_rate = (med(r[1:]) for r in rates.values())
-    ratios = [c / d for c, d in zip(rates["cache() full resolution"][1:],
-                                     rates["decoded every epoch (native, fused)"][1:])]
-    print(f"    cached epoch 2+ vs decoded every epoch: {cached_rate / plain_rate:.2f}x (median of per-round ratios "
-          f"{med(ratios):.2f}x); vs its own epoch 1: {cached_rate / rates['cache() full resolution'][0]:.2f}x")
+    plain, fill, replay = rates.values()
+
+    def ratio(a: list, b: list) -> str:
+        return f"{med(a) / med(b):.2f}x (median of per-round ratios {med([x / y for x, y in zip(a, b)]):.2f}x)"
+
+    print(f"    cached epochs vs decoded every epoch: {ratio(replay, plain)}; vs its own epoch 1: {ratio(replay, fill)}")
+    print(f"    the epoch that fills the cache vs an uncached epoch: {ratio(fill, plain)}")
     quality(root)
     decoded.close()
     cached.close()
@@ -140,7 +156,10 @@ def part_c(root: str, epochs: int) -> None:
         drain(tuned)
         if tuned._tuner.settled:
             break
-    print(f"    tuner settled: {tuned._tuner.settled} after {e + 1} epochs, {time.perf_counter() - t0:.1f} s")
+    decisions = tuned.stats.autotune
+    when = f"{decisions[-1][0]:.1f} s after the loader was made" if tuned._tuner.settled else "not settled"
+    print(f"    tuner settled: {tuned._tuner.settled} during epoch {e + 1} ({when}; {len(decisions)} decisions); "
+          f"the tuning epochs took {time.perf_counter() - t0:.1f} s")
     for ld in loaders.values():
         ld._warm_epochs = False
     rates: dict = {k: [] for k in loaders}

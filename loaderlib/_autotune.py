@@ -4,24 +4,54 @@ NOTE [ Autotune ]
 tf.data's autotuner models each stage's processing time and searches the knobs that
 maximise the modelled output rate. Here the loader already measures what matters at the
 one place that counts, the consumer, so the tuner is simpler: a hill climb on *delivered*
-throughput, one knob at a time (threads first, then prefetch depth). For the current knob
-it measures a window at the current value, tries a step up (doubling), keeps it while the
-rate improves by more than ``tolerance``, else returns to the best value and tries a step
-down the same way; then the knob is settled and the next one starts. The first window after
-every change is discarded (the prefetch queue refills, threads start). Knobs only change
-speed: every engine's output is a pure function of the seed
+throughput, one knob at a time (threads first, then prefetch depth).
+
+Measuring. The rate is the deliveries of a *window* over the time between them: at least
+``window_s`` (0.25 s) and ``min_items`` deliveries. A *stream* is one epoch's run (a pipeline
+segment, a pass of a Python step): the time between two streams (the end of an epoch, the idle
+time after a dropped iterator, a model's evaluation) is never measured, and the first
+deliveries of a stream that starts after such a pause are *warm-up*, discarded: what its queue
+held when it started (``prefetch + 2`` batches for a loader), made while nobody was measuring.
+A window in progress pauses at a stream's end and goes on after the next one's warm-up, so
+epochs shorter than a window still count. A stream that starts without a pause (within twice
+the measured time between deliveries: a loader's warm next epoch, a consumer that asks at
+once) continues the measurement as if nothing happened: its producer never stopped, so its
+first deliveries come at the steady rate. After every change of a knob the warm-up is those deliveries and at least
+``window_s`` more (the queue holds batches made with the old setting; threads start). A setting
+is judged on the *median* of ``windows`` (3) windows, so one disturbed window (a GC pause,
+another process) cannot decide; when those disagree by more than ``spread`` (25% of their
+median) up to ``max_windows`` (5) are taken and the median of all is used.
+
+Deciding. For the current knob the start value is measured, then a step up (doubling) is
+tried and kept while the median rate improves on the best by more than ``tolerance`` (5%);
+if not even the first step up did, the tuner goes back below the start, halving the same way;
+then the knob settles on the best value seen. The next knob starts from the rate of that best
+setting (measured with every knob as it is now), so it needs no measurement of its own start.
+Every step is recorded as ``(time, knob, old, new, reason)``, the last one of each knob too
+("kept N, settled" when the value does not change), and the reason holds the evidence: the
+medians compared and the windows behind them.
+
+Bound. At most ``max_trials`` (4) settings per knob, its start included, each costing one
+warm-up and 3 to 5 windows, about 1.5 s of deliveries at most: a knob settles after at most
+6 s of delivered data, two knobs within 10.5 s (the second starts from the first's best rate),
+plus the warm-up deliveries of each stream start. The RN50 train pipeline on 2 shared cores
+(``benchmarks/pipeline.py`` (c), epochs of 1024 images) measures threads 2 and 1, then prefetch
+4 and 1, and settled 5.5 s after the loader was made, in its 5th epoch (7.0 s and 8.3 s in
+other runs; 10.6 s under a load average of 3.7, where windows disagree and take 5).
+
+Knobs only change speed: every engine's output is a pure function of the seed
 (NOTE [ Counter-based sample randomness ]), so tuning never changes which elements or batches
-come out. The prefetch
-depth (and so the arena's slots, ``prefetch + 2``) is capped by ``ram_budget``. Each change is
-recorded as ``(time, knob, old, new, reason)``. The clock is injected, so the decision
-logic is tested with synthetic measurements.
+come out. The prefetch depth (and so the arena's slots, ``prefetch + 2``) is capped by
+``ram_budget``. Decision times are seconds since the owner's origin: a DataLoader's creation,
+or a Pipeline's (every tuner of a pipeline, its engine stages' included, shares that origin),
+on the profiling clock (``loaderlib.stats.clock_ns``) unless a clock is injected; the decision
+logic is tested with synthetic measurements on an injected clock.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,22 +82,35 @@ def parse_bytes(value: int | str) -> int:
     raise ValueError(f"ram_budget must be bytes (an int) or a string such as '2GB' or '512MiB', got {value!r}")
 
 
+def profiling_seconds() -> float:
+    """The profiling clock in seconds (``loaderlib.stats.clock_ns``; looked up at each call so a
+    test's clock reaches the tuner too)."""
+    from . import stats
+
+    return stats.clock_ns() / 1e9
+
+
 class HillClimb:
     """One integer knob tuned by hill climbing on a measured rate (NOTE [ Autotune ]).
 
-    Phases: the first rate is the start's; then doubling ("up") while each step beats the
-    best rate by more than ``tolerance``; if not even the first step up did, halving
-    ("down") the same way; then back to the best value, settled.
+    Phases: the start's rate first; then doubling ("up") while each step beats the best rate
+    by more than ``tolerance``; if not even the first step up did, halving ("down") the same
+    way; then the best value, settled. At most ``max_trials`` settings are measured, the start
+    included. :meth:`step` moves :attr:`value` and says why, on every call.
     """
 
-    def __init__(self, name: str, value: int, lo: int, hi: int, tolerance: float = 0.05) -> None:
+    def __init__(self, name: str, value: int, lo: int, hi: int, tolerance: float = 0.05,
+                 max_trials: int = 4) -> None:
         self.name = name
         self.value = max(lo, min(hi, int(value)))
         self.lo = lo
         self.hi = hi
         self.tolerance = tolerance
+        self.max_trials = max_trials
+        self.trials = 0
         self.best: tuple[int, float] | None = None
         self.phase = "start"
+        self._first = self.value
 
     @property
     def settled(self) -> bool:
@@ -79,120 +122,165 @@ class HillClimb:
     def _down(self, v: int) -> int:
         return max(self.lo, v // 2)
 
-    def _settle(self, why: str) -> tuple[int, str] | None:
-        self.phase = "settled"
-        best = self.best[0]
-        return None if best == self.value else (best, f"{why}: back to {best}, settled")
-
-    def _try_down(self, why: str) -> tuple[int, str] | None:
-        nxt = self._down(self.best[0])
-        if nxt == self.best[0]:
-            return self._settle(why)
-        self.phase = "down"
-        return nxt, f"{why}; trying {nxt}"
-
-    def step(self, rate: float) -> tuple[int, str] | None:
-        """Take the rate measured at ``self.value``; returns ``(new value, reason)`` or None."""
-        v = self.value
+    def step(self, rate: float, evidence: str = "") -> tuple[int, str]:
+        """Take the rate measured at :attr:`value` (``evidence``: how it was measured); returns
+        ``(next value, reason)``, the same value when the knob stays (then it is settled)."""
         if self.phase == "settled":
-            return None
+            raise RuntimeError(f"{self.name} is settled at {self.value}")
+        v = self.value
+        self.trials += 1
+        at = f"{rate:.1f}/s at {v}{evidence}"
         if self.phase == "start":
             self.best = (v, rate)
-            nxt = self._up(v)
-            if nxt == v:
-                return self._try_down(f"{rate:.1f}/s at {v}, the upper limit")
-            self.phase = "up"
-            return nxt, f"{rate:.1f}/s at {v}; trying {nxt}"
+            self._first = v
+            if self._up(v) != v:
+                return self._try(self._up(v), "up", at)
+            return self._try(self._down(v), "down", f"{at}, the upper limit")
         best_v, best_rate = self.best
-        better = rate > best_rate * (1 + self.tolerance)
-        why = f"{rate:.1f}/s at {v} vs {best_rate:.1f}/s at {best_v}"
-        if better:
+        vs = f"{at} vs {best_rate:.1f}/s at {best_v}"
+        if rate > best_rate * (1 + self.tolerance):
             self.best = (v, rate)
-            nxt = self._up(v) if self.phase == "up" else self._down(v)
-            if nxt == v:
-                return self._settle(why)
-            return nxt, f"{why}; trying {nxt}"
+            return self._try(self._up(v) if self.phase == "up" else self._down(v), self.phase, f"{vs}: better")
         if self.phase == "up" and best_v == self._first:
-            return self._try_down(why)
-        return self._settle(why)
+            return self._try(self._down(best_v), "down", f"{vs}: no better, back to {best_v} and below")
+        return self._settle(f"{vs}: no better")
 
-    def start(self) -> None:
-        """Begin tuning from the current value."""
-        self._first = self.value
+    def _try(self, nxt: int, phase: str, why: str) -> tuple[int, str]:
+        if nxt == self.best[0]:
+            return self._settle(f"{why}; {self.best[0]} is the {'upper' if phase == 'up' else 'lower'} limit")
+        if self.trials >= self.max_trials:
+            return self._settle(f"{why}; {self.max_trials} settings tried (the bound)")
+        self.phase = phase
+        self.value = nxt
+        return nxt, f"{why}; trying {nxt}"
+
+    def _settle(self, why: str) -> tuple[int, str]:
+        self.phase = "settled"
+        best = self.best[0]
+        verdict = f"back to {best}" if best != self.value else f"kept {best}"
+        self.value = best
+        return best, f"{why}: {verdict}, settled"
+
+
+_NO_STREAM = object()
+
+
+def _median(xs: list) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 class Tuner:
-    """Tunes knobs one after the other from measured delivered throughput.
+    """Tunes knobs one after the other from measured delivered throughput (NOTE [ Autotune ]).
 
     Parameters
     ----------
     knobs : list of (HillClimb, apply)
         ``apply(new)`` sets the live value.
-    clock : callable
-        Seconds (monotonic); injected in tests.
+    clock : callable, optional
+        Seconds (monotonic); the profiling clock by default. Injected in tests.
+    origin : float, optional
+        The clock reading decision times count from (default: now).
     window_s : float
-        Length of one measurement.
+        Shortest measurement window (time between deliveries of one stream).
     min_items : int
-        Fewest items a window needs.
+        Fewest deliveries a window needs.
+    windows : int
+        Steady windows per setting; the setting's rate is their median.
+    max_windows : int
+        Most windows per setting, taken while the first ``windows`` disagree by more than
+        ``spread`` (a fraction of their median).
+    warmup_items : int or callable
+        Deliveries discarded at every stream start and after every change (what the queue
+        held, made before); a callable is asked each time (a loader's ``prefetch + 2``).
+        After a change, at least ``window_s`` of deliveries are discarded too.
     """
 
-    def __init__(self, knobs: list, clock: Callable[[], float] | None = None, window_s: float = 0.5,
-                 min_items: int = 4) -> None:
+    def __init__(self, knobs: list, clock: Callable[[], float] | None = None, origin: float | None = None,
+                 window_s: float = 0.25, min_items: int = 4, windows: int = 3, max_windows: int = 5,
+                 spread: float = 0.25, warmup_items: int | Callable[[], int] = 4) -> None:
         self.knobs = knobs
-        self.clock = clock or time.monotonic
+        self.clock = clock or profiling_seconds
+        self.origin = self.clock() if origin is None else origin
         self.window_s = window_s
         self.min_items = min_items
+        self.windows = windows
+        self.max_windows = max(windows, max_windows)
+        self.spread = spread
+        self.warmup_items = warmup_items
         self.decisions: list[tuple] = []
         self._k = 0
-        self._t0: float | None = None
-        self._count = 0
-        self._discard = True
-        self._t_start: float | None = None
+        self._stream: Any = _NO_STREAM
+        self._last = 0.0               # the previous delivery of the stream
+        self._skip_items = 0           # warm-up left: deliveries ...
+        self._skip_s = 0.0             # ... and seconds
+        self._w_items = 0              # the window in progress: deliveries and their time
+        self._w_s = 0.0
+        self._typical: float | None = None   # the last window's time between deliveries
+        self._rates: list[float] = []  # the current setting's windows
         self._lock = threading.Lock()
-        if knobs:
-            knobs[0][0].start()
 
     @property
     def settled(self) -> bool:
         return self._k >= len(self.knobs)
 
-    def observe(self, items: int = 1) -> None:
-        """Count ``items`` delivered now; closes a window and steps the current knob when due."""
+    def _warmup(self) -> int:
+        w = self.warmup_items
+        return int(w() if callable(w) else w)
+
+    def observe(self, items: int = 1, stream: Any = None) -> None:
+        """Count ``items`` delivered now by ``stream`` (an epoch's run, a pass of a step: any
+        value that changes when a new one starts); closes a window and steps the current knob
+        when due (NOTE [ Autotune ])."""
         if self.settled:
             return
         with self._lock:
             now = self.clock()
-            if self._t_start is None:
-                self._t_start = now
-            if self._t0 is None:
-                self._t0, self._count = now, 0
+            if stream != self._stream:
+                self._stream = stream
+                typical = self._w_s / self._w_items if self._w_items else self._typical
+                if typical is None or now - self._last > 2 * typical:
+                    # A pause before this stream: the time since the last one is no delivery
+                    # time, and its first deliveries are what its queue held. The window in
+                    # progress only pauses (NOTE [ Autotune ]).
+                    self._last, self._skip_items = now, self._warmup()
+                    return
+            dt, self._last = now - self._last, now
+            if self._skip_items > 0 or self._skip_s > 0:
+                self._skip_items -= items
+                self._skip_s -= dt
                 return
-            self._count += items
-            dt = now - self._t0
-            if dt < self.window_s or self._count < self.min_items:
+            self._w_items += items
+            self._w_s += dt
+            if self._w_s < self.window_s or self._w_items < self.min_items:
                 return
-            rate = self._count / dt
-            self._t0, self._count = now, 0
-            if self._discard:
-                self._discard = False
+            self._rates.append(self._w_items / self._w_s)
+            self._typical = self._w_s / self._w_items
+            self._w_items, self._w_s = 0, 0.0
+            rates = self._rates
+            if len(rates) < self.windows:
                 return
-            self._step(rate, now)
+            med = _median(rates)
+            if len(rates) < self.max_windows and max(rates) - min(rates) > self.spread * med:
+                return
+            windows = ", ".join(f"{r:.1f}" for r in rates)
+            self._step(med, now, f" (median of {len(rates)} windows: {windows})")
 
-    def _step(self, rate: float, now: float) -> None:
+    def _step(self, rate: float, now: float, evidence: str) -> None:
+        self._rates = []
         climb, apply = self.knobs[self._k]
         old = climb.value
-        out = climb.step(rate)
-        if out is not None:
-            new, reason = out
-            climb.value = new
+        new, reason = climb.step(rate, evidence)
+        self.decisions.append((round(now - self.origin, 3), climb.name, old, new, reason))
+        if new != old:
             apply(new)
-            self.decisions.append((round(now - self._t_start, 3), climb.name, old, new, reason))
-            self._discard = True
+            self._skip_items, self._skip_s = self._warmup(), self.window_s
         if climb.settled:
             self._k += 1
             if self._k < len(self.knobs):
-                self.knobs[self._k][0].start()
-                self._discard = True
+                # The best setting's rate is the next knob's start (every knob is as it was then).
+                self._step(climb.best[1], now, f" (the {climb.name} measurement)")
 
 
 def batch_nbytes(loader: Any) -> int | None:
@@ -222,11 +310,12 @@ def check_budget(budget: int | None, nbytes: int | None, what: str) -> None:
 
 
 def attach(loader: Any, *, num_threads: bool, prefetch: bool, ram_budget: int | None = None,
-           clock: Callable[[], float] | None = None) -> Tuner:
+           clock: Callable[[], float] | None = None, origin: float | None = None) -> Tuner:
     """Tune a DataLoader's ``num_threads`` and/or ``prefetch`` online (NOTE [ Autotune ]).
 
     The tuner observes each delivered batch (``LoaderIterator.__next__`` calls
-    ``knobs.tuner.observe``) and records its decisions (``loader.stats.autotune``).
+    :func:`observe_batch`, each epoch's run a stream of its own) and records its decisions
+    (``loader.stats.autotune``), timed from ``origin`` (default: now, the loader's creation).
     """
     from ._threads import default_num_threads
 
@@ -257,15 +346,16 @@ def attach(loader: Any, *, num_threads: bool, prefetch: bool, ram_budget: int | 
 
         knobs.prefetch = start
         pairs.append((HillClimb("prefetch", start, 1, hi), set_prefetch))
-    tuner = Tuner(pairs, clock=clock)
+    # What the queue holds (and the batch in flight) was made before a change or a stream start.
+    tuner = Tuner(pairs, clock=clock, origin=origin, warmup_items=lambda: knobs.prefetch + 2)
     tuner.batch_check = (ram_budget, loader.batch_size) if nbytes is None and ram_budget is not None else None
     knobs.tuner = tuner
     loader._tuner = tuner
     return tuner
 
 
-def observe_batch(tuner: Tuner, batch: Any) -> None:
-    """The hook a loader iterator calls per delivered batch."""
+def observe_batch(tuner: Tuner, batch: Any, stream: int) -> None:
+    """The hook a loader iterator calls per delivered batch (``stream``: its run's serial)."""
     check = getattr(tuner, "batch_check", None)
     if check is not None:
         tuner.batch_check = None
@@ -276,11 +366,12 @@ def observe_batch(tuner: Tuner, batch: Any) -> None:
         except ValueError:
             nbytes = 0
         check_budget(check[0], nbytes, f"this loader (batch_size={check[1]})")
-    tuner.observe(1)
+    tuner.observe(1, stream)
 
 
 def tune_knob(owner: Any, knob: Any, label: str, kind: str = "num_parallel_calls") -> Tuner:
-    """Tune a pipeline node's knob (``num_parallel_calls`` of a map, a prefetch depth)."""
+    """Tune a pipeline node's knob (``num_parallel_calls`` of a map, a prefetch depth); its
+    decisions are timed from the pipeline's origin (``owner._tune_origin``)."""
     opts = getattr(owner, "_options", {})
     lo, hi = (1, max(1, knob.limit)) if kind == "num_parallel_calls" else (1, knob.limit)
 
@@ -288,18 +379,22 @@ def tune_knob(owner: Any, knob: Any, label: str, kind: str = "num_parallel_calls
         knob.value = n
 
     climb = HillClimb(f"{label} {kind}", knob.value, lo, hi)
-    tuner = Tuner([(climb, apply)], clock=opts.get("autotune_clock"))
+    # A map keeps 2 * value calls in flight, a prefetch step value elements ready: made before.
+    tuner = Tuner([(climb, apply)], clock=opts.get("autotune_clock"), origin=getattr(owner, "_tune_origin", None),
+                  warmup_items=lambda: 2 * knob.value + 1)
     knob.observe = tuner.observe
     owner.__dict__.setdefault("_tuners", []).append(tuner)
     return tuner
 
 
-def decisions_of(owner: Any) -> list:
-    """Every decision of the tuners attached to a loader or pipeline, oldest first."""
+def decisions_of(*owners: Any) -> list:
+    """Every decision of the tuners attached to loaders or pipelines, oldest first (their
+    times must share one origin, as a pipeline's tuners do)."""
     out: list = []
-    t = getattr(owner, "_tuner", None)
-    if t is not None:
-        out += t.decisions
-    for t in getattr(owner, "_tuners", []):
-        out += t.decisions
-    return out
+    for owner in owners:
+        t = getattr(owner, "_tuner", None)
+        if t is not None:
+            out += t.decisions
+        for t in getattr(owner, "_tuners", []):
+            out += t.decisions
+    return sorted(out, key=lambda d: d[0])

@@ -35,6 +35,7 @@ submission and the previous batch's end (:func:`batch_wall`).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -348,6 +349,9 @@ class _BatchQueue:
         return item
 
 
+_RUN_SERIALS = itertools.count(1)
+
+
 class _Run:
     """One pass over the data: its state, its producer, and (unless synchronous) the prefetch
     queue and driver thread (see NOTE [ Iterator state ])."""
@@ -367,6 +371,7 @@ class _Run:
         self.interrupted = False   # closed by a timeout or Ctrl-C: never wait for user code
         self.on_start: Any = None  # called once, on the producing thread, before the first batch
         self.failed = False        # ended by an error (the loader then drops a warm next epoch)
+        self.serial = next(_RUN_SERIALS)   # tells the AUTOTUNE tuner a new stream began (NOTE [ Autotune ])
 
     @property
     def epoch(self) -> int:
@@ -552,7 +557,7 @@ class LoaderIterator:
         if run.knobs.tuner is not None:
             from ._autotune import observe_batch
 
-            observe_batch(run.knobs.tuner, item.batch)
+            observe_batch(run.knobs.tuner, item.batch, run.serial)
         if self._owner is not None and run.state.exhausted:
             self._owner._epoch_nearly_done(run)
         return item.batch

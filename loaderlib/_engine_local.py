@@ -187,7 +187,7 @@ class NativeSource:
             return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings)
         if self.kind == "pixels":   # NOTE [ Cached pixels ] in _cache.py
             data = self.data_index(idx).tolist()
-            return plan.run_pixels_into(self.dataset.images(data), out, idx, seed=seed, epoch=epoch,
+            return plan.run_pixels_into(self.dataset.images(data, num_threads), out, idx, seed=seed, epoch=epoch,
                                         num_threads=num_threads, timings=timings)
         if self.kind == "buffers":
             data = self.data_index(idx).tolist()

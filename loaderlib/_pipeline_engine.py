@@ -298,6 +298,9 @@ class _Head(ops.Node):
         a = ld._analysis
         out = [(f"engine: {a.engine}", a.engine, f"{self.label}: {a.reason}")]
         stages = [(f"  {stage}", kind, detail) for stage, kind, detail in a.stages]
+        reading = getattr(self.engine.base, "reading", None)
+        if reading is not None and a.engine == "native" and stages and stages[0][0] == "  read":
+            stages[0] = (stages[0][0], stages[0][1], reading())   # a cache filling or complete (NOTE [ Cached pixels ])
         index = [(f"  {r}", "native", "on sample indices, before loading") for r in self.rows]
         out += stages[:1] + index + stages[1:]
         if self.prefetch is not None:

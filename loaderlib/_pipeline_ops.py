@@ -171,6 +171,7 @@ class Map(Unary):
 
         knob = self.parallel
         pool = _DaemonThreadPool(max(1, knob.limit))
+        stream = object()   # this pass, for an AUTOTUNE tuner (NOTE [ Autotune ])
         it = self.up.open()
         pending: collections.deque = collections.deque()
         try:
@@ -193,7 +194,7 @@ class Map(Unary):
                     annotate(e, self.label)
                     raise
                 if knob.observe is not None:
-                    knob.observe(1)
+                    knob.observe(1, stream)
                 yield out
         finally:
             for f in pending:
@@ -590,6 +591,7 @@ class Prefetch(Unary):
 
         t = threading.Thread(target=fill, name="loaderlib-pipeline-prefetch", daemon=True)
         t.start()
+        stream = object()   # this pass, for an AUTOTUNE tuner (NOTE [ Autotune ])
         try:
             while True:
                 with cond:
@@ -601,6 +603,8 @@ class Prefetch(Unary):
                     raise el
                 if el is end:
                     return
+                if depth.observe is not None:
+                    depth.observe(1, stream)
                 yield el
         finally:
             stop.set()

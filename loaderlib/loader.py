@@ -740,7 +740,8 @@ class DataLoader:
     @property
     def stats(self) -> Any:
         """Per-stage timings of the current or last epoch (the recorder's snapshot); with
-        ``AUTOTUNE``, ``stats.autotune`` lists the tuner's decisions."""
+        ``AUTOTUNE``, ``stats.autotune`` lists the tuner's decisions, timed in seconds since the
+        loader was created (on the profiling clock, as ``stats.started_s``)."""
         snap = self.recorder.snapshot()
         tuner = getattr(self, "_tuner", None)
         if tuner is not None and tuner.decisions:

@@ -138,6 +138,7 @@ class Pipeline:
     """
 
     def __init__(self, source: _Source, steps: tuple = (), options: dict | None = None) -> None:
+        from ._autotune import profiling_seconds
         from .sampler import draw_seed
 
         self._src = source
@@ -145,6 +146,8 @@ class Pipeline:
         self._options = dict(options) if options else {}
         if self._options.get("seed") is None:
             self._options["seed"] = draw_seed()
+        # Every AUTOTUNE decision of this pipeline is timed from here (NOTE [ Autotune ]).
+        self._tune_origin = (self._options.get("autotune_clock") or profiling_seconds)()
         self._iteration = 0
         self._resume: dict | None = None
         self._current: Any = None
@@ -473,7 +476,9 @@ class Pipeline:
         steps = self._steps
         node: ops.Node | None = None
         k = 0
-        if self._src.indexable:
+        if self._src.indexable and steps and steps[0].kind == "cache":
+            node, k = self._cached_head(ctx, 0)
+        if self._src.indexable and node is None:
             node, k = self._build_head(ctx, 0, lambda: self._src.dataset, "source")
         if node is None:
             node = self._src.node(ctx)
@@ -495,23 +500,36 @@ class Pipeline:
                 node = ops.Skipped(node, skip)
         return node
 
-    def _cached_head(self, ctx: ops.Context, k: int) -> tuple[_Head | None, int]:
-        """After a complete cache of decoded images, the steps that follow run on the engine
-        from the cached pixels (NOTE [ Cached pixels ] in ``_cache.py``)."""
-        store = self._cache_store(k + 1, self._steps[k])
-        if not store.ready() or not len(store):
-            return None, k
-        first = store.element(0)
-        image = first[0] if isinstance(first, tuple) and len(first) == 2 else first
-        if not (isinstance(image, np.ndarray) and image.ndim == 3 and image.dtype == np.uint8 and image.shape[2] == 3):
-            return None, k
-        labelled = image is not first
-        if labelled and not (isinstance(first[1], (int, np.integer)) or (
-                isinstance(first[1], np.ndarray) and first[1].ndim == 0 and first[1].dtype.kind in "iu")):
-            return None, k
-        from ._cache import CachedImages
+    def _cached_head(self, ctx: ops.Context, k: int) -> tuple[ops.Node | None, int]:
+        """The steps after cache step ``k`` (0-based) on the engine, over the cached pixels
+        once the cache of decoded images is complete (NOTE [ Cached pixels ] in ``_cache.py``),
+        and while a cache right after an image source is not, over the source's images
+        decoded into it as the pass goes (NOTE [ Filling through the engine ])."""
+        from ._cache import CachedImages, CacheFill
 
-        return self._build_head(ctx, k + 1, lambda: CachedImages(store, labelled), f"step {k + 1} .cache()")
+        store = self._cache_store(k + 1, self._steps[k])
+        label = f"step {k + 1} .cache()"
+        if store.ready():
+            if not len(store):
+                return None, k
+            first = store.element(0)
+            image = first[0] if isinstance(first, tuple) and len(first) == 2 else first
+            if not (isinstance(image, np.ndarray) and image.ndim == 3 and image.dtype == np.uint8
+                    and image.shape[2] == 3):
+                return None, k
+            labelled = image is not first
+            if labelled and not (isinstance(first[1], (int, np.integer)) or (
+                    isinstance(first[1], np.ndarray) and first[1].ndim == 0 and first[1].dtype.kind in "iu")):
+                return None, k
+            return self._build_head(ctx, k + 1, lambda: CachedImages(store, labelled), label)
+        src = self._src.dataset
+        if k or not self._src.indexable or not _decodes(src) or not len(src):
+            return None, k
+        head, after = self._build_head(ctx, k + 1, lambda: CachedImages(store, False, src), label)
+        images = head.engine.base if head is not None else None
+        if not isinstance(images, CachedImages) or images.complete:
+            return head, after
+        return CacheFill(head, label, images), after
 
     def _build_head(self, ctx: ops.Context, start: int, base: Callable[[], Any],
                     what: str) -> tuple[_Head | None, int]:
@@ -557,7 +575,8 @@ class Pipeline:
                     from ._autotune import attach
 
                     attach(engine.loader, num_threads=("num_threads" in tuned), prefetch=("prefetch" in tuned),
-                           ram_budget=self._options.get("ram_budget"), clock=self._options.get("autotune_clock"))
+                           ram_budget=self._options.get("ram_budget"), clock=self._options.get("autotune_clock"),
+                           origin=self._tune_origin)
         n = engine.n
 
         def index_nodes(src: ops.Node) -> ops.Node:
@@ -755,7 +774,8 @@ class Pipeline:
         """The ``DataLoader`` that runs the head's engine stage of the next iteration, or None
         when no step runs on an engine. Its ``recorder``, ``stats``, ``num_threads`` and
         ``prefetch`` are that stage's (the dashboard watches it). After a ``cache`` step is
-        complete, later iterations run on another one (the stage over the cached pixels)."""
+        complete, later iterations run on another one (the stage over the cached pixels), except
+        after a cache right after an image source, which that same stage fills."""
         node = self._build(self._iteration)
         while not isinstance(node, _Head) and hasattr(node, "up"):
             node = node.up
@@ -770,16 +790,19 @@ class Pipeline:
 
     @property
     def stats(self) -> dict:
-        """Per-stage timings of the head's engine (``stats["engine"]``), the tuner's decisions
-        (``stats["autotune"]``: ``(time, knob, old, new, reason)``) and :meth:`cache_info`."""
+        """Per-stage timings of the head's engine (``stats["engine"]``), every tuner's decisions
+        (``stats["autotune"]``: ``(time_s, knob, old, new, reason)``, oldest first) and
+        :meth:`cache_info`.
+
+        Every decision time, the engine stages' tuners' included, is in seconds since this
+        pipeline object was made (by its last step or ``with_options``), read on the clock
+        ``AUTOTUNE`` uses: the profiling clock (``loaderlib.stats.clock_ns``, the clock of
+        ``Stats.started_s``) unless ``autotune_clock`` was given (NOTE [ Autotune ])."""
         from ._autotune import decisions_of
 
         engines = list(self._engines.values())
-        out: dict = {"engine": engines[0].loader.stats if engines else None, "autotune": decisions_of(self),
-                     "cache": self.cache_info()}
-        for e in engines:
-            out["autotune"] = sorted(out["autotune"] + decisions_of(e.loader), key=lambda d: d[0])
-        return out
+        return {"engine": engines[0].loader.stats if engines else None,
+                "autotune": decisions_of(self, *(e.loader for e in engines)), "cache": self.cache_info()}
 
     def cache_info(self) -> list[dict]:
         """What each ``cache`` step holds: kind, elements, bytes, whether complete, and why not."""

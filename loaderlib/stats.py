@@ -377,7 +377,10 @@ class Stats:
         :func:`window_of` reads it.
     autotune : tuple
         The ``AUTOTUNE`` tuner's decisions, oldest first: ``(time_s, knob, old, new, reason)``
-        (NOTE [ Autotune ] in ``_autotune.py``); empty when nothing is tuned.
+        (NOTE [ Autotune ] in ``_autotune.py``), ``reason`` holding the measured rates compared;
+        empty when nothing is tuned. ``time_s`` counts seconds on the profiling clock (the
+        clock of ``started_s``) since the loader was created, or for a pipeline's engine stage
+        since the pipeline was made.
     """
 
     enabled: bool

@@ -45,7 +45,7 @@ HTML (the list is a ``widgets.HTML``, so its last value is in the widget state).
 and prefetch knobs follow the tuner's changes as they follow any other. A ``Pipeline`` is
 watched through its head's engine stage (``Pipeline.head_loader``), re-read at each update
 because after a complete ``cache`` later iterations run on another stage; its decisions are
-all of the pipeline's tuners' (``Pipeline.stats["autotune"]``).
+all of the pipeline's tuners' (``Pipeline.stats["autotune"]``), timed from one origin.
 """
 
 from __future__ import annotations
@@ -439,7 +439,7 @@ class Dashboard:
             for t, knob, old, new, reason in shown)
         n = len(rows)
         return (f"<div style=\"{self._box};padding:4px 0\"><b>autotune</b>: {n} decision{'s' if n != 1 else ''}"
-                f"{more} (t: seconds since tuning began)<table><tr>{head}</tr>{body}</table></div>")
+                f"{more} (t: seconds since the loader or pipeline was made)<table><tr>{head}</tr>{body}</table></div>")
 
     def _build_figure(self) -> None:
         # Built once; updates only move data. A fixed layout, wide enough margins for every label: a constrained layout per frame

@@ -317,9 +317,11 @@ def test_a_pipeline_is_watched_with_all_its_tuners_decisions(root, monkeypatch):
         head = pipe.head_loader
         assert dash.loader.pipeline is pipe and dash.loader.recorder is head.recorder and head.recorder.enabled
         assert dash.autotune.value == ""
-        for _ in range(2):
+        for _ in range(8):   # an iteration is 16 batches, a few windows: tuning takes several
             for _ in pipe:
                 pass
+            if head._tuner.settled:
+                break
         dash.update()
         decisions = pipe.stats["autotune"]
         # A constant measured rate (the injected clock ticks 0.25 s per batch): 2 threads are the
