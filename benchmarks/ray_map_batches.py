@@ -273,8 +273,12 @@ def main() -> None:
         task, driver, cluster = costs[name]
         print(f"{name:<12}{med(r):>10.0f}{med(r) / base:>13.2f}x{task:>8.2f}{driver:>8.2f}{cluster:>9.2f}   "
               + ", ".join(f"{x:.0f}" for x in r))
+    def per_round(other: str) -> float:   # drift between rounds cancels within a round
+        return med([a / b for a, b in zip(rates["loaderlib"], rates[other])])
+
     print(f"loaderlib speed-up: {base / med(rates['torchvision']):.2f}x over PIL/torchvision, "
-          f"{base / med(rates['opencv']):.2f}x over OpenCV (images/s); cluster CPU per image "
+          f"{base / med(rates['opencv']):.2f}x over OpenCV (medians of images/s; median of the rounds' "
+          f"ratios {per_round('torchvision'):.2f}x and {per_round('opencv'):.2f}x); cluster CPU per image "
           f"{costs['torchvision'][2] / costs['loaderlib'][2]:.2f}x and {costs['opencv'][2] / costs['loaderlib'][2]:.2f}x "
           "less")
     print(f"the map_batches functions alone (this process, 1 thread, CPU time per image, median of "
