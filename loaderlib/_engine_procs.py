@@ -591,15 +591,15 @@ class ProcessesProducer(Producer):
                 pass
             raise exc
         _, _, structure, failures, needed, python_ns, collate_ns = msg
+        if needed > self.pool.slot_bytes:
+            # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.
+            self.pool.slot_bytes = max(needed, self.pool.slot_bytes + self.pool.slot_bytes // 2)
         if isinstance(task.indices, int):   # an iterable's batch: as many items as arrived
             return (None if structure is None else self._delivered(structure, lease, needed)), -1
         self._stage_ns[0] += python_ns
         self._stage_ns[1] += collate_ns
         for i, src, reason in failures:
             self.skipped(i, src, reason)
-        if needed > self.pool.slot_bytes:
-            # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.
-            self.pool.slot_bytes = max(needed, self.pool.slot_bytes + self.pool.slot_bytes // 2)
         if structure is None:
             return None, 0
         return self._delivered(structure, lease, needed), len(task.indices) - len(failures)

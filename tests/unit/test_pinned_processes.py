@@ -288,11 +288,12 @@ def test_batches_that_outgrow_the_slots_are_delivered_pinned(cuda):
     _check_lifecycle(cuda)
 
 
-def test_iterable_dataset_on_workers_is_pinned(cuda):
+@pytest.mark.parametrize("width", [5, 1 << 17], ids=["small", "outgrows-the-slots"])
+def test_iterable_dataset_on_workers_is_pinned(cuda, width):
     class Stream:
         def __iter__(self):
             for i in range(30):
-                yield np.full(5, i, np.float32), i
+                yield np.full(width, i, np.float32), i
 
     def run(**kw):
         with ll.DataLoader(Stream(), batch_size=4, num_workers=2, timeout=60, **kw) as loader:
@@ -305,6 +306,8 @@ def test_iterable_dataset_on_workers_is_pinned(cuda):
 
     ref = run()
     _equal([run(pin_memory=True)], [ref])
+    if width > 5:   # the slots grew to the batch (4 images of 512 KiB) after the first ones
+        assert max(r[1] for r in cuda.registers) >= 4 * width * 4
     gc.collect()
     _check_lifecycle(cuda)
 
