@@ -15,8 +15,8 @@ Ray assigned to it (``num_cpus`` of ``map_batches``), so tasks never oversubscri
 
 NOTE [ Output slots in Ray workers ]
 A float32 batch of 64 224x224 images is 38 MB. A fresh ``np.empty`` per call maps new pages
-that the kernel zeroes on first touch: on a 2-CPU local cluster ``perf`` put 13% of a map
-task's CPU in ``clear_page``, more than the fused chain's resampling. So the output array is a
+that the OS zeroes on first touch: on a 2-CPU local cluster ``perf`` put 13% of a map task's
+CPU in ``clear_page``, about as much as the fused chain's resampling. So the output array is a
 view of a slot of one :class:`loaderlib.BatchArena` per worker process (NOTE [ Slot leases ]
 in ``pyx/_arena.pyx``): Ray copies the returned block into its object store and drops it, the
 lease goes, and the next call, in this task or a later one in the same process, writes into
