@@ -527,17 +527,22 @@ class LoaderIterator:
             try:
                 item = run.queue.get(run.timeout, f"batch {run.state.delivered} of epoch {run.state.epoch}")
             except LoaderTimeoutError as e:
+                # The iterator is finished now, not when the exception (whose traceback holds
+                # it) is collected: the loader drops a warm next epoch at once, whose batches
+                # may be queued at the worker the timeout killed (NOTE [ Warm epochs ]).
                 run.interrupted = True
                 done = run.producer.timed_out()
                 run.close(wait=False)
+                self.close()
                 if done:
                     raise LoaderTimeoutError(f"{e}; {done}") from None
                 raise
             except BaseException:
-                # Timeout or Ctrl-C: stop the pipeline before the exception propagates, without
-                # waiting for a Python call that may be the reason for the timeout.
+                # Ctrl-C: stop the pipeline before the exception propagates, without waiting
+                # for a Python call that may be the reason for it; finished as above.
                 run.interrupted = True
                 run.close(wait=False)
+                self.close()
                 raise
             if item is _END:
                 self.close()

@@ -50,9 +50,9 @@ import numpy as np
 
 from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
 from ._engine_local import _Stopped, annotate
-from ._engine_worker import NativePrefix, _Ref, _ShardsRef
+from ._engine_worker import NativePrefix, _Ref, _ShardsRef, _slot_array
 from ._tree import tree_map
-from .arena import BatchArena, BatchLayout
+from .arena import BatchArena, BatchLayout, HostRegistrar
 from .batchify import Shards
 from .errors import LoaderError, LoaderTimeoutError, WorkerError
 
@@ -78,7 +78,7 @@ class _ShmBlock:
     unlinks it if this process dies without doing so.
     """
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, registrar: HostRegistrar | None = None) -> None:
         size = max(int(nbytes), 1)
         flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
         while True:
@@ -100,6 +100,22 @@ class _ShmBlock:
         self.name = name
         self.buf = memoryview(self._map)
         self._unlinked = False
+        self._registered: tuple[HostRegistrar, int] | None = None
+        if registrar is not None:
+            # pin_memory: page-locked once, for the block's whole life (NOTE [ Registering
+            # shared-memory slots ] in arena.py).
+            address = self.address
+            try:
+                registrar.register(address, size)
+            except BaseException:
+                self.release()
+                raise
+            self._registered = (registrar, address)
+
+    @property
+    def address(self) -> int:
+        """Where the block is mapped in this process."""
+        return int(np.frombuffer(self.buf, np.uint8).ctypes.data)
 
     def unlink(self) -> None:
         """Remove the name now; the memory lives on while any process still maps it."""
@@ -116,6 +132,11 @@ class _ShmBlock:
         buf, self.buf = self.buf, None
         if buf is None:
             return
+        registered, self._registered = self._registered, None
+        if registered is not None:
+            # Before the mapping can go, even if a view keeps it a little longer: a mapping
+            # must never be unmapped while registered (NOTE [ Registering shared-memory slots ]).
+            registered[0].unregister(registered[1])
         try:
             buf.release()
             self._map.close()
@@ -172,7 +193,8 @@ class WorkerPool:
     """
 
     def __init__(self, num_workers: int, dataset: Any, batchify_fn: Any, worker_init_fn: Any, on_error: str,
-                 seed: int, load_balance: str = "round_robin", prefix: NativePrefix | None = None) -> None:
+                 seed: int, load_balance: str = "round_robin", prefix: NativePrefix | None = None,
+                 registrar: HostRegistrar | None = None) -> None:
         import cloudpickle
 
         try:
@@ -186,6 +208,9 @@ class WorkerPool:
         self.workers = [_Worker(k, payload, num_workers, seed) for k in range(num_workers)]
         self._lock = threading.RLock()
         self._blocks: weakref.WeakSet = weakref.WeakSet()
+        # pin_memory: every slot is page-locked while it exists (NOTE [ Registering
+        # shared-memory slots ] in arena.py).
+        self.registrar = registrar
         self.arena = BatchArena(0, allocator=self._new_block)
         self.slot_bytes = _DEFAULT_SLOT
         self.inflight: dict[int, tuple] = {}   # task id -> (lease, worker id)
@@ -202,7 +227,7 @@ class WorkerPool:
         self.last_end = 0
 
     def _new_block(self, nbytes: int) -> _ShmBlock:
-        block = _ShmBlock(nbytes)
+        block = _ShmBlock(nbytes, self.registrar)
         self._blocks.add(block)
         return block
 
@@ -266,6 +291,31 @@ class WorkerPool:
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # reported by recv with the worker's exit status
             return tid, w.wid
+
+    def into_slot(self, batch: Any) -> Any:
+        """``batch`` with every array copied into one slot (its Python objects as they are)."""
+        leaves: list[np.ndarray] = []
+
+        def collect(x: Any) -> Any:
+            a = x.batch if isinstance(x, Shards) else x
+            if _slot_array(a):
+                leaves.append(a)
+            return x
+
+        tree_map(collect, batch)
+        with self._lock:
+            _lease, views = self.arena.acquire(BatchLayout.of([(a.shape, a.dtype) for a in leaves]))
+        slots = iter(views)
+
+        def place(x: Any) -> Any:
+            a = x.batch if isinstance(x, Shards) else x
+            if not _slot_array(a):
+                return x
+            dst = next(slots)
+            dst[...] = a
+            return Shards(dst, len(x)) if isinstance(x, Shards) else dst
+
+        return tree_map(place, batch)
 
     def _reclaim(self, w: _Worker) -> None:
         """Free the slots of a worker that can no longer write (dead, or killed and reaped)."""
@@ -423,7 +473,9 @@ class WorkerPool:
             self.inflight.clear()
             self.ready.clear()
             self.abandoned.clear()
-        self.arena.clear()
+        # A slot still leased (a batch the user keeps) is freed, and unregistered with
+        # pin_memory, when that batch goes, whether or not this pool object lives on.
+        self.arena.close()
         # Batches the user still holds keep their memory, but no name outlives the pool.
         for block in list(self._blocks):
             block.unlink()
@@ -539,20 +591,26 @@ class ProcessesProducer(Producer):
                 pass
             raise exc
         _, _, structure, failures, needed, python_ns, collate_ns = msg
+        if needed > self.pool.slot_bytes:
+            # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.
+            self.pool.slot_bytes = max(needed, self.pool.slot_bytes + self.pool.slot_bytes // 2)
         if isinstance(task.indices, int):   # an iterable's batch: as many items as arrived
-            return (None if structure is None else _decode(structure, np.frombuffer(lease, np.uint8))), -1
+            return (None if structure is None else self._delivered(structure, lease, needed)), -1
         self._stage_ns[0] += python_ns
         self._stage_ns[1] += collate_ns
         for i, src, reason in failures:
             self.skipped(i, src, reason)
-        if needed > self.pool.slot_bytes:
-            # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.
-            self.pool.slot_bytes = max(needed, self.pool.slot_bytes + self.pool.slot_bytes // 2)
         if structure is None:
             return None, 0
-        whole = np.frombuffer(lease, np.uint8)
-        batch = _decode(structure, whole)
-        return batch, len(task.indices) - len(failures)
+        return self._delivered(structure, lease, needed), len(task.indices) - len(failures)
+
+    def _delivered(self, structure: Any, lease: Any, needed: int) -> Any:
+        batch = _decode(structure, np.frombuffer(lease, np.uint8))
+        if self.pool.registrar is not None and needed > lease.nbytes:
+            # Part of the batch outgrew the slot and came pickled (the slots grow from the
+            # next batch on): with pin_memory it is delivered from a page-locked slot too.
+            batch = self.pool.into_slot(batch)
+        return batch
 
     def finish(self, handle: tuple) -> Produced | None:
         task, tid, wid, t0 = handle

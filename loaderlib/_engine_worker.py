@@ -79,6 +79,11 @@ class _ShardsRef:
         return (_ShardsRef, (self.batch, self.num_shards))
 
 
+def _slot_array(x: Any) -> bool:
+    """Whether a batch leaf travels in the shared-memory slot (other leaves are pickled)."""
+    return isinstance(x, np.ndarray) and x.dtype != object and x.dtype.fields is None
+
+
 class _Encoder:
     """Replace arrays in a batch by references into the slot, copying those not already there."""
 
@@ -96,7 +101,7 @@ class _Encoder:
         def leaf(x: Any) -> Any:
             if isinstance(x, Shards):
                 return _ShardsRef(self._array(x.batch), len(x))
-            if isinstance(x, np.ndarray) and x.dtype != object and x.dtype.fields is None:
+            if _slot_array(x):
                 return self._array(x)
             return x
 

@@ -10,6 +10,8 @@ and steady state allocates nothing.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +19,12 @@ from typing import Any
 import numpy as np
 
 from ._ext import _arena
+from .errors import LoaderError
 
-__all__ = ["ALIGNMENT", "AlignedBuffer", "BatchArena", "BatchLayout", "aligned_empty", "arena_counters",
-           "pinned_allocator"]
+_log = logging.getLogger(__name__)
+
+__all__ = ["ALIGNMENT", "AlignedBuffer", "BatchArena", "BatchLayout", "HostRegistrar", "aligned_empty",
+           "arena_counters", "pinned_allocator"]
 
 #: Byte alignment of every slot and every part inside it. 64 bytes is a cache line and
 #: AVX-512 width, and what JAX requires to import a host buffer without copying.
@@ -70,8 +75,6 @@ def pinned_allocator(device: Any = None) -> Callable[[int], Any]:
         ``allocate(nbytes)`` returning a writable uint8 numpy array that keeps its pinned
         tensor alive.
     """
-    import contextlib
-
     import torch
 
     def allocate(nbytes: int) -> Any:
@@ -81,6 +84,88 @@ def pinned_allocator(device: Any = None) -> Callable[[int], Any]:
             return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, pin_memory=True).numpy()
 
     return allocate
+
+
+#: ``cudaHostRegisterPortable``: the memory counts as pinned in every CUDA context.
+_CUDA_HOST_REGISTER_PORTABLE = 1
+
+
+@dataclass(frozen=True)
+class HostRegistrar:
+    """Page-locks memory allocated elsewhere for CUDA, once per buffer: the processes engine's
+    shared-memory slots (NOTE [ Registering shared-memory slots ]).
+
+    NOTE [ Registering shared-memory slots ]
+    The processes engine's slots are shared-memory mappings that worker processes write into,
+    so torch's pinned allocator (NOTE [ Pinned slots ]) cannot make them. Instead the
+    loader's process page-locks each mapping once, when the slot is made, with
+    ``cudaHostRegister(address, size, cudaHostRegisterPortable)``, and unregisters it when
+    the slot goes, before the mapping is closed: memory unmapped while still registered
+    would leave the driver holding the pages, and a new mapping at the same address could
+    not be registered. The pages are shared, so what the workers write lands in the locked
+    pages themselves; the workers never touch CUDA. The calls go through
+    ``torch.cuda.cudart()``, the CUDA runtime torch itself loaded: ``pin_memory`` needs torch
+    with CUDA anyway, so there is no second runtime to find (and possibly of another version),
+    and torch's own checkpoint stager registers shared-memory tensors the same way. The
+    loader's process may initialise CUDA safely because workers are fresh interpreters,
+    never forks (NOTE [ Worker processes ]). With ``device`` ("cuda:1") the calls run with that
+    device current, as :func:`pinned_allocator` allocates.
+
+    Parameters
+    ----------
+    device : torch.device, optional
+        A CUDA device.
+    """
+
+    device: Any = None
+
+    def _current(self) -> Any:
+        import torch
+
+        if self.device is not None and getattr(self.device, "index", None) is not None:
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
+
+    def register(self, address: int, nbytes: int) -> None:
+        """Page-lock ``nbytes`` at ``address``.
+
+        Raises
+        ------
+        LoaderError
+            CUDA refused (the message gives its error code and what to do).
+        """
+        import torch
+
+        with self._current():
+            cudart = torch.cuda.cudart()
+            code = int(cudart.cudaHostRegister(int(address), int(nbytes), _CUDA_HOST_REGISTER_PORTABLE))
+        if code != 0:
+            raise LoaderError(f"pin_memory=True: cudaHostRegister of a {nbytes}-byte shared-memory slot failed with "
+                              f"CUDA error {code}{_cuda_error_name(cudart, code)}; pass pin_memory=False, or "
+                              "num_workers=0 (the in-process engines pin with torch's allocator)")
+
+    def unregister(self, address: int) -> None:
+        """Undo :meth:`register` for ``address``. Never raises: it runs when a slot is freed,
+        possibly at interpreter exit, when the CUDA runtime may be gone already."""
+        try:
+            import torch
+
+            with self._current():
+                cudart = torch.cuda.cudart()
+                code = int(cudart.cudaHostUnregister(int(address)))
+        except Exception as e:  # noqa: BLE001 - CUDA or torch already torn down
+            _log.debug("cudaHostUnregister(%#x) not called: %s", address, e)
+            return
+        if code != 0:
+            _log.warning("cudaHostUnregister(%#x) failed with CUDA error %d%s", address, code,
+                         _cuda_error_name(cudart, code))
+
+
+def _cuda_error_name(cudart: Any, code: int) -> str:
+    try:
+        return f" ({cudart.cudaGetErrorString(cudart.cudaError(code))})"
+    except Exception:  # noqa: BLE001 - only a nicer message
+        return ""
 
 
 @dataclass(frozen=True)
@@ -165,6 +250,10 @@ class BatchArena:
     def clear(self) -> None:
         """Free the memory of every slot not currently leased."""
         self._ring.clear()
+
+    def close(self) -> None:
+        """Free every slot's memory: the free ones' now, each leased one's when its lease goes."""
+        self._ring.close()
 
     @property
     def stats(self) -> dict:

@@ -240,14 +240,15 @@ def _read_file(path: str, special: bool = False) -> bytes:
     directory) is refused without blocking or reading without bound, as the native reader does,
     and so is a file larger than :data:`MAX_FILE_BYTES`. With ``special``, FIFOs and character
     devices are read to end of file, still within :data:`MAX_FILE_BYTES`."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    # Opened without blocking, a FIFO with no writer yet reads as empty, and a writer that
+    # connects to that descriptor and finishes before it is closed loses its data; with
+    # ``special`` the open blocks until the writer connects (the loader's timeout covers one
+    # that never does).
+    blocking = 0 if special else getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | blocking)
     try:
         st = os.fstat(fd)
         if special and stat.S_ISFIFO(st.st_mode):
-            # Opened without blocking, a FIFO with no writer yet reads as empty: open it again,
-            # blocking until its writer connects (the loader's timeout covers one that never does).
-            os.close(fd)
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             return _read_stream(fd, path)
         if special and stat.S_ISCHR(st.st_mode):
             return _read_stream(fd, path)

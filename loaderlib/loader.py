@@ -49,7 +49,7 @@ from ._iterable import (
 )
 from ._tree import tree_map
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
-from .arena import BatchArena, pinned_allocator
+from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .batchify import Pad, Stack, Tuple, default_batchify_fn
 from .datasets import (
     ArrayDataset,
@@ -425,10 +425,10 @@ class DataLoader:
         Batches kept ready ahead of the consumer (default ``max(2, 2 * num_workers)``).
         Settable while iterating.
     pin_memory : bool
-        Page-lock the arena slots once, when they are allocated (torch's pinned allocator), so
-        batches copy to a GPU asynchronously at no per-batch cost. Needs torch with CUDA
-        (``ValueError`` otherwise) and an in-process engine (``ValueError`` on the processes
-        engine for now).
+        Page-lock the arena slots once, when they are allocated, so batches copy to a GPU
+        asynchronously at no per-batch cost: torch's pinned allocator on the in-process
+        engines, ``cudaHostRegister`` of each shared-memory slot on the processes engine.
+        Needs torch with CUDA (``ValueError`` otherwise).
     timeout : float
         Seconds any wait for a batch may take before :class:`LoaderTimeoutError` (None or 0:
         wait forever).
@@ -462,7 +462,8 @@ class DataLoader:
         PyTorch's keyword. ``False`` permits out-of-order batches; loaderlib always delivers
         in order (exact resume depends on it), which satisfies both settings.
     pin_memory_device : str
-        Device the pinned memory is for (requires ``pin_memory=True``).
+        Device the pinned memory is for (requires ``pin_memory=True``): slots are allocated or
+        registered with it current.
     load_balance : {"round_robin", "least_loaded"}
         Processes engine: which worker gets the next batch.
     max_in_flight : int, optional
@@ -1182,7 +1183,8 @@ class DataLoader:
                 prefix = NativePrefix(src=a.native_source, chain=a.chain, suffix=a.hybrid["suffix"],
                                       position=a.hybrid["position"], others=a.hybrid["others"])
             self._workers = WorkerPool(self.num_workers, self.dataset, self.batchify_fn, self.worker_init_fn,
-                                       self.on_error, self.seed, load_balance=self.load_balance, prefix=prefix)
+                                       self.on_error, self.seed, load_balance=self.load_balance, prefix=prefix,
+                                       registrar=self._host_registrar())
         else:
             self._workers.revive()   # a worker that died or timed out gets a fresh process
         if self._iterable:
@@ -1266,16 +1268,21 @@ class DataLoader:
             if dev.index is not None and dev.index >= torch.cuda.device_count():
                 raise ValueError(f"pin_memory_device={self.pin_memory_device!r}: this machine has "
                                  f"{torch.cuda.device_count()} CUDA device(s)")
-        if self.num_workers > 0 and self.engine == "processes":
-            raise ValueError("pin_memory=True cannot be honoured on the processes engine yet (its slots are shared "
-                             "memory, not page-locked): pass pin_memory=False, or num_workers=0")
 
     def _pinned_allocator(self) -> Callable[[int], Any] | None:
         """With ``pin_memory``, arena slots are page-locked once, when allocated (NOTE [ Pinned
         slots ] in arena.py), so pinning costs nothing per batch."""
         if not self.pin_memory:
             return None
-        return pinned_allocator(_pin_device(self.pin_memory_device) if self.pin_memory_device else None)
+        return pinned_allocator(self._pin_target())
+
+    def _pin_target(self) -> Any:
+        return _pin_device(self.pin_memory_device) if self.pin_memory_device else None
+
+    def _host_registrar(self) -> HostRegistrar | None:
+        """With ``pin_memory``, the processes engine's shared-memory slots are registered with
+        CUDA once, when made (NOTE [ Registering shared-memory slots ] in arena.py)."""
+        return HostRegistrar(self._pin_target()) if self.pin_memory else None
 
     def _bfloat16_first(self) -> bool:
         """Whether the batch's first field holds bfloat16 bits (NOTE [ bfloat16 as uint16 bits ])."""

@@ -164,6 +164,7 @@ cdef class SlotRing:
     cdef readonly long long allocations     # buffers this ring has made
     cdef readonly long long bytes_allocated  # their total size
     cdef readonly long long acquires
+    cdef readonly bint closed   # close(): every slot's buffer goes as soon as it is free
 
     def __cinit__(self, allocator):
         self.buffers = []
@@ -172,6 +173,7 @@ cdef class SlotRing:
         self.allocations = 0
         self.bytes_allocated = 0
         self.acquires = 0
+        self.closed = False
 
     cdef object _alloc(self, Py_ssize_t nbytes):
         buf = self.allocator(nbytes)
@@ -262,6 +264,8 @@ cdef class SlotRing:
         # (NOTE [ A lease's buffer survives garbage collection ]): nothing is left to free.
         if self.states is not None and 0 <= slot < len(self.states):
             self.states[slot] = SLOT_FREE
+            if self.closed:
+                self.buffers[slot] = None
 
     def buffer(self, Py_ssize_t slot):
         """The buffer object of ``slot`` (for engines that address slots by name)."""
@@ -280,11 +284,18 @@ cdef class SlotRing:
         return sum(max(_nbytes(b), 0) for b in self.buffers)
 
     def clear(self):
-        """Drop the buffers of free slots; leased ones are freed when their lease goes."""
+        """Drop the buffers of free slots; leased ones stay with the ring for reuse."""
         cdef Py_ssize_t i
         for i in range(len(self.buffers)):
             if self.states[i] == SLOT_FREE:
                 self.buffers[i] = None
+
+    def close(self):
+        """Drop the buffers of free slots now and each leased one's as soon as its lease goes
+        (the ring is not used again: a kept batch frees its memory when dropped, even while
+        the ring itself lingers)."""
+        self.closed = True
+        self.clear()
 
 
 cdef Py_ssize_t _nbytes(object buf):

@@ -91,6 +91,21 @@ def test_hung_worker_is_replaced(tmp_path):
     loader.close()
 
 
+def test_next_epoch_after_a_timeout_while_the_failed_iterator_is_kept(tmp_path):
+    # The next epoch was planned (warm) before the timeout killed a worker that held some of
+    # its batches: it is dropped with the failed iterator, even though the kept iterator (and
+    # the exception's traceback) is not collected.
+    loader = DataLoader(_HangsOnce(str(tmp_path / "flag")), batch_size=2, num_workers=2, timeout=3)
+    it = iter(loader)
+    with pytest.raises(ll.LoaderTimeoutError, match="was killed") as failed:
+        for _ in it:
+            pass
+    got = np.concatenate(list(loader))
+    np.testing.assert_array_equal(got, np.arange(12, dtype=np.float32))
+    assert failed.value.__traceback__ is not None and it is not None
+    loader.close()
+
+
 def test_killed_worker_is_replaced_next_epoch():
     x, y = _xy(80)
     loader = DataLoader(ArrayDataset(x, y).transform(_double), batch_size=4, num_workers=2, timeout=60)

@@ -62,6 +62,41 @@ def test_map_batches_fn_equals_the_plain_loader(jpegs, random):
     np.testing.assert_array_equal(outs[0], ref[5:17])
 
 
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def test_map_batches_fn_reuses_an_output_slot_only_once_its_batch_is_gone(jpegs, monkeypatch):
+    from loaderlib.integrations import ray as llray
+
+    monkeypatch.setattr(llray, "_output_arena", None)     # this test's own slots
+    paths, blobs = jpegs
+    ref = _loader_images(paths, _chain(False))
+    fn = llray.map_batches_fn(_chain(False))
+
+    def call(f, lo, hi):
+        return f({"bytes": np.array(blobs[lo:hi], dtype=object)})["image"]
+
+    kept = call(fn, 0, 8)              # a block Ray (or a fused next step) still holds
+    first = _address(kept)
+    b = call(fn, 8, 16)
+    assert _address(b) != first
+    np.testing.assert_array_equal(kept, ref[0:8])       # not overwritten by the next call
+    np.testing.assert_array_equal(b, ref[8:16])
+    del kept
+    c = call(fn, 16, 24)
+    assert _address(c) == first                         # its slot, once it was dropped
+    np.testing.assert_array_equal(c, ref[16:24])
+    del b, c
+    made = llray._output_arena.stats["allocations"]
+    for lo in range(0, N, 8):
+        np.testing.assert_array_equal(call(fn, lo, lo + 8), ref[lo:lo + 8])
+    assert llray._output_arena.stats["allocations"] == made == 2    # steady state: no new memory
+    fresh = call(llray.map_batches_fn(_chain(False), reuse_output=False), 0, 8)
+    np.testing.assert_array_equal(fresh, ref[0:8])
+    assert fresh.base is None and llray._output_arena.stats["leased"] == 0   # its own array
+
+
 def test_map_batches_fn_bad_input(jpegs):
     from loaderlib.integrations.ray import map_batches_fn
 

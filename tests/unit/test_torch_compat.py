@@ -313,5 +313,8 @@ def test_pin_memory_slots_come_from_the_pinned_allocator(monkeypatch):
     # Once per slot, not per batch: every call is one of the ring's allocations, and the ring
     # grows by at most a slot or two once warm epochs overlap (never per batch).
     assert len(calls) == loader._arena_ring.stats["allocations"] and len(calls) <= n + 2
-    with pytest.raises(ValueError, match="processes engine"):
-        ll.DataLoader(_arrays().transform(lambda a, b: (a, b)), batch_size=4, num_workers=2, pin_memory=True)
+    # The processes engine pins too, by registering its shared-memory slots with CUDA
+    # (tests/unit/test_pinned_processes.py).
+    with ll.DataLoader(_arrays().transform(lambda a, b: (a, b)), batch_size=4, num_workers=2,
+                       pin_memory=True) as procs:
+        assert procs.engine == "processes" and procs.pin_memory
