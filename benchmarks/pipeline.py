@@ -6,7 +6,10 @@ fast model (batches are taken and dropped):
 
 (a) ``Pipeline.from_folder(root).shuffle(n).map(RN50 train chain).batch(64).prefetch(2)`` vs
     ``DataLoader(ImageFolderDataset(root).transform_first(chain), batch_size=64, shuffle=True)``:
-    the same engine underneath, so equal within noise. Interleaved rounds, median.
+    the same engine underneath, so equal within noise; with ``--peers PYTHON`` (an interpreter
+    with TensorFlow, e.g. ``.venv-peers/bin/python`` from ``make bench-peers``) also tf.data's
+    ImageNet pipeline on the same folder (``benchmarks/loader.py``'s ``decode_and_crop_jpeg``
+    pipeline, in its own process, images/s after its first batch). Interleaved rounds, median.
 (b) a small fine-tuning set decoded every epoch (the native fused pipeline) vs
     ``.cache()`` of the decoded full-resolution images followed by the same random chain
     (epoch 1 fills the cache; epoch 2 reads it), a new cached pipeline every round. Also the crop-quality cost of
@@ -21,6 +24,7 @@ Usage::
 
     python benchmarks/pipeline.py                  # all three, 1024 images
     python benchmarks/pipeline.py --only b --images 512
+    python benchmarks/pipeline.py --only a --peers .venv-peers/bin/python
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def drain(it) -> int:
     return n
 
 
-def part_a(root: str, rounds: int) -> None:
+def part_a(root: str, rounds: int, peers: str | None = None) -> None:
     n = len(ll.ImageFolderDataset(root))
     pipe = (ll.Pipeline.from_folder(root).shuffle(n).map(train_chain()).batch(BATCH).prefetch(2)
             .with_options(seed=0))
@@ -65,10 +69,23 @@ def part_a(root: str, rounds: int) -> None:
                            shuffle=True, seed=0, prefetch=2)
     print(f"(a) engine: pipeline {pipe.engine}, DataLoader {loader.engine}; {n} images, batch {BATCH}, "
           f"{ll.default_num_threads()} threads, {rounds} interleaved rounds, median")
-    rates = median_rate({"Pipeline": lambda: drain(pipe), "DataLoader": lambda: drain(loader)}, rounds)
+    rates: dict = {"Pipeline": [], "DataLoader": []}
+    if peers:
+        rates["tf.data"] = []
+    for _ in range(rounds):
+        for k, v in median_rate({"Pipeline": lambda: drain(pipe), "DataLoader": lambda: drain(loader)}, 1).items():
+            rates[k] += v
+        if peers:
+            from loader import measure
+
+            rates["tf.data"].append(measure(["tfdata", root, "float", str(2 * n), str(ll.default_num_threads())],
+                                            python=peers)["images_per_s"])
     for k, v in rates.items():
         print(f"    {k:<11} {med(v):8.1f} images/s   (rounds: {', '.join(f'{x:.0f}' for x in v)})")
     print(f"    Pipeline / DataLoader = {med(rates['Pipeline']) / med(rates['DataLoader']):.3f}")
+    if peers:
+        print(f"    Pipeline / tf.data = {med(rates['Pipeline']) / med(rates['tf.data']):.2f}x "
+              f"(tf.data: decode_and_crop_jpeg, {ll.default_num_threads()}-thread pool, its own process)")
     pipe.close()
     loader.close()
 
@@ -187,11 +204,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--only", default="abc", help="which parts to run, e.g. 'b'")
+    ap.add_argument("--peers", default=None, metavar="PYTHON", help="an interpreter with TensorFlow: adds tf.data to (a)")
     args = ap.parse_args()
     root = args.data or make_dataset(os.path.join(HERE, ".data", f"imagefolder-{args.images}"), args.images)
     print(machine_summary())
     if "a" in args.only:
-        part_a(root, args.rounds)
+        part_a(root, args.rounds, args.peers)
     if "b" in args.only:
         part_b(root, max(2, args.epochs))
     if "c" in args.only:
