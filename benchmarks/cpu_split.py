@@ -38,12 +38,9 @@ def child(root: str, variant: str, images: int, threads: int) -> None:
     import time
 
     import loaderlib as ll
-    from loaderlib import transforms as T
+    from benchmarks.loader import rn50_chain
 
-    steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
-    if variant == "float":
-        steps += [T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), T.ToCHW()]
-    ds = ll.ImageFolderDataset(root).transform_first(T.Compose(steps))
+    ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
     loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
     for _ in loader:   # one whole epoch first: the arena's slots are touched (page faults) once
         pass

@@ -125,15 +125,22 @@ class CvPipeline:
 # --------------------------------------------------------------------------- runners (child process)
 
 
-def run_loaderlib(root: str, variant: str, images: int, threads: int) -> dict:
-    import loaderlib as ll
+def rn50_chain(variant: str):
+    """The ResNet-50 training chain as loaderlib transforms: RandomResizedCrop(224) + flip, then
+    Normalize + CHW float32 for ``"float"`` (HWC uint8 for ``"uint8"``)."""
     from loaderlib import transforms as T
 
     steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
     if variant == "float":
         steps += [T.Normalize(MEAN, STD), T.ToCHW()]
+    return T.Compose(steps)
+
+
+def run_loaderlib(root: str, variant: str, images: int, threads: int) -> dict:
+    import loaderlib as ll
+
     t0 = time.perf_counter()
-    ds = ll.ImageFolderDataset(root).transform_first(T.Compose(steps))
+    ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
     loader = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, num_threads=threads, seed=0, last_batch="discard")
     return consume(loader, images, t0, engine=loader.engine)
 

@@ -42,12 +42,9 @@ def child(root: str, threads: int, epochs: int, variant: str) -> None:
     import time
 
     import loaderlib as ll
-    from loaderlib import transforms as T
+    from benchmarks.loader import rn50_chain
 
-    steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
-    if variant == "float":
-        steps += [T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), T.ToCHW()]
-    ds = ll.ImageFolderDataset(root).transform_first(T.Compose(steps))
+    ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
     loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
     for _ in loader:   # warm-up epoch
         pass
@@ -65,13 +62,10 @@ def model_child(root: str, variant: str) -> None:
     import numpy as np
 
     import loaderlib as ll
-    from loaderlib import transforms as T
+    from benchmarks.loader import rn50_chain
     from loaderlib._chain import compile_chain
 
-    steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
-    if variant == "float":
-        steps += [T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), T.ToCHW()]
-    chain = T.Compose(steps)
+    chain = rn50_chain(variant)
     ds = ll.ImageFolderDataset(root)
     paths = list(ds.paths)
     plan = compile_chain(chain)

@@ -349,6 +349,17 @@ static void ll_wide_build(const ll_taps *tx, int16_t *wv) {
     }
 }
 
+/* One output pixel of the three-channel horizontal pass in scalar code: the SIMD passes' fallback
+ * where a load would leave the source row. */
+static inline void ll_hpass3_one(const uint8_t *src, const ll_taps *tx, int o, int16_t *dst) {
+    const uint8_t *p = src + (ptrdiff_t)tx->start[o] * 3;
+    const int16_t *w = tx->w + (size_t)o * tx->maxt;
+    int32_t acc[3] = {64, 64, 64};
+    for (int t = 0; t < tx->ntap[o]; t++)
+        for (int c = 0; c < 3; c++) acc[c] += w[t] * p[t * 3 + c];
+    for (int c = 0; c < 3; c++) dst[3 * o + c] = (int16_t)(acc[c] >> 7);
+}
+
 static void ll_hpass3_wide_sse2(const uint8_t *src, const ll_taps *tx, const int16_t *wv, int row_len,
                                 int16_t *dst) {
     const __m128i zero = _mm_setzero_si128(), round = _mm_set1_epi32(64);
@@ -368,12 +379,7 @@ static void ll_hpass3_wide_sse2(const uint8_t *src, const ll_taps *tx, const int
             acc = _mm_srai_epi32(acc, 7);
             _mm_storel_epi64((__m128i *)(dst + 3 * o), _mm_packs_epi32(acc, acc));
         } else {
-            const uint8_t *p = src + (ptrdiff_t)e0;
-            const int16_t *w = tx->w + (size_t)o * m;
-            int32_t acc[3] = {64, 64, 64};
-            for (int t = 0; t < nt; t++)
-                for (int c = 0; c < 3; c++) acc[c] += w[t] * p[t * 3 + c];
-            for (int c = 0; c < 3; c++) dst[3 * o + c] = (int16_t)(acc[c] >> 7);
+            ll_hpass3_one(src, tx, o, dst);
         }
     }
 }
@@ -421,15 +427,6 @@ static void ll_wide2_build(const ll_taps *tx, int row_len, int16_t *wv, int32_t 
         if (na > 0 && nb > 0 && mt[0] >= 0 && mt[1] >= 0 && mt[0] + reach <= row_len && mt[1] + reach <= row_len)
             mt[2] = pq;
     }
-}
-
-static inline void ll_hpass3_one(const uint8_t *src, const ll_taps *tx, int o, int16_t *dst) {
-    const uint8_t *p = src + (ptrdiff_t)tx->start[o] * 3;
-    const int16_t *w = tx->w + (size_t)o * tx->maxt;
-    int32_t acc[3] = {64, 64, 64};
-    for (int t = 0; t < tx->ntap[o]; t++)
-        for (int c = 0; c < 3; c++) acc[c] += w[t] * p[t * 3 + c];
-    for (int c = 0; c < 3; c++) dst[3 * o + c] = (int16_t)(acc[c] >> 7);
 }
 
 __attribute__((target("avx2"))) static void ll_hpass3_avx2(const uint8_t *src, const ll_taps *tx,
