@@ -39,9 +39,9 @@ def _advice(package_dir: str) -> str:
 # GNU OpenMP's threads spin for a while (GOMP_SPINCOUNT, 300,000 turns by default) after each
 # parallel region before they sleep. A loader's regions are whole batches, tens of
 # milliseconds apart, so the spinning buys nothing and takes cores from the training
-# process and from the loader's own Python threads: with the default, 9-11% of the
-# native engine's CPU went to libgomp's spin loop on a busy 2-core machine, and the
-# passive policy delivered 9-11% more images per second there. libgomp reads its
+# process and from the loader's own Python threads: with the default, 11% of the native
+# engine's CPU went to libgomp's spin loop on a busy 2-core machine
+# (``python benchmarks/cpu_split.py``, load average about 5). libgomp reads its
 # settings once, when it is loaded, which is when the first extension is imported here:
 # unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT, that import sees
 # OMP_WAIT_POLICY=passive, and the variable is removed again afterwards, so child processes

@@ -225,9 +225,8 @@ static long ll_ceil_div_l(long a, long b) { return -ll_floor_div(-a, b); }
  * RGB pixels, byte shuffles gather each channel's 8 values, which widen to 8 int32 indices
  * into that channel's table, and one gather per channel reads the 8 floats, stored to the
  * channel's plane. The values are the table's, so the output is bitwise the scalar
- * loop's. Outputs of 256 KiB or more are written with non-temporal stores (7% faster on
- * the ResNet-50 chain: no read of the lines before they are overwritten), fenced at the
- * end of the row. Returns the pixels done (a multiple of 8); the caller finishes the row. */
+ * loop's. Outputs of 256 KiB or more are written with non-temporal stores (no read of
+ * the lines before they are overwritten), fenced at the end of the row. Returns the pixels done (a multiple of 8); the caller finishes the row. */
 __attribute__((target("avx2"))) static int ll_emit_chw3_avx2(const float *lut, const uint8_t *row, int ow,
                                                               float *d0, float *d1, float *d2, int large) {
     /* channel c of pixels 0-4 (and 5 for c = 0) sits in bytes 3k + c of the first load; the
