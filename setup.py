@@ -193,6 +193,9 @@ def extensions() -> list:
     if omp_flags is not None:
         cflags += omp_flags[0]
         ldflags += omp_flags[1]
+    if sys.platform != "win32":
+        cflags.append("-pthread")   # the chain's kernel threads (pyx/include/ll_pool.h)
+        ldflags.append("-pthread")
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"), ("LL_OPENMP", "1" if openmp else "0")]
     libjpeg_src = jpeg["source"].replace('"', "'")
     macros.append(("LL_LIBJPEG_SOURCE", f'"{libjpeg_src}"'))

@@ -11,12 +11,11 @@ dataset is too small to keep the threads busy: use ``--make`` to generate more.
 
 ``--model 16,32,64`` adds what this machine can say about cores it does not have: the
 per-image CPU time of every image of the epoch (the kernel's own per-item timings, one
-thread, two epochs of random crops) and the serial time per batch (a one-thread batch's wall
-time minus its images' time: the driver's Python work, the pass's start and end) feed a
-simulation of the engine's schedule at n threads: per batch, the images go in order to
-whichever thread is free first (OpenMP's dynamic schedule), the batch ends with its last
-image, then the serial part runs. The predicted efficiency is what the one-pass-per-batch
-design allows at n cores on this dataset; it is a model, stated as such.
+thread, two epochs of random crops) and the Python CPU per batch (the driver thread's and the
+consumer's, ``time.thread_time``) feed a simulation of the schedule at n threads (see
+``simulate``): the engine's queue across batches (NOTE [ One queue across batches ] in
+pyx/include/ll_pool.h), and beside it the one-pass-per-batch schedule it replaced. It is a
+model, stated as such: it knows nothing of memory bandwidth or of cores that slow each other.
 
 Usage::
 
@@ -56,13 +55,15 @@ def child(root: str, threads: int, epochs: int, variant: str) -> None:
 
 
 def model_child(root: str, variant: str) -> None:
-    """Per-image CPU nanoseconds (2 epochs) and the serial nanoseconds per batch, one thread."""
+    """Per-image CPU nanoseconds (2 epochs, one thread) and the Python CPU per batch (the
+    driver thread's and the consumer's, measured with ``time.thread_time``)."""
     import time
 
     import numpy as np
 
     import loaderlib as ll
     from benchmarks.loader import rn50_chain
+    from loaderlib import _engine_base
     from loaderlib._chain import compile_chain
 
     chain = rn50_chain(variant)
@@ -77,29 +78,58 @@ def model_child(root: str, variant: str) -> None:
             plan.run_files_into(paths[b:b + 64], out, np.arange(b, b + 64), seed=0, epoch=epoch, num_threads=1,
                                 timings=t)
             items += t.sum(axis=1).tolist()
+    plan.close()
+    driver = {"cpu": 0.0}
+    step = _engine_base._Run.step
+
+    def timed_step(run):   # the driver thread's CPU: its Python work (waiting costs none)
+        t0 = time.thread_time()
+        try:
+            return step(run)
+        finally:
+            driver["cpu"] += time.thread_time() - t0
+
+    _engine_base._Run.step = timed_step
     loader = ll.DataLoader(ds.transform_first(chain), batch_size=64, seed=0, num_threads=1, last_batch="discard")
     for _ in loader:
         pass
-    t0, n = time.perf_counter_ns(), 0
+    driver["cpu"], n = 0.0, 0
+    c0 = time.thread_time()
     for _ in range(2):
-        for x, _y in loader:
+        for _x, _y in loader:
             n += 1
-    wall_per_batch = (time.perf_counter_ns() - t0) / n
-    serial = max(0.0, wall_per_batch - 64 * float(np.mean(items)))
-    print(json.dumps({"items": items, "serial_ns": serial}))
+    consumer = time.thread_time() - c0
+    _engine_base._Run.step = step
+    print(json.dumps({"items": items, "serial_ns": (driver["cpu"] + consumer) / n * 1e9}))
 
 
-def simulate(items: list, serial: float, threads: int, batch: int = 64) -> float:
-    """Seconds per epoch of ``items`` (ns) at ``threads`` under a per-batch dynamic schedule."""
+def simulate(items: list, serial: float, threads: int, batch: int = 64, queue: bool = True) -> float:
+    """Seconds per epoch of ``items`` (ns) on ``threads`` cores.
+
+    ``queue=False``: the old schedule, one kernel pass per batch: the batch's images go in
+    order to whichever thread is free first, the batch ends with its last image, then the
+    serial Python part runs while the kernel threads wait.
+    ``queue=True``: NOTE [ One queue across batches ]: the images of the whole epoch go in
+    order to whichever thread is free first, with no barrier; the Python part runs beside
+    them and takes ``serial`` of CPU per batch from the same cores (a pseudo-item per batch),
+    and the epoch cannot be shorter than the driver's serial time.
+    """
     import heapq
 
-    total = 0.0
-    for b in range(0, len(items) - batch + 1, batch):
-        free = [0.0] * threads
-        for cost in items[b:b + batch]:
+    if not queue:
+        total = 0.0
+        for b in range(0, len(items) - batch + 1, batch):
+            free = [0.0] * threads
+            for cost in items[b:b + batch]:
+                heapq.heappush(free, heapq.heappop(free) + cost)
+            total += max(free) + serial
+        return total * 1e-9
+    free = [0.0] * threads
+    nb = len(items) // batch
+    for b in range(nb):
+        for cost in [*items[b * batch:(b + 1) * batch], serial]:
             heapq.heappush(free, heapq.heappop(free) + cost)
-        total += max(free) + serial
-    return total * 1e-9
+    return max(max(free), nb * serial) * 1e-9
 
 
 def main() -> None:
@@ -163,15 +193,16 @@ def main() -> None:
         import numpy as np
 
         arr = np.asarray(items, np.float64) * 1e-6
-        print(f"Schedule model (one kernel pass per batch of 64, dynamic schedule): {len(items)} images, "
-              f"{arr.mean():.3f} CPU-ms per image (p50 {np.median(arr):.3f}, p95 {np.percentile(arr, 95):.3f}, "
-              f"max {arr.max():.3f}), serial {serial * 1e-6:.3f} ms per batch, measured at one thread here.")
+        print(f"Schedule model: {len(items)} images, {arr.mean():.3f} CPU-ms per image (p50 {np.median(arr):.3f}, "
+              f"p95 {np.percentile(arr, 95):.3f}, max {arr.max():.3f}), Python {serial * 1e-6:.3f} CPU-ms per batch "
+              f"(driver + consumer), measured at one thread here; predicted for the engine's queue and for the "
+              f"old one-pass-per-batch schedule.")
         one = simulate(items, serial, 1)
-        print(f"{'threads':>8} {'predicted img/s':>16} {'efficiency':>11}")
+        print(f"{'threads':>8} {'queue img/s':>12} {'efficiency':>11} {'per-batch img/s':>16} {'efficiency':>11}")
         for n in [int(t) for t in a.model.split(",")]:
-            sec = simulate(items, serial, n)
-            print(f"{n:>8} {len(items) // 64 * 64 / sec:16.0f} {one / (n * sec):11.2f}")
-
+            sec, old = simulate(items, serial, n), simulate(items, serial, n, queue=False)
+            done = len(items) // 64 * 64
+            print(f"{n:>8} {done / sec:12.0f} {one / (n * sec):11.2f} {done / old:16.0f} {one / (n * old):11.2f}")
 
 if __name__ == "__main__":
     main()

@@ -31,17 +31,45 @@ import numpy as np
 
 from . import _threads
 from . import transforms as T
-from ._ext import _jpeg, _pipeline
+from ._ext import _pipeline
 from ._ext._jpeg import Status
 from .datasets import _read_file
 from .decoding import decode as _decode_image
 from .decoding import mode_code, status_message, status_tables, strict_level
 from .errors import DecodeError
 
-__all__ = ["BatchStatus", "NativePlan", "compile_chain"]
+__all__ = ["BatchStatus", "NativePlan", "PendingBatch", "compile_chain"]
 
 _GEOMETRY = (T.RandomResizedCrop, T.Resize, T.CenterCrop, T.RandomHorizontalFlip)
 _POINTWISE = (T.Normalize, T.Cast)
+
+
+class PendingBatch:
+    """A batch queued with ``run_*_into(..., wait=False)``: ``result()`` waits for it (without
+    the GIL) and returns its :class:`BatchStatus`; ``done()`` asks without waiting. Dropping
+    an unfinished one waits for it, so the memory the kernels write is never freed under them.
+    """
+
+    __slots__ = ("_finish", "_handle", "_result")
+
+    def __init__(self, handle: Any, finish: Any) -> None:
+        self._handle = handle
+        self._finish = finish
+        self._result: BatchStatus | None = None
+
+    def done(self) -> bool:
+        return self._result is not None or self._handle.done()
+
+    def wait(self) -> None:
+        """Wait for the kernels without building the result (a batch that will be dropped)."""
+        self._handle.wait()
+
+    def result(self) -> BatchStatus:
+        if self._result is None:
+            self._handle.wait()
+            self._result = self._finish()
+            self._finish = None
+        return self._result
 
 
 @dataclass
@@ -89,8 +117,10 @@ class NativePlan:
 
     Notes
     -----
-    Holds one libjpeg decoder and scratch buffers per thread; safe to call from one
-    thread at a time (a concurrent second call raises RuntimeError).
+    Runs batches on its own team of persistent kernel threads, each with one libjpeg decoder
+    and scratch buffers (NOTE [ One queue across batches ] in ``pyx/include/ll_pool.h``);
+    batches from any thread queue there and run in order. The threads stop when the plan is
+    collected or :meth:`close` d.
     """
 
     def __init__(self, chain: T.Compose, decode: T.Decode, ops: list, lut: np.ndarray | None,
@@ -102,7 +132,7 @@ class NativePlan:
         self.sample_shape = spec.shape
         self._steps = steps
         self._lock = threading.Lock()
-        self._workers = None
+        self._team = None
         self._chain = None
         if self.sample_shape is not None:
             max_px = 0 if decode.max_pixels is None else int(decode.max_pixels)
@@ -123,7 +153,7 @@ class NativePlan:
 
     def run_buffers_into(self, buffers: Sequence[Any], out: np.ndarray, indices: Any, *, seed: int, epoch: int,
                          num_threads: int | None, timings: np.ndarray | None = None,
-                         sources: Sequence[str] | None = None) -> BatchStatus:
+                         sources: Sequence[str] | None = None, wait: bool = True) -> BatchStatus | PendingBatch:
         """Run the chain on encoded images held in memory.
 
         Parameters
@@ -146,24 +176,31 @@ class NativePlan:
             transform) from a monotonic clock; None reads no clock.
         sources : sequence of str, optional
             Names for error messages.
+        wait : bool
+            False: queue the batch on the plan's kernel threads and return a
+            :class:`PendingBatch` at once; its ``result()`` waits and returns the
+            :class:`BatchStatus`. Batches queued one after another run in order, with no
+            pause between them (NOTE [ One queue across batches ] in include/ll_pool.h).
+            ``out``, ``timings`` and the inputs belong to the kernels until then.
         """
         bufs = list(buffers)
         return self._run(_pipeline.SOURCE_BUFFERS, bufs, -1, None, out, indices, seed, epoch, num_threads, timings,
-                         sources, lambda i: bufs[i])
+                         sources, lambda i: bufs[i], wait=wait)
 
     def run_files_into(self, paths: Sequence[Any], out: np.ndarray, indices: Any, *, seed: int, epoch: int,
-                       num_threads: int | None, timings: np.ndarray | None = None) -> BatchStatus:
+                       num_threads: int | None, timings: np.ndarray | None = None,
+                       wait: bool = True) -> BatchStatus | PendingBatch:
         """Like :meth:`run_buffers_into`, reading each file (POSIX open/read) inside the
         parallel pass into per-thread scratch. A missing or unreadable file fails its
         item with the system's reason and the path."""
         names = [os.fspath(p) for p in paths]
         enc = [os.fsencode(p) for p in names]
         return self._run(_pipeline.SOURCE_FILES, enc, -1, None, out, indices, seed, epoch, num_threads, timings,
-                         [os.fsdecode(p) for p in names], lambda i: _read_file(names[i]))
+                         [os.fsdecode(p) for p in names], lambda i: _read_file(names[i]), wait=wait)
 
     def run_records_into(self, fd: Any, offsets: Any, sizes: Any, out: np.ndarray, indices: Any, *, seed: int,
                          epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
-                         sources: Sequence[str] | None = None) -> BatchStatus:
+                         sources: Sequence[str] | None = None, wait: bool = True) -> BatchStatus | PendingBatch:
         """Like :meth:`run_buffers_into`, reading record i as ``sizes[i]`` bytes at
         ``offsets[i]`` of the open file ``fd`` (an int, an object with ``fileno()``, or an
         int array with one descriptor per record: several shard files in one pass) with
@@ -177,14 +214,14 @@ class NativePlan:
             if fds.shape != (len(szs),):
                 raise ValueError(f"{fds.shape[0] if fds.ndim else 0} descriptors for {len(szs)} records")
             return self._run(_pipeline.SOURCE_RECORDS, szs, -1, offs, out, indices, seed, epoch, num_threads, timings,
-                             sources, lambda i: os.pread(int(fds[i]), szs[i], int(offs[i])), fds=fds)
+                             sources, lambda i: os.pread(int(fds[i]), szs[i], int(offs[i])), fds=fds, wait=wait)
         fdn = fd if isinstance(fd, int) else fd.fileno()
         return self._run(_pipeline.SOURCE_RECORDS, szs, fdn, offs, out, indices, seed, epoch, num_threads, timings,
-                         sources, lambda i: os.pread(fdn, szs[i], int(offs[i])))
+                         sources, lambda i: os.pread(fdn, szs[i], int(offs[i])), wait=wait)
 
     def run_pixels_into(self, images: Sequence[np.ndarray], out: np.ndarray, indices: Any, *, seed: int,
                         epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
-                        sources: Sequence[str] | None = None) -> BatchStatus:
+                        sources: Sequence[str] | None = None, wait: bool = True) -> BatchStatus | PendingBatch:
         """Like :meth:`run_buffers_into` for images already decoded (HWC uint8 arrays with the
         chain's channel count, e.g. a Pipeline's cache): the chain's geometric and point-wise
         steps run fused on the pixels (no decode, no DCT scaling), with the same keyed
@@ -201,12 +238,22 @@ class NativePlan:
             else:
                 dims[i] = (int(a.shape[0]) << 32) | int(a.shape[1])
             imgs.append(np.ascontiguousarray(a))
-        res = self._run(_pipeline.SOURCE_PIXELS, imgs, -1, dims, out, indices, seed, epoch, num_threads, timings,
-                        sources, lambda i: imgs[i])
-        for i, why in wrong.items():
-            src = None if sources is None else str(sources[i])
-            res.errors[i] = DecodeError.from_status(int(res.status[i]), why, int(np.asarray(indices)[i]), src)
-        return res
+        idx = np.asarray(indices)
+
+        def name_wrong(res: BatchStatus) -> BatchStatus:
+            for i, why in wrong.items():
+                src = None if sources is None else str(sources[i])
+                res.errors[i] = DecodeError.from_status(int(res.status[i]), why, int(idx[i]), src)
+            return res
+
+        return self._run(_pipeline.SOURCE_PIXELS, imgs, -1, dims, out, indices, seed, epoch, num_threads, timings,
+                         sources, lambda i: imgs[i], wait=wait, after=name_wrong)
+
+    def close(self) -> None:
+        """Stop the plan's kernel threads now rather than when the plan is collected. Batches
+        still queued finish first (each holds its threads); a later run starts new ones."""
+        with self._lock:
+            self._team = None
 
     def _check_out(self, out: Any, n: int) -> None:
         if self.sample_shape is None:
@@ -222,7 +269,8 @@ class NativePlan:
 
     def _run(self, kind: int, items: list, fd: int, offsets: np.ndarray | None, out: np.ndarray, indices: Any,
              seed: int, epoch: int, num_threads: int | None, timings: np.ndarray | None,
-             sources: Sequence[str] | None, fetch, fds: np.ndarray | None = None) -> BatchStatus:
+             sources: Sequence[str] | None, fetch, fds: np.ndarray | None = None, wait: bool = True,
+             after: Any = None) -> BatchStatus | PendingBatch:
         n = len(items)
         self._check_out(out, n)
         idx = np.ascontiguousarray(indices, dtype=np.int64)
@@ -239,28 +287,36 @@ class NativePlan:
         epoch_u = int(epoch) & ((1 << 64) - 1)
         nthreads = min(_threads.resolve_num_threads(num_threads), max(n, 1))
         status, msgs = status_tables(n)
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError("a NativePlan runs one batch at a time; use one plan per thread")
-        try:
-            if self._workers is None or self._workers.size < nthreads:
-                self._workers = _jpeg.Workers(nthreads)
-            _pipeline.run_into(self._chain, self._workers, kind, items, fd, offsets, out, idx, seed_u, epoch_u,
-                               nthreads, timings, status, msgs, fds)
-        finally:
-            self._lock.release()
-        result = BatchStatus(status=status)
-        for i in np.flatnonzero(status != Status.OK):
-            i = int(i)
-            reason = status_message(msgs, i)
-            if status[i] == Status.WARNED:
-                result.warnings[i] = reason
-                continue
-            if status[i] == Status.ERR_NOT_JPEG:
-                status[i], reason = self._fallback(i, fetch, out, idx, seed_u, epoch_u, timings, sources)
-            if status[i] != Status.OK:
-                src = None if sources is None else str(sources[i])
-                result.errors[i] = DecodeError.from_status(int(status[i]), reason, int(idx[i]), src)
-        return result
+        handle = _pipeline.start_into(self._chain, self._team_for(nthreads), kind, items, fd, offsets, out, idx,
+                                      seed_u, epoch_u, nthreads, timings, status, msgs, fds)
+
+        def finish() -> BatchStatus:
+            result = BatchStatus(status=status)
+            for i in np.flatnonzero(status != Status.OK):
+                i = int(i)
+                reason = status_message(msgs, i)
+                if status[i] == Status.WARNED:
+                    result.warnings[i] = reason
+                    continue
+                if status[i] == Status.ERR_NOT_JPEG:
+                    status[i], reason = self._fallback(i, fetch, out, idx, seed_u, epoch_u, timings, sources)
+                if status[i] != Status.OK:
+                    src = None if sources is None else str(sources[i])
+                    result.errors[i] = DecodeError.from_status(int(status[i]), reason, int(idx[i]), src)
+            return after(result) if after is not None else result
+
+        pending = PendingBatch(handle, finish)
+        return pending if not wait else pending.result()
+
+    def _team_for(self, nthreads: int) -> Any:
+        """The plan's kernel threads, at least ``nthreads`` of them (NOTE [ One queue across
+        batches ] in include/ll_pool.h). A larger request starts a larger team; batches still
+        queued on the old one finish there (each holds its team)."""
+        with self._lock:
+            team = self._team
+            if team is None or team.size < nthreads or not team.usable:
+                team = self._team = _pipeline.Team(nthreads)
+            return team
 
     def _fallback(self, i: int, fetch, out: np.ndarray, idx: np.ndarray, seed: int, epoch: int,
                   timings: np.ndarray | None, sources: Sequence[str] | None) -> tuple[int, str]:

@@ -13,12 +13,13 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import _threads
-from ._engine_base import Produced, Producer, RunState, Task, _clock
+from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, default_batchify_fn, finish_native
@@ -165,7 +166,7 @@ class NativeSource:
         return None
 
     def _run_shards(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int,
-                    num_threads: int, timings: np.ndarray | None) -> Any:
+                    num_threads: int, timings: np.ndarray | None, wait: bool) -> Any:
         """Byte ranges of one or more files (record shards, WebDataset tars, RecordIO): one
         kernel pass, each sample read with ``pread`` from its own shard's descriptor."""
         ds = self.dataset
@@ -175,25 +176,28 @@ class NativeSource:
         fds = np.asarray([ds.fileno(int(s)) for s in used.tolist()], np.int32)[where.reshape(-1)]
         return plan.run_records_into(fds, np.ascontiguousarray(ds.offsets[idx]), np.ascontiguousarray(ds.sizes[idx]),
                                      out, key, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings,
-                                     sources=[ds.source(i) for i in idx.tolist()])
+                                     sources=[ds.source(i) for i in idx.tolist()], wait=wait)
 
     def run(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int, num_threads: int,
-            timings: np.ndarray | None) -> Any:
+            timings: np.ndarray | None, wait: bool = True) -> Any:
+        """Run ``plan`` on the samples ``idx`` into ``out``: the BatchStatus, or with
+        ``wait=False`` a PendingBatch queued on the plan's kernel threads."""
         if self.kind == "files":
             paths = [self.paths[i] for i in self.data_index(idx).tolist()]
             return plan.run_files_into(paths, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
-                                       timings=timings)
+                                       timings=timings, wait=wait)
         if self.kind == "shards":
-            return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings)
+            return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings,
+                                    wait=wait)
         if self.kind == "pixels":   # NOTE [ Cached pixels ] in _cache.py
             data = self.data_index(idx).tolist()
             return plan.run_pixels_into(self.dataset.images(data, num_threads), out, idx, seed=seed, epoch=epoch,
-                                        num_threads=num_threads, timings=timings)
+                                        num_threads=num_threads, timings=timings, wait=wait)
         if self.kind == "buffers":
             data = self.data_index(idx).tolist()
             return plan.run_buffers_into(self.dataset.buffers(data), out, idx, seed=seed, epoch=epoch,
                                          num_threads=num_threads, timings=timings,
-                                         sources=[self.dataset.source(i) for i in data])
+                                         sources=[self.dataset.source(i) for i in data], wait=wait)
         raise ValueError(f"no native reader for a {self.kind!r} source")
 
 def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> DecodeError:
@@ -206,14 +210,32 @@ def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> Decode
     return DecodeError.from_status(int(st.status[j]), str(e or ""), int(todo[j]), src.source(todo[j]))
 
 
-class NativeProducer(Producer):
-    """One kernel pass per batch straight into an arena slot; labels gathered with ``take``.
+@dataclass
+class _NativeBatch:
+    """A native batch in flight: its slot, its queued kernel pass and what finishing needs."""
 
-    Owns its compiled plan (and so the plan's per-thread decoders and scratch buffers) for
-    the run; nothing is lent out or handed back.
+    idx: np.ndarray
+    target: int
+    end: int
+    views: list
+    timings: np.ndarray | None
+    pending: Any            # PendingBatch (None when nothing was queued)
+    threads: int
+    t_start: int
+    number: int | None      # the batch's number in the epoch (None: nothing is planned past it)
+
+
+class NativeProducer(Producer):
+    """One kernel job per batch straight into an arena slot; labels gathered with ``take``.
+
+    ``submit`` queues the batch on the plan's kernel threads and ``finish`` waits for it, so
+    with ``lookahead = 2`` the next batch is queued while this one runs and the threads go
+    from one to the next without a pause (NOTE [ One queue across batches ] in
+    ``pyx/include/ll_pool.h``). Owns its compiled plan (and so the plan's threads, decoders
+    and scratch buffers) for the run; nothing is lent out or handed back.
     """
 
-    lookahead = 1
+    lookahead = 2
 
     def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, state: RunState, arena: BatchArena,
                  knobs: Any, recorder: Any, on_error: str, batch_size: int) -> None:
@@ -224,7 +246,7 @@ class NativeProducer(Producer):
         self.arena = arena
         self.knobs = knobs
         self._layouts: dict[int, BatchLayout] = {}
-        self._timings: np.ndarray | None = None
+        self._prev_end = 0            # NOTE [ Batch wall time ]
         if src.kind == "arrays":
             parts = [((batch_size, *a.shape[1:]), a.dtype) for a in src.arrays]
         else:
@@ -244,8 +266,9 @@ class NativeProducer(Producer):
 
     def close(self, wait: bool = True) -> None:
         if wait:
-            self._timings = None
-            self.plan = None
+            plan, self.plan = self.plan, None
+            if plan is not None:
+                plan.close()   # its kernel threads stop now (no batch of this run is queued)
 
     def _finish_arrays(self, task: Task) -> Produced:
         idx = task.indices
@@ -262,48 +285,76 @@ class NativeProducer(Producer):
         out = [finish_native(v, k) for v, k in zip(views, self.shards)]
         return out[0] if len(out) == 1 else tuple(out)
 
-    def finish(self, task: Task) -> Produced | None:
+    def submit(self, task: Task) -> Any:
         if self.src.kind == "arrays":
-            return self._finish_arrays(task)
-        res = self.produce(task.indices, task.target, task.start + task.indices.size)
+            return task
+        return self.start(task.indices, task.target, task.start + task.indices.size, task.number)
+
+    def cancel(self, handle: Any) -> None:
+        if isinstance(handle, _NativeBatch) and handle.pending is not None:
+            handle.pending.wait()   # its slot goes back only once the kernels are done with it
+
+    def finish(self, handle: Any) -> Produced | None:
+        if self.src.kind == "arrays":
+            return self._finish_arrays(handle)
+        res = self.complete(handle)
         if res is None:
             return None
         out, _sel, stages, rows, nthreads, wall, end = res
         if self.rec.enabled:
             self.rec.batch_done(len(out[0]), stages, wall, nthreads, rows)
-        return Produced(self._structure(out), end, len(out[0]), task.target)
+        return Produced(self._structure(out), end, len(out[0]), handle.target)
 
     def produce(self, idx: np.ndarray, n: int, end: int) -> tuple | None:
-        """Run the plan for ``idx`` into a slot; with on_error="skip", fill up to ``n`` samples
-        from the stream (NOTE [ The epoch is one stream ]). ``end`` is the stream position
-        after ``idx``.
+        """Run the plan for ``idx`` into a slot and wait: :meth:`start` then :meth:`complete`."""
+        return self.complete(self.start(idx, n, end))
+
+    def start(self, idx: np.ndarray, n: int, end: int, number: int | None = None) -> _NativeBatch:
+        """Lease a slot for ``n`` samples and queue the kernel pass of ``idx`` into it. ``end``
+        is the stream position after ``idx``; ``number`` the batch's number in the epoch when
+        later batches may already be planned."""
+        nthreads = kernel_threads(self.knobs)
+        t_start = _clock()
+        _lease, views = self.arena.acquire(self._layout(n))
+        k = idx.size
+        tim = np.zeros((k, 3), np.int64) if self.rec.enabled else None
+        st_run = self.state
+        pending = None
+        if k:
+            pending = self.src.run(self.plan, idx, views[0][:k], seed=st_run.seed, epoch=st_run.epoch,
+                                   num_threads=min(nthreads, k), timings=tim, wait=False)
+        return _NativeBatch(idx, n, end, views, tim, pending, nthreads, t_start, number)
+
+    def complete(self, b: _NativeBatch) -> tuple | None:
+        """Wait for a started batch; with on_error="skip", fill it up to its target from the
+        stream (NOTE [ The epoch is one stream ]).
 
         Returns ``(arrays, indices, stage_ns, per_sample_ns, threads, wall_ns, end)`` or None
         when no sample could be loaded; ``arrays`` are the images (and labels) views and
         ``end`` the stream position after the last sample used or skipped.
         """
-        nthreads = kernel_threads(self.knobs)
+        n, end, views, nthreads = b.target, b.end, b.views, b.threads
         recording = self.rec.enabled
-        t_start = _clock()
-        _lease, views = self.arena.acquire(self._layout(n))
         images = views[0]
-        if recording and (self._timings is None or self._timings.shape[0] < n):
-            self._timings = np.zeros((n, 3), np.int64)
         stage = np.zeros(3, np.int64)
         per_sample = []
         final: list[np.ndarray] = []
         filled = 0
-        todo = idx
+        todo = b.idx
         st_run = self.state
         seed, epoch = st_run.seed, st_run.epoch
+        first, tim = b.pending, b.timings
         while todo.size:
             k = todo.size
-            tim = self._timings[:k] if recording else None
-            st = self.src.run(self.plan, todo, images[filled:filled + k], seed=seed, epoch=epoch,
-                              num_threads=min(nthreads, k), timings=tim)
+            if first is not None:
+                st, first = first.result(), None
+            else:   # a fill after failures (rare): run it and wait
+                tim = np.zeros((k, 3), np.int64) if recording else None
+                st = self.src.run(self.plan, todo, images[filled:filled + k], seed=seed, epoch=epoch,
+                                  num_threads=min(nthreads, k), timings=tim)
             if recording:
                 stage += tim.sum(axis=0)
-                per_sample.append(tim.copy())
+                per_sample.append(tim)
             for j, why in getattr(st, "warnings", {}).items():
                 # Decoded, but libjpeg had to recover from corrupt data (e.g. a truncated file).
                 warnings.warn(f"sample {int(todo[j])} {self.src.source(todo[j])!r} decoded from corrupt data "
@@ -328,6 +379,12 @@ class NativeProducer(Producer):
                 filled += good.size
             need = n - filled
             if need > 0 and self.on_error == "skip":
+                if b.number is not None:
+                    # The fill is the next samples of the stream (NOTE [ The epoch is one
+                    # stream ]); the batch queued behind this one was planned with them, so it
+                    # is void and planned again after the fill (the driver cancels it).
+                    st_run.replan_from(end, b.number + 1)
+                    b.number = None
                 todo, start = st_run.take(need)
                 end = start + todo.size
             else:
@@ -347,7 +404,9 @@ class NativeProducer(Producer):
             stages = {"read": int(stage[0]), "decode": int(stage[1]), "transform": int(stage[2]),
                       "collate": now - t_col}
             rows = np.concatenate(per_sample)[:filled] if per_sample else None
-        return out, sel, stages, rows, nthreads, now - t_start, end
+        wall = batch_wall(b.t_start, self._prev_end, now)
+        self._prev_end = now
+        return out, sel, stages, rows, nthreads, wall, end
 
 
 # --------------------------------------------------------------------------- threads

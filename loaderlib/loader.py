@@ -1132,10 +1132,12 @@ class DataLoader:
     def _arena(self) -> BatchArena:
         # One ring per loader, reused by every epoch: slots are allocated once. The queue,
         # the batch being produced and the one the user holds; with warm epochs (NOTE [ Warm
-        # epochs ]) also the next epoch's queue and batch in production.
-        slots = self._knobs.prefetch + 2
+        # epochs ]) also the next epoch's queue and batch in production. The native engine
+        # has two batches in production (NOTE [ One queue across batches ]).
+        per_run = self._knobs.prefetch + (3 if self.engine == "native" else 2)
+        slots = per_run
         if self._pure_sampler() is not None and self.engine != "processes":
-            slots += self._knobs.prefetch + 2
+            slots += per_run
         if self._arena_ring is None:
             self._arena_ring = BatchArena(slots, allocator=self._pinned_allocator())
         self._arena_ring.num_slots = slots

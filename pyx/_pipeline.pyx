@@ -1,7 +1,8 @@
 # cython: freethreading_compatible = False
 """The fused per-sample executor (owner: loaderlib/_chain.py).
 
-``run_into`` runs one ``prange`` over a batch: per item it reads the bytes (from a
+``start_into`` queues a batch on a :class:`Team` of persistent kernel threads (NOTE [ One
+queue across batches ] in include/ll_pool.h): per item a free thread reads the bytes (from a
 buffer, a file, or a record of an open file), then ``ll_chain_run`` (include/ll_chain.h)
 decodes the region the chain needs at the chosen DCT scale and resamples it straight
 into the item's output slot. Per-item failures become status codes and messages; this
@@ -17,7 +18,6 @@ import numpy as np
 
 cimport cython
 cimport numpy as cnp
-from cython.parallel cimport prange, threadid
 
 from _common cimport *
 from augment cimport LL_AUG_MAX, ll_aug
@@ -42,7 +42,7 @@ DTYPE_UINT8 = LL_DTYPE_UINT8
 DTYPE_FLOAT32 = LL_DTYPE_FLOAT32
 DTYPE_UINT16 = LL_DTYPE_UINT16
 
-# Where run_into's items come from.
+# Where start_into's items come from.
 cdef enum:
     SRC_BUFFERS = 0
     SRC_FILES = 1
@@ -182,86 +182,248 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
     return ll_chain_run(plan, wk, buf, n, seed, epoch, index, out, msg, NULL, NULL)
 
 
+cdef extern from "ll_pool.h":
+    ctypedef void (*ll_job_fn)(void* ctx, int64_t i, int tid) noexcept nogil
+    ctypedef struct ll_job:
+        ll_job_fn fn
+        void* ctx
+        int64_t n
+        int limit
+    ctypedef struct ll_pool:
+        int nthreads
+    ll_pool* ll_pool_new(int n) noexcept nogil
+    int ll_pool_usable(const ll_pool* p) noexcept nogil
+    void ll_pool_submit(ll_pool* p, ll_job* job) noexcept nogil
+    void ll_pool_wait(ll_pool* p, ll_job* job) noexcept nogil
+    int ll_pool_done(ll_pool* p, ll_job* job) noexcept nogil
+    void ll_pool_free(ll_pool* p) noexcept nogil
+
+
+cdef class Team:
+    """``size`` persistent kernel threads and their per-thread pool (NOTE [ One queue across
+    batches ] in include/ll_pool.h; NOTE [ One per-thread pool ]). Batches submitted with
+    :func:`start_into` queue here and run in order; any thread may submit. The threads stop
+    and are joined when the team is freed, which cannot happen while a batch it runs is alive
+    (each :class:`Pending` holds its team)."""
+    cdef ll_pool* pool
+    cdef readonly Workers workers
+    cdef readonly int size
+
+    def __cinit__(self, int size):
+        self.pool = NULL
+        if size < 1:
+            raise ValueError("a Team needs at least one thread")
+        self.workers = Workers(size)
+        with nogil:
+            self.pool = ll_pool_new(size)
+        if self.pool == NULL:
+            raise RuntimeError(f"could not start {size} kernel threads")
+        self.size = size
+
+    @property
+    def usable(self):
+        """False in a child process after fork(): the threads stayed in the parent."""
+        return bool(ll_pool_usable(self.pool))
+
+    def __dealloc__(self):
+        # Runs before ``workers`` is released: the threads are gone before their entries.
+        if self.pool != NULL:
+            with nogil:
+                ll_pool_free(self.pool)
+            self.pool = NULL
+
+
+cdef struct RunCtx:
+    const ll_plan* plan
+    ll_worker* workers
+    int kind
+    uintptr_t* ptrs
+    size_t* sizes
+    const int32_t* fds
+    int fd
+    const int64_t* offsets
+    const int64_t* indices
+    uint64_t seed, epoch
+    char* base
+    Py_ssize_t item_bytes
+    int32_t* status
+    uint8_t* msgs
+    Py_ssize_t msg_stride
+    int64_t* times
+
+
+cdef void _job_item(void* ctx, int64_t i, int tid) noexcept nogil:
+    cdef RunCtx* c = <RunCtx*>ctx
+    cdef int kind = c.kind
+    c.status[i] = _run_item(
+        c.plan, &c.workers[tid], kind,
+        <const uint8_t*>c.ptrs[i] if kind == SRC_BUFFERS or kind == SRC_PIXELS else NULL, c.sizes[i],
+        <const char*>c.ptrs[i] if kind == SRC_FILES else NULL, c.fds[i] if c.fds != NULL else c.fd,
+        c.offsets[i] if kind == SRC_RECORDS or kind == SRC_PIXELS else 0, c.seed, c.epoch, <uint64_t>c.indices[i],
+        c.base + i * c.item_bytes, <char*>(c.msgs + i * c.msg_stride), c.times + 3 * i if c.times != NULL else NULL)
+
+
+cdef class Pending:
+    """One batch queued on a :class:`Team` by :func:`start_into`. ``wait()`` blocks (without
+    the GIL) until every item has been written or has its status; dropping the object waits
+    too, so the memory the kernels write is never freed under them."""
+    cdef ll_job job
+    cdef RunCtx ctx
+    cdef Team team
+    cdef Inputs inp
+    cdef list items
+    cdef object refs
+    cdef uintptr_t* ptrs
+    cdef size_t* sizes
+    cdef bint submitted, finished
+    cdef const int64_t[::1] offsets_mv
+    cdef const int64_t[::1] indices_mv
+    cdef const int32_t[::1] fds_mv
+    cdef int64_t[:, ::1] timings_mv
+    cdef int32_t[::1] status_mv
+    cdef uint8_t[:, ::1] msgs_mv
+
+    def __cinit__(self):
+        self.ptrs = NULL
+        self.sizes = NULL
+        self.submitted = False
+        self.finished = False
+
+    def done(self):
+        """Whether the batch has finished (does not block)."""
+        return not self.submitted or self.finished or bool(ll_pool_done(self.team.pool, &self.job))
+
+    def wait(self):
+        """Block until the batch has finished; then its inputs are released."""
+        if self.submitted and not self.finished:
+            if not ll_pool_usable(self.team.pool):
+                raise RuntimeError("this batch was started in another process (the process forked while it ran)")
+            with nogil:
+                ll_pool_wait(self.team.pool, &self.job)
+            self.finished = True
+        self._release()
+
+    cdef void _release(self):
+        if self.inp is not None:
+            self.inp.release()
+            self.inp = None
+        free(self.ptrs)
+        free(self.sizes)
+        self.ptrs = NULL
+        self.sizes = NULL
+        self.items = None
+        self.refs = None
+
+    def __dealloc__(self):
+        if self.submitted and not self.finished and self.team is not None and ll_pool_usable(self.team.pool):
+            with nogil:
+                ll_pool_wait(self.team.pool, &self.job)
+        self.finished = True
+        if self.inp is not None:
+            self.inp.release()
+        free(self.ptrs)
+        free(self.sizes)
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
-def run_into(CompiledChain chain not None, Workers workers not None, int kind, list items, int fd,
-             const int64_t[::1] offsets, cnp.ndarray out not None, const int64_t[::1] indices not None,
-             uint64_t seed, uint64_t epoch, int num_threads, int64_t[:, ::1] timings,
-             int32_t[::1] status not None, uint8_t[:, ::1] msgs not None, const int32_t[::1] fds=None):
-    """Run the fused chain for every item of a batch, in parallel, into ``out[i]``.
+def start_into(CompiledChain chain not None, Team team not None, int kind, list items, int fd,
+               const int64_t[::1] offsets, cnp.ndarray out not None, const int64_t[::1] indices not None,
+               uint64_t seed, uint64_t epoch, int num_threads, int64_t[:, ::1] timings,
+               int32_t[::1] status not None, uint8_t[:, ::1] msgs not None, const int32_t[::1] fds=None):
+    """Queue the fused chain for every item of a batch on ``team``, into ``out[i]``; returns
+    a :class:`Pending` whose ``wait()`` returns once every item is done.
 
     ``kind``: SOURCE_BUFFERS: ``items`` are bytes-like buffers; SOURCE_FILES: ``items``
     are file paths (bytes), read inside the pass; SOURCE_RECORDS: records of the open file
     ``fd`` (or of ``fds[i]`` when given: records of several shard files in one pass):
-    ``offsets[i]`` and ``items[i]`` (the size, an int). ``workers``: the per-thread pool
-    (NOTE [ One per-thread pool ]). Per item: status[i] is LL_OK, LL_WARNED or an error
-    code with the reason in msgs[i]. Thread-safe only with workers no other caller is using.
+    ``offsets[i]`` and ``items[i]`` (the size, an int); SOURCE_PIXELS: decoded HWC images,
+    ``offsets[i]`` = rows << 32 | columns. At most ``num_threads`` of the team's threads work
+    on the batch (NOTE [ One queue across batches ]). Per item: status[i] is LL_OK, LL_WARNED
+    or an error code with the reason in msgs[i]. ``out``, ``status``, ``msgs`` and
+    ``timings`` belong to the kernels until ``wait()`` returns.
     """
     cdef Py_ssize_t n = len(items)
     if indices.shape[0] != n or status.shape[0] != n or msgs.shape[0] != n or msgs.shape[1] < LL_MSG_LEN:
-        raise ValueError("run_into: inconsistent table sizes")
+        raise ValueError("start_into: inconsistent table sizes")
     if timings is not None and (timings.shape[0] != n or timings.shape[1] != 3):
-        raise ValueError("run_into: timings must be (N, 3)")
-    if num_threads < 1 or num_threads > workers.size:
-        raise ValueError("run_into: workers smaller than num_threads")
+        raise ValueError("start_into: timings must be (N, 3)")
+    if num_threads < 1 or num_threads > team.size:
+        raise ValueError("start_into: team smaller than num_threads")
+    if not team.usable:
+        raise RuntimeError("start_into: the team's threads belong to another process (this one forked)")
     if kind != SRC_BUFFERS and kind != SRC_FILES and kind != SRC_RECORDS and kind != SRC_PIXELS:
-        raise ValueError(f"run_into: unknown source kind {kind}")
+        raise ValueError(f"start_into: unknown source kind {kind}")
     if (kind == SRC_RECORDS or kind == SRC_PIXELS) and (offsets is None or offsets.shape[0] != n):
-        raise ValueError("run_into: offsets must have one entry per record (per image: rows << 32 | columns)")
+        raise ValueError("start_into: offsets must have one entry per record (per image: rows << 32 | columns)")
     if out.shape[0] != n or not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out):
-        raise ValueError("run_into: out must be a writeable C-contiguous (N, ...) array")
+        raise ValueError("start_into: out must be a writeable C-contiguous (N, ...) array")
     cdef Py_ssize_t item_bytes = out.nbytes // n if n > 0 else 0
     cdef Py_ssize_t expect = <Py_ssize_t>chain.out_h * chain.out_w * chain.channels * (
         4 if chain.dtype == LL_DTYPE_FLOAT32 else 2 if chain.dtype == LL_DTYPE_UINT16 else 1)
     if n > 0 and item_bytes != expect:
-        raise ValueError(f"run_into: each output slot has {item_bytes} bytes, the chain writes {expect}")
-    cdef char* base = <char*>cnp.PyArray_DATA(out)
-    cdef uintptr_t* ptrs = <uintptr_t*>calloc(max(n, 1), sizeof(uintptr_t))
-    cdef size_t* sizes = <size_t*>calloc(max(n, 1), sizeof(size_t))
-    if ptrs == NULL or sizes == NULL:
-        free(ptrs); free(sizes)
+        raise ValueError(f"start_into: each output slot has {item_bytes} bytes, the chain writes {expect}")
+    if fds is not None and fds.shape[0] != n:
+        raise ValueError(f"start_into: {fds.shape[0]} descriptors for {n} items")
+    cdef Pending pend = Pending()
+    pend.team = team
+    pend.items = items
+    pend.refs = (chain, out)
+    pend.offsets_mv = offsets
+    pend.indices_mv = indices
+    pend.fds_mv = fds
+    pend.timings_mv = timings
+    pend.status_mv = status
+    pend.msgs_mv = msgs
+    pend.ptrs = <uintptr_t*>calloc(max(n, 1), sizeof(uintptr_t))
+    pend.sizes = <size_t*>calloc(max(n, 1), sizeof(size_t))
+    if pend.ptrs == NULL or pend.sizes == NULL:
         raise MemoryError()
     cdef Py_ssize_t i
     cdef long long sz
-    cdef bint timed = timings is not None
-    cdef int64_t* tptr = NULL
-    cdef const int32_t* fdp = NULL
-    cdef Inputs inp = None
-    try:
-        if kind == SRC_BUFFERS or kind == SRC_PIXELS:
-            inp = Inputs(items)
-            for i in range(n):
-                ptrs[i] = <uintptr_t>inp.ptrs[i]
-                sizes[i] = inp.sizes[i]
-        else:
-            for i in range(n):
-                it = items[i]
-                if kind == SRC_FILES:
-                    if not isinstance(it, bytes):
-                        raise TypeError(f"item {i}: paths must be bytes (os.fsencode)")
-                    ptrs[i] = <uintptr_t><const char*>(<bytes>it)
-                else:
-                    sz = it
-                    if sz < 0 or offsets[i] < 0:
-                        raise ValueError(f"record {i}: negative offset or size")
-                    sizes[i] = <size_t>sz
-        if timed:
-            tptr = &timings[0, 0] if n > 0 else NULL
-        if fds is not None:
-            if fds.shape[0] != n:
-                raise ValueError(f"run_into: {fds.shape[0]} descriptors for {n} items")
-            if n > 0:
-                fdp = &fds[0]
-        # NOTE [ Dynamic schedule ] (see _jpeg.pyx): item cost varies with the JPEG size.
-        for i in prange(n, nogil=True, schedule="dynamic", num_threads=num_threads):
-            status[i] = _run_item(
-                chain.plan, &workers.w[threadid()], kind,
-                <const uint8_t*>ptrs[i] if kind == SRC_BUFFERS or kind == SRC_PIXELS else NULL, sizes[i],
-                <const char*>ptrs[i] if kind == SRC_FILES else NULL, fdp[i] if fdp != NULL else fd,
-                offsets[i] if kind == SRC_RECORDS or kind == SRC_PIXELS else 0, seed, epoch, <uint64_t>indices[i],
-                base + i * item_bytes, <char*>&msgs[i, 0], tptr + 3 * i if timed else NULL)
-    finally:
-        if inp is not None:
-            inp.release()
-        free(ptrs)
-        free(sizes)
+    if kind == SRC_BUFFERS or kind == SRC_PIXELS:
+        pend.inp = Inputs(items)
+        for i in range(n):
+            pend.ptrs[i] = <uintptr_t>pend.inp.ptrs[i]
+            pend.sizes[i] = pend.inp.sizes[i]
+    else:
+        for i in range(n):
+            it = items[i]
+            if kind == SRC_FILES:
+                if not isinstance(it, bytes):
+                    raise TypeError(f"item {i}: paths must be bytes (os.fsencode)")
+                pend.ptrs[i] = <uintptr_t><const char*>(<bytes>it)
+            else:
+                sz = it
+                if sz < 0 or offsets[i] < 0:
+                    raise ValueError(f"record {i}: negative offset or size")
+                pend.sizes[i] = <size_t>sz
+    if n == 0:
+        pend._release()
+        return pend
+    cdef RunCtx* c = &pend.ctx
+    c.plan = chain.plan
+    c.workers = team.workers.w
+    c.kind = kind
+    c.ptrs = pend.ptrs
+    c.sizes = pend.sizes
+    c.fds = &fds[0] if fds is not None else NULL
+    c.fd = fd
+    c.offsets = &offsets[0] if offsets is not None and offsets.shape[0] > 0 else NULL
+    c.indices = &indices[0]
+    c.seed = seed
+    c.epoch = epoch
+    c.base = <char*>cnp.PyArray_DATA(out)
+    c.item_bytes = item_bytes
+    c.status = &status[0]
+    c.msgs = &msgs[0, 0]
+    c.msg_stride = msgs.strides[0]
+    c.times = &timings[0, 0] if timings is not None else NULL
+    pend.job.fn = _job_item
+    pend.job.ctx = c
+    pend.job.n = n
+    pend.job.limit = num_threads
+    pend.submitted = True
+    with nogil:
+        ll_pool_submit(team.pool, &pend.job)
+    return pend

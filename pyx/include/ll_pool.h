@@ -1,0 +1,269 @@
+/* A persistent OpenMP team fed by a queue of jobs: the fused chain's executor.
+ *
+ * NOTE [ One queue across batches ]
+ * An OpenMP ``prange`` per batch ends with a barrier: every thread waits for the batch's
+ * slowest image, then for the Python code that starts the next pass. At 2 threads the
+ * bubble is a few per cent; at 64 threads with batches of 64 each thread gets one image and
+ * the batch lasts as long as the slowest of 64, so most of the machine idles. Here a batch is
+ * a job: its items are claimed one at a time (the dynamic schedule of NOTE [ Dynamic
+ * schedule ]) by whichever team thread is free, and a thread that finds the oldest job fully
+ * claimed goes straight on to the next queued job. The engine keeps the next batch queued
+ * (``lookahead = 2``), so threads flow from batch to batch without a barrier, and the Python
+ * work between batches runs beside the kernels instead of between them. A job completes when
+ * its last item does; its submitter waits for that alone.
+ *
+ * - The team is one OpenMP parallel region that lasts as long as the team, opened by one
+ *   native thread of its own (ll_pool_main), so it is an OpenMP team like any other:
+ *   OMP_PROC_BIND and OMP_PLACES pin it, and its threads' first touch of their scratch
+ *   places that memory on their NUMA node (NOTE [ Per-thread entries own their cache lines ]).
+ * - Thread ``t`` owns entry ``t`` of the team's per-thread pool (NOTE [ One per-thread pool ]):
+ *   items of different jobs on one thread run one after the other, never at once.
+ * - A job carries a thread limit (the run's ``num_threads``, which AUTOTUNE may lower):
+ *   thread ``t`` takes items only from jobs whose limit is above ``t``.
+ * - Claims and completions take the team's mutex: a few hundred nanoseconds against an
+ *   item's ~0.5 ms, so the lock is not contended even at 64 threads.
+ * - The threads block every signal (they run no Python; signals go to the interpreter's
+ *   threads) and wait on a condition variable when idle (no spinning, whatever
+ *   OMP_WAIT_POLICY says).
+ * - A team belongs to the process that made it: after fork() the child has the structure
+ *   but not the threads, so ll_pool_usable() tells the owner to make a new team.
+ */
+#ifndef LL_POOL_H
+#define LL_POOL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* The few primitives the team needs: POSIX threads, or their Win32 equivalents (Windows has
+ * no fork(), so a team there is always usable). */
+#ifdef _WIN32
+#include <windows.h>
+typedef SRWLOCK ll_mutex;
+typedef CONDITION_VARIABLE ll_cond;
+typedef HANDLE ll_thread;
+typedef DWORD ll_pid;
+#define LL_THREAD_RET DWORD WINAPI
+static int ll_mutex_init(ll_mutex *m) { InitializeSRWLock(m); return 0; }
+static void ll_mutex_destroy(ll_mutex *m) { (void)m; }
+static void ll_mutex_lock(ll_mutex *m) { AcquireSRWLockExclusive(m); }
+static void ll_mutex_unlock(ll_mutex *m) { ReleaseSRWLockExclusive(m); }
+static void ll_cond_init(ll_cond *c) { InitializeConditionVariable(c); }
+static void ll_cond_destroy(ll_cond *c) { (void)c; }
+static void ll_cond_wait(ll_cond *c, ll_mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
+static void ll_cond_broadcast(ll_cond *c) { WakeAllConditionVariable(c); }
+static int ll_thread_start(ll_thread *t, LPTHREAD_START_ROUTINE fn, void *arg) {
+    *t = CreateThread(NULL, 0, fn, arg, 0, NULL);
+    return *t == NULL;
+}
+static void ll_thread_join(ll_thread t) { WaitForSingleObject(t, INFINITE); CloseHandle(t); }
+static ll_pid ll_getpid(void) { return GetCurrentProcessId(); }
+#define LL_BLOCK_SIGNALS(old) ((void)0)
+#define LL_RESTORE_SIGNALS(old) ((void)0)
+#else
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+typedef pthread_mutex_t ll_mutex;
+typedef pthread_cond_t ll_cond;
+typedef pthread_t ll_thread;
+typedef pid_t ll_pid;
+#define LL_THREAD_RET void *
+static int ll_mutex_init(ll_mutex *m) { return pthread_mutex_init(m, NULL); }
+static void ll_mutex_destroy(ll_mutex *m) { pthread_mutex_destroy(m); }
+static void ll_mutex_lock(ll_mutex *m) { pthread_mutex_lock(m); }
+static void ll_mutex_unlock(ll_mutex *m) { pthread_mutex_unlock(m); }
+static void ll_cond_init(ll_cond *c) { pthread_cond_init(c, NULL); }
+static void ll_cond_destroy(ll_cond *c) { pthread_cond_destroy(c); }
+static void ll_cond_wait(ll_cond *c, ll_mutex *m) { pthread_cond_wait(c, m); }
+static void ll_cond_broadcast(ll_cond *c) { pthread_cond_broadcast(c); }
+static int ll_thread_start(ll_thread *t, void *(*fn)(void *), void *arg) { return pthread_create(t, NULL, fn, arg); }
+static void ll_thread_join(ll_thread t) { pthread_join(t, NULL); }
+static ll_pid ll_getpid(void) { return getpid(); }
+/* New threads inherit the creator's mask: block everything around their creation. */
+#define LL_BLOCK_SIGNALS(old) do { sigset_t all_; sigfillset(&all_); pthread_sigmask(SIG_SETMASK, &all_, &(old)); } while (0)
+#define LL_RESTORE_SIGNALS(old) pthread_sigmask(SIG_SETMASK, &(old), NULL)
+#endif
+
+typedef void (*ll_job_fn)(void *ctx, int64_t i, int tid);
+
+typedef struct ll_job {
+    ll_job_fn fn;
+    void *ctx;
+    int64_t n;       /* items */
+    int64_t next;    /* next item to claim */
+    int64_t done;    /* items finished */
+    int limit;       /* threads with tid < limit take items */
+    struct ll_job *qnext;
+} ll_job;
+
+typedef struct ll_pool ll_pool;
+
+struct ll_pool {
+    ll_mutex mu;
+    ll_cond work;  /* a job was queued, or stop */
+    ll_cond fin;   /* a job completed */
+    ll_job *head, *tail;  /* jobs with unclaimed items, oldest first */
+    int want;             /* threads asked for */
+    int nthreads;         /* threads in the team (0 until it has started) */
+    int stop;
+    ll_pid pid;
+    ll_thread main;       /* the thread that opened the team's parallel region */
+};
+
+/* The oldest job with unclaimed items that thread ``tid`` may work on; caller holds mu. */
+static ll_job *ll_pool_find(ll_pool *p, int tid) {
+    for (ll_job *j = p->head; j != NULL; j = j->qnext)
+        if (j->limit > tid && j->next < j->n) return j;
+    return NULL;
+}
+
+/* Remove a fully claimed job from the queue; caller holds mu. */
+static void ll_pool_unlink(ll_pool *p, ll_job *job) {
+    ll_job *prev = NULL;
+    for (ll_job *j = p->head; j != NULL; prev = j, j = j->qnext) {
+        if (j != job) continue;
+        if (prev) prev->qnext = j->qnext;
+        else p->head = j->qnext;
+        if (p->tail == j) p->tail = prev;
+        j->qnext = NULL;
+        return;
+    }
+}
+
+/* The work loop of team thread ``tid``, until stop. */
+static void ll_pool_loop(ll_pool *p, int tid) {
+    ll_mutex_lock(&p->mu);
+    for (;;) {
+        if (p->stop) break;
+        ll_job *j = ll_pool_find(p, tid);
+        if (j == NULL) {
+            ll_cond_wait(&p->work, &p->mu);
+            continue;
+        }
+        int64_t i = j->next++;
+        if (j->next >= j->n) ll_pool_unlink(p, j);
+        ll_mutex_unlock(&p->mu);
+        j->fn(j->ctx, i, tid);
+        ll_mutex_lock(&p->mu);
+        if (++j->done == j->n) ll_cond_broadcast(&p->fin);
+    }
+    ll_mutex_unlock(&p->mu);
+}
+
+/* The team's one native thread: it opens one OpenMP parallel region of ``want`` threads that
+ * lasts as long as the team, and every thread of it runs the work loop (so OMP_PROC_BIND and
+ * OMP_PLACES place the kernel threads as they place any OpenMP team). Without OpenMP it is
+ * the team's only thread. */
+static LL_THREAD_RET ll_pool_main(void *arg) {
+    ll_pool *p = (ll_pool *)arg;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(p->want)
+    {
+        if (omp_get_thread_num() == 0) {
+            ll_mutex_lock(&p->mu);
+            p->nthreads = omp_get_num_threads();
+            ll_cond_broadcast(&p->fin);
+            ll_mutex_unlock(&p->mu);
+        }
+        ll_pool_loop(p, omp_get_thread_num());
+    }
+#else
+    ll_mutex_lock(&p->mu);
+    p->nthreads = 1;
+    ll_cond_broadcast(&p->fin);
+    ll_mutex_unlock(&p->mu);
+    ll_pool_loop(p, 0);
+#endif
+    return 0;
+}
+
+/* A team of up to ``n`` threads (fewer when the OpenMP runtime grants fewer, one without
+ * OpenMP), or NULL (no memory, or the system refused a thread). */
+static ll_pool *ll_pool_new(int n) {
+    if (n < 1) return NULL;
+    ll_pool *p = (ll_pool *)calloc(1, sizeof(ll_pool));
+    if (p == NULL) return NULL;
+    if (ll_mutex_init(&p->mu) != 0) {
+        free(p);
+        return NULL;
+    }
+    ll_cond_init(&p->work);
+    ll_cond_init(&p->fin);
+    p->pid = ll_getpid();
+    p->want = n;
+#ifndef _WIN32
+    sigset_t old;
+#endif
+    LL_BLOCK_SIGNALS(old);
+    int failed = ll_thread_start(&p->main, ll_pool_main, p);
+    LL_RESTORE_SIGNALS(old);
+    if (failed) {
+        ll_cond_destroy(&p->work);
+        ll_cond_destroy(&p->fin);
+        ll_mutex_destroy(&p->mu);
+        free(p);
+        return NULL;
+    }
+    ll_mutex_lock(&p->mu);   /* until the team's size is known */
+    while (p->nthreads == 0) ll_cond_wait(&p->fin, &p->mu);
+    ll_mutex_unlock(&p->mu);
+    return p;
+}
+
+/* Whether this process's threads serve the team (false in a child after fork()). */
+static int ll_pool_usable(const ll_pool *p) { return p != NULL && p->pid == ll_getpid(); }
+
+/* Queue ``job`` (fn, ctx, n and limit set by the caller; n >= 1). */
+static void ll_pool_submit(ll_pool *p, ll_job *job) {
+    job->next = 0;
+    job->done = 0;
+    job->qnext = NULL;
+    if (job->limit > p->nthreads) job->limit = p->nthreads;
+    if (job->limit < 1) job->limit = 1;
+    ll_mutex_lock(&p->mu);
+    if (p->tail) p->tail->qnext = job;
+    else p->head = job;
+    p->tail = job;
+    ll_cond_broadcast(&p->work);
+    ll_mutex_unlock(&p->mu);
+}
+
+/* Block until every item of a submitted ``job`` has finished. */
+static void ll_pool_wait(ll_pool *p, ll_job *job) {
+    ll_mutex_lock(&p->mu);
+    while (job->done < job->n) ll_cond_wait(&p->fin, &p->mu);
+    ll_mutex_unlock(&p->mu);
+}
+
+/* Whether every item of a submitted ``job`` has finished (does not block). */
+static int ll_pool_done(ll_pool *p, ll_job *job) {
+    ll_mutex_lock(&p->mu);
+    int d = job->done >= job->n;
+    ll_mutex_unlock(&p->mu);
+    return d;
+}
+
+/* Stop the team and join its thread (the parallel region has ended when it returns), then
+ * free it. Every submitted job must have been waited for. In a child after fork() the
+ * threads do not exist: only the memory is freed (the mutex, copied in whatever state the
+ * fork found it, is not touched). */
+static void ll_pool_free(ll_pool *p) {
+    if (p == NULL) return;
+    if (ll_pool_usable(p)) {
+        ll_mutex_lock(&p->mu);
+        p->stop = 1;
+        ll_cond_broadcast(&p->work);
+        ll_mutex_unlock(&p->mu);
+        ll_thread_join(p->main);
+        ll_cond_destroy(&p->work);
+        ll_cond_destroy(&p->fin);
+        ll_mutex_destroy(&p->mu);
+    }
+    free(p);
+}
+
+#endif
