@@ -116,7 +116,7 @@ bench-peers: build $(TESTS)
 #    guides it is the native code's own. New inputs go to $(FUZZ_NATIVE)/corpus, a crash
 #    input to $(FUZZ_NATIVE)/crash-*; prints libFuzzer's cov: (edges of how many) and ft:.
 #    The kernels run at the CPU's best SIMD level (NOTE [ SIMD switch ]); the corpus is then
-#    replayed under LOADERLIB_SIMD=sse2 and =scalar, so the other levels' code is checked too.
+#    replayed under LOADERLIB_SIMD=avx2, =sse2 and =scalar, so the other levels' code is checked too.
 # 2. coverage-guided (atheris/libFuzzer) on the normal build over the Python API; new inputs
 #    go to build/fuzz-corpus (seed corpus: fuzz/corpus); prints libFuzzer's cov: figure.
 # 3. the extensions built with AddressSanitizer + UBSan into $(ASAN_DIR) (a side build: the
@@ -178,7 +178,7 @@ fuzz-native: build
 	    "replay it with $(FUZZ_NATIVE)/native_fuzz FILE"; exit 1; fi; \
 	edges=$$(sed -n 's/.*Loaded 1 modules *(\([0-9]*\) inline 8-bit counters).*/\1/p' $(FUZZ_NATIVE)/fuzz.log); \
 	grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' $(FUZZ_NATIVE)/fuzz.log; \
-	for lv in sse2 scalar; do \
+	for lv in avx2 sse2 scalar; do \
 	  LOADERLIB_SIMD=$$lv UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz -runs=0 -timeout=60 \
 	    $(FUZZ_NATIVE)/corpus fuzz/corpus > $(FUZZ_NATIVE)/replay-$$lv.log 2>&1 || { \
 	    grep -E -A 30 'ERROR|runtime error|check failed' $(FUZZ_NATIVE)/replay-$$lv.log | head -n 60; \

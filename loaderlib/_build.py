@@ -19,9 +19,9 @@ def build_info() -> dict:
         ``libjpeg_api_version`` (int): libjpeg API level (62, 70 or 80).
         ``simd`` (bool): libjpeg-turbo was built with its SIMD routines.
         ``kernels_simd`` (str): the instruction set loaderlib's own resampling and output
-        kernels run with on this CPU, ``"avx2"``, ``"sse2"`` or ``"scalar"`` (chosen at run
-        time; ``LOADERLIB_SIMD=sse2|scalar`` caps it, for comparisons; results are bitwise
-        equal at every level).
+        kernels run with on this CPU, ``"avx512"``, ``"avx2"``, ``"sse2"`` or ``"scalar"``
+        (chosen at run time; ``LOADERLIB_SIMD=avx2|sse2|scalar`` caps it, for comparisons;
+        results are bitwise equal at every level).
     """
     facts = dict(_jpeg.build_facts())
     facts["kernels_simd"] = _pipeline.simd_level()

@@ -353,6 +353,9 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     /* NOTE [ Horizontal pass in AVX2 ] (ll_resize.h): every filter width */
     const int avx2 = ll_simd_level() >= LL_SIMD_AVX2 && C == 3 && ll_wide_ok(tx);
     if (avx2) wide_bytes = (size_t)((ow + 1) / 2) * (((tx->maxt + 1) / 2) * 16 * sizeof(int16_t) + 3 * sizeof(int32_t)) + 32;
+    /* NOTE [ Horizontal pass in AVX-512 ]: its tables after the AVX2 pass's (which it falls back to) */
+    const int try_vbmi = avx2 && ll_simd_level() >= LL_SIMD_AVX512;
+    if (try_vbmi) wide_bytes += ll_vbmi_bytes(ow, tx->maxt) + 64;
 #else
     const int avx2 = 0;
 #endif
@@ -381,6 +384,7 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     uint8_t *row = (uint8_t *)(slot_row + K);
     int16_t *wide_wv = NULL;
     int32_t *wide_meta = NULL;
+    uint8_t *vbmi_tab = NULL;
 #if defined(__SSE2__)
     if (wide) {
         wide_wv = (int16_t *)(((uintptr_t)(row + hrow) + 15) & ~(uintptr_t)15);
@@ -391,7 +395,11 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
     if (avx2) {
         wide_wv = (int16_t *)(((uintptr_t)(row + hrow) + 31) & ~(uintptr_t)31);
         wide_meta = (int32_t *)(wide_wv + (size_t)((ow + 1) / 2) * ((tx->maxt + 1) / 2) * 16);
-        ll_wide2_build(tx, row_len, wide_wv, wide_meta);
+        if (try_vbmi) {
+            vbmi_tab = (uint8_t *)(((uintptr_t)(wide_meta + 3 * (size_t)((ow + 1) / 2)) + 63) & ~(uintptr_t)63);
+            if (!ll_vbmi_build(tx, row_len, vbmi_tab)) vbmi_tab = NULL;
+        }
+        if (vbmi_tab == NULL) ll_wide2_build(tx, row_len, wide_wv, wide_meta);
     }
 #endif
     for (int k = 0; k < K; k++) slot_row[k] = -1;
@@ -403,7 +411,8 @@ static int ll_chain_resample(const ll_plan *pl, ll_worker *wk, const uint8_t *sr
             int16_t *h = hbuf + (size_t)k * hstride;
             if (slot_row[k] != r) {
 #if defined(LL_HAVE_AVX2_KERNELS)
-                if (avx2) ll_hpass3_avx2(src + (ptrdiff_t)r * stride, tx, wide_wv, wide_meta, h);
+                if (vbmi_tab) ll_hpass3_vbmi(src + (ptrdiff_t)r * stride, tx, vbmi_tab, h);
+                else if (avx2) ll_hpass3_avx2(src + (ptrdiff_t)r * stride, tx, wide_wv, wide_meta, h);
                 else
 #endif
 #if defined(__SSE2__)

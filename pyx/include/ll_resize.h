@@ -279,12 +279,15 @@ static void ll_hpass3_sse2(const uint8_t *src, const ll_pairs *pr, int n, int16_
  * changes speed. The level is the best the CPU offers (AVX2 when it has it: the AVX2
  * kernels are compiled for it with a target attribute and chosen at run time, so the
  * extension itself still runs on any x86-64), capped by the environment:
- * LOADERLIB_SIMD=scalar | sse2 | avx2, or LOADERLIB_NO_SIMD=1 (= scalar). A test runs the
+ * LOADERLIB_SIMD=scalar | sse2 | avx2 | avx512, or LOADERLIB_NO_SIMD=1 (= scalar). The
+ * avx512 level (AVX-512 F, BW, VL and VBMI: Ice Lake and later Xeons, Zen 4 and later)
+ * adds one kernel, NOTE [ Horizontal pass in AVX-512 ]; everything else runs as at avx2. A test runs the
  * same chains at every level (in subprocesses) and requires bitwise-equal output. Read
  * once per process. */
 #define LL_SIMD_SCALAR 0
 #define LL_SIMD_SSE2 1
 #define LL_SIMD_AVX2 2
+#define LL_SIMD_AVX512 3
 
 static int ll_simd_level(void) {
     static int level = -1; /* racing first reads store the same value */
@@ -295,6 +298,10 @@ static int ll_simd_level(void) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
         __builtin_cpu_init();
         if (__builtin_cpu_supports("avx2")) l = LL_SIMD_AVX2;
+        /* NOTE [ Horizontal pass in AVX-512 ]; libgcc checks the OS saves the zmm state */
+        if (l == LL_SIMD_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi"))
+            l = LL_SIMD_AVX512;
 #endif
 #endif
         const char *off = getenv("LOADERLIB_NO_SIMD");
@@ -302,6 +309,7 @@ static int ll_simd_level(void) {
         if (off != NULL && off[0] != 0 && off[0] != '0') l = LL_SIMD_SCALAR;
         else if (cap != NULL && strcmp(cap, "scalar") == 0) l = LL_SIMD_SCALAR;
         else if (cap != NULL && strcmp(cap, "sse2") == 0 && l > LL_SIMD_SSE2) l = LL_SIMD_SSE2;
+        else if (cap != NULL && strcmp(cap, "avx2") == 0 && l > LL_SIMD_AVX2) l = LL_SIMD_AVX2;
         level = l;
     }
     return level;
@@ -310,7 +318,7 @@ static int ll_simd_level(void) {
 static int ll_simd_on(void) { return ll_simd_level() > LL_SIMD_SCALAR; }
 
 static const char *ll_simd_name(void) {
-    static const char *names[] = {"scalar", "sse2", "avx2"};
+    static const char *names[] = {"scalar", "sse2", "avx2", "avx512"};
     return names[ll_simd_level()];
 }
 
@@ -454,6 +462,101 @@ __attribute__((target("avx2"))) static void ll_hpass3_avx2(const uint8_t *src, c
         __m256i p = _mm256_packs_epi32(_mm256_srai_epi32(acc, 7), acc);
         _mm_storel_epi64((__m128i *)(dst + 3 * o), _mm256_castsi256_si128(p));
         _mm_storel_epi64((__m128i *)(dst + 3 * o + 3), _mm256_extracti128_si256(p, 1));
+    }
+}
+
+/* NOTE [ Horizontal pass in AVX-512 ]
+ * Four output pixels per step, one in each 128-bit lane, from one 64-byte (masked) load of
+ * the source row: the step's window. For tap pair q, one VBMI byte permute (vpermb, zero
+ * masking the odd bytes) gathers, for every lane, the int16 pairs (p_c, p'_c) of its
+ * output's taps 2q and 2q+1 for the three channels, exactly the lane layout of NOTE
+ * [ Horizontal pass in AVX2 ], and one vpmaddwd with (w_2q, w_2q+1) x 3 adds both taps: a
+ * permute and a multiply-add per two taps and four outputs, the load shared by all tap
+ * pairs. The permute indices and weights are built once per image (ll_vbmi_build), with
+ * zero weights past an output's own taps; the integers are the scalar loop's, so the
+ * output is bitwise the same (the test runs every level). It applies when every step's taps
+ * fit its window (a downscale of up to about 3.5x with the antialiasing filter, every
+ * upscale); ll_vbmi_build says so, and otherwise the image takes the AVX2 pass. The window's
+ * load is masked at the row's end, so no step reads past the row. */
+
+/* Bytes of ll_vbmi_build's tables for ``n`` outputs of at most ``maxt`` taps: per step of 4
+ * outputs, per tap pair, a 64-byte permute index and 64 bytes of weights; then per step an
+ * int64 load mask, and an int32 window offset and an int32 count of tap pairs to run (the
+ * most any of its outputs has: filters are narrower than the bound maxt). */
+static size_t ll_vbmi_bytes(int n, int maxt) {
+    size_t steps = (size_t)(n + 3) / 4, np = (size_t)(maxt + 1) / 2;
+    return steps * np * 128 + steps * 16 + 64;
+}
+
+/* Build the tables at ``tab`` (64-byte aligned) for a source row of ``row_len`` bytes; 0 when
+ * some step's taps do not fit its 64-byte window (then use ll_hpass3_avx2). */
+static int ll_vbmi_build(const ll_taps *tx, int row_len, uint8_t *tab) {
+    const int n = tx->n, m = tx->maxt, np = (m + 1) / 2, steps = (n + 3) / 4;
+    uint8_t *perm = tab;
+    uint64_t *mask = (uint64_t *)(tab + (size_t)steps * np * 128);
+    int32_t *base = (int32_t *)(mask + steps);
+    for (int s = 0; s < steps; s++) {
+        int lo = -1;
+        for (int j = 0; j < 4; j++) {
+            int o = 4 * s + j;
+            if (o >= n || tx->ntap[o] == 0) continue;
+            if (tx->start[o] < 0) return 0;
+            if (lo < 0 || tx->start[o] * 3 < lo) lo = tx->start[o] * 3;
+        }
+        if (lo < 0) lo = 0;
+        for (int j = 0; j < 4; j++) {
+            int o = 4 * s + j;
+            int nt = o < n ? tx->ntap[o] : 0;
+            if (nt > 0 && (tx->start[o] * 3 - lo + 3 * nt > 64 || tx->start[o] * 3 + 3 * nt > row_len)) return 0;
+        }
+        int avail = row_len - lo, most = 0;
+        mask[s] = avail >= 64 ? ~(uint64_t)0 : avail <= 0 ? 0 : (((uint64_t)1 << avail) - 1);
+        base[2 * s] = lo;
+        for (int j = 0; j < 4 && 4 * s + j < n; j++)
+            if (tx->ntap[4 * s + j] > most) most = tx->ntap[4 * s + j];
+        base[2 * s + 1] = (most + 1) / 2;   /* the tap pairs this step runs */
+        for (int q = 0; q < np; q++) {
+            uint8_t *ix = perm + ((size_t)s * np + q) * 128;
+            int16_t *wv = (int16_t *)(ix + 64);
+            memset(ix, 0, 128);
+            for (int j = 0; j < 4; j++) {
+                int o = 4 * s + j;
+                int nt = o < n ? tx->ntap[o] : 0;
+                if (nt == 0) continue;
+                const int16_t *w = tx->w + (size_t)o * m;
+                int off = tx->start[o] * 3 - lo;
+                for (int t = 2 * q; t < 2 * q + 2 && t < nt; t++)
+                    for (int c = 0; c < 3; c++) {
+                        ix[16 * j + 4 * c + 2 * (t - 2 * q)] = (uint8_t)(off + 3 * t + c);
+                        wv[8 * j + 2 * c + (t - 2 * q)] = w[t];
+                    }
+            }
+        }
+    }
+    return 1;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static void
+ll_hpass3_vbmi(const uint8_t *src, const ll_taps *tx, const uint8_t *tab, int16_t *dst) {
+    const int n = tx->n, np = (tx->maxt + 1) / 2, steps = (n + 3) / 4;
+    const uint64_t *mask = (const uint64_t *)(tab + (size_t)steps * np * 128);
+    const int32_t *base = (const int32_t *)(mask + steps);
+    const __m512i round = _mm512_set1_epi32(64);
+    /* int16 lanes (c0, c1, c2, 0) x 4 -> 12 contiguous values */
+    const __m256i pack = _mm256_setr_epi16(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 15, 15, 15, 15);
+    for (int s = 0; s < steps; s++) {
+        const __m512i win = _mm512_maskz_loadu_epi8(mask[s], src + base[2 * s]);
+        const uint8_t *ix = tab + (size_t)s * np * 128;
+        __m512i acc = round;
+        for (int q = 0, pq = base[2 * s + 1]; q < pq; q++, ix += 128) {
+            __m512i px = _mm512_maskz_permutexvar_epi8(0x5555555555555555ULL, _mm512_load_si512((const void *)ix), win);
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(px, _mm512_load_si512((const void *)(ix + 64))));
+        }
+        __m256i v = _mm512_cvtepi32_epi16(_mm512_srai_epi32(acc, 7));
+        v = _mm256_permutexvar_epi16(pack, v);
+        int left = n - 4 * s;
+        __mmask16 keep = left >= 4 ? (__mmask16)0x0fff : (__mmask16)((1u << (3 * left)) - 1);
+        _mm256_mask_storeu_epi16(dst + 12 * (size_t)s, keep, v);
     }
 }
 #endif

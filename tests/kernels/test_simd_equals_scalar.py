@@ -1,8 +1,8 @@
 """The SIMD kernels equal their scalar twins bitwise (NOTE [ SIMD switch ], NOTE [ Wide taps in
 pairs ], NOTE [ Horizontal pass in AVX2 ] and NOTE [ Vertical pass in SIMD ] in
-pyx/include/ll_resize.h, NOTE [ Emitting float planes in AVX2 ] in ll_chain.h): the same
-chains on random sizes and crops, run in subprocesses at every SIMD level this CPU has
-(LOADERLIB_SIMD=avx2, sse2, scalar)."""
+pyx/include/ll_resize.h, NOTE [ Horizontal pass in AVX-512 ], NOTE [ Emitting float planes in
+AVX2 ] in ll_chain.h): the same chains on random sizes and crops, run in subprocesses at every
+SIMD level this CPU has (LOADERLIB_SIMD=avx512, avx2, sse2, scalar)."""
 
 import os
 import subprocess
@@ -62,7 +62,8 @@ def test_simd_and_scalar_passes_agree_bitwise(tmp_path):
     from loaderlib._ext import _pipeline
 
     best = _pipeline.simd_level()
-    levels = {"avx2": ["avx2", "sse2", "scalar"], "sse2": ["sse2", "scalar"]}.get(best, ["scalar"])
+    levels = {"avx512": ["avx512", "avx2", "sse2", "scalar"], "avx2": ["avx2", "sse2", "scalar"],
+              "sse2": ["sse2", "scalar"]}.get(best, ["scalar"])
     runs = {lv: _run(tmp_path / f"{lv}.npz", lv) for lv in levels}
     scalar_level, scalar = runs["scalar"]
     assert scalar_level == "scalar"
