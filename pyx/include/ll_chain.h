@@ -225,8 +225,24 @@ static long ll_ceil_div_l(long a, long b) { return -ll_floor_div(-a, b); }
  * RGB pixels, byte shuffles gather each channel's 8 values, which widen to 8 int32 indices
  * into that channel's table, and one gather per channel reads the 8 floats, stored to the
  * channel's plane. The values are the table's, so the output is bitwise the scalar
- * loop's. Outputs of 256 KiB or more are written with non-temporal stores (no read of
- * the lines before they are overwritten), fenced at the end of the row. Returns the pixels done (a multiple of 8); the caller finishes the row. */
+ * loop's. Returns the pixels done (a multiple of 8); the caller finishes the row.
+ *
+ * Stores are plain by default. Non-temporal stores (no read of each line before it is
+ * overwritten, fenced at the end of the row) would save memory traffic, but on the 2-core
+ * machine of benchmarks/ they cost more than they save: this loop alone ran 1.5x slower
+ * with them, and the RN50 float pipeline 6-7% slower at 1 and 2 threads (interleaved A/B,
+ * 5 rounds). On a many-core machine whose memory bandwidth the batches saturate the
+ * balance may turn: LOADERLIB_NT_STORES=1 (read once per process) writes outputs of
+ * 256 KiB or more with them. The values are the same either way. */
+static int ll_nt_stores(void) {
+    static int on = -1; /* racing first reads store the same value */
+    if (on < 0) {
+        const char *e = getenv("LOADERLIB_NT_STORES");
+        on = e != NULL && e[0] != 0 && e[0] != '0';
+    }
+    return on;
+}
+
 __attribute__((target("avx2"))) static int ll_emit_chw3_avx2(const float *lut, const uint8_t *row, int ow,
                                                               float *d0, float *d1, float *d2, int large) {
     /* channel c of pixels 0-4 (and 5 for c = 0) sits in bytes 3k + c of the first load; the
@@ -238,8 +254,7 @@ __attribute__((target("avx2"))) static int ll_emit_chw3_avx2(const float *lut, c
     const __m128i a2 = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m128i b2 = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, -1, -1, -1, -1, -1, -1, -1, -1);
     const float *l0 = lut, *l1 = lut + 256, *l2 = lut + 512;
-    /* Large outputs go around the cache (non-temporal stores): a batch of them does not fit in
-     * it anyway, and a plain store would first read each line it writes. Small ones stay. */
+    /* ``large``: non-temporal stores asked for and the output is large (see the NOTE) */
     const int stream = large && !(((uintptr_t)d0 | (uintptr_t)d1 | (uintptr_t)d2) & 31);
     int x = 0;
     for (; x + 8 <= ow; x += 8) {
@@ -276,7 +291,8 @@ static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, i
             int x = 0;
 #if defined(LL_HAVE_AVX2_KERNELS)
             if (ll_simd_level() >= LL_SIMD_AVX2)
-                x = ll_emit_chw3_avx2(pl->lutf, row, ow, d0, d1, d2, plane * 3 * sizeof(float) >= (256u << 10));
+                x = ll_emit_chw3_avx2(pl->lutf, row, ow, d0, d1, d2,
+                                      ll_nt_stores() && plane * 3 * sizeof(float) >= (256u << 10));
 #endif
             for (; x < ow; x++) {
                 const uint8_t *p = row + 3 * x;

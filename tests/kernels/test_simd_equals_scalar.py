@@ -47,8 +47,9 @@ CODE = textwrap.dedent("""
 
 
 
-def _run(path, level):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LOADERLIB_SIMD": level}
+def _run(path, level, nt_stores=False):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LOADERLIB_SIMD": level,
+           "LOADERLIB_NT_STORES": "1" if nt_stores else "0"}
     env.pop("LOADERLIB_NO_SIMD", None)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = subprocess.run([sys.executable, "-c", CODE, str(path)], env=env, cwd=root, capture_output=True, text=True,
@@ -65,12 +66,14 @@ def test_simd_and_scalar_passes_agree_bitwise(tmp_path):
     levels = {"avx512": ["avx512", "avx2", "sse2", "scalar"], "avx2": ["avx2", "sse2", "scalar"],
               "sse2": ["sse2", "scalar"]}.get(best, ["scalar"])
     runs = {lv: _run(tmp_path / f"{lv}.npz", lv) for lv in levels}
+    if best != "scalar":   # the float planes with non-temporal stores (NOTE [ Emitting float planes in AVX2 ])
+        runs["nt"] = _run(tmp_path / "nt.npz", best, nt_stores=True)
     scalar_level, scalar = runs["scalar"]
     assert scalar_level == "scalar"
     assert len(scalar) == 96
-    for lv in levels[:-1]:
+    for lv in [*levels[:-1], *(["nt"] if "nt" in runs else [])]:
         got_level, outs = runs[lv]
-        assert got_level == lv   # the switch took effect
+        assert got_level == (best if lv == "nt" else lv)   # the switch took effect
         for k, (a, b) in enumerate(zip(outs, scalar)):
             assert a.shape == b.shape and a.dtype == b.dtype, k
             np.testing.assert_array_equal(a, b, err_msg=f"{lv} output {k}")
