@@ -6,7 +6,7 @@ splits the samples by shared object: ``libjpeg*`` is the decoder (entropy decodi
 colour conversion: the floor for full-quality decoding), ``loaderlib/_ext/*.so`` is ours (the
 chain kernels: resampling, normalise, layout, reading, collation), and everything else (libc's
 memmove and friends, the kernel, libgomp, Python) is "other". The total CPU-ms per image comes
-from the process's own CPU time over the measured images (after a warm-up epoch), so the split
+from the process's own CPU time over the measured images (after two warm-up epochs), so the split
 is that total times each share.
 
 Usage::
@@ -42,8 +42,9 @@ def child(root: str, variant: str, images: int, threads: int) -> None:
 
     ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
     loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
-    for _ in loader:   # one whole epoch first: the arena's slots are touched (page faults) once
-        pass
+    for _ in range(2):   # two whole epochs first: every arena slot (the warm next epoch's too) is
+        for _ in loader:   # touched once, so its first-touch page faults are not measured
+            pass
     it = iter(loader)
     next(it)
     # Warm: tell the parent, which attaches perf to this process, and wait for its go.
@@ -85,7 +86,7 @@ def main() -> None:
     p.add_argument("--data", help="an ImageFolder (default: benchmarks/loader.py's generated photos)")
     p.add_argument("--make", type=int, default=1024)
     p.add_argument("--images", type=int, default=4096,
-                   help="images measured, after one whole warm-up epoch (first touch of the arena's slots)")
+                   help="images measured, after two whole warm-up epochs (first touch of the arena's slots)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variant", default="float", choices=("float", "uint8"))
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -129,7 +130,7 @@ def main() -> None:
         shares[kind] += pct
         top[kind].append((pct, f"{os.path.basename(dso)}:{sym}"))
     total = sum(shares.values()) or 1.0
-    print(f"variant {a.variant}; {res['images']} images after a warm-up epoch; {a.threads} threads; "
+    print(f"variant {a.variant}; {res['images']} images after two warm-up epochs; {a.threads} threads; "
           f"{res['rate']:,.0f} img/s under perf; {res['cpu_ms']:.3f} CPU-ms per image in all")
     for kind in ("libjpeg", "ours", "other"):
         share = shares[kind] / total

@@ -3,6 +3,8 @@
 Runs side by side, each in a fresh process (so peak memory is its own):
 
 * ``loaderlib``: ImageFolderDataset + native transforms, native engine;
+* ``loaderlib-bilinear``: the same with ``RandomResizedCrop(224, antialias=False)``, the plain
+  bilinear resize of the TurboLoader, tf.data and OpenCV pipelines (same work as theirs);
 * ``torch``: PyTorch's DataLoader with ``num_workers=2``, OpenCV decode and the same
   transforms written in numpy/OpenCV (skipped with a message when torch is absent);
 * ``opencv-1thread``: a plain one-thread OpenCV loop (the per-core limit of the usual
@@ -125,22 +127,23 @@ class CvPipeline:
 # --------------------------------------------------------------------------- runners (child process)
 
 
-def rn50_chain(variant: str):
+def rn50_chain(variant: str, antialias: bool = True):
     """The ResNet-50 training chain as loaderlib transforms: RandomResizedCrop(224) + flip, then
-    Normalize + CHW float32 for ``"float"`` (HWC uint8 for ``"uint8"``)."""
+    Normalize + CHW float32 for ``"float"`` (HWC uint8 for ``"uint8"``). ``antialias=False``:
+    the plain bilinear resize the TurboLoader, tf.data and OpenCV pipelines use."""
     from loaderlib import transforms as T
 
-    steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    steps = [T.RandomResizedCrop(224, antialias=antialias), T.RandomHorizontalFlip()]
     if variant == "float":
         steps += [T.Normalize(MEAN, STD), T.ToCHW()]
     return T.Compose(steps)
 
 
-def run_loaderlib(root: str, variant: str, images: int, threads: int) -> dict:
+def run_loaderlib(root: str, variant: str, images: int, threads: int, antialias: bool = True) -> dict:
     import loaderlib as ll
 
     t0 = time.perf_counter()
-    ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
+    ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant, antialias))
     loader = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, num_threads=threads, seed=0, last_batch="discard")
     return consume(loader, images, t0, engine=loader.engine)
 
@@ -375,8 +378,8 @@ def main() -> None:
     a = p.parse_args()
     if a.child:
         kind, root, variant, images, n = a.child
-        if kind == "loaderlib":
-            res = run_loaderlib(root, variant, int(images), int(n))
+        if kind in ("loaderlib", "loaderlib-bilinear"):
+            res = run_loaderlib(root, variant, int(images), int(n), antialias=kind == "loaderlib")
         elif kind == "torch":
             res = run_torch(root, variant, int(images), int(n))
         elif kind == "turbo":
@@ -408,7 +411,9 @@ def main() -> None:
                  else "RandomResizedCrop(224) + flip, HWC uint8")
         print(f"\n== {variant}: {title}")
         rows = [("loaderlib native", ["loaderlib", root, variant, str(a.images), str(a.threads)],
-                 f"{a.threads} threads")]
+                 f"{a.threads} threads"),
+                ("loaderlib bilinear", ["loaderlib-bilinear", root, variant, str(a.images), str(a.threads)],
+                 f"{a.threads} threads, antialias=False")]
         if have_torch:
             rows.append(("PyTorch DataLoader", ["torch", root, variant, str(a.images), str(a.workers)],
                          f"num_workers={a.workers}, OpenCV+numpy"))
@@ -453,10 +458,10 @@ def main() -> None:
         peers = [n for n in ("TurboLoader", "DALI CPU", "tf.data", "PyTorch DataLoader") if n in results]
         if peers:
             top = max(peers, key=lambda n: results[n]["images_per_s"])
-            print(f"median: loaderlib / best peer ({top}) "
-                  f"{results['loaderlib native']['images_per_s'] / results[top]['images_per_s']:.2f}x; "
-                  + "; ".join(f"vs {n} {results['loaderlib native']['images_per_s'] / results[n]['images_per_s']:.2f}x"
-                              for n in peers))
+            for ours in ("loaderlib native", "loaderlib bilinear"):
+                r = results[ours]["images_per_s"]
+                print(f"median: {ours} / best peer ({top}) {r / results[top]['images_per_s']:.2f}x; "
+                      + "; ".join(f"vs {n} {r / results[n]['images_per_s']:.2f}x" for n in peers))
         if have_torch:
             print(f"peak RSS: loaderlib / PyTorch DataLoader "
                   f"{results['loaderlib native']['peak_rss_mb'] / results['PyTorch DataLoader']['peak_rss_mb']:.2f}x")

@@ -112,6 +112,8 @@ static void make_good_jpeg(void) {
     jpeg_destroy_compress(&c);
 }
 
+static ll_plan g_plans[LL_FUZZ_NPLANS]; /* ll_fuzz_plans, prepared (NOTE [ Emitting float planes in AVX-512 ]) */
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
@@ -119,6 +121,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (g_workers == NULL || ll_worker_init(&g_workers[0]) != LL_OK || ll_worker_init(&g_workers[1]) != LL_OK)
         abort();
     make_good_jpeg();
+    for (int p = 0; p < LL_FUZZ_NPLANS; p++) {   /* as CompiledChain.__cinit__ finishes a plan */
+        g_plans[p] = ll_fuzz_plans[p];
+        ll_plan_prepare(&g_plans[p]);
+    }
     const char *tmp = getenv("TMPDIR");
     snprintf(g_path, sizeof(g_path), "%.40s/llfuzzXXXXXX", tmp && tmp[0] ? tmp : "/tmp");
     g_fd = mkstemp(g_path);
@@ -277,7 +283,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     /* The fused chains (run_into, SRC_BUFFERS), each on [data, good]. */
     for (int p = 0; p < LL_FUZZ_NPLANS; p++) {
-        const ll_plan *pl = &ll_fuzz_plans[p];
+        const ll_plan *pl = &g_plans[p];
         void *fused = NULL;
         int st = chain_one(pl, w0, data, size, index, p == 0, pl->dct_scaling ? NULL : &fused);
         if (!pl->dct_scaling && st == LL_OK && pl->channels == 3 && pl->mode == LL_MODE_RGB && !pl->fast &&
@@ -303,21 +309,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ll_buf_reserve(&w0->file, size > 0 ? size : 1) == 0)
             st = ll_pread_all(g_fd, w0->file.p, size, (long long)g_good_size, msg);
         check_status(st, msg, "pread");
-        if (st == LL_OK) chain_one(&ll_fuzz_plans[0], w0, w0->file.p, size, index, 0, NULL);
+        if (st == LL_OK) chain_one(&g_plans[0], w0, w0->file.p, size, index, 0, NULL);
         if (write_file(data, size, 0) == 0) {
             memset(msg, 0, sizeof(msg));
             st = ll_read_file(g_path, &w1->file, &n, msg);
             check_status(st, msg, "read_file");
             if (st == LL_OK) {
                 CHECK(n == size, "read %zu bytes of a %zu-byte file", n, size);
-                chain_one(&ll_fuzz_plans[0], w1, w1->file.p, n, index, 1, NULL);
+                chain_one(&g_plans[0], w1, w1->file.p, n, index, 1, NULL);
             }
         }
     }
 
     /* The chains on decoded pixels (SRC_PIXELS) and the single-image resize. */
     for (int p = 0; p < LL_FUZZ_NPLANS; p++) {
-        const ll_plan *pl = &ll_fuzz_plans[p];
+        const ll_plan *pl = &g_plans[p];
         if (pl->channels == 3 && full != NULL) chain_pixels(pl, w0, full, fh, fw, index, NULL);
         if (pl->channels == 1 && gray != NULL) chain_pixels(pl, w0, gray, gh, gw, index, NULL);
     }

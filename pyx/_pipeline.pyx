@@ -115,6 +115,7 @@ cdef class CompiledChain:
         self.out_h, self.out_w, self.channels, self.dtype, self.chw = out_h, out_w, channels, dtype, chw
         _fill_augs(p.aug.ops, &p.aug.n, augs or [])
         _fill_augs(p.aug.erase, &p.aug.nerase, erases or [])
+        ll_plan_prepare(p)   # NOTE [ Emitting float planes in AVX-512 ]
 
     def __dealloc__(self):
         free(self.plan)

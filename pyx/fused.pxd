@@ -55,6 +55,7 @@ cdef extern from "ll_chain.h":
         uint16_t lut16[1024]
         int fast
 
+    void ll_plan_prepare(ll_plan* pl) noexcept nogil
     int64_t ll_now_ns() noexcept nogil
     int ll_chain_run(const ll_plan* pl, ll_worker* wk, const uint8_t* buf, size_t size, uint64_t seed,
                      uint64_t epoch, uint64_t index, void* out, char* msg, int64_t* t_dec,

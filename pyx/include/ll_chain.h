@@ -101,6 +101,11 @@ typedef struct {
     ll_aug_plan aug;       /* augmentations after the geometry (ll_augment.h) */
     uint16_t lut16[4 * 256]; /* the same for 16-bit output: float16 or bfloat16 bit patterns */
     int fast;              /* decode with NOTE [ Fast decode ] (ll_jpeg.h) */
+    /* NOTE [ Emitting float planes in AVX-512 ]: filled by ll_plan_prepare (emit_ok = 1) */
+    int emit_ok;
+    uint8_t lutb[3 * 4 * 256];  /* per channel, per byte k: byte k of lutf[256 c + v], v = 0..255 */
+    uint8_t emit_sel[3 * 128];  /* per channel: the byte permutes that take its 64 indices */
+    uint64_t emit_kb[3];        /* per channel: which of them come from the chunk's last 64 bytes */
 } ll_plan;
 
 static inline int64_t ll_now_ns(void) {
@@ -278,6 +283,90 @@ __attribute__((target("avx2"))) static int ll_emit_chw3_avx2(const float *lut, c
 }
 #endif
 
+/* NOTE [ Emitting float planes in AVX-512 ]
+ * The float CHW row of three channels without a gather: a table lookup of a float is four
+ * byte lookups, and VBMI looks up 64 bytes at once (vpermi2b takes a 128-entry table in two
+ * registers, a mask blend on the index's top bit picks between the two halves of 256). Per
+ * channel, per 64 pixels: the three 64-byte loads of the chunk's RGB bytes, two byte
+ * permutes and a blend take the channel's 64 indices; four lookups of 2 permutes and a
+ * blend give bytes 0-3 of the 64 floats; byte and word unpacks put them together as
+ * floats. The unpacks work within 128-bit lanes, so the index permute already places pixel
+ * 16m + 4L + d at position 16L + 4m + d: the unpacked registers then hold pixels 0-15,
+ * 16-31, 32-47 and 48-63 in order. The last chunk of a row is loaded and stored with masks.
+ * The floats are the table's bytes, so the output is bitwise the scalar loop's. On the
+ * benchmarks' machine this loop alone ran 2x faster than the AVX2 gather loop (35 against
+ * 68 us per 224x224 image); the byte tables are built once per plan (ll_plan_prepare). */
+static void ll_plan_prepare(ll_plan *pl) {
+    pl->emit_ok = 0;
+    if (pl->dtype != LL_DTYPE_FLOAT32 || !pl->chw || pl->channels != 3) return;
+    for (int c = 0; c < 3; c++) {
+        for (int v = 0; v < 256; v++) {
+            uint32_t u;
+            memcpy(&u, pl->lutf + 256 * c + v, 4);
+            for (int k = 0; k < 4; k++) pl->lutb[1024 * c + 256 * k + v] = (uint8_t)(u >> (8 * k));
+        }
+        pl->emit_kb[c] = 0;
+        for (int q = 0; q < 64; q++) {
+            int L = q / 16, m = (q % 16) / 4, d = q % 4, e = 16 * m + 4 * L + d, b = 3 * e + c;
+            if (b < 128) {
+                pl->emit_sel[128 * c + q] = (uint8_t)b;
+                pl->emit_sel[128 * c + 64 + q] = 0;
+            } else {
+                pl->emit_sel[128 * c + q] = 0;
+                pl->emit_sel[128 * c + 64 + q] = (uint8_t)(b - 128);
+                pl->emit_kb[c] |= (uint64_t)1 << q;
+            }
+        }
+    }
+    pl->emit_ok = 1;
+}
+
+#if defined(LL_HAVE_AVX2_KERNELS)
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void
+ll_emit_chw3_vbmi(const ll_plan *pl, const uint8_t *row, int ow, float *d0, float *d1, float *d2) {
+    float *dst[3] = {d0, d1, d2};
+    for (int c = 0; c < 3; c++) {
+        const uint8_t *T = pl->lutb + 1024 * c;
+        __m512i t[16];
+        for (int i = 0; i < 16; i++) t[i] = _mm512_loadu_si512((const void *)(T + 64 * i));
+        const __m512i selA = _mm512_loadu_si512((const void *)(pl->emit_sel + 128 * c));
+        const __m512i selB = _mm512_loadu_si512((const void *)(pl->emit_sel + 128 * c + 64));
+        const __mmask64 kB = pl->emit_kb[c];
+        float *d = dst[c];
+        for (int x = 0; x < ow; x += 64) {
+            const uint8_t *p = row + 3 * x;
+            const int nb = 3 * (ow - x); /* bytes of this chunk; the row's last may be short */
+            __m512i z0, z1, z2;
+            if (nb >= 192) {
+                z0 = _mm512_loadu_si512((const void *)p);
+                z1 = _mm512_loadu_si512((const void *)(p + 64));
+                z2 = _mm512_loadu_si512((const void *)(p + 128));
+            } else {
+                z0 = _mm512_maskz_loadu_epi8(nb >= 64 ? ~0ULL : ((uint64_t)1 << nb) - 1, p);
+                z1 = _mm512_maskz_loadu_epi8(nb >= 128 ? ~0ULL : nb <= 64 ? 0 : ((uint64_t)1 << (nb - 64)) - 1, p + 64);
+                z2 = _mm512_maskz_loadu_epi8(nb <= 128 ? 0 : ((uint64_t)1 << (nb - 128)) - 1, p + 128);
+            }
+            const __m512i idx = _mm512_mask_blend_epi8(kB, _mm512_permutex2var_epi8(z0, selA, z1),
+                                                       _mm512_permutexvar_epi8(selB, z2));
+            const __mmask64 hi = _mm512_movepi8_mask(idx);
+            __m512i b[4];
+            for (int k = 0; k < 4; k++)
+                b[k] = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(t[4 * k], idx, t[4 * k + 1]),
+                                              _mm512_permutex2var_epi8(t[4 * k + 2], idx, t[4 * k + 3]));
+            const __m512i w01l = _mm512_unpacklo_epi8(b[0], b[1]), w01h = _mm512_unpackhi_epi8(b[0], b[1]);
+            const __m512i w23l = _mm512_unpacklo_epi8(b[2], b[3]), w23h = _mm512_unpackhi_epi8(b[2], b[3]);
+            const __m512i o[4] = {_mm512_unpacklo_epi16(w01l, w23l), _mm512_unpackhi_epi16(w01l, w23l),
+                                  _mm512_unpacklo_epi16(w01h, w23h), _mm512_unpackhi_epi16(w01h, w23h)};
+            for (int q = 0; q < 4; q++) {
+                const int left = ow - x - 16 * q;
+                if (left >= 16) _mm512_storeu_si512((void *)(d + x + 16 * q), o[q]);
+                else if (left > 0) _mm512_mask_storeu_epi32(d + x + 16 * q, (__mmask16)((1u << left) - 1), o[q]);
+            }
+        }
+    }
+}
+#endif
+
 /* Writes one finished uint8 output row (out_w * C, HWC order) into the sample's output. */
 static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, int ow, int C, void *out) {
     size_t plane = (size_t)oh * ow;
@@ -290,9 +379,12 @@ static void ll_emit_row(const ll_plan *pl, const uint8_t *row, int oy, int oh, i
             float *restrict d0 = o + (size_t)oy * ow, *restrict d1 = d0 + plane, *restrict d2 = d1 + plane;
             int x = 0;
 #if defined(LL_HAVE_AVX2_KERNELS)
-            if (ll_simd_level() >= LL_SIMD_AVX2)
-                x = ll_emit_chw3_avx2(pl->lutf, row, ow, d0, d1, d2,
-                                      ll_nt_stores() && plane * 3 * sizeof(float) >= (256u << 10));
+            const int nt = ll_nt_stores() && plane * 3 * sizeof(float) >= (256u << 10);
+            if (ll_simd_level() >= LL_SIMD_AVX512 && pl->emit_ok && !nt) {
+                ll_emit_chw3_vbmi(pl, row, ow, d0, d1, d2);
+                x = ow;
+            } else if (ll_simd_level() >= LL_SIMD_AVX2)
+                x = ll_emit_chw3_avx2(pl->lutf, row, ow, d0, d1, d2, nt);
 #endif
             for (; x < ow; x++) {
                 const uint8_t *p = row + 3 * x;

@@ -1,7 +1,7 @@
 """The SIMD kernels equal their scalar twins bitwise (NOTE [ SIMD switch ], NOTE [ Wide taps in
 pairs ], NOTE [ Horizontal pass in AVX2 ] and NOTE [ Vertical pass in SIMD ] in
 pyx/include/ll_resize.h, NOTE [ Horizontal pass in AVX-512 ], NOTE [ Emitting float planes in
-AVX2 ] in ll_chain.h): the same chains on random sizes and crops, run in subprocesses at every
+AVX2 ] and NOTE [ Emitting float planes in AVX-512 ] in ll_chain.h): the same chains on random sizes and crops, run in subprocesses at every
 SIMD level this CPU has (LOADERLIB_SIMD=avx512, avx2, sse2, scalar)."""
 
 import os
