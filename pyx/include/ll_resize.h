@@ -84,10 +84,12 @@ static int ll_taps_max(int interp, int antialias, double a) {
 static int ll_taps_store(double *wd, int first, int n, double s, int32_t *start, int16_t *wq) {
     long total = 0;
     int big = 0;
+    double bigw = 0.0;   /* wd[big], kept in a register: the first largest weight */
     for (int t = 0; t < n; t++) { /* quantised in place: integers are exact in a double */
-        wd[t] = (double)lrint(wd[t] * LL_WONE);
-        total += (long)wd[t];
-        if (wd[t] > wd[big]) big = t;
+        const double q = (double)lrint(wd[t] * LL_WONE);
+        wd[t] = q;
+        total += (long)q;
+        if (t == 0 || q > bigw) { big = t; bigw = q; }
     }
     if (n > 0) wd[big] += (double)(lrint(s * LL_WONE) - total);
     int lo = 0, hi = n;
@@ -147,20 +149,23 @@ static void ll_taps_compute(ll_taps *tp, int interp, int antialias, double a, do
             } else {
                 int i0 = (int)floor(lo), i1 = (int)ceil(hi);
                 if (i1 - i0 > maxt) i1 = i0 + maxt;
-                double sum = 0.0;
-                for (int i = i0; i < i1; i++) {
-                    double w;
-                    if (tri) {
-                        double x = fabs((i + 0.5 - c) / a);
-                        w = x < 1.0 ? 1.0 - x : 0.0;
-                    } else {
-                        double l = i > lo ? i : lo, h = (i + 1) < hi ? (i + 1) : hi;
-                        w = h > l ? h - l : 0.0;
+                const int nt = i1 - i0;
+                /* The weights first, in a loop of independent lanes the compiler vectorises
+                 * (the same IEEE operations, so the same doubles), then their sum in order. */
+                if (tri) {
+                    for (int t = 0; t < nt; t++) {
+                        double x = fabs(((i0 + t) + 0.5 - c) / a);
+                        tmp[t] = x < 1.0 ? 1.0 - x : 0.0;
                     }
-                    tmp[i - i0] = w;
-                    sum += w;
+                } else {
+                    for (int t = 0; t < nt; t++) {
+                        double l = (i0 + t) > lo ? (i0 + t) : lo, h = (i0 + t + 1) < hi ? (i0 + t + 1) : hi;
+                        tmp[t] = h > l ? h - l : 0.0;
+                    }
                 }
-                first = i0; n = i1 - i0;
+                double sum = 0.0;
+                for (int t = 0; t < nt; t++) sum += tmp[t];
+                first = i0; n = nt;
                 if (sum <= 0) { tmp[0] = 1.0; n = 1; sum = 1.0; }
                 for (int t = 0; t < n; t++) tmp[t] /= sum;
             }
