@@ -2,7 +2,10 @@
 
 Measures images/s of ``DataLoader(ImageFolderDataset(...).transform_first(RandomResizedCrop(224),
 flip, Normalize, ToCHW), batch_size=64, num_threads=n)`` consumed by an infinitely fast model,
-for each ``n`` in ``--threads``, and the scaling efficiency ``rate(n) / (n * rate(1))``. Each
+for each ``n`` in ``--threads``, and the scaling efficiency ``rate(n) / (n * rate(1))``. By default
+a run may use every core, so at one kernel thread the Python driver and consumer run on a spare
+core for free; ``--pin`` restricts each run to n cores, which measures scaling with cores (what
+a user adding cores gets). Each
 setting runs in its own process (a fresh OpenMP pool), warms up one whole epoch (the arena's
 slots are touched once), then measures ``--epochs`` epochs; the settings alternate in
 ``--repeat`` rounds and each figure is the median of its rounds, so a disturbance on a shared
@@ -37,9 +40,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def child(root: str, threads: int, epochs: int, variant: str) -> None:
+def child(root: str, threads: int, epochs: int, variant: str, pin: bool = False) -> None:
     import time
 
+    if pin:   # n threads on n cores: the driver and the consumer share them too
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
     import loaderlib as ll
     from benchmarks.loader import rn50_chain
 
@@ -141,15 +146,18 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--variant", default="float", choices=("float", "uint8"))
     p.add_argument("--model", default=None, help="comma-separated thread counts to predict with the schedule model")
-    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--pin", action="store_true",
+                   help="run n threads on n cores (the process's affinity), so the Python driver and consumer "
+                        "share the cores at every n: scaling with cores rather than with kernel threads")
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     p.add_argument("--model-child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.model_child:
         model_child(*a.model_child)
         return
     if a.child:
-        root, threads, epochs, variant = a.child
-        child(root, int(threads), int(epochs), variant)
+        root, threads, epochs, variant, pin = a.child
+        child(root, int(threads), int(epochs), variant, pin == "1")
         return
 
     from benchmarks._report import machine_summary
@@ -169,12 +177,14 @@ def main() -> None:
                                   a.make)
     print(machine_summary())
     print(f"Thread scaling: RN50 train chain ({a.variant}), batch 64, native engine, {root}; {a.epochs} epochs "
-          f"after a warm-up epoch, per process; {a.repeat} interleaved rounds, median. Cores available: {cores}.")
+          f"after a warm-up epoch, per process; {a.repeat} interleaved rounds, median. Cores available: {cores}"
+          + ("; each run pinned to as many cores as threads (--pin)." if a.pin else
+             "; every run may use them all (at n threads the Python driver and consumer use the spare cores)."))
     rates: dict = {n: [] for n in counts}
     for r in range(a.repeat):
         for n in counts:
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", root, str(n), str(a.epochs),
-                                  a.variant], capture_output=True, text=True, check=True).stdout
+                                  a.variant, "1" if a.pin else "0"], capture_output=True, text=True, check=True).stdout
             res = json.loads(out.strip().splitlines()[-1])
             rates[n].append(res["rate"])
             print(f"  round {r + 1}: {n:>3} threads {res['rate']:8.0f} img/s", flush=True)
