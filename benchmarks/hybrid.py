@@ -109,8 +109,9 @@ def child(kind: str, root: str, images: int, loops: int, threads: int) -> dict:
     loader = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=0, timeout=600, **kw)
     engine = loader.engine
     n = 0
+    for _ in loader:               # one whole epoch first: start-up (workers, their plans, the first
+        pass                       # touch of every buffer) is not counted, for any configuration
     it = iter(loader)
-    next(it)                       # start-up (workers, first batch) not counted
     t0, c0 = time.perf_counter(), _tree_cpu()
     epoch = 0
     while n < images:
@@ -130,7 +131,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: benchmarks/loader.py's generated photos)")
     p.add_argument("--make", type=int, default=1024)
-    p.add_argument("--images", type=int, default=1024, help="images per measurement, after the first batch")
+    p.add_argument("--images", type=int, default=2048, help="images per measurement, after a warm-up epoch")
     p.add_argument("--threads", type=int, default=2, help="threads (native, threads engine) or worker processes")
     p.add_argument("--step-ms", type=float, default=2.0, help="cost of the Python tail step per image")
     p.add_argument("--repeat", type=int, default=3)
@@ -147,7 +148,7 @@ def main() -> None:
     root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
     loops = calibrate(a.step_ms)
     print(machine_summary())
-    print(f"data: {root}; batch {BATCH}; {a.images} images per run after the first batch; {a.threads} threads or "
+    print(f"data: {root}; batch {BATCH}; {a.images} images per run after a warm-up epoch; {a.threads} threads or "
           f"workers; Python step {a.step_ms} ms ({loops} loop iterations); {a.repeat} interleaved rounds, medians")
     kinds = ["threads-tail", "workers-tail", "native", "workers-prefix", "workers-getitem"]
     runs: dict = {k: [] for k in kinds}
