@@ -166,3 +166,23 @@ def test_a_forked_child_starts_its_own_threads(jpegs):
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     assert old.usable and plan._team is old
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a C program with cc")
+def test_job_queue_runs_every_item_exactly_once_under_stress(tmp_path):
+    import shutil
+    import sysconfig
+
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        pytest.skip(f"no C compiler ({cc})")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    src = os.path.join(root, "tests", "kernels", "pool_stress.c")
+    exe = str(tmp_path / "pool_stress")
+    base = [cc, "-O1", "-g", "-fopenmp", "-I", os.path.join(root, "pyx", "include"), src, "-o", exe, "-lpthread"]
+    built = subprocess.run([*base, "-fsanitize=address"], capture_output=True, text=True, check=False)
+    if built.returncode != 0:   # no AddressSanitizer runtime: the counts still catch a stale thread
+        built = subprocess.run(base, capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    res = subprocess.run([exe], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0 and "bad items 0" in res.stdout, res.stdout + res.stderr
