@@ -293,16 +293,24 @@ def run_opencv(root: str, variant: str, images: int) -> dict:
     return consume(batches(), images, t0)
 
 
+WARMUP = 0   # images taken after the first batch before the clock starts (--warmup)
+
+
 def consume(loader, images: int, t0: float, **extra) -> dict:
-    """The infinitely fast model: take batches and drop them."""
+    """The infinitely fast model: take batches and drop them. Counts ``images`` after the
+    first batch and, with ``--warmup``, after WARMUP more (the same for every loader)."""
     first = None
     seen = 0
     t_first = None
+    skip = WARMUP
     while seen < images:
         for x, _y in loader:
             n = len(x)
             if first is None:
                 first = time.perf_counter() - t0
+                t_first = time.perf_counter()
+            elif skip > 0:
+                skip -= n
                 t_first = time.perf_counter()
             else:
                 seen += n
@@ -374,10 +382,15 @@ def main() -> None:
     p.add_argument("--peers", metavar="PYTHON",
                    help="an interpreter with turboloader and nvidia-dali installed (make bench-peers makes one): "
                         "adds TurboLoader and DALI's CPU pipeline to the comparison")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="images every loader takes (after its first batch) before the clock starts: 1024 = one "
+                        "epoch of the generated data, so first-touch costs (batch memory, caches) are not timed")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        kind, root, variant, images, n = a.child
+        kind, root, variant, images, n, warmup = a.child
+        global WARMUP
+        WARMUP = int(warmup)
         if kind in ("loaderlib", "loaderlib-bilinear"):
             res = run_loaderlib(root, variant, int(images), int(n), antialias=kind == "loaderlib")
         elif kind == "torch":
@@ -401,8 +414,8 @@ def main() -> None:
         have_torch = True
     except ImportError:
         have_torch = False
-    print(f"data: {root} ({n_files} JPEGs), batch {BATCH}, {a.images} images per measurement, "
-          f"{os.cpu_count()} CPUs")
+    print(f"data: {root} ({n_files} JPEGs), batch {BATCH}, {a.images} images per measurement after the first "
+          f"batch{f' and {a.warmup} warm-up images' if a.warmup else ''}, {os.cpu_count()} CPUs")
     if not have_torch:
         print("torch is not installed: the PyTorch DataLoader comparison is skipped "
               "(pip install torch==2.13.0 to include it)")
@@ -410,14 +423,14 @@ def main() -> None:
         title = ("RandomResizedCrop(224) + flip + Normalize + CHW float32" if variant == "float"
                  else "RandomResizedCrop(224) + flip, HWC uint8")
         print(f"\n== {variant}: {title}")
-        rows = [("loaderlib native", ["loaderlib", root, variant, str(a.images), str(a.threads)],
+        rows = [("loaderlib native", ["loaderlib", root, variant, str(a.images), str(a.threads), str(a.warmup)],
                  f"{a.threads} threads"),
-                ("loaderlib bilinear", ["loaderlib-bilinear", root, variant, str(a.images), str(a.threads)],
+                ("loaderlib bilinear", ["loaderlib-bilinear", root, variant, str(a.images), str(a.threads), str(a.warmup)],
                  f"{a.threads} threads, antialias=False")]
         if have_torch:
-            rows.append(("PyTorch DataLoader", ["torch", root, variant, str(a.images), str(a.workers)],
+            rows.append(("PyTorch DataLoader", ["torch", root, variant, str(a.images), str(a.workers), str(a.warmup)],
                          f"num_workers={a.workers}, OpenCV+numpy"))
-        rows.append(("OpenCV loop", ["opencv", root, variant, str(a.images), "1"], "1 thread"))
+        rows.append(("OpenCV loop", ["opencv", root, variant, str(a.images), "1", str(a.warmup)], "1 thread"))
         python = {}
         if a.peers:
             for name, kind, cfg, module in (
@@ -428,7 +441,7 @@ def main() -> None:
                 if probe.returncode != 0:
                     print(f"{name}: {module} is not installed in {a.peers}; skipped")
                     continue
-                rows.append((name, [kind, root, variant, str(a.images), str(a.threads)], cfg))
+                rows.append((name, [kind, root, variant, str(a.images), str(a.threads), str(a.warmup)], cfg))
                 python[name] = a.peers
         runs: dict = {name: [] for name, _, _ in rows}
         for _ in range(max(1, a.repeat)):

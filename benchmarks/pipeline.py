@@ -78,7 +78,7 @@ def part_a(root: str, rounds: int, peers: str | None = None) -> None:
         if peers:
             from loader import measure
 
-            rates["tf.data"].append(measure(["tfdata", root, "float", str(2 * n), str(ll.default_num_threads())],
+            rates["tf.data"].append(measure(["tfdata", root, "float", str(2 * n), str(ll.default_num_threads()), "0"],
                                             python=peers)["images_per_s"])
     for k, v in rates.items():
         print(f"    {k:<11} {med(v):8.1f} images/s   (rounds: {', '.join(f'{x:.0f}' for x in v)})")
