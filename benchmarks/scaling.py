@@ -25,6 +25,7 @@ Usage::
     python benchmarks/scaling.py                       # 1 and 2 threads (or 1..cores)
     python benchmarks/scaling.py --threads 1,2,4,8,16 --make 4096 --repeat 3
     python benchmarks/scaling.py --model 16,32,64      # plus the schedule model
+    python benchmarks/scaling.py --item-times          # plus how much busy cores slow an image
 """
 
 from __future__ import annotations
@@ -108,6 +109,40 @@ def model_child(root: str, variant: str) -> None:
     print(json.dumps({"items": items, "serial_ns": (driver["cpu"] + consumer) / n * 1e9}))
 
 
+def items_child(root: str, variant: str, counts: str, rounds: int) -> None:
+    """Mean wall time of one image inside the kernel (its read, decode and transform, from the
+    kernel's own timings) with n threads busy, for each n: how much cores slow each other."""
+    import numpy as np
+
+    import loaderlib as ll
+    from benchmarks.loader import rn50_chain
+    from loaderlib._chain import compile_chain
+
+    paths = list(ll.ImageFolderDataset(root).paths)
+    plan = compile_chain(rn50_chain(variant))
+    outs = [np.empty((64, *plan.sample_shape), plan.dtype) for _ in range(3)]
+    res: dict = {}
+    for _ in range(rounds):
+        for n in [int(t) for t in counts.split(",")]:
+            per, pending = [], []
+            for epoch in range(2):   # the first is a warm-up
+                for k, b in enumerate(range(0, len(paths) - 63, 64)):
+                    t = np.zeros((64, 3), np.int64)
+                    pending.append((plan.run_files_into(paths[b:b + 64], outs[k % 3], np.arange(b, b + 64), seed=0,
+                                                        epoch=epoch, num_threads=n, timings=t, wait=False), t, epoch))
+                    while len(pending) > 1:   # two batches queued, as the engine keeps them
+                        p, tt, e = pending.pop(0)
+                        p.result()
+                        if e:
+                            per.append(tt.sum(axis=1))
+            for p, tt, e in pending:
+                p.result()
+                if e:
+                    per.append(tt.sum(axis=1))
+            res.setdefault(n, []).append(float(np.concatenate(per).mean()) * 1e-6)
+    print(json.dumps(res))
+
+
 def simulate(items: list, serial: float, threads: int, batch: int = 64, queue: bool = True) -> float:
     """Seconds per epoch of ``items`` (ns) on ``threads`` cores.
 
@@ -146,6 +181,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--variant", default="float", choices=("float", "uint8"))
     p.add_argument("--model", default=None, help="comma-separated thread counts to predict with the schedule model")
+    p.add_argument("--item-times", action="store_true",
+                   help="also the mean time of one image inside the kernel with n threads busy (its own timings)")
+    p.add_argument("--items-child", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--pin", action="store_true",
                    help="run n threads on n cores (the process's affinity), so the Python driver and consumer "
                         "share the cores at every n: scaling with cores rather than with kernel threads")
@@ -154,6 +192,10 @@ def main() -> None:
     a = p.parse_args()
     if a.model_child:
         model_child(*a.model_child)
+        return
+    if a.items_child:
+        root, variant, counts, rounds = a.items_child
+        items_child(root, variant, counts, int(rounds))
         return
     if a.child:
         root, threads, epochs, variant, pin = a.child
@@ -195,6 +237,17 @@ def main() -> None:
         print(f"{n:>8} {med:9.0f} {med / (n * base):11.2f}")
     print(f"efficiency = rate(n) / (n x rate({counts[0]}) / {counts[0]}); load average at the end: "
           f"{os.getloadavg()[0]:.2f}")
+    if a.item_times:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--items-child", root, a.variant,
+                              ",".join(map(str, counts)), str(a.repeat)], capture_output=True, text=True,
+                             check=True).stdout
+        per = {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+        one = statistics.median(per[counts[0]])
+        print("Time of one image inside the kernel (read + decode + transform, its own timings, second of two "
+              f"epochs, {a.repeat} rounds, median) with n threads busy:")
+        for n in counts:
+            med = statistics.median(per[n])
+            print(f"{n:>8} threads {med:.3f} ms per image  ({med / one:.3f}x {counts[0]} thread)")
     if a.model:
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--model-child", root, a.variant],
                              capture_output=True, text=True, check=True).stdout

@@ -234,11 +234,10 @@ static long ll_ceil_div_l(long a, long b) { return -ll_floor_div(-a, b); }
  *
  * Stores are plain by default. Non-temporal stores (no read of each line before it is
  * overwritten, fenced at the end of the row) would save memory traffic, but on the 2-core
- * machine of benchmarks/ they cost more than they save: this loop alone ran 1.5x slower
- * with them, and the RN50 float pipeline 6-7% slower at 1 and 2 threads (interleaved A/B,
- * 5 rounds). On a many-core machine whose memory bandwidth the batches saturate the
- * balance may turn: LOADERLIB_NT_STORES=1 (read once per process) writes outputs of
- * 256 KiB or more with them. The values are the same either way. */
+ * machine of benchmarks/ they cost more than they save (the round-2 notes give the A/B). On
+ * a many-core machine whose memory bandwidth the batches saturate the balance may turn:
+ * LOADERLIB_NT_STORES=1 (read once per process) writes outputs of 256 KiB or more with
+ * them. The values are the same either way. */
 static int ll_nt_stores(void) {
     static int on = -1; /* racing first reads store the same value */
     if (on < 0) {
@@ -293,9 +292,10 @@ __attribute__((target("avx2"))) static int ll_emit_chw3_avx2(const float *lut, c
  * floats. The unpacks work within 128-bit lanes, so the index permute already places pixel
  * 16m + 4L + d at position 16L + 4m + d: the unpacked registers then hold pixels 0-15,
  * 16-31, 32-47 and 48-63 in order. The last chunk of a row is loaded and stored with masks.
- * The floats are the table's bytes, so the output is bitwise the scalar loop's. On the
- * benchmarks' machine this loop alone ran 2x faster than the AVX2 gather loop (35 against
- * 68 us per 224x224 image); the byte tables are built once per plan (ll_plan_prepare). */
+ * The floats are the table's bytes, so the output is bitwise the scalar loop's. The gather
+ * loop is bound by its loads (a table read per value); this one by shuffles, several per 64
+ * values (benchmarks/cpu_split.py: float planes 0.067 -> 0.038 CPU-ms per image). The byte
+ * tables are built once per plan (ll_plan_prepare). */
 static void ll_plan_prepare(ll_plan *pl) {
     pl->emit_ok = 0;
     if (pl->dtype != LL_DTYPE_FLOAT32 || !pl->chw || pl->channels != 3) return;
