@@ -120,7 +120,7 @@ class NativePlan:
     Runs batches on its own team of persistent kernel threads, each with one libjpeg decoder
     and scratch buffers (NOTE [ One queue across batches ] in ``pyx/include/ll_pool.h``);
     batches from any thread queue there and run in order. The threads stop when the plan is
-    collected or :meth:`close` d.
+    collected or closed (:meth:`close`).
     """
 
     def __init__(self, chain: T.Compose, decode: T.Decode, ops: list, lut: np.ndarray | None,
