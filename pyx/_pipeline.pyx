@@ -320,10 +320,7 @@ cdef class Pending:
             with nogil:
                 ll_pool_wait(self.team.pool, &self.job)
         self.finished = True
-        if self.inp is not None:
-            self.inp.release()
-        free(self.ptrs)
-        free(self.sizes)
+        self._release()
 
 
 @cython.boundscheck(False)

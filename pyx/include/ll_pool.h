@@ -21,9 +21,9 @@
  * - A job carries a thread limit (the run's ``num_threads``, which AUTOTUNE may lower):
  *   thread ``t`` takes items only from jobs whose limit is above ``t``.
  * - No lock per item: a thread attaches to a job under the team's mutex once, then claims its
- *   items with an atomic add and counts them done with another; only the job's last item
- *   and the thread's detaching take the mutex again (to wake the submitter). The mutex is
- *   taken a few times per batch and thread, not per image.
+ *   items with an atomic add; it takes the mutex again to detach when the job runs out (and
+ *   wakes the submitter). A job is finished when every item is claimed and no thread is
+ *   attached. The mutex is taken twice per batch and thread, not per image.
  * - The threads block every signal (they run no Python; signals go to the interpreter's
  *   threads) and wait on a condition variable when idle (no spinning, whatever
  *   OMP_WAIT_POLICY says).
@@ -106,10 +106,11 @@ typedef struct ll_job {
     ll_job_fn fn;
     void *ctx;
     int64_t n;       /* items */
-    int64_t next;    /* next item to claim (atomic) */
-    int64_t done;    /* items finished (atomic) */
+    int64_t next;    /* next item to claim (atomic): all are claimed once next >= n */
     int limit;       /* threads with tid < limit take items */
-    int attached;    /* threads claiming from it now (under the team's mutex) */
+    int attached;    /* threads claiming from it now (under the team's mutex); a thread runs
+                      * every item it claimed before it detaches, so the job is finished
+                      * once all are claimed and none is attached */
     struct ll_job *qnext;
 } ll_job;
 
@@ -118,7 +119,7 @@ typedef struct ll_pool ll_pool;
 struct ll_pool {
     ll_mutex mu;
     ll_cond work;  /* a job was queued, or stop */
-    ll_cond fin;   /* a job completed */
+    ll_cond fin;   /* a thread detached from a job, or the team started */
     ll_job *head, *tail;  /* jobs with unclaimed items, oldest first */
     int want;             /* threads asked for */
     int nthreads;         /* threads in the team (0 until it has started) */
@@ -158,24 +159,19 @@ static void ll_pool_loop(ll_pool *p, int tid) {
             continue;
         }
         /* Attached, the thread claims items with an atomic add until the job runs out; the
-         * mutex is taken once per job, not per item. The submitter frees a job only once it
-         * is done and no thread is attached (ll_pool_wait), so a claim that comes back past
-         * the end still touches live memory. */
+         * mutex is taken once per job, not per item. The submitter frees a job only once
+         * every item is claimed and no thread is attached (ll_pool_wait), so a claim that
+         * comes back past the end still touches live memory. */
         j->attached++;
         ll_mutex_unlock(&p->mu);
         for (;;) {
             const int64_t i = LL_FETCH_ADD(&j->next, 1);
             if (i >= j->n) break;
             j->fn(j->ctx, i, tid);
-            if (LL_FETCH_ADD(&j->done, 1) + 1 == j->n) {
-                ll_mutex_lock(&p->mu);
-                ll_cond_broadcast(&p->fin);
-                ll_mutex_unlock(&p->mu);
-            }
         }
         ll_mutex_lock(&p->mu);
         ll_pool_unlink(p, j);   /* fully claimed (a no-op when another thread unlinked it) */
-        if (--j->attached == 0 && LL_LOAD(&j->done) >= j->n) ll_cond_broadcast(&p->fin);
+        if (--j->attached == 0) ll_cond_broadcast(&p->fin);   /* the job may be finished */
     }
     ll_mutex_unlock(&p->mu);
 }
@@ -246,7 +242,6 @@ static int ll_pool_usable(const ll_pool *p) { return p != NULL && p->pid == ll_g
 /* Queue ``job`` (fn, ctx, n and limit set by the caller; n >= 1). */
 static void ll_pool_submit(ll_pool *p, ll_job *job) {
     job->next = 0;
-    job->done = 0;
     job->attached = 0;
     job->qnext = NULL;
     if (job->limit > p->nthreads) job->limit = p->nthreads;
@@ -259,18 +254,21 @@ static void ll_pool_submit(ll_pool *p, ll_job *job) {
     ll_mutex_unlock(&p->mu);
 }
 
+/* Whether every item of ``job`` has run and no thread holds it; caller holds mu. */
+static int ll_pool_finished(ll_job *job) { return LL_LOAD(&job->next) >= job->n && job->attached == 0; }
+
 /* Block until every item of a submitted ``job`` has finished and no thread is attached to
  * it (then the caller may free it). */
 static void ll_pool_wait(ll_pool *p, ll_job *job) {
     ll_mutex_lock(&p->mu);
-    while (LL_LOAD(&job->done) < job->n || job->attached > 0) ll_cond_wait(&p->fin, &p->mu);
+    while (!ll_pool_finished(job)) ll_cond_wait(&p->fin, &p->mu);
     ll_mutex_unlock(&p->mu);
 }
 
 /* Whether ll_pool_wait would return at once (does not block). */
 static int ll_pool_done(ll_pool *p, ll_job *job) {
     ll_mutex_lock(&p->mu);
-    int d = LL_LOAD(&job->done) >= job->n && job->attached == 0;
+    int d = ll_pool_finished(job);
     ll_mutex_unlock(&p->mu);
     return d;
 }
