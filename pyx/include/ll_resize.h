@@ -286,7 +286,8 @@ static void ll_hpass3_sse2(const uint8_t *src, const ll_pairs *pr, int n, int16_
  * extension itself still runs on any x86-64), capped by the environment:
  * LOADERLIB_SIMD=scalar | sse2 | avx2 | avx512, or LOADERLIB_NO_SIMD=1 (= scalar). The
  * avx512 level (AVX-512 F, BW, VL and VBMI: Ice Lake and later Xeons, Zen 4 and later)
- * adds one kernel, NOTE [ Horizontal pass in AVX-512 ]; everything else runs as at avx2. A test runs the
+ * adds two kernels, NOTE [ Horizontal pass in AVX-512 ] and NOTE [ Emitting float planes in
+ * AVX-512 ] (ll_chain.h); everything else runs as at avx2. A test runs the
  * same chains at every level (in subprocesses) and requires bitwise-equal output. Read
  * once per process. */
 #define LL_SIMD_SCALAR 0
@@ -501,12 +502,13 @@ static int ll_vbmi_build(const ll_taps *tx, int row_len, uint8_t *tab) {
     uint64_t *mask = (uint64_t *)(tab + (size_t)steps * np * 128);
     int32_t *base = (int32_t *)(mask + steps);
     for (int s = 0; s < steps; s++) {
-        int lo = -1;
+        int lo = -1, most = 0;   /* the window's first byte; the most taps of the step's outputs */
         for (int j = 0; j < 4; j++) {
             int o = 4 * s + j;
             if (o >= n || tx->ntap[o] == 0) continue;
             if (tx->start[o] < 0) return 0;
             if (lo < 0 || tx->start[o] * 3 < lo) lo = tx->start[o] * 3;
+            if (tx->ntap[o] > most) most = tx->ntap[o];
         }
         if (lo < 0) lo = 0;
         for (int j = 0; j < 4; j++) {
@@ -514,11 +516,9 @@ static int ll_vbmi_build(const ll_taps *tx, int row_len, uint8_t *tab) {
             int nt = o < n ? tx->ntap[o] : 0;
             if (nt > 0 && (tx->start[o] * 3 - lo + 3 * nt > 64 || tx->start[o] * 3 + 3 * nt > row_len)) return 0;
         }
-        int avail = row_len - lo, most = 0;
+        int avail = row_len - lo;
         mask[s] = avail >= 64 ? ~(uint64_t)0 : avail <= 0 ? 0 : (((uint64_t)1 << avail) - 1);
         base[2 * s] = lo;
-        for (int j = 0; j < 4 && 4 * s + j < n; j++)
-            if (tx->ntap[4 * s + j] > most) most = tx->ntap[4 * s + j];
         base[2 * s + 1] = (most + 1) / 2;   /* the tap pairs this step runs */
         for (int q = 0; q < np; q++) {
             uint8_t *ix = perm + ((size_t)s * np + q) * 128;
