@@ -60,12 +60,36 @@ def child(root: str, threads: int, epochs: int, variant: str, pin: bool = False)
     print(json.dumps({"rate": n / (time.perf_counter() - t0), "engine": loader.engine}))
 
 
+def item_ns(plan, paths: list, threads: int, epochs: int) -> list:
+    """Per-image nanoseconds inside the kernel (read + decode + transform, its own timings) for
+    each of ``epochs`` passes over ``paths`` in batches of 64, two batches queued as the
+    native engine keeps them (NOTE [ One queue across batches ]): one array per epoch."""
+    import numpy as np
+
+    outs = [np.empty((64, *plan.sample_shape), plan.dtype) for _ in range(2)]
+    per: list = [[] for _ in range(epochs)]
+    pending: list = []
+    k = 0
+    for epoch in range(epochs):
+        for b in range(0, len(paths) - 63, 64):
+            t = np.zeros((64, 3), np.int64)
+            pending.append((plan.run_files_into(paths[b:b + 64], outs[k % 2], np.arange(b, b + 64), seed=0,
+                                                epoch=epoch, num_threads=threads, timings=t, wait=False), t, epoch))
+            k += 1
+            while len(pending) > 1:   # the oldest done before its buffer is used again
+                p, tt, e = pending.pop(0)
+                p.result()
+                per[e].append(tt.sum(axis=1))
+    for p, tt, e in pending:
+        p.result()
+        per[e].append(tt.sum(axis=1))
+    return [np.concatenate(e) for e in per]
+
+
 def model_child(root: str, variant: str) -> None:
     """Per-image CPU nanoseconds (2 epochs, one thread) and the Python CPU per batch (the
     driver thread's and the consumer's, measured with ``time.thread_time``)."""
     import time
-
-    import numpy as np
 
     import loaderlib as ll
     from benchmarks.loader import rn50_chain
@@ -74,16 +98,8 @@ def model_child(root: str, variant: str) -> None:
 
     chain = rn50_chain(variant)
     ds = ll.ImageFolderDataset(root)
-    paths = list(ds.paths)
     plan = compile_chain(chain)
-    out = np.empty((64, *plan.sample_shape), plan.dtype)
-    items: list = []
-    for epoch in range(2):
-        for b in range(0, len(paths) - 63, 64):
-            t = np.zeros((64, 3), np.int64)
-            plan.run_files_into(paths[b:b + 64], out, np.arange(b, b + 64), seed=0, epoch=epoch, num_threads=1,
-                                timings=t)
-            items += t.sum(axis=1).tolist()
+    items = [int(x) for epoch in item_ns(plan, list(ds.paths), 1, 2) for x in epoch]
     plan.close()
     driver = {"cpu": 0.0}
     step = _engine_base._Run.step
@@ -112,34 +128,17 @@ def model_child(root: str, variant: str) -> None:
 def items_child(root: str, variant: str, counts: str, rounds: int) -> None:
     """Mean wall time of one image inside the kernel (its read, decode and transform, from the
     kernel's own timings) with n threads busy, for each n: how much cores slow each other."""
-    import numpy as np
-
     import loaderlib as ll
     from benchmarks.loader import rn50_chain
     from loaderlib._chain import compile_chain
 
     paths = list(ll.ImageFolderDataset(root).paths)
     plan = compile_chain(rn50_chain(variant))
-    outs = [np.empty((64, *plan.sample_shape), plan.dtype) for _ in range(3)]
     res: dict = {}
     for _ in range(rounds):
         for n in [int(t) for t in counts.split(",")]:
-            per, pending = [], []
-            for epoch in range(2):   # the first is a warm-up
-                for k, b in enumerate(range(0, len(paths) - 63, 64)):
-                    t = np.zeros((64, 3), np.int64)
-                    pending.append((plan.run_files_into(paths[b:b + 64], outs[k % 3], np.arange(b, b + 64), seed=0,
-                                                        epoch=epoch, num_threads=n, timings=t, wait=False), t, epoch))
-                    while len(pending) > 1:   # two batches queued, as the engine keeps them
-                        p, tt, e = pending.pop(0)
-                        p.result()
-                        if e:
-                            per.append(tt.sum(axis=1))
-            for p, tt, e in pending:
-                p.result()
-                if e:
-                    per.append(tt.sum(axis=1))
-            res.setdefault(n, []).append(float(np.concatenate(per).mean()) * 1e-6)
+            measured = item_ns(plan, paths, n, 2)[1]   # the first epoch is a warm-up
+            res.setdefault(n, []).append(float(measured.mean()) * 1e-6)
     print(json.dumps(res))
 
 
