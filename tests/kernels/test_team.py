@@ -9,6 +9,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -87,50 +88,71 @@ def test_thread_limit_per_batch_and_a_larger_team_later(jpegs):
 
 
 _JOIN_SCRIPT = """
-import gc, os, sys, time
+import gc, os, select, sys
 import numpy as np
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
 from tests._synth import encode_jpeg
 from tests.conftest import make_photo
 
-def threads():
-    return len(os.listdir("/proc/self/task"))
+def tids():
+    return set(os.listdir("/proc/self/task"))
 
-def settled(want):
+def exited(team):
     # A team is an OpenMP region opened by a thread of its own; closing joins that thread,
-    # and the OpenMP runtime then lets the region's other threads exit, detached: they leave
-    # /proc a moment later, so this waits for the count (up to ~10 s), not for a time.
-    for _ in range(10000):
-        if threads() == want:
-            break
-        time.sleep(0.001)
-    return threads()
+    # and the OpenMP runtime then lets the region's other threads exit, detached. A pidfd of
+    # each thread (PIDFD_THREAD, which is O_EXCL) becomes readable when the thread has exited:
+    # an event to wait for, not a time; the 120 s bound only turns a leak into a failure.
+    for tid in team:
+        try:
+            fd = os.pidfd_open(int(tid), os.O_EXCL)
+        except ProcessLookupError:
+            continue   # gone already
+        try:
+            poll = select.poll()
+            poll.register(fd, select.POLLIN)
+            if not poll.poll(120_000):
+                return False
+        finally:
+            os.close(fd)
+    return True
 
 jpegs = [encode_jpeg(make_photo(300, 200, seed=k), 90) for k in range(6)]
 plan = compile_chain(T.Compose([T.RandomResizedCrop(48), T.ToCHW()]))
 out = np.empty((6, *plan.sample_shape), plan.dtype)
-before = threads()
+before = tids()
 plan.run_buffers_into(jpegs, out, np.arange(6), seed=0, epoch=0, num_threads=3)
-a = threads()                  # the team started before the batch ran
+team3 = tids() - before        # the team started before the batch ran
 plan.close()
-b = settled(before)
+closed = exited(team3)
 plan.run_buffers_into(jpegs, out, np.arange(6), seed=0, epoch=0, num_threads=2)
-c = threads()
+team2 = tids() - before
 del plan
 gc.collect()
-print(before, a, b, c, settled(before))
+collected = exited(team2)
+print(len(team3), closed, len(team2), collected, len(tids() - before))
 """
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads with /proc")
+def _pidfd_threads() -> bool:
+    """Whether this kernel gives pidfds of threads (PIDFD_THREAD, Linux 6.9)."""
+    if not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(threading.get_native_id(), os.O_EXCL))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or not _pidfd_threads(),
+                    reason="counts threads with /proc and waits for their exit with pidfds (Linux 6.9)")
 def test_kernel_threads_are_joined_on_close_and_collection():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     res = subprocess.run([sys.executable, "-c", _JOIN_SCRIPT], check=False, capture_output=True, text=True, cwd=root,
-                         timeout=120)
+                         timeout=600)
     assert res.returncode == 0, res.stderr
-    before, started3, closed, started2, collected = map(int, res.stdout.split())
-    assert (started3, closed, started2, collected) == (before + 3, before, before + 2, before)
+    assert res.stdout.split() == ["3", "True", "2", "True", "0"]
 
 
 def test_team_misuse_is_refused(jpegs):
