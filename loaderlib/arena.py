@@ -78,12 +78,19 @@ def pinned_allocator(device: Any = None) -> Callable[[int], Any]:
     import torch
 
     def allocate(nbytes: int) -> Any:
-        where = (torch.cuda.device(device) if device is not None and getattr(device, "index", None) is not None
-                 else contextlib.nullcontext())
-        with where:
+        with _device_current(device):
             return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, pin_memory=True).numpy()
 
     return allocate
+
+
+def _device_current(device: Any) -> Any:
+    """A context with the CUDA ``device`` current (a no-op for None or a device without index)."""
+    if device is not None and getattr(device, "index", None) is not None:
+        import torch
+
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 #: ``cudaHostRegisterPortable``: the memory counts as pinned in every CUDA context.
@@ -119,13 +126,6 @@ class HostRegistrar:
 
     device: Any = None
 
-    def _current(self) -> Any:
-        import torch
-
-        if self.device is not None and getattr(self.device, "index", None) is not None:
-            return torch.cuda.device(self.device)
-        return contextlib.nullcontext()
-
     def register(self, address: int, nbytes: int) -> None:
         """Page-lock ``nbytes`` at ``address``.
 
@@ -136,7 +136,7 @@ class HostRegistrar:
         """
         import torch
 
-        with self._current():
+        with _device_current(self.device):
             cudart = torch.cuda.cudart()
             code = int(cudart.cudaHostRegister(int(address), int(nbytes), _CUDA_HOST_REGISTER_PORTABLE))
         if code != 0:
@@ -150,7 +150,7 @@ class HostRegistrar:
         try:
             import torch
 
-            with self._current():
+            with _device_current(self.device):
                 cudart = torch.cuda.cudart()
                 code = int(cudart.cudaHostUnregister(int(address)))
         except Exception as e:  # noqa: BLE001 - CUDA or torch already torn down
