@@ -51,6 +51,7 @@ logic is tested with synthetic measurements on an injected clock.
 from __future__ import annotations
 
 import re
+import statistics
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -165,12 +166,6 @@ class HillClimb:
 _NO_STREAM = object()
 
 
-def _median(xs: list) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
 class Tuner:
     """Tunes knobs one after the other from measured delivered throughput (NOTE [ Autotune ]).
 
@@ -261,7 +256,7 @@ class Tuner:
             rates = self._rates
             if len(rates) < self.windows:
                 return
-            med = _median(rates)
+            med = statistics.median(rates)
             if len(rates) < self.max_windows and max(rates) - min(rates) > self.spread * med:
                 return
             windows = ", ".join(f"{r:.1f}" for r in rates)
