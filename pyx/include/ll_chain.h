@@ -234,7 +234,7 @@ static long ll_ceil_div_l(long a, long b) { return -ll_floor_div(-a, b); }
  *
  * Stores are plain by default. Non-temporal stores (no read of each line before it is
  * overwritten, fenced at the end of the row) would save memory traffic, but on the 2-core
- * machine of benchmarks/ they cost more than they save (the round-2 notes give the A/B). On
+ * machine of benchmarks/ they cost more than they save (two builds run side by side). On
  * a many-core machine whose memory bandwidth the batches saturate the balance may turn:
  * LOADERLIB_NT_STORES=1 (read once per process) writes outputs of 256 KiB or more with
  * them. The values are the same either way. */
