@@ -142,6 +142,16 @@ def _consume(loader, rt, epochs=1, stop_after=None):
     return out
 
 
+def _snapshot(pool, rt):
+    """Registrations and slot counts read together, under the pool's lock: the loader may be
+    making a slot for its warm next epoch meanwhile (slots are made, and registered, under
+    that lock), and the counts must come from one moment."""
+    with pool._lock:
+        stats = pool.arena.stats
+        return (len(rt.registers), stats["allocations"], stats["slots"], list(rt.unregisters), sorted(rt.live),
+                sorted(b.address for b in pool._blocks))
+
+
 def _check_lifecycle(rt, device=None):
     """Every registration: the whole mapping of one slot, portable, undone exactly once while
     that mapping still existed, and the mapping gone now."""
@@ -177,10 +187,10 @@ def test_every_slot_registered_once_before_use_and_unregistered_before_unmap(cud
     assert loader.engine == "processes"
     got = _consume(loader, cuda, epochs=3)
     _equal(got, ref)
-    pool = loader._workers
-    assert len(cuda.registers) == pool.arena.stats["allocations"] == pool.arena.stats["slots"]   # once per slot
-    assert not cuda.unregisters                                  # the slots live as long as the pool
-    assert sorted(cuda.live) == sorted(b.address for b in pool._blocks)
+    registers, allocations, slots, unregisters, live, blocks = _snapshot(loader._workers, cuda)
+    assert registers == allocations == slots      # once per slot
+    assert not unregisters                        # the slots live as long as the pool
+    assert live == blocks
     loader.close()
     gc.collect()
     _check_lifecycle(cuda, device=1)
@@ -195,7 +205,8 @@ def test_early_drop_keeps_the_registrations_and_dropping_the_loader_undoes_them(
     gc.collect()
     assert cuda.registers and not cuda.unregisters
     _equal(_consume(loader, cuda), ref)            # the next epoch reuses the registered slots
-    assert len(cuda.registers) == loader._workers.arena.stats["allocations"] and not cuda.unregisters
+    registers, allocations, _slots, unregisters, _live, _blocks = _snapshot(loader._workers, cuda)
+    assert registers == allocations and not unregisters
     del loader                                     # no close(): the pool goes with the loader
     gc.collect()
     _check_lifecycle(cuda, device=0)
@@ -252,7 +263,8 @@ def test_a_sigkilled_worker_leaks_no_registration(cuda):
     del it, batch
     gc.collect()
     _equal(_consume(loader, cuda), ref)            # a fresh worker, the same registered slots
-    assert len(cuda.registers) == loader._workers.arena.stats["allocations"] and not cuda.unregisters
+    registers, allocations, _slots, unregisters, _live, _blocks = _snapshot(loader._workers, cuda)
+    assert registers == allocations and not unregisters
     loader.close()
     gc.collect()
     _check_lifecycle(cuda)
@@ -265,8 +277,8 @@ def test_slots_made_for_more_prefetch_are_registered_too(cuda):
     first = len(cuda.registers)
     loader.prefetch = 6
     _equal(_consume(loader, cuda), _reference(ds))
-    pool = loader._workers
-    assert len(cuda.registers) == pool.arena.stats["slots"] > first
+    registers, _allocations, slots, _unregisters, _live, _blocks = _snapshot(loader._workers, cuda)
+    assert registers == slots > first
     loader.close()
     gc.collect()
     _check_lifecycle(cuda)
