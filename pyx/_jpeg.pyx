@@ -75,6 +75,22 @@ def build_facts():
     }
 
 
+def huffman_decoder():
+    """Which Huffman decoder this module's JPEG decodes use (NOTE [ Our Huffman decoder ] in
+    include/ll_huff.h), with its counts: ``(enabled, installed, bailed)``; ``installed``
+    counts the images given to loaderlib's decoder, ``bailed`` those it handed back to
+    libjpeg's."""
+    cdef unsigned long long installed, bailed
+    ll_huff_counts(&installed, &bailed)
+    return bool(ll_huff_enabled()), int(installed), int(bailed)
+
+
+def set_huffman_decoder(enabled):
+    """Use loaderlib's Huffman decoder (True) or libjpeg's (False) in this module's decodes;
+    None: as ``LOADERLIB_HUFFMAN`` says. Tests compare the two with it."""
+    ll_huff_set(-1 if enabled is None else (1 if enabled else 0))
+
+
 cdef class Workers:
     """The per-thread pool of every kernel: one decoder and scratch buffers per OpenMP
     thread id (NOTE [ One per-thread pool ] in include/ll_worker.h).

@@ -21,6 +21,9 @@ cdef extern from "ll_jpeg.h":
         int progressive, arithmetic, precision, adobe
         int imcu_w, imcu_h
 
+    void ll_huff_set(int on) noexcept nogil
+    int ll_huff_enabled() noexcept nogil
+    void ll_huff_counts(unsigned long long* installed, unsigned long long* bailed) noexcept nogil
     int ll_jpeg_create(ll_jpeg_dec* d) noexcept nogil
     void ll_jpeg_destroy(ll_jpeg_dec* d) noexcept nogil
     int ll_jpeg_header(ll_jpeg_dec* d, const unsigned char* buf, size_t size,

@@ -27,6 +27,7 @@
 #include <jerror.h>
 
 #include "ll_common.h"
+#include "ll_huff.h"
 
 #ifndef LIBJPEG_TURBO_VERSION_NUMBER
 #define LIBJPEG_TURBO_VERSION_NUMBER 0
@@ -52,6 +53,9 @@ typedef struct {
     int created;
     int have_header;
     ll_buf row; /* one output row (crop margins, CMYK conversion); grows, reused */
+    const unsigned char *src; /* the buffer of the last ll_jpeg_header, to decode again */
+    size_t src_size;
+    ll_huff *huff; /* NOTE [ Our Huffman decoder ]; allocated on first use */
 } ll_jpeg_dec;
 
 /* Header facts. subsampling: 444, 422, 420, 440, 411, 410, 0 (grayscale), -1 (other). */
@@ -92,6 +96,8 @@ static void ll_jpeg_destroy(ll_jpeg_dec *d) {
     if (d->created) jpeg_destroy_decompress(&d->cinfo);
     d->created = 0;
     ll_buf_free(&d->row);
+    free(d->huff);
+    d->huff = NULL;
 }
 
 /* Returns LL_OK, or LL_ERR_NOMEM when libjpeg could not allocate its state. */
@@ -140,6 +146,8 @@ static int ll_jpeg_header(ll_jpeg_dec *d, const unsigned char *buf, size_t size,
         return LL_ERR_DECODE;
     }
     jpeg_abort_decompress(c);
+    d->src = buf;
+    d->src_size = size;
     jpeg_mem_src(c, buf, (unsigned long)size);
     jpeg_read_header(c, TRUE);
     info->width = (int)c->image_width;
@@ -229,14 +237,17 @@ static void ll_cmyk_row(const unsigned char *src, unsigned char *dst, int n, int
  * resampling) then skips the copy of every row out of libjpeg's buffer, which cost a
  * memory pass over the region. CMYK rows need converting, so they are cut as before
  * (column 0, stride w * channels). */
-static int ll_jpeg_decode_impl(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
+#define LL_HUFF_BAILED (-1000) /* internal: decode again with libjpeg's Huffman decoder */
+
+static int ll_jpeg_decode_pass(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
                                unsigned char *out, ptrdiff_t out_stride, int strict, int fast, ll_buf *wide,
-                               ptrdiff_t *wide_stride, int *wide_col) {
+                               ptrdiff_t *wide_stride, int *wide_col, int huff) {
     struct jpeg_decompress_struct *c = &d->cinfo;
     if (!d->have_header) return LL_ERR_STATE;
     d->have_header = 0;
     if (setjmp(d->err.jb)) {
         jpeg_abort_decompress(c);
+        if (d->huff != NULL && d->huff->bailed) return LL_HUFF_BAILED;
         return LL_ERR_DECODE;
     }
     int cmyk = (c->jpeg_color_space == JCS_CMYK || c->jpeg_color_space == JCS_YCCK);
@@ -256,6 +267,10 @@ static int ll_jpeg_decode_impl(ll_jpeg_dec *d, int mode, int denom, int x0, int 
     c->do_fancy_upsampling = fast ? FALSE : TRUE;
     c->do_block_smoothing = TRUE;
     jpeg_start_decompress(c);
+    if (huff) { /* NOTE [ Our Huffman decoder ] */
+        if (d->huff == NULL) d->huff = (ll_huff *)calloc(1, sizeof(ll_huff));
+        if (d->huff != NULL) ll_huff_install(c, d->huff, &d->err.jb);
+    }
 
     int full_w = (int)c->output_width, full_h = (int)c->output_height;
     if (x0 < 0 || y0 < 0 || w <= 0 || h <= 0 || x0 + w > full_w || y0 + h > full_h) {
@@ -331,6 +346,33 @@ stalled: /* cannot happen with a memory source; never loop forever if it does */
     snprintf(d->err.msg, sizeof(d->err.msg), "decoder stopped at scanline %u", c->output_scanline);
     jpeg_abort_decompress(c);
     return LL_ERR_DECODE;
+}
+
+/* Decodes with our Huffman decoder where it applies, and again from the header with
+ * libjpeg's wherever it stopped (NOTE [ Our Huffman decoder ]). */
+static int ll_jpeg_decode_impl(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
+                               unsigned char *out, ptrdiff_t out_stride, int strict, int fast, ll_buf *wide,
+                               ptrdiff_t *wide_stride, int *wide_col) {
+    if (d->huff != NULL) d->huff->bailed = 0;
+    int st = ll_jpeg_decode_pass(d, mode, denom, x0, y0, w, h, out, out_stride, strict, fast, wide, wide_stride,
+                                 wide_col, ll_huff_enabled());
+    if (st != LL_HUFF_BAILED) return st;
+    struct jpeg_decompress_struct *c = &d->cinfo;
+    d->huff->bailed = 0;
+    d->err.nwarn = 0; /* the header is read again, and warns again */
+    d->err.truncated = 0;
+    d->err.msg[0] = 0;
+    d->err.warn[0] = 0;
+    if (setjmp(d->err.jb)) {
+        jpeg_abort_decompress(c);
+        return LL_ERR_DECODE;
+    }
+    jpeg_abort_decompress(c);
+    jpeg_mem_src(c, d->src, (unsigned long)d->src_size);
+    jpeg_read_header(c, TRUE);
+    d->have_header = 1;
+    return ll_jpeg_decode_pass(d, mode, denom, x0, y0, w, h, out, out_stride, strict, fast, wide, wide_stride,
+                               wide_col, 0);
 }
 
 static int ll_jpeg_decode(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,

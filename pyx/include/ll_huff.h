@@ -1,0 +1,374 @@
+/* Baseline Huffman decoding for libjpeg(-turbo)'s decompressor.
+ *
+ * NOTE [ Our Huffman decoder ]
+ * Entropy decoding is most of a decode (about 70% of libjpeg's time in the training chain,
+ * by benchmarks/cpu_split.py's profile), and no crop or DCT scale skips it. libjpeg lets
+ * the entropy decoder be replaced: after jpeg_start_decompress, cinfo->entropy->decode_mcu
+ * is called once per MCU with blocks the caller has zeroed (or NULL: decode and discard,
+ * as jpeg_skip_scanlines does), and everything after it (dequantisation, IDCT, upsampling,
+ * colour conversion, cropping) stays libjpeg's. For a baseline 8-bit Huffman image whose
+ * one scan holds every component, ll_huff_install puts ll_huff_decode_mcu there. It
+ * decodes the same coefficients faster:
+ *   - one table lookup of the next LL_HB bits gives an AC coefficient's run, value and total
+ *     length together when its code and extra bits fit in LL_HB bits (most of them), where
+ *     libjpeg looks up the code and then reads and sign-extends the extra bits;
+ *   - the bit buffer is refilled eight bytes at a time when none of them is 0xFF;
+ *   - the tables are rebuilt only when an image's Huffman tables differ from the previous
+ *     image's (most files of a dataset share their encoder's tables).
+ * Entropy decoding is lossless, so on valid data the coefficients are libjpeg's and the
+ * pixels are bitwise the same. On anything else libjpeg treats specially -- data that
+ * ends before the image, a marker inside the data, a missing or out-of-order restart
+ * marker, extraneous bytes before one, fill bytes, an invalid code -- the decoder stops
+ * (ll_huff_bail, a longjmp like libjpeg's own error exit) and the caller decodes the image
+ * again from its header with libjpeg's decoder, so warnings, errors and the pixels libjpeg
+ * makes of damaged data are exactly libjpeg's (tests/unit/test_huffman.py compares the two
+ * on valid and on damaged files). LOADERLIB_HUFFMAN=libjpeg turns this decoder off. */
+#ifndef LL_HUFF_H
+#define LL_HUFF_H
+
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+#define LL_HB 10 /* bits of the one-lookup tables */
+
+/* libjpeg's (private, but unchanged since IJG 6b) entropy decoder interface. */
+struct ll_entropy_iface {
+    void (*start_pass)(j_decompress_ptr cinfo);
+    boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+    boolean insufficient_data;
+};
+
+#if JPEG_LIB_VERSION >= 70
+#define LL_DCT_SCALED(k) ((k)->DCT_h_scaled_size)
+#else
+#define LL_DCT_SCALED(k) ((k)->DCT_scaled_size)
+#endif
+
+/* A fast entry's run for the end of block: it takes k past 63, which ends the block. */
+#define LL_EOB_RUN 64
+
+typedef struct {
+    /* (value << 16) | (run << 8) | bits for a code whose length plus its extra bits is at
+     * most LL_HB, 0 otherwise: a DC difference (run 0), an AC coefficient, ZRL (run 15, value 0: writing a 0 into the
+     * zeroed block changes nothing) or EOB (run LL_EOB_RUN). */
+    int32_t fast[1 << LL_HB];
+    uint16_t look[1 << LL_HB]; /* (code length << 8) | symbol for codes of <= LL_HB bits; 0: longer */
+    int32_t maxcode[18];       /* the largest code of each length, -1 if none */
+    int32_t valoff[18];        /* symbol index of a code of length l: code + valoff[l] */
+    uint8_t huffval[256];
+    uint8_t key[17 + 256];     /* the JHUFF_TBL it was built from: bits, huffval */
+    int built;                 /* 0 none, 1 DC, 2 AC */
+} ll_htab;
+
+typedef struct {
+    const uint8_t *p, *end; /* next byte; end of the data */
+    uint64_t buf;           /* cnt bits, most significant first; the bits below them are 0 */
+    int cnt;
+    int pad;    /* zero bits appended after a marker: the data is overrun when cnt < pad */
+    int marker; /* the marker's second byte once one was reached (p stays at its 0xFF) */
+} ll_bits;
+
+typedef struct {
+    ll_htab tabs[8]; /* DC tables 0-3, AC tables 4-7 */
+    const ll_htab *dc[D_MAX_BLOCKS_IN_MCU], *ac[D_MAX_BLOCKS_IN_MCU];
+    int ci[D_MAX_BLOCKS_IN_MCU];
+    unsigned char dc_needed[D_MAX_BLOCKS_IN_MCU], ac_needed[D_MAX_BLOCKS_IN_MCU];
+    int nblocks;
+    int last_dc[MAX_COMPS_IN_SCAN];
+    unsigned restart_interval, to_go;
+    int next_rst;
+    ll_bits br;
+    jmp_buf *jb; /* where ll_huff_bail jumps (the decode's setjmp) */
+    int bailed;
+} ll_huff;
+
+/* Zigzag index to natural order; the 16 extra entries absorb runs past coefficient 63 in
+ * corrupt data exactly as libjpeg's jpeg_natural_order does. */
+static const uint8_t ll_natural[64 + LL_EOB_RUN] = {
+    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33,
+    40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36,
+    29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54,
+    47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
+    63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
+    63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
+    63, 63, 63, 63, 63, 63, 63, 63};
+
+/* -1: LOADERLIB_HUFFMAN decides; 0 or 1: set by ll_huff_set (tests compare the two). Each
+ * extension module has its own copy, as of the counters below. */
+static int ll_huff_on = -1;
+/* Images given to our decoder, and those of them it handed back to libjpeg's. */
+static unsigned long long ll_huff_installed, ll_huff_bailed;
+
+static int ll_huff_enabled(void) {
+    int on = __atomic_load_n(&ll_huff_on, __ATOMIC_RELAXED);
+    if (on < 0) { /* racing first reads store the same value */
+        const char *e = getenv("LOADERLIB_HUFFMAN");
+        on = !(e != NULL && strcmp(e, "libjpeg") == 0);
+        __atomic_store_n(&ll_huff_on, on, __ATOMIC_RELAXED);
+    }
+    return on;
+}
+
+static void ll_huff_set(int on) { __atomic_store_n(&ll_huff_on, on < 0 ? -1 : !!on, __ATOMIC_RELAXED); }
+
+static void ll_huff_counts(unsigned long long *installed, unsigned long long *bailed) {
+    *installed = __atomic_load_n(&ll_huff_installed, __ATOMIC_RELAXED);
+    *bailed = __atomic_load_n(&ll_huff_bailed, __ATOMIC_RELAXED);
+}
+
+/* The value of the s extra bits r (s >= 1): JPEG's sign extension (F.2.2.1). */
+static inline int ll_extend(unsigned r, int s) {
+    return (int)r - (int)(((r >> (s - 1)) ^ 1u) * ((1u << s) - 1u));
+}
+
+/* Builds t from src (libjpeg has already validated src: jpeg_make_d_derived_tbl ran in
+ * jpeg_start_decompress). Returns 0 for a table it cannot represent. */
+static int ll_htab_build(ll_htab *t, const JHUFF_TBL *src, int ac) {
+    uint8_t key[17 + 256];
+    memcpy(key, src->bits, 17);
+    memcpy(key + 17, src->huffval, 256);
+    if (t->built == 1 + ac && memcmp(key, t->key, sizeof key) == 0) return 1;
+    t->built = 0;
+    memset(t->fast, 0, sizeof t->fast);
+    memset(t->look, 0, sizeof t->look);
+    memcpy(t->huffval, src->huffval, 256);
+    int code = 0, k = 0;
+    for (int l = 1; l <= 16; l++) {
+        int n = src->bits[l];
+        if (k + n > 256) return 0;
+        t->valoff[l] = k - code;
+        for (int i = 0; i < n; i++, k++, code++) {
+            int sym = src->huffval[k];
+            if (l > LL_HB) continue;
+            int shift = LL_HB - l;
+            int run = sym >> 4, s = sym & 15;
+            if (!ac) run = 0;
+            else if (s == 0 && run != 15) run = LL_EOB_RUN;
+            for (int j = 0; j < (1 << shift); j++) {
+                int idx = (code << shift) | j;
+                t->look[idx] = (uint16_t)((l << 8) | sym);
+                if (l + s <= LL_HB) {
+                    unsigned r = s ? (unsigned)(j >> (shift - s)) & ((1u << s) - 1u) : 0u;
+                    uint32_t v = (uint32_t)(s ? ll_extend(r, s) : 0);
+                    t->fast[idx] = (int32_t)((v << 16) | (uint32_t)(run << 8) | (uint32_t)(l + s));
+                }
+            }
+        }
+        t->maxcode[l] = n ? code - 1 : -1;
+        if (code > (1 << l)) return 0; /* over-subscribed: libjpeg refuses these */
+        code <<= 1;
+    }
+    t->maxcode[17] = INT32_MAX;
+    t->valoff[17] = 0;
+    memcpy(t->key, key, sizeof key);
+    t->built = 1 + ac;
+    return 1;
+}
+
+static void ll_huff_bail(ll_huff *h) __attribute__((noreturn));
+static void ll_huff_bail(ll_huff *h) {
+    h->bailed = 1;
+    __atomic_fetch_add(&ll_huff_bailed, 1, __ATOMIC_RELAXED);
+    longjmp(*h->jb, 2);
+}
+
+/* Byte by byte: stuffed 0xFF 0x00, the first marker, and zero bits after it. Never reads
+ * at or past b.end. */
+static ll_bits ll_refill_slow(ll_huff *h, ll_bits b) {
+    while (b.cnt <= 56) {
+        if (b.marker) { /* zero bits after the marker; they must not be consumed (cnt >= pad) */
+            b.cnt += 8;
+            b.pad += 8;
+            continue;
+        }
+        if (b.p >= b.end) ll_huff_bail(h); /* no marker before the end: libjpeg's EOF handling */
+        unsigned c = *b.p;
+        if (c == 0xFF) {
+            if (b.p + 1 >= b.end) ll_huff_bail(h);
+            unsigned c1 = b.p[1];
+            if (c1 == 0xFF) ll_huff_bail(h); /* fill bytes */
+            if (c1 != 0) {
+                b.marker = (int)c1;
+                continue;
+            }
+            b.p += 2;
+        } else {
+            b.p++;
+        }
+        b.buf |= (uint64_t)c << (56 - b.cnt);
+        b.cnt += 8;
+    }
+    return b;
+}
+
+static inline __attribute__((always_inline)) void ll_refill(ll_huff *h, ll_bits *b) {
+    if (!b->marker && b->end - b->p >= 8) {
+        uint64_t x;
+        memcpy(&x, b->p, 8);
+        uint64_t nx = ~x;
+        if (((nx - 0x0101010101010101ull) & ~nx & 0x8080808080808080ull) == 0) { /* no 0xFF byte */
+            int nb = (63 - b->cnt) >> 3;
+            b->buf |= __builtin_bswap64(x) >> b->cnt;
+            b->cnt += 8 * nb;
+            b->buf &= ~(~0ull >> b->cnt);
+            b->p += nb;
+            return;
+        }
+    }
+    *b = ll_refill_slow(h, *b);
+}
+
+/* A code longer than LL_HB bits (b has at least 16 bits). */
+static inline __attribute__((always_inline)) int ll_decode_long(ll_huff *h, const ll_htab *t, ll_bits *b) {
+    int l = LL_HB + 1;
+    int32_t code = (int32_t)(b->buf >> (64 - l));
+    while (code > t->maxcode[l]) {
+        if (++l > 16) ll_huff_bail(h); /* invalid code: libjpeg's own handling */
+        code = (int32_t)(b->buf >> (64 - l));
+    }
+    b->buf <<= l;
+    b->cnt -= l;
+    return t->huffval[(code + t->valoff[l]) & 0xFF];
+}
+
+/* At a restart boundary: the expected RSTn must come next, with less than one byte of data
+ * left before it (libjpeg warns of extraneous bytes otherwise). */
+static void ll_huff_restart(ll_huff *h) {
+    ll_bits b = ll_refill_slow(h, h->br);
+    if (b.marker != 0xD0 + h->next_rst || b.cnt - b.pad >= 8 || b.cnt < b.pad) ll_huff_bail(h);
+    b.p += 2;
+    b.buf = 0;
+    b.cnt = b.pad = b.marker = 0;
+    h->br = b;
+    h->next_rst = (h->next_rst + 1) & 7;
+    memset(h->last_dc, 0, sizeof h->last_dc);
+    h->to_go = h->restart_interval;
+}
+
+static boolean ll_huff_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
+    ll_huff *h = (ll_huff *)cinfo->client_data;
+    if (h->restart_interval) {
+        if (h->to_go == 0) ll_huff_restart(h);
+        h->to_go--;
+    }
+    ll_bits b = h->br;
+    for (int blkn = 0; blkn < h->nblocks; blkn++) {
+        JCOEF *blk = MCU_data ? MCU_data[blkn][0] : NULL;
+        const ll_htab *dc = h->dc[blkn], *ac = h->ac[blkn];
+        if (b.cnt < 32) ll_refill(h, &b);
+        unsigned idx = (unsigned)(b.buf >> (64 - LL_HB));
+        int32_t f = dc->fast[idx];
+        int s, diff = 0;
+        if (f) {
+            b.buf <<= f & 0xFF;
+            b.cnt -= f & 0xFF;
+            diff = f >> 16;
+        } else {
+            unsigned e = dc->look[idx];
+            if (e) {
+                b.buf <<= e >> 8;
+                b.cnt -= (int)(e >> 8);
+                s = (int)(e & 0xFF);
+            } else {
+                s = ll_decode_long(h, dc, &b);
+            }
+            if (s) { /* s <= 15: libjpeg refuses DC tables with larger symbols */
+                unsigned r = (unsigned)(b.buf >> (64 - s));
+                b.buf <<= s;
+                b.cnt -= s;
+                diff = ll_extend(r, s);
+            }
+        }
+        if (h->dc_needed[blkn]) { /* wraps as libjpeg's int sum does on damaged data */
+            int ci = h->ci[blkn];
+            h->last_dc[ci] = (int)((unsigned)h->last_dc[ci] + (unsigned)diff);
+            if (blk) blk[0] = (JCOEF)h->last_dc[ci];
+        }
+        JCOEF *out = h->ac_needed[blkn] ? blk : NULL;
+        for (int k = 1; k < 64; k++) {
+            if (b.cnt < 32) ll_refill(h, &b);
+            idx = (unsigned)(b.buf >> (64 - LL_HB));
+            f = ac->fast[idx];
+            if (f) {
+                int n = f & 0xFF;
+                k += (f >> 8) & 0xFF;
+                b.buf <<= n;
+                b.cnt -= n;
+                if (out) out[ll_natural[k]] = (JCOEF)(f >> 16);
+                continue;
+            }
+            unsigned e = ac->look[idx];
+            int sym;
+            if (e) {
+                b.buf <<= e >> 8;
+                b.cnt -= (int)(e >> 8);
+                sym = (int)(e & 0xFF);
+            } else {
+                sym = ll_decode_long(h, ac, &b);
+            }
+            int r = sym >> 4;
+            s = sym & 15;
+            if (s) {
+                k += r;
+                unsigned v = (unsigned)(b.buf >> (64 - s));
+                b.buf <<= s;
+                b.cnt -= s;
+                if (out) out[ll_natural[k]] = (JCOEF)ll_extend(v, s);
+            } else {
+                if (r != 15) break;
+                k += 15;
+            }
+        }
+    }
+    if (b.cnt < b.pad) ll_huff_bail(h); /* decoded past the data: libjpeg warns and pads */
+    h->br = b;
+    return TRUE;
+}
+
+/* Puts ll_huff_decode_mcu in place of libjpeg's decoder for this image, right after
+ * jpeg_start_decompress; returns 0 (and changes nothing) when the image is not a
+ * single-scan baseline Huffman one or a table cannot be represented. */
+static int ll_huff_install(struct jpeg_decompress_struct *c, ll_huff *h, jmp_buf *jb) {
+    if (c->progressive_mode || c->arith_code || c->data_precision != 8) return 0;
+    if (c->comps_in_scan != c->num_components || c->comps_in_scan < 1 || c->comps_in_scan > MAX_COMPS_IN_SCAN)
+        return 0;
+    if (c->Ss != 0 || c->Se != 63 || c->Ah != 0 || c->Al != 0) return 0;
+    if (c->blocks_in_MCU < 1 || c->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU || c->unread_marker != 0) return 0;
+    if (c->entropy == NULL || c->src == NULL || c->src->next_input_byte == NULL) return 0;
+    for (int b = 0; b < c->blocks_in_MCU; b++) {
+        int ci = c->MCU_membership[b];
+        if (ci < 0 || ci >= c->comps_in_scan) return 0;
+        const jpeg_component_info *k = c->cur_comp_info[ci];
+        if (k->dc_tbl_no < 0 || k->dc_tbl_no >= 4 || k->ac_tbl_no < 0 || k->ac_tbl_no >= 4) return 0;
+        const JHUFF_TBL *dt = c->dc_huff_tbl_ptrs[k->dc_tbl_no], *at = c->ac_huff_tbl_ptrs[k->ac_tbl_no];
+        if (dt == NULL || at == NULL) return 0;
+        if (!ll_htab_build(&h->tabs[k->dc_tbl_no], dt, 0) || !ll_htab_build(&h->tabs[4 + k->ac_tbl_no], at, 1))
+            return 0;
+        h->dc[b] = &h->tabs[k->dc_tbl_no];
+        h->ac[b] = &h->tabs[4 + k->ac_tbl_no];
+        h->ci[b] = ci;
+        h->dc_needed[b] = k->component_needed ? 1 : 0;
+        h->ac_needed[b] = k->component_needed && LL_DCT_SCALED(k) > 1;
+    }
+    h->nblocks = c->blocks_in_MCU;
+    memset(h->last_dc, 0, sizeof h->last_dc);
+    h->restart_interval = c->restart_interval;
+    h->to_go = c->restart_interval;
+    h->next_rst = 0;
+    h->br.p = c->src->next_input_byte;
+    h->br.end = c->src->next_input_byte + c->src->bytes_in_buffer;
+    h->br.buf = 0;
+    h->br.cnt = h->br.pad = h->br.marker = 0;
+    h->jb = jb;
+    h->bailed = 0;
+    c->client_data = h;
+    ((struct ll_entropy_iface *)c->entropy)->decode_mcu = ll_huff_decode_mcu;
+    __atomic_fetch_add(&ll_huff_installed, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+#endif

@@ -1,0 +1,218 @@
+"""loaderlib's baseline Huffman decoder (NOTE [ Our Huffman decoder ] in pyx/include/ll_huff.h)
+against libjpeg's own, on valid files of every kind it takes and on damaged ones.
+
+Valid data must give the same pixels (and the same as OpenCV, the independent reference);
+damaged data must give exactly libjpeg's outcome -- the same error, or the same pixels and the
+same warning -- because our decoder hands every anomaly back to libjpeg. The decoder's counters
+show which path ran, so no comparison here passes by never running our decoder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import cv2
+import numpy as np
+import pytest
+
+from loaderlib._ext import _jpeg
+from loaderlib.decoding import decode, decode_batch
+from loaderlib.errors import DecodeError, DecodeWarning
+from tests._synth import photo_like
+
+SAMPLING = {
+    "444": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
+    "422": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
+    "420": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+    "440": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440,
+    "411": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411,
+}
+
+
+def _encode(img: np.ndarray, quality: int = 90, sampling: str = "420", rst: int = 0, optimize: bool = False) -> bytes:
+    params = [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_OPTIMIZE, int(optimize),
+              cv2.IMWRITE_JPEG_RST_INTERVAL, rst]
+    if img.ndim == 3:
+        params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, SAMPLING[sampling]]
+    ok, buf = cv2.imencode(".jpg", img, params)
+    assert ok
+    return buf.tobytes()
+
+
+def _noise(w: int, h: int, seed: int) -> np.ndarray:
+    """Noise: large coefficients, long codes, stuffed 0xFF bytes."""
+    return np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+
+
+def _corpus() -> list[tuple[str, bytes]]:
+    out = []
+    for k, (w, h) in enumerate([(1, 1), (8, 8), (17, 13), (97, 61), (333, 251), (640, 480)]):
+        img = photo_like(w, h, seed=k)
+        for sampling in SAMPLING:
+            out.append((f"{w}x{h}-{sampling}", _encode(img, 90, sampling)))
+        out.append((f"{w}x{h}-gray", _encode(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY), 90)))
+        out.append((f"{w}x{h}-rst", _encode(img, 85, "420", rst=2)))
+        out.append((f"{w}x{h}-optimized", _encode(img, 95, "422", optimize=True)))
+        out.append((f"{w}x{h}-q100-noise", _encode(_noise(w, h, k), 100, "444")))
+        out.append((f"{w}x{h}-q5", _encode(img, 5, "420", rst=1)))
+    return out
+
+
+CORPUS = _corpus()
+
+
+@pytest.fixture
+def decoders():
+    """Switches this process's decodes between the two Huffman decoders; restores the default."""
+    yield lambda ours: _jpeg.set_huffman_decoder(ours)
+    _jpeg.set_huffman_decoder(None)
+
+
+def _variants(data: bytes) -> list[tuple[str, dict]]:
+    h, w = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_GRAYSCALE).shape
+    out = [("full", {}), ("gray", {"mode": "GRAY"}), ("half", {"scale": 0.5}), ("eighth", {"scale": 0.125})]
+    if w > 20 and h > 20:
+        out.append(("crop", {"crop": (w // 3, h // 4, w // 2, h // 2)}))
+        out.append(("crop-bottom", {"crop": (1, h - 9, w - 3, 9)}))
+    return out
+
+
+@pytest.mark.parametrize("name,data", CORPUS, ids=[n for n, _ in CORPUS])
+def test_valid_files_decode_as_libjpeg_and_opencv(name, data, decoders):
+    ref = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION),
+                       cv2.COLOR_BGR2RGB)
+    for label, kw in _variants(data):
+        decoders(False)
+        theirs = decode(data, **kw)
+        decoders(True)
+        _, installed, bailed = _jpeg.huffman_decoder()
+        ours = decode(data, **kw)
+        _, installed2, bailed2 = _jpeg.huffman_decoder()
+        assert (installed2 - installed, bailed2 - bailed) == (1, 0), f"{name} {label}: our decoder did not finish it"
+        np.testing.assert_array_equal(ours, theirs, err_msg=f"{name} {label}")
+        if label == "full":
+            np.testing.assert_array_equal(ours, ref, err_msg=f"{name}: differs from OpenCV")
+
+
+def test_batch_of_every_kind_equal_on_one_and_two_threads(decoders):
+    datas = [d for _, d in CORPUS]
+    decoders(False)
+    theirs = decode_batch(datas, _single=True, num_threads=1)
+    decoders(True)
+    one = decode_batch(datas, num_threads=1)
+    two = decode_batch(datas, num_threads=2)
+    for (name, _), a, b, c in zip(CORPUS, theirs.images, one.images, two.images):
+        np.testing.assert_array_equal(b, a, err_msg=name)
+        np.testing.assert_array_equal(c, a, err_msg=name)
+
+
+# --------------------------------------------------------------------------- damaged data
+
+
+def _scan_start(data: bytes) -> int:
+    """Index of the first entropy-coded byte (after the SOS segment)."""
+    i = 2
+    while True:
+        assert data[i] == 0xFF
+        marker = data[i + 1]
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if marker == 0xDA:
+            return i + 2 + length
+        i += 2 + length
+
+
+def _rst_positions(data: bytes, start: int) -> list[int]:
+    return [i for i in range(start, len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
+
+
+def _damaged() -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(7)
+    img = photo_like(160, 120, seed=3)
+    cases = []
+    for kind, data in (("plain", _encode(img, 90, "420")), ("rst", _encode(img, 90, "420", rst=3)),
+                       ("noise", _encode(_noise(64, 48, 1), 100, "444", rst=1))):
+        s = _scan_start(data)
+        n = len(data) - s
+        for frac in (0.0, 0.1, 0.5, 0.9, 0.999):
+            cut = s + int(frac * n)
+            cases.append((f"{kind}-cut{frac}", data[:cut]))
+            cases.append((f"{kind}-cut{frac}-eoi", data[:cut] + b"\xff\xd9"))
+        cases.append((f"{kind}-no-eoi", data[:-2]))
+        cases.append((f"{kind}-garbage-tail", data[:-2] + b"\x12\x34\xff\xd9"))
+        for j in range(12):
+            b = bytearray(data)
+            pos = s + int(rng.integers(0, n - 2))
+            b[pos] = int(rng.integers(0, 256)) if j % 3 else 0xFF
+            cases.append((f"{kind}-flip{j}", bytes(b)))
+        b = bytearray(data)
+        pos = s + n // 3
+        b[pos:pos + 6] = b"\xff\x00" * 3   # 24 one bits: no valid code is that long
+        cases.append((f"{kind}-invalid-code", bytes(b)))
+        rst = _rst_positions(data, s)
+        if rst:
+            p = rst[len(rst) // 2]
+            cases.append((f"{kind}-rst-missing", data[:p] + data[p + 2:]))
+            b = bytearray(data)
+            b[p + 1] = 0xD0 + (b[p + 1] - 0xD0 + 3) % 8
+            cases.append((f"{kind}-rst-wrong-number", bytes(b)))
+            cases.append((f"{kind}-rst-extraneous", data[:p] + b"\x55\xaa" + data[p:]))
+            cases.append((f"{kind}-rst-fill", data[:p] + b"\xff" + data[p:]))
+            cases.append((f"{kind}-rst-early", data[:p - 3] + data[p:]))
+    return cases
+
+
+DAMAGED = _damaged()
+
+
+def _outcome(data: bytes, **kw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            img = decode(data, **kw)
+        except DecodeError as e:
+            return ("error", str(e))
+    return ("ok", img.tobytes(), [str(w.message) for w in caught if issubclass(w.category, DecodeWarning)])
+
+
+@pytest.mark.parametrize("name,data", DAMAGED, ids=[n for n, _ in DAMAGED])
+def test_damaged_files_give_libjpegs_outcome(name, data, decoders):
+    for kw in ({"strict": False}, {}, {"strict": True}, {"strict": False, "crop": (40, 50, 64, 48)},
+               {"strict": False, "mode": "GRAY", "scale": 0.5}):
+        if "crop" in kw and not name.startswith(("plain", "rst")):
+            continue
+        decoders(False)
+        theirs = _outcome(data, **kw)
+        decoders(True)
+        ours = _outcome(data, **kw)
+        assert ours == theirs, f"{name} {kw}: {ours[0]} {ours[-1]} vs libjpeg's {theirs[0]} {theirs[-1]}"
+
+
+def test_damage_is_handed_back_and_valid_data_is_not(decoders):
+    """Every kind of damage above reaches the hand-back, and flips that keep the data valid are
+    decoded by our decoder to the end (the comparisons above test both paths)."""
+    decoders(True)
+    handed_back, finished = set(), set()
+    for name, data in DAMAGED:
+        _, i0, b0 = _jpeg.huffman_decoder()
+        _outcome(data, strict=False)
+        _, i1, b1 = _jpeg.huffman_decoder()
+        if b1 > b0:
+            handed_back.add(name.split("-", 1)[1])
+        elif i1 > i0:
+            finished.add(name)
+    for kind in ("cut0.5", "cut0.5-eoi", "no-eoi", "invalid-code", "rst-missing", "rst-wrong-number",
+                 "rst-extraneous", "rst-fill", "rst-early"):
+        assert kind in handed_back, kind
+    assert any("flip" in n for n in finished)
+
+
+def test_environment_variable_selects_libjpegs_decoder():
+    code = ("from loaderlib._ext import _jpeg; from loaderlib.decoding import decode; "
+            "from tests._synth import photo_like, encode_jpeg; decode(encode_jpeg(photo_like(32, 32))); "
+            "print(_jpeg.huffman_decoder())")
+    for env, expect in (("libjpeg", "(False, 0, 0)"), ("loaderlib", "(True, 1, 0)")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "LOADERLIB_HUFFMAN": env}).stdout.strip()
+        assert out == expect
