@@ -56,7 +56,7 @@ typedef struct {
      * most LL_HB, 0 otherwise: a DC difference (run 0), an AC coefficient, ZRL (run 15, value 0: writing a 0 into the
      * zeroed block changes nothing) or EOB (run LL_EOB_RUN). */
     int32_t fast[1 << LL_HB];
-    uint16_t look[1 << LL_HB]; /* (code length << 8) | symbol for codes of <= LL_HB bits; 0: longer */
+    uint16_t look[1 << LL_HB]; /* (symbol << 8) | code length for codes of <= LL_HB bits; 0: longer */
     int32_t maxcode[18];       /* the largest code of each length, -1 if none */
     int32_t valoff[18];        /* symbol index of a code of length l: code + valoff[l] */
     uint8_t huffval[256];
@@ -150,7 +150,7 @@ static int ll_htab_build(ll_htab *t, const JHUFF_TBL *src, int ac) {
             else if (s == 0 && run != 15) run = LL_EOB_RUN;
             for (int j = 0; j < (1 << shift); j++) {
                 int idx = (code << shift) | j;
-                t->look[idx] = (uint16_t)((l << 8) | sym);
+                t->look[idx] = (uint16_t)((sym << 8) | l);
                 if (l + s <= LL_HB) {
                     unsigned r = s ? (unsigned)(j >> (shift - s)) & ((1u << s) - 1u) : 0u;
                     uint32_t v = (uint32_t)(s ? ll_extend(r, s) : 0);
@@ -249,7 +249,15 @@ static void ll_huff_restart(ll_huff *h) {
     h->to_go = h->restart_interval;
 }
 
-static boolean ll_huff_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
+/* NOTE [ Shift by the entry ]
+ * Decoding is one chain of dependent steps per symbol: the next LL_HB bits index a table,
+ * the entry gives the length, the buffer shifts by it, and the shifted buffer gives the next
+ * index. The length sits in the entry's low bits with nothing else below bit 6, so
+ * `buf <<= entry & 63` is one shlx on the entry itself (shlx masks its count to 6 bits):
+ * a step shorter than extracting the length first. shlx is BMI2, so the decoder is
+ * compiled twice, and x86 CPUs with BMI2 get that copy (the shift by %cl of plain x86-64
+ * is two micro-ops with a flags dependency on Intel cores). */
+static inline __attribute__((always_inline)) boolean ll_huff_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     ll_huff *h = (ll_huff *)cinfo->client_data;
     if (h->restart_interval) {
         if (h->to_go == 0) ll_huff_restart(h);
@@ -264,15 +272,15 @@ static boolean ll_huff_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
         int32_t f = dc->fast[idx];
         int s, diff = 0;
         if (f) {
-            b.buf <<= f & 0xFF;
+            b.buf <<= f & 63; /* NOTE [ Shift by the entry ] */
             b.cnt -= f & 0xFF;
             diff = f >> 16;
         } else {
             unsigned e = dc->look[idx];
             if (e) {
-                b.buf <<= e >> 8;
-                b.cnt -= (int)(e >> 8);
-                s = (int)(e & 0xFF);
+                b.buf <<= e & 63;
+                b.cnt -= (int)(e & 0xFF);
+                s = (int)(e >> 8);
             } else {
                 s = ll_decode_long(h, dc, &b);
             }
@@ -294,19 +302,18 @@ static boolean ll_huff_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
             idx = (unsigned)(b.buf >> (64 - LL_HB));
             f = ac->fast[idx];
             if (f) {
-                int n = f & 0xFF;
                 k += (f >> 8) & 0xFF;
-                b.buf <<= n;
-                b.cnt -= n;
+                b.buf <<= f & 63;
+                b.cnt -= f & 0xFF;
                 if (out) out[ll_natural[k]] = (JCOEF)(f >> 16);
                 continue;
             }
             unsigned e = ac->look[idx];
             int sym;
             if (e) {
-                b.buf <<= e >> 8;
-                b.cnt -= (int)(e >> 8);
-                sym = (int)(e & 0xFF);
+                b.buf <<= e & 63;
+                b.cnt -= (int)(e & 0xFF);
+                sym = (int)(e >> 8);
             } else {
                 sym = ll_decode_long(h, ac, &b);
             }
@@ -328,6 +335,15 @@ static boolean ll_huff_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     h->br = b;
     return TRUE;
 }
+
+static boolean ll_huff_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) { return ll_huff_mcu(cinfo, MCU_data); }
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define LL_HUFF_BMI2 1
+__attribute__((target("bmi2"))) static boolean ll_huff_decode_mcu_bmi2(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
+    return ll_huff_mcu(cinfo, MCU_data);
+}
+#endif
 
 /* Puts ll_huff_decode_mcu in place of libjpeg's decoder for this image, right after
  * jpeg_start_decompress; returns 0 (and changes nothing) when the image is not a
@@ -366,7 +382,11 @@ static int ll_huff_install(struct jpeg_decompress_struct *c, ll_huff *h, jmp_buf
     h->jb = jb;
     h->bailed = 0;
     c->client_data = h;
-    ((struct ll_entropy_iface *)c->entropy)->decode_mcu = ll_huff_decode_mcu;
+    boolean (*fn)(j_decompress_ptr, JBLOCKROW *) = ll_huff_decode_mcu;
+#ifdef LL_HUFF_BMI2
+    if (__builtin_cpu_supports("bmi2")) fn = ll_huff_decode_mcu_bmi2;
+#endif
+    ((struct ll_entropy_iface *)c->entropy)->decode_mcu = fn;
     __atomic_fetch_add(&ll_huff_installed, 1, __ATOMIC_RELAXED);
     return 1;
 }
