@@ -2,10 +2,12 @@
 
 Runs the ResNet-50 training chain (RandomResizedCrop(224), flip, Normalize, CHW float32, or the
 uint8 variant) on the native engine under ``perf record`` (cycles, user and kernel), then
-splits the samples by shared object: ``libjpeg*`` is the decoder (entropy decoding, IDCT,
-colour conversion: the floor for full-quality decoding), ``loaderlib/_ext/*.so`` is ours (the
-chain kernels: resampling, normalise, layout, reading, collation), and everything else (libc's
-memmove and friends, the kernel, libgomp, Python) is "other". The total CPU-ms per image comes
+splits the samples by shared object: ``libjpeg*`` is the decoder (IDCT, upsampling, colour
+conversion, and entropy decoding where libjpeg's own decoder runs), ``loaderlib/_ext/*.so`` is
+ours (the chain kernels: resampling, normalise, layout, reading, collation; and the baseline
+Huffman decoder that replaces libjpeg's, NOTE [ Our Huffman decoder ] in pyx/include/ll_huff.h,
+reported on its own line as part of ours), and everything else (libc's memmove and friends, the
+kernel, libgomp, Python) is "other". The total CPU-ms per image comes
 from the process's own CPU time over the measured images (after two warm-up epochs), so the split
 is that total times each share.
 
@@ -72,6 +74,12 @@ def _our_modules() -> set:
     return {f for f in os.listdir(os.path.dirname(ext.__file__)) if f.endswith(".so")}
 
 
+def _is_huffman(name: str) -> bool:
+    """Our Huffman decoder's symbols (pyx/include/ll_huff.h)."""
+    sym = name.split(":", 1)[-1]
+    return sym.startswith(("ll_huff_", "ll_refill"))
+
+
 def classify(dso: str, ours: set) -> str:
     name = os.path.basename(dso)
     if name.startswith(("libjpeg", "libturbojpeg")):
@@ -136,6 +144,10 @@ def main() -> None:
         share = shares[kind] / total
         heads = ", ".join(f"{name} {pct:.1f}%" for pct, name in sorted(top[kind], reverse=True)[:4])
         print(f"  {kind:<8} {100 * share:5.1f}%  {share * res['cpu_ms']:.3f} CPU-ms/img   ({heads})")
+        if kind == "ours":
+            huff = sum(pct for pct, name in top[kind] if _is_huffman(name)) / total
+            print(f"    of which Huffman decoding {100 * huff:5.1f}%  {huff * res['cpu_ms']:.3f} CPU-ms/img, "
+                  f"chain kernels {(share - huff) * res['cpu_ms']:.3f} CPU-ms/img")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@ What it measures (images/s, median of interleaved rounds, all inputs in memory):
   2. the decode a RandomResizedCrop(224) needs, one thread: full decode vs decoding only the
      crop box (crop-region decode) vs the crop box at the smallest DCT scale that still
      gives >= 224 px on both sides (crop + scale), boxes drawn like torchvision's
-     RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3)); and a fixed central 224x224 region.
+     RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3)); and a fixed central 224x224 region;
+  3. loaderlib's baseline Huffman decoder (NOTE [ Our Huffman decoder ] in pyx/include/ll_huff.h)
+     against libjpeg's own (``LOADERLIB_HUFFMAN=libjpeg``), one thread, switched between
+     alternating rounds in one process: the full decode and the RandomResizedCrop boxes of 2,
+     as the median of the per-round ratios.
 
 Run:  python benchmarks/decode.py [--images N] [--rounds R]
 """
@@ -187,6 +191,39 @@ def main() -> None:
           f"DCT scale used 1/1:{hist[1]} 1/2:{hist[2]} 1/4:{hist[4]} 1/8:{hist[8]} images")
     for k, v in m.items():
         print(f"   {k:46s} {v:9.0f} images/s  {v / m['full decode']:5.2f}x full decode")
+
+    # 3. The Huffman decoders, switched in this process (same data, same outputs). Each round
+    # times both back to back, in alternating order, and the ratio is taken per round: a
+    # noisy machine slows both alike within a round.
+    import statistics
+    import time
+
+    from loaderlib._ext import _jpeg
+
+    def timed(ours: bool, fn) -> float:
+        _jpeg.set_huffman_decoder(ours)
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    print("\n3. Huffman decoding: loaderlib's decoder vs libjpeg's, 1 thread (same pixels; "
+          f"{4 * args.rounds + 1} alternating rounds)")
+    for what, fn in (("full decode", full), ("RRC box", crop_only)):
+        ratios, ours_rate, theirs_rate = [], [], []
+        for r in range(4 * args.rounds + 1):
+            if r % 2:
+                a = timed(True, fn)
+                b = timed(False, fn)
+            else:
+                b = timed(False, fn)
+                a = timed(True, fn)
+            ratios.append(b / a)
+            ours_rate.append(n / a)
+            theirs_rate.append(n / b)
+        q = statistics.quantiles(ratios, n=4)
+        print(f"   {what:12s} loaderlib's {med(ours_rate):6.0f} images/s, libjpeg's {med(theirs_rate):6.0f}: "
+              f"{statistics.median(ratios):.2f}x (per-round ratios, quartiles {q[0]:.2f}-{q[2]:.2f})")
+    _jpeg.set_huffman_decoder(None)
 
 
 if __name__ == "__main__":
