@@ -235,6 +235,16 @@ static inline __attribute__((always_inline)) int ll_decode_long(ll_huff *h, cons
     return t->huffval[(code + t->valoff[l]) & 0xFF];
 }
 
+/* The symbol of a code without a fast entry (idx: the next LL_HB bits of b). */
+static inline __attribute__((always_inline)) int ll_decode_symbol(ll_huff *h, const ll_htab *t, ll_bits *b,
+                                                                   unsigned idx) {
+    unsigned e = t->look[idx];
+    if (e == 0) return ll_decode_long(h, t, b);
+    b->buf <<= e & 63;
+    b->cnt -= (int)(e & 0xFF);
+    return (int)(e >> 8);
+}
+
 /* At a restart boundary: the expected RSTn must come next, with less than one byte of data
  * left before it (libjpeg warns of extraneous bytes otherwise). */
 static void ll_huff_restart(ll_huff *h) {
@@ -276,14 +286,7 @@ static inline __attribute__((always_inline)) boolean ll_huff_mcu(j_decompress_pt
             b.cnt -= f & 0xFF;
             diff = f >> 16;
         } else {
-            unsigned e = dc->look[idx];
-            if (e) {
-                b.buf <<= e & 63;
-                b.cnt -= (int)(e & 0xFF);
-                s = (int)(e >> 8);
-            } else {
-                s = ll_decode_long(h, dc, &b);
-            }
+            s = ll_decode_symbol(h, dc, &b, idx);
             if (s) { /* s <= 15: libjpeg refuses DC tables with larger symbols */
                 unsigned r = (unsigned)(b.buf >> (64 - s));
                 b.buf <<= s;
@@ -308,15 +311,7 @@ static inline __attribute__((always_inline)) boolean ll_huff_mcu(j_decompress_pt
                 if (out) out[ll_natural[k]] = (JCOEF)(f >> 16);
                 continue;
             }
-            unsigned e = ac->look[idx];
-            int sym;
-            if (e) {
-                b.buf <<= e & 63;
-                b.cnt -= (int)(e & 0xFF);
-                sym = (int)(e >> 8);
-            } else {
-                sym = ll_decode_long(h, ac, &b);
-            }
+            int sym = ll_decode_symbol(h, ac, &b, idx);
             int r = sym >> 4;
             s = sym & 15;
             if (s) {
