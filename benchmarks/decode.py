@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import cv2
@@ -35,6 +37,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from _report import machine_summary, med, median_rate
 
 import loaderlib as ll
+from loaderlib._ext import _jpeg
 from tests._synth import encode_jpeg, photo_like
 
 # An ImageNet-like mix of sizes (ImageNet's median image is about 500x375).
@@ -195,11 +198,6 @@ def main() -> None:
     # 3. The Huffman decoders, switched in this process (same data, same outputs). Each round
     # times both back to back, in alternating order, and the ratio is taken per round: a
     # noisy machine slows both alike within a round.
-    import statistics
-    import time
-
-    from loaderlib._ext import _jpeg
-
     def timed(ours: bool, fn) -> float:
         _jpeg.set_huffman_decoder(ours)
         t = time.perf_counter()

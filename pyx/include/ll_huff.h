@@ -21,7 +21,7 @@
  * marker, extraneous bytes before one, fill bytes, an invalid code -- the decoder stops
  * (ll_huff_bail, a longjmp like libjpeg's own error exit) and the caller decodes the image
  * again from its header with libjpeg's decoder, so warnings, errors and the pixels libjpeg
- * makes of damaged data are exactly libjpeg's (tests/unit/test_huffman.py compares the two
+ * makes of damaged data are exactly libjpeg's (tests/kernels/test_huffman.py compares the two
  * on valid and on damaged files). LOADERLIB_HUFFMAN=libjpeg turns this decoder off. */
 #ifndef LL_HUFF_H
 #define LL_HUFF_H
@@ -53,14 +53,13 @@ struct ll_entropy_iface {
 
 typedef struct {
     /* (value << 16) | (run << 8) | bits for a code whose length plus its extra bits is at
-     * most LL_HB, 0 otherwise: a DC difference (run 0), an AC coefficient, ZRL (run 15, value 0: writing a 0 into the
-     * zeroed block changes nothing) or EOB (run LL_EOB_RUN). */
+     * most LL_HB, 0 otherwise: a DC difference (run 0), an AC coefficient, ZRL (run 15,
+     * value 0: writing a 0 into the zeroed block changes nothing) or EOB (run LL_EOB_RUN). */
     int32_t fast[1 << LL_HB];
     uint16_t look[1 << LL_HB]; /* (symbol << 8) | code length for codes of <= LL_HB bits; 0: longer */
-    int32_t maxcode[18];       /* the largest code of each length, -1 if none */
-    int32_t valoff[18];        /* symbol index of a code of length l: code + valoff[l] */
-    uint8_t huffval[256];
-    uint8_t key[17 + 256];     /* the JHUFF_TBL it was built from: bits, huffval */
+    int32_t maxcode[17];       /* the largest code of each length, -1 if none */
+    int32_t valoff[17];        /* symbol index of a code of length l: code + valoff[l] */
+    uint8_t key[17 + 256];     /* the JHUFF_TBL it was built from: bits, then the symbols */
     int built;                 /* 0 none, 1 DC, 2 AC */
 } ll_htab;
 
@@ -86,8 +85,9 @@ typedef struct {
     int bailed;
 } ll_huff;
 
-/* Zigzag index to natural order; the 16 extra entries absorb runs past coefficient 63 in
- * corrupt data exactly as libjpeg's jpeg_natural_order does. */
+/* Zigzag index to natural order. The extra entries map every index past 63 to 63: runs past
+ * coefficient 63 in corrupt data land there as in libjpeg's jpeg_natural_order (whose 16
+ * extra entries cover a run of 15), and so does an EOB's k + LL_EOB_RUN. */
 static const uint8_t ll_natural[64 + LL_EOB_RUN] = {
     0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33,
     40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36,
@@ -135,7 +135,6 @@ static int ll_htab_build(ll_htab *t, const JHUFF_TBL *src, int ac) {
     t->built = 0;
     memset(t->fast, 0, sizeof t->fast);
     memset(t->look, 0, sizeof t->look);
-    memcpy(t->huffval, src->huffval, 256);
     int code = 0, k = 0;
     for (int l = 1; l <= 16; l++) {
         int n = src->bits[l];
@@ -162,8 +161,6 @@ static int ll_htab_build(ll_htab *t, const JHUFF_TBL *src, int ac) {
         if (code > (1 << l)) return 0; /* over-subscribed: libjpeg refuses these */
         code <<= 1;
     }
-    t->maxcode[17] = INT32_MAX;
-    t->valoff[17] = 0;
     memcpy(t->key, key, sizeof key);
     t->built = 1 + ac;
     return 1;
@@ -232,7 +229,7 @@ static inline __attribute__((always_inline)) int ll_decode_long(ll_huff *h, cons
     }
     b->buf <<= l;
     b->cnt -= l;
-    return t->huffval[(code + t->valoff[l]) & 0xFF];
+    return t->key[17 + ((code + t->valoff[l]) & 0xFF)];
 }
 
 /* The symbol of a code without a fast entry (idx: the next LL_HB bits of b). */
@@ -333,12 +330,27 @@ static inline __attribute__((always_inline)) boolean ll_huff_mcu(j_decompress_pt
 
 static boolean ll_huff_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) { return ll_huff_mcu(cinfo, MCU_data); }
 
+typedef boolean (*ll_decode_mcu_fn)(j_decompress_ptr, JBLOCKROW *);
+
 #if defined(__GNUC__) && defined(__x86_64__)
-#define LL_HUFF_BMI2 1
 __attribute__((target("bmi2"))) static boolean ll_huff_decode_mcu_bmi2(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     return ll_huff_mcu(cinfo, MCU_data);
 }
 #endif
+
+/* The copy of the decoder this CPU runs (NOTE [ Shift by the entry ]); chosen once. */
+static ll_decode_mcu_fn ll_huff_decoder(void) {
+    static ll_decode_mcu_fn fn = NULL; /* racing first calls store the same value */
+    if (fn == NULL) {
+        ll_decode_mcu_fn f = ll_huff_decode_mcu;
+#if defined(__GNUC__) && defined(__x86_64__)
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("bmi2")) f = ll_huff_decode_mcu_bmi2;
+#endif
+        fn = f;
+    }
+    return fn;
+}
 
 /* Puts ll_huff_decode_mcu in place of libjpeg's decoder for this image, right after
  * jpeg_start_decompress; returns 0 (and changes nothing) when the image is not a
@@ -377,11 +389,7 @@ static int ll_huff_install(struct jpeg_decompress_struct *c, ll_huff *h, jmp_buf
     h->jb = jb;
     h->bailed = 0;
     c->client_data = h;
-    boolean (*fn)(j_decompress_ptr, JBLOCKROW *) = ll_huff_decode_mcu;
-#ifdef LL_HUFF_BMI2
-    if (__builtin_cpu_supports("bmi2")) fn = ll_huff_decode_mcu_bmi2;
-#endif
-    ((struct ll_entropy_iface *)c->entropy)->decode_mcu = fn;
+    ((struct ll_entropy_iface *)c->entropy)->decode_mcu = ll_huff_decoder();
     __atomic_fetch_add(&ll_huff_installed, 1, __ATOMIC_RELAXED);
     return 1;
 }

@@ -353,13 +353,12 @@ stalled: /* cannot happen with a memory source; never loop forever if it does */
 static int ll_jpeg_decode_impl(ll_jpeg_dec *d, int mode, int denom, int x0, int y0, int w, int h,
                                unsigned char *out, ptrdiff_t out_stride, int strict, int fast, ll_buf *wide,
                                ptrdiff_t *wide_stride, int *wide_col) {
-    if (d->huff != NULL) d->huff->bailed = 0;
     int st = ll_jpeg_decode_pass(d, mode, denom, x0, y0, w, h, out, out_stride, strict, fast, wide, wide_stride,
                                  wide_col, ll_huff_enabled());
     if (st != LL_HUFF_BAILED) return st;
     struct jpeg_decompress_struct *c = &d->cinfo;
-    d->huff->bailed = 0;
-    d->err.nwarn = 0; /* the header is read again, and warns again */
+    d->huff->bailed = 0; /* it stays 0 outside a hand-back, so a libjpeg error is never taken for one */
+    d->err.nwarn = 0;    /* the header is read again, and warns again */
     d->err.truncated = 0;
     d->err.msg[0] = 0;
     d->err.warn[0] = 0;
