@@ -11,7 +11,10 @@
  * decodes the same coefficients faster:
  *   - one table lookup of the next LL_HB bits gives an AC coefficient's run, value and total
  *     length together when its code and extra bits fit in LL_HB bits (most of them), where
- *     libjpeg looks up the code and then reads and sign-extends the extra bits;
+ *     libjpeg looks up the code and then reads and sign-extends the extra bits, and gives two
+ *     coefficients when both fit (NOTE [ Two symbols a lookup ]);
+ *   - the refill comes after a count of symbols, not a test of the bits left (NOTE [ Refill
+ *     by count ]);
  *   - the bit buffer is refilled eight bytes at a time when none of them is 0xFF;
  *   - the tables are rebuilt only when an image's Huffman tables differ from the previous
  *     image's (most files of a dataset share their encoder's tables).
@@ -61,6 +64,7 @@ typedef struct {
      * value 0: writing a 0 into the zeroed block changes nothing) or EOB (run LL_EOB_RUN). */
     int32_t fast[1 << LL_HB];
     uint16_t look[1 << LL_HB]; /* (symbol << 8) | code length for codes of <= LL_HB bits; 0: longer */
+    uint64_t pair[1 << LL_HB]; /* AC: NOTE [ Two symbols a lookup ]; 0 where fast is 0 */
     int32_t maxcode[17];       /* the largest code of each length, -1 if none */
     int32_t valoff[17];        /* symbol index of a code of length l: code + valoff[l] */
     uint8_t key[17 + 256];     /* the JHUFF_TBL it was built from: bits, then the symbols */
@@ -165,6 +169,26 @@ static int ll_htab_build(ll_htab *t, const JHUFF_TBL *src, int ac) {
         t->maxcode[l] = n ? code - 1 : -1;
         if (code > (1 << l)) return 0; /* over-subscribed: libjpeg refuses these */
         code <<= 1;
+    }
+    if (ac) {
+        const unsigned mask = (1u << LL_HB) - 1u;
+        for (unsigned idx = 0; idx <= mask; idx++) {
+            const int32_t f1 = t->fast[idx];
+            if (f1 == 0) { t->pair[idx] = 0; continue; }
+            const uint64_t len1 = (uint64_t)(f1 & 0xFF), run1 = (uint64_t)((f1 >> 8) & 0xFF);
+            const uint64_t v1 = (uint64_t)(uint16_t)(f1 >> 16);
+            uint64_t e = len1 | (len1 << 8) | (run1 << 16) | (v1 << 32) | (v1 << 48);
+            if (run1 != LL_EOB_RUN && len1 < LL_HB) {
+                const int32_t f2 = t->fast[(idx << len1) & mask];
+                if (f2 != 0 && (uint64_t)(f2 & 0xFF) <= LL_HB - len1) {
+                    const uint64_t len2 = (uint64_t)(f2 & 0xFF), run2 = (uint64_t)((f2 >> 8) & 0xFF);
+                    const uint64_t d2 = run2 == LL_EOB_RUN ? LL_EOB_RUN : run2 + 1;
+                    e = (len1 + len2) | (len1 << 8) | (run1 << 16) | (d2 << 24) | (v1 << 32) |
+                        ((uint64_t)(uint16_t)(f2 >> 16) << 48);
+                }
+            }
+            t->pair[idx] = e;
+        }
     }
     memcpy(t->key, key, sizeof key);
     t->built = 1 + ac;
@@ -273,6 +297,23 @@ static void ll_huff_restart(ll_huff *h) {
     h->to_go = h->restart_interval;
 }
 
+/* NOTE [ Two symbols a lookup ]
+ * An AC table's pair entry holds what the next LL_HB bits say: one symbol, or two when the
+ * first (not an end of block) leaves room for the whole second one. Fields, low bits first:
+ * total length (bits 0-7, so NOTE [ Shift by the entry ] still holds), the first symbol's
+ * length (8-15), its run (16-23; LL_EOB_RUN for an end of block), the step from the first
+ * coefficient to the second (24-31: 1 + run, LL_EOB_RUN for an end of block, 0 when there
+ * is no second symbol), then the two values as int16 (the first repeated when there is no
+ * second, so that writing "both" writes the first twice). One lookup then advances one
+ * step of the dependency chain for two symbols where the data has short codes, with no
+ * branch on whether it did. The one case the entry cannot know: a first coefficient at
+ * index 63 ends the block, and the bits after it belong to the next block's DC code; the
+ * decoder then takes the first symbol alone (rare, and predicted). Writes land where
+ * libjpeg's sequential decode puts them, runs past 63 included (ll_natural maps them to
+ * 63); coefficients of blocks nobody reads go to a local sink. benchmarks/decode.py part 3
+ * put the whole decode at 1.20-1.21x libjpeg's decoder with it, 1.17-1.18x without (two
+ * runs each; a branching version, one entry or two by a test, was no faster). */
+
 /* NOTE [ Shift by the entry ]
  * Decoding is one chain of dependent steps per symbol: the next LL_HB bits index a table,
  * the entry gives the length, the buffer shifts by it, and the shifted buffer gives the next
@@ -288,6 +329,7 @@ static inline __attribute__((always_inline)) boolean ll_huff_mcu(j_decompress_pt
         h->to_go--;
     }
     ll_bits b = h->br;
+    JCOEF sink[64]; /* where the coefficients of blocks nobody reads go */
     int budget = 0; /* NOTE [ Refill by count ] */
     for (int blkn = 0; blkn < h->nblocks; blkn++) {
         JCOEF *blk = MCU_data ? MCU_data[blkn][0] : NULL;
@@ -320,7 +362,7 @@ static inline __attribute__((always_inline)) boolean ll_huff_mcu(j_decompress_pt
             h->last_dc[ci] = (int)((unsigned)h->last_dc[ci] + (unsigned)diff);
             if (blk) blk[0] = (JCOEF)h->last_dc[ci];
         }
-        JCOEF *out = h->ac_needed[blkn] ? blk : NULL;
+        JCOEF *out = h->ac_needed[blkn] && blk ? blk : sink;
         for (int k = 1; k < 64; k++) {
             if (budget == 0) {
                 ll_refill(h, &b);
@@ -328,12 +370,21 @@ static inline __attribute__((always_inline)) boolean ll_huff_mcu(j_decompress_pt
             }
             budget--;
             idx = (unsigned)(b.buf >> (64 - LL_HB));
-            f = ac->fast[idx];
-            if (f) {
-                k += (f >> 8) & 0xFF;
-                b.buf <<= f & 63;
-                b.cnt -= f & 0xFF;
-                if (out) out[ll_natural[k]] = (JCOEF)(f >> 16);
+            const uint64_t e = ac->pair[idx];
+            if (e) { /* NOTE [ Two symbols a lookup ] */
+                k += (int)((e >> 16) & 0xFF);
+                if (__builtin_expect(k >= 63, 0) && (e & 0xFF000000u)) { /* the first one ends the block */
+                    const int len1 = (int)((e >> 8) & 0xFF);
+                    b.buf <<= len1;
+                    b.cnt -= len1;
+                    out[ll_natural[k]] = (JCOEF)(int16_t)(e >> 32);
+                    continue;
+                }
+                out[ll_natural[k]] = (JCOEF)(int16_t)(e >> 32);
+                k += (int)((e >> 24) & 0xFF);
+                out[ll_natural[k]] = (JCOEF)(int16_t)(e >> 48);
+                b.buf <<= e & 63;
+                b.cnt -= (int)(e & 0xFF);
                 continue;
             }
             if (b.cnt < 32) ll_refill(h, &b); /* a slow code takes up to 31 bits; idx stays valid */
@@ -346,7 +397,7 @@ static inline __attribute__((always_inline)) boolean ll_huff_mcu(j_decompress_pt
                 unsigned v = (unsigned)(b.buf >> (64 - s));
                 b.buf <<= s;
                 b.cnt -= s;
-                if (out) out[ll_natural[k]] = (JCOEF)ll_extend(v, s);
+                out[ll_natural[k]] = (JCOEF)ll_extend(v, s);
             } else {
                 if (r != 15) break;
                 k += 15;
