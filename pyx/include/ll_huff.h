@@ -249,12 +249,26 @@ static inline __attribute__((always_inline)) void ll_refill(ll_huff *h, ll_bits 
         uint64_t x;
         memcpy(&x, b->p, 8);
         uint64_t nx = ~x;
-        if (((nx - 0x0101010101010101ull) & ~nx & 0x8080808080808080ull) == 0) { /* no 0xFF byte */
-            int nb = (63 - b->cnt) >> 3;
+        const uint64_t ff = (nx - 0x0101010101010101ull) & ~nx & 0x8080808080808080ull;
+        int nb = (63 - b->cnt) >> 3;
+        if (ff == 0) { /* no 0xFF byte */
             b->buf |= __builtin_bswap64(x) >> b->cnt;
             b->cnt += 8 * nb;
             b->p += nb;
             return;
+        }
+        /* The bytes before the first 0xFF (the lowest flag is exact) the same way, and only
+         * them: what follows the 0xFF is stuffing or a marker. */
+        const int j = __builtin_ctzll(ff) >> 3;
+        if (j > 0) {
+            b->buf |= (__builtin_bswap64(x) & ~(~0ull >> (8 * j))) >> b->cnt;
+            if (j >= nb) {
+                b->cnt += 8 * nb;
+                b->p += nb;
+                return;
+            }
+            b->cnt += 8 * j;
+            b->p += j;
         }
     }
     *b = ll_refill_slow(h, *b);
