@@ -79,6 +79,18 @@ static int ll_taps_max(int interp, int antialias, double a) {
     return 2;
 }
 
+/* lrint, inline. Without -fno-math-errno gcc calls lrint through the PLT, once per tap of
+ * every output pixel of every image; on x86-64 glibc's lrint is this one instruction
+ * (cvtsd2si, which rounds as MXCSR says: to nearest even unless a caller changed it), so
+ * the weights are the same. */
+static inline long ll_lrint(double x) {
+#if defined(LL_HAVE_AVX2_KERNELS) && defined(__x86_64__)
+    return (long)_mm_cvtsd_si64(_mm_set_sd(x));
+#else
+    return lrint(x);
+#endif
+}
+
 /* Quantise weights wd[0..n) (sum s) to Q14 summing to round(s * 16384), trim zero
  * weights at both ends, and store them. Returns the number of taps kept. Overwrites wd. */
 static int ll_taps_store(double *wd, int first, int n, double s, int32_t *start, int16_t *wq) {
@@ -86,12 +98,12 @@ static int ll_taps_store(double *wd, int first, int n, double s, int32_t *start,
     int big = 0;
     double bigw = 0.0;   /* wd[big], kept in a register: the first largest weight */
     for (int t = 0; t < n; t++) { /* quantised in place: integers are exact in a double */
-        const double q = (double)lrint(wd[t] * LL_WONE);
+        const double q = (double)ll_lrint(wd[t] * LL_WONE);
         wd[t] = q;
         total += (long)q;
         if (t == 0 || q > bigw) { big = t; bigw = q; }
     }
-    if (n > 0) wd[big] += (double)(lrint(s * LL_WONE) - total);
+    if (n > 0) wd[big] += (double)(ll_lrint(s * LL_WONE) - total);
     int lo = 0, hi = n;
     while (lo < hi && wd[lo] == 0) lo++;
     while (hi > lo && wd[hi - 1] == 0) hi--;
