@@ -202,6 +202,9 @@ def extensions() -> list:
 
     import numpy
 
+    # The C headers every kernel includes: editing one rebuilds the extensions (build_ext
+    # compares them with the built modules; cythonize tracks only .pyx/.pxd dependencies).
+    headers = sorted(glob.glob(os.path.join("pyx", "include", "*.h")))
     exts = []
     for path in sorted(glob.glob(os.path.join("pyx", "_*.pyx"))):
         name = os.path.splitext(os.path.basename(path))[0]
@@ -216,6 +219,7 @@ def extensions() -> list:
                 extra_compile_args=cflags,
                 extra_link_args=ldflags,
                 define_macros=macros,
+                depends=headers,
             )
         )
     directives = {
