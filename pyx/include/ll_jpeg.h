@@ -356,20 +356,10 @@ static int ll_jpeg_decode_impl(ll_jpeg_dec *d, int mode, int denom, int x0, int 
     int st = ll_jpeg_decode_pass(d, mode, denom, x0, y0, w, h, out, out_stride, strict, fast, wide, wide_stride,
                                  wide_col, ll_huff_enabled());
     if (st != LL_HUFF_BAILED) return st;
-    struct jpeg_decompress_struct *c = &d->cinfo;
     d->huff->bailed = 0; /* it stays 0 outside a hand-back, so a libjpeg error is never taken for one */
-    d->err.nwarn = 0;    /* the header is read again, and warns again */
-    d->err.truncated = 0;
-    d->err.msg[0] = 0;
-    d->err.warn[0] = 0;
-    if (setjmp(d->err.jb)) {
-        jpeg_abort_decompress(c);
-        return LL_ERR_DECODE;
-    }
-    jpeg_abort_decompress(c);
-    jpeg_mem_src(c, d->src, (unsigned long)d->src_size);
-    jpeg_read_header(c, TRUE);
-    d->have_header = 1;
+    ll_jpeg_info info;   /* the header is read again (and warns again, its warnings cleared first) */
+    st = ll_jpeg_header(d, d->src, d->src_size, &info);
+    if (st != LL_OK) return st;
     return ll_jpeg_decode_pass(d, mode, denom, x0, y0, w, h, out, out_stride, strict, fast, wide, wide_stride,
                                wide_col, 0);
 }
