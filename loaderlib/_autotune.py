@@ -323,7 +323,12 @@ def attach(loader: Any, *, num_threads: bool, prefetch: bool, ram_budget: int | 
     pairs: list = []
     if num_threads:
         knobs.num_threads = cpus
-        hi = cpus if loader.engine == "native" else 2 * cpus
+        # The kernels compute, so more threads than cores only help a native loader whose
+        # threads wait on reads: one reading files or byte ranges may climb past the cores,
+        # and keeps the extra threads only if delivered throughput says they help.
+        src = loader._analysis.native_source
+        reads = src is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS)
+        hi = cpus if loader.engine == "native" and not reads else 2 * cpus
 
         def set_threads(n: int) -> None:
             knobs.num_threads = n

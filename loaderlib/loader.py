@@ -1164,7 +1164,7 @@ class DataLoader:
         per_run = self._knobs.prefetch + (3 if self.engine == "native" else 2)
         slots = per_run
         if self._pure_sampler() is not None and self.engine != "processes":
-            slots += 2   # a warm next epoch's first batches (NOTE [ Warm slots ])
+            slots += 2   # room for a warm next epoch's first batches, taken from written slots (NOTE [ Warm slots ])
         if self._arena_ring is None:
             self._arena_ring = BatchArena(slots, allocator=self._pinned_allocator())
         self._arena_ring.num_slots = slots
@@ -1217,7 +1217,9 @@ class DataLoader:
                                   pool=self._python_pool(), **common)
         if a.engine == "threads":
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
-                                   pool=self._python_pool(), **common)
+                                   pool=self._python_pool(), io_depth=self._knobs.io_depth,
+                                   batch_size=self._batch_size, timeout=self.timeout,
+                                   read_budget=self._read_budget(), **common)
         from ._engine_procs import NativePrefix, ProcessesProducer, WorkerPool
 
         if self._workers is None or self._workers.closed:

@@ -149,6 +149,7 @@ static void ll_reader_free_mem(ll_reader *r) {
 /* Give slot ``s`` back (caller holds mu). */
 static void ll_reader_free_slot(ll_reader *r, int64_t s) {
     ll_rreq *q = &r->slots[s];
+    if (q->state == LL_RQ_FREE && q->pos < 0) return; /* already on the free list */
     if (q->pos >= 0 && r->map[q->pos % r->mapn] == s) r->map[q->pos % r->mapn] = -1;
     q->state = LL_RQ_FREE;
     q->waiter = NULL;
@@ -379,13 +380,13 @@ static void ll_reader_attach(ll_reader *r, ll_rwait *w, const int64_t *pos, int6
         const int64_t s = pos[i] >= 0 ? r->map[pos[i] % r->mapn] : -1;
         ll_rreq *q = s >= 0 ? &r->slots[s] : NULL;
         if (q != NULL && q->state != LL_RQ_FREE && q->pos == pos[i] && q->waiter == NULL && !q->orphan) {
+            /* The batch owns the slot from now on, read or not: a second batch with the same
+             * position (an on_error="skip" fill takes samples a queued batch holds) reads
+             * it in its pass instead, so each slot is consumed and freed exactly once. */
             w->slot[i] = s;
-            if (q->state == LL_RQ_DONE) {
-                w->order[w->nready++] = i;
-            } else {
-                q->waiter = w;
-                q->item = i;
-            }
+            q->waiter = w;
+            q->item = i;
+            if (q->state == LL_RQ_DONE) w->order[w->nready++] = i;
         } else {
             w->slot[i] = -1;
             w->order[w->nready++] = i;
@@ -454,6 +455,60 @@ static int64_t ll_rwait_next(ll_reader *r, ll_rwait *w, int64_t k, int64_t timeo
     r->wait_ns += *waited;
     ll_mutex_unlock(&r->mu);
     return item;
+}
+
+/* The slot holding stream position ``pos`` once its read completed, for a reader outside the
+ * kernel passes (the Python engines' samples, NOTE [ Read-ahead for Python reads ]): waits at
+ * most ``timeout_ns`` (0: no limit). Returns the slot (the caller copies its bytes and
+ * releases it), -1 when ``pos`` was never queued (the caller reads it itself; it will never
+ * be queued now), or -2 when the wait timed out or the reader stopped (the slot is given up). */
+static int64_t ll_reader_take(ll_reader *r, int64_t pos, int64_t timeout_ns, int64_t *waited) {
+    int64_t t0 = ll_now_ns(), s;
+    *waited = 0;
+    ll_mutex_lock(&r->mu);
+    if (pos + 1 > r->floor) r->floor = pos + 1;
+    s = pos >= 0 ? r->map[pos % r->mapn] : -1;
+    if (s < 0 || r->slots[s].pos != pos || r->slots[s].waiter != NULL || r->slots[s].orphan) {
+        ll_mutex_unlock(&r->mu);
+        return -1;
+    }
+    ll_rreq *q = &r->slots[s];
+    while (q->state != LL_RQ_DONE) {
+        const int64_t now = ll_now_ns();
+        if (r->stop || (timeout_ns > 0 && now - t0 >= timeout_ns)) {
+            if (q->state == LL_RQ_READING) q->orphan = 1;
+            else if (q->state == LL_RQ_QUEUED) {
+                ll_rreq *prev = NULL;
+                for (ll_rreq *x = r->qhead; x != NULL; prev = x, x = x->qnext) {
+                    if (x != q) continue;
+                    if (prev) prev->qnext = x->qnext;
+                    else r->qhead = x->qnext;
+                    if (r->qtail == x) r->qtail = prev;
+                    break;
+                }
+                q->qnext = NULL;
+                ll_reader_free_slot(r, s);
+            }
+            *waited = ll_now_ns() - t0;
+            ll_mutex_unlock(&r->mu);
+            return -2;
+        }
+#ifdef _WIN32
+        ll_cond_wait(&r->arrived, &r->mu);
+#else
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const long long step = 100000000LL;
+        ts.tv_sec += (time_t)((ts.tv_nsec + step) / 1000000000LL);
+        ts.tv_nsec = (long)((ts.tv_nsec + step) % 1000000000LL);
+        pthread_cond_timedwait(&r->arrived, &r->mu, &ts);
+#endif
+    }
+    *waited = ll_now_ns() - t0;
+    r->taken++;
+    r->wait_ns += *waited;
+    ll_mutex_unlock(&r->mu);
+    return s;
 }
 
 /* The slot's bytes are no longer needed: it is free for the next queued position. */
