@@ -140,6 +140,7 @@ class ReadAhead:
         self.next = int(start)        # next stream position to queue
         self.largest = 0              # largest sample seen, bytes (the memory bound's unit)
         self.decisions: list[tuple[float, int, int, str]] = []
+        self.waiting = 0.0            # share of the last turn the kernel threads waited for bytes
         self._last = self.native.counters()
         self._last_t = clock()
         self._set_limit()
@@ -199,6 +200,8 @@ class ReadAhead:
             return
         wall_s = (now - self._last_t) / 1e9
         self._last, self._last_t = c, now
+        if wall_s > 0:
+            self.waiting = min(1.0, (c["wait_ns"] - last["wait_ns"]) / 1e9 / (max(1, int(threads)) * wall_s))
         choice = choose_depth(current=self.depth, threads=threads, latency_s=(c["lat_ns"] - last["lat_ns"]) / 1e9 / reads,
                               taken=c["taken"] - last["taken"], wait_s=(c["wait_ns"] - last["wait_ns"]) / 1e9,
                               wall_s=wall_s)

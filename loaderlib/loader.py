@@ -782,6 +782,14 @@ class DataLoader:
             lines.append(f"  {'batch transform':<17} {'numpy':<7} {self.batch_transform.describe()}")
         return "\n".join(lines)
 
+    def _read_waiting(self) -> float:
+        """Share of the last turn the current run's kernel threads waited for bytes (0 without
+        a read-ahead stage)."""
+        it = self._current() if self._current is not None else None
+        prod = getattr(getattr(it, "_run", None), "producer", None)
+        reader = getattr(prod, "reader", None)
+        return float(reader.waiting) if reader is not None else 0.0
+
     def _extract_line(self) -> str | None:
         """What explain() says of the read-ahead stage (NOTE [ Read-ahead ]), or None when
         this loader has none (not files or byte ranges, or a Python engine)."""

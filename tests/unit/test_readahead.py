@@ -314,3 +314,18 @@ def test_python_datasets_of_ours_read_ahead_on_the_threads_engine(folder, shards
     order = RandomSampler(len(base), seed=4).order(0)
     want = np.stack([ds[int(i)][0] for i in order])
     assert np.array_equal(got, want)
+
+
+def test_autotune_climbs_past_the_cores_only_while_threads_wait_for_bytes():
+    """AUTOTUNE's thread climb on a native loader that reads storage: bounded by the cores
+    unless the read-ahead stage reports the kernel threads waiting for bytes."""
+    from loaderlib._autotune import HillClimb
+
+    waiting = {"share": 0.0}
+    climb = HillClimb("num_threads", 2, 1, 4, bound=lambda: 4 if waiting["share"] > 0.05 else 2)
+    first, _ = climb.step(100.0)
+    assert first == 1   # no room above the cores: the climb tries fewer threads
+    waiting["share"] = 0.3
+    climb = HillClimb("num_threads", 2, 1, 4, bound=lambda: 4 if waiting["share"] > 0.05 else 2)
+    first, _ = climb.step(100.0)
+    assert first == 4
