@@ -164,16 +164,19 @@ def measure(kind: str, root: str, epochs: int, cold: bool, arg: str = "-", io_de
 
 
 def io_ceiling(exe: str, paths: list[str], cold: bool) -> float:
-    """Whole-file reads (open, fstat, read, close) of every file by 256 native threads: files/s."""
+    """Whole-file reads (open, fstat, read, close) by 256 native threads: files/s. Every file
+    once when cold; otherwise the list cycled to at least 2,048 reads, so that starting the
+    threads is a small part of the run."""
     import tempfile
 
     if cold:
         evict(paths)
+    files = len(paths) if cold else max(len(paths), 2048)
     with tempfile.NamedTemporaryFile("w", suffix=".list") as f:
         f.write("\n".join(paths) + "\n")
         f.flush()
-        out = subprocess.run([exe, "--mode=threads", f"--depth={IO_CEILING_THREADS}", f.name], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run([exe, "--mode=threads", f"--depth={IO_CEILING_THREADS}", f"--files={files}", f.name],
+                             capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["files_per_s"]
 
 
@@ -240,7 +243,8 @@ def main() -> None:
     print(f"storage benchmark: {n} JPEGs ({sum(map(os.path.getsize, paths)) / n / 1024:.0f} KiB on average) "
           f"from {root}; RandomResizedCrop(224) + flip, HWC uint8, batch {BATCH}; images/s over {a.epochs} "
           f"epoch(s) after a warm-up epoch, each loader in a fresh process; median of {a.repeat} interleaved "
-          f"round(s); the machine was shared with other work, so figures are noisy: compare ratios")
+          f"round(s); the machine was shared with other work (load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs at the start), so figures are noisy: compare ratios")
     if not io_depths:
         print("io_depth not supported by this build: that column is left out")
     if not have_torch:
@@ -281,7 +285,8 @@ def main() -> None:
                     runs.setdefault((name, c), []).append(res["images_per_s"])
                 where_paths = [os.path.join(where, os.path.relpath(x, root)) for x in paths]
                 runs.setdefault((name, "io ceiling"), []).append(io_ceiling(exe, where_paths, cold))
-            print(f"round {r + 1} of {a.repeat} done ({time.perf_counter() - t_run:.0f} s)", flush=True)
+            print(f"round {r + 1} of {a.repeat} done ({time.perf_counter() - t_run:.0f} s; load average "
+                  f"{os.getloadavg()[0]:.1f})", flush=True)
         med = {k: statistics.median(v) for k, v in runs.items()}
         cpu_ceiling = max(med["warm local", c] for c in cols if c.startswith(("loaderlib", "io_depth")))
     for m in mounts:
