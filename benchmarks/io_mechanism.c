@@ -170,6 +170,7 @@ static int start_file(struct slot *s) {
 
 static void run_uring(int depth) {
     struct slot *slots = calloc((size_t)depth, sizeof *slots);
+    if (!slots) die("out of memory", NULL, ENOMEM);
     int inflight = 0;
     for (int k = 0; k < depth; k++) inflight += start_file(&slots[k]);
     while (inflight > 0) {
@@ -243,6 +244,7 @@ static int start_linked(int k, unsigned char *buf) {
 static void run_uring_linked(int depth) {
     unsigned char *bufs = xrealloc(NULL, (size_t)depth * LINKED_CAP);
     size_t *file = calloc((size_t)depth, sizeof *file);
+    if (!file) die("out of memory", NULL, ENOMEM);
     unsigned char *spill = NULL;
     size_t spill_cap = 0;
     int r = io_uring_register_files_sparse(&ring, (unsigned)depth);

@@ -102,3 +102,23 @@ def test_it_unmounts_when_the_block_fails(tmp_path):
         raise KeyError("stop")
     assert not os.path.ismount(m.path)
     assert _served(m.report)["opens"] == 1
+
+
+@pytest.mark.parametrize("where", ["split", "open", "first-read", "every-read"])
+def test_each_mode_charges_where_it_says(tmp_path, where):
+    """The daemon's own sum of the latencies it charged (not a clock reading) lies within the
+    jitter's bounds for the requests of each kind it served."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(8):
+        (src / f"f{k}").write_bytes(bytes([k]) * (50_000 + 100_000 * k))   # 1 to 7 read requests each
+    latency = 2.0
+    with mount(src, latency_ms=latency, jitter=0.5, where=where) as m:
+        for k in range(8):
+            with open(os.path.join(m, f"f{k}"), "rb") as f:
+                assert f.read() == bytes([k]) * (50_000 + 100_000 * k)
+    s = _served(m.report)
+    assert s["opens"] == 8 and s["reads"] > 8
+    charges = {"split": 8 * 0.5 + 8 * 0.5, "open": 8, "first-read": 8, "every-read": s["reads"]}[where]
+    lo, hi = 0.5 * charges * latency * 1e-3, 1.5 * charges * latency * 1e-3
+    assert lo <= s["slept"] <= hi
