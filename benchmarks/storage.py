@@ -196,6 +196,18 @@ def machine() -> str:
     return f"{cpu}; {len(os.sched_getaffinity(0))} usable cores; {platform.system()} {platform.release()}"
 
 
+def disk_of(path: str) -> str:
+    """The device and filesystem that hold ``path`` (the longest mountpoint above it)."""
+    path = os.path.realpath(path)
+    best = ("?", "/", "?")
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            dev, mnt, fs = line.split()[:3]
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[1]):
+                best = (dev, mnt, fs)
+    return f"{best[0]} ({best[2]} on {best[1]})"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder of JPEGs (default: generated photo-like JPEGs)")
@@ -261,6 +273,8 @@ def main() -> None:
             rows.append((f"latencyfs {lat:g} ms", m.path, False))
         if not a.no_cold:
             rows.append(("cold local disk", root, True))
+            print(f"cold local disk: {disk_of(root)}, this machine's page cache dropped for the files before every "
+                  "epoch (a virtual disk may still be cached by its host)")
         for m in mounts:
             print(m.describe())
 
