@@ -297,29 +297,41 @@ def main() -> None:
                     else:
                         res = measure("tfdata", where, a.epochs, cold, python=a.peers)
                     runs.setdefault((name, c), []).append(res["images_per_s"])
+                    print(f"  round {r + 1}: {name} / {c}: {res['images_per_s']:,.0f} img/s", flush=True)
                 where_paths = [os.path.join(where, os.path.relpath(x, root)) for x in paths]
                 runs.setdefault((name, "io ceiling"), []).append(io_ceiling(exe, where_paths, cold))
             print(f"round {r + 1} of {a.repeat} done ({time.perf_counter() - t_run:.0f} s; load average "
                   f"{os.getloadavg()[0]:.1f})", flush=True)
-        med = {k: statistics.median(v) for k, v in runs.items()}
-        cpu_ceiling = max(med["warm local", c] for c in cols if c.startswith(("loaderlib", "io_depth")))
+            if r + 1 < a.repeat:
+                print_table(runs, rows, cols, f"medians after {r + 1} round(s)")
     for m in mounts:
         print(m.report)
+    print_table(runs, rows, cols, f"medians of {a.repeat} round(s)")
+    print("\nevery cell, images/s per round: " + "; ".join(
+        f"{name} / {c}: " + ", ".join(f"{x:.0f}" for x in runs[name, c]) for name, _w, _c in rows
+        for c in [*cols, "io ceiling"]))
 
-    # The final table: one row per storage; cells are median images/s.
+
+def print_table(runs: dict, rows: list, cols: list[str], title: str) -> None:
+    """One row per storage; cells are median images/s; ratios are the loaderlib default's."""
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    cpu_ceiling = max(med["warm local", c] for c in cols if c.startswith(("loaderlib", "io_depth")))
+    has = {prefix: any(c.startswith(prefix) for c in cols) for prefix in ("io_depth=", "torch ", "tf.data")}
+
     def best(name: str, prefix: str) -> tuple[float, str]:
-        cands = [(med[name, c], c) for c in cols if c.startswith(prefix)]
-        return max(cands) if cands else (float("nan"), "")
+        return max((med[name, c], c) for c in cols if c.startswith(prefix))
 
-    print(f"\nCPU ceiling: the best loaderlib column on warm local files, {cpu_ceiling:,.0f} img/s. "
-          f"IO ceiling: whole-file reads by {IO_CEILING_THREADS} native threads from the same storage.")
-    print("ideal = min(CPU ceiling, IO ceiling); x ideal and x torch are the loaderlib default's ratios.\n")
+    print(f"\n== {title}. CPU ceiling: the best loaderlib column on warm local files, {cpu_ceiling:,.0f} img/s. "
+          f"IO ceiling: whole-file reads by {IO_CEILING_THREADS} native threads from the same storage. "
+          "ideal = min(CPU ceiling, IO ceiling); 'x ideal' and 'x torch' are ratios of the loaderlib columns.\n")
     head = ["storage", "loaderlib default", "AUTOTUNE"]
-    head += ["io_depth (best)"] if io_depths else []
-    head += ["PyTorch (best)"] if have_torch else []
-    head += ["tf.data"] if have_tf else []
+    head += ["io_depth (best)"] if has["io_depth="] else []
+    head += ["PyTorch (best)"] if has["torch "] else []
+    head += ["tf.data"] if has["tf.data"] else []
     head += ["IO ceiling", "ideal", "default x ideal", "AUTOTUNE x ideal"]
-    head += ["default x torch"] if have_torch else []
+    head += ["io_depth x ideal"] if has["io_depth="] else []
+    head += ["default x torch"] if has["torch "] else []
+    head += ["io_depth x torch"] if has["io_depth="] and has["torch "] else []
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|")
     for name, _where, _cold in rows:
@@ -327,21 +339,22 @@ def main() -> None:
         ideal = min(cpu_ceiling, io)
         d, auto = med[name, "loaderlib default"], med[name, "loaderlib AUTOTUNE"]
         cells = [name, f"{d:,.0f}", f"{auto:,.0f}"]
-        if io_depths:
-            v, c = best(name, "io_depth=")
-            cells.append(f"{v:,.0f} ({c.split('=')[1]})")
-        if have_torch:
+        if has["io_depth="]:
+            dep, c = best(name, "io_depth=")
+            cells.append(f"{dep:,.0f} ({c.split('=')[1]})")
+        if has["torch "]:
             t, c = best(name, "torch ")
             cells.append(f"{t:,.0f} ({c.split()[1]})")
-        if have_tf:
+        if has["tf.data"]:
             cells.append(f"{med[name, 'tf.data']:,.0f}")
         cells += [f"{io:,.0f}", f"{ideal:,.0f}", f"{d / ideal:.2f}", f"{auto / ideal:.2f}"]
-        if have_torch:
-            cells.append(f"{d / best(name, 'torch ')[0]:.2f}")
-        print("| " + " | ".join(cells) + " |")
-    print("\nevery cell, images/s per round: " + "; ".join(
-        f"{name} / {c}: " + ", ".join(f"{x:.0f}" for x in runs[name, c]) for name, _w, _c in rows
-        for c in [*cols, "io ceiling"]))
+        if has["io_depth="]:
+            cells.append(f"{dep / ideal:.2f}")
+        if has["torch "]:
+            cells.append(f"{d / t:.2f}")
+            if has["io_depth="]:
+                cells.append(f"{dep / t:.2f}")
+        print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
