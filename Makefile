@@ -91,6 +91,7 @@ check-torchvision: build $(TV_VENV)/.ready
 
 # Every script in benchmarks/ once with tiny sizes: a check that each still runs, not a
 # measurement (benchmarks/smoke.py; scripts whose tools are missing here are skipped, saying why).
+# About 3 minutes on 2 shared cores, so it is neither in `make test` nor in .ci/run.
 bench-smoke: build $(TESTS)
 	$(BIN)/python benchmarks/smoke.py
 
