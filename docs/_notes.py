@@ -1,9 +1,10 @@
 """The architecture page's generated parts: one line per module and the index of NOTE blocks.
 
-A NOTE block is a comment (or docstring paragraph) that starts with ``NOTE [ Title ]`` on a
-line of its own (or followed by a colon); other code cites it by its title. Both lists are
-read from the source tree on every docs build, so they cannot drift from the code.
-``python docs/_notes.py`` prints them.
+A NOTE block is a comment (or docstring paragraph) whose first line is ``NOTE [ Title ]``
+alone; other code cites it by its title, often as ``NOTE [ Title ]: why it applies here``. A
+title with no such block but a line that starts with ``NOTE [ Title ]:`` and goes on to explain
+(the Makefile's style) is defined there. Both lists are read from the source tree on every docs
+build, so they cannot drift from the code. ``python docs/_notes.py`` prints them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = ("loaderlib", "profiling", "pyx", "fuzz", "benchmarks", "tests", "setup.py", "Makefile")
 SUFFIXES = {".py", ".pyx", ".pxd", ".h", ".c"}
-DEFINITION = re.compile(r"^\s*(?:#+|//|/\*+|\*+)?\s*NOTE \[ (?P<title>[^]]+?) \]\s*(?::.*|\*/)?\s*$")
+DEFINITION = re.compile(r"^\s*(?:#+|//|/\*+|\*+)?\s*NOTE \[ (?P<title>[^]]+?) \]\s*$")
+COLON_DEFINITION = re.compile(r"^\s*(?:#+|//|/\*+|\*+)?\s*NOTE \[ (?P<title>[^]]+?) \]:\s*\S")
 CITATION = re.compile(r"NOTE \[ (?P<title>[^]]+?) \]")
 
 # Topic of a NOTE by where it is defined: the first matching path prefix wins.
@@ -69,16 +71,31 @@ def topic(path: str) -> str:
     return next((t for prefix, t in TOPICS if path.startswith(prefix)), "Other")
 
 
+def definitions() -> tuple[dict[str, list[tuple[str, int]]], dict[str, list[tuple[str, int]]]]:
+    """``({title: [(path, line), ...]} of NOTE blocks, the same of ``NOTE [ Title ]: ...`` lines)``."""
+    blocks: dict[str, list[tuple[str, int]]] = {}
+    colon: dict[str, list[tuple[str, int]]] = {}
+    for f in source_files():
+        rel = f.relative_to(ROOT).as_posix()
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            for pattern, found in ((DEFINITION, blocks), (COLON_DEFINITION, colon)):
+                m = pattern.match(line)
+                if m:
+                    found.setdefault(m.group("title"), []).append((rel, n))
+    return blocks, colon
+
+
 def notes() -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
-    """``({title: (path, line)}, {title: number of citations})``."""
-    defined: dict[str, tuple[str, int]] = {}
+    """``({title: (path, line) of its definition}, {title: number of citations})``."""
+    blocks, colon = definitions()
+    defined = {t: where[0] for t, where in colon.items() if t not in blocks}
+    defined.update({t: where[0] for t, where in blocks.items()})
+    places = set(defined.values())
     cited: dict[str, int] = {}
     for f in source_files():
         rel = f.relative_to(ROOT).as_posix()
         for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-            m = DEFINITION.match(line)
-            if m and m.group("title") not in defined:
-                defined[m.group("title")] = (rel, n)
+            if (rel, n) in places:
                 continue
             for c in CITATION.finditer(line):
                 cited[c.group("title")] = cited.get(c.group("title"), 0) + 1
