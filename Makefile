@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers bench-storage bench-io soak fuzz fuzz-native clean sdist wheel test-wheel
+.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers bench-storage bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
 
@@ -88,6 +88,22 @@ $(TV_VENV)/.ready:
 
 check-torchvision: build $(TV_VENV)/.ready
 	PYTHONPATH=$(CURDIR) $(TV_VENV)/bin/python benchmarks/check_torchvision.py
+
+# Every script in benchmarks/ once with tiny sizes: a check that each still runs, not a
+# measurement (benchmarks/smoke.py; scripts whose tools are missing here are skipped, saying why).
+# About 3 minutes on 2 shared cores, so it is neither in `make test` nor in .ci/run.
+bench-smoke: build $(TESTS)
+	$(BIN)/python benchmarks/smoke.py
+
+# The docs site (mkdocs.yml) into site/: warnings are errors (--strict), every link between pages
+# and every anchor is checked (htmlproofer, offline), the notebooks are executed while it builds.
+DOCS := $(VENV)/.loaderlib-docs-deps
+$(DOCS): $(OPENCV) requirements-docs.txt requirements-notebook.txt
+	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-docs.txt
+	touch $(DOCS)
+
+docs: build $(DOCS)
+	$(BIN)/python -m mkdocs build --strict --clean
 
 # Every benchmark in benchmarks/ (several minutes).
 bench-all: build $(TESTS)
@@ -245,4 +261,4 @@ test-wheel: wheel $(OPENCV)
 	PYTHON=$(PYTHON) tests/wheel/run.sh $$(ls $(WHEELHOUSE)/loaderlib-*.whl | head -n 1) $(BIN)/python
 
 clean:
-	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(PEERS_VENV) $(DIST) $(WHEELHOUSE)
+	rm -rf build site loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(PEERS_VENV) $(DIST) $(WHEELHOUSE)

@@ -32,7 +32,6 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 from _latencyfs import BIN_DIR, mount
 from _report import machine_summary, med

@@ -23,10 +23,9 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
 from _report import machine_summary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _rss_kib() -> int:
@@ -47,8 +46,8 @@ def _track_shm() -> None:
 
     init = _engine_procs._ShmBlock.__init__
 
-    def tracked(self, nbytes: int) -> None:
-        init(self, nbytes)
+    def tracked(self, nbytes: int, *args, **kwargs) -> None:
+        init(self, nbytes, *args, **kwargs)
         _CREATED.add(self.name)
 
     _engine_procs._ShmBlock.__init__ = tracked

@@ -50,7 +50,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 from loader import BATCH, _torch_dataset, image_files, make_dataset, rn50_chain, tf_train_image
 

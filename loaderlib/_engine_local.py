@@ -264,7 +264,8 @@ class NativeProducer(Producer):
         ``end`` the stream position after the last sample used or skipped.
         """
         n, end, views, nthreads = b.target, b.end, b.views, b.threads
-        recording = self.rec.enabled
+        # A batch started before recording was switched on has no timings: it is not recorded.
+        recording = self.rec.enabled and b.timings is not None
         images = views[0]
         stage = np.zeros(3, np.int64)
         per_sample = []

@@ -10,13 +10,13 @@ import cv2
 import numpy as np
 import pytest
 
-from tests._synth import encode_jpeg, photo_like
+from benchmarks._synth import encode_jpeg, photo_like
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
 def make_photo(width: int, height: int, seed: int = 0) -> np.ndarray:
-    """A photo-like BGR image (see tests._synth.photo_like)."""
+    """A photo-like BGR image (see benchmarks._synth.photo_like)."""
     return photo_like(width, height, seed)
 
 

@@ -17,11 +17,11 @@ import cv2
 import numpy as np
 import pytest
 
+from benchmarks._synth import photo_like
 from loaderlib import jpeg_info
 from loaderlib._ext import _jpeg
 from loaderlib.decoding import decode, decode_batch
 from loaderlib.errors import DecodeError, DecodeWarning
-from tests._synth import photo_like
 
 SAMPLING = {
     "444": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
@@ -212,7 +212,7 @@ def test_damage_is_handed_back_and_valid_data_is_not(decoders):
 
 def test_environment_variable_selects_libjpegs_decoder():
     code = ("from loaderlib._ext import _jpeg; from loaderlib.decoding import decode; "
-            "from tests._synth import photo_like, encode_jpeg; decode(encode_jpeg(photo_like(32, 32))); "
+            "from benchmarks._synth import photo_like, encode_jpeg; decode(encode_jpeg(photo_like(32, 32))); "
             "print(_jpeg.huffman_decoder())")
     for env, expect in (("libjpeg", "(False, 0, 0)"), ("loaderlib", "(True, 1, 0)")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -21,8 +21,8 @@ from loaderlib.profiling.baselines import (
 from loaderlib.profiling.harness import _batch_len, replay_consumer
 
 import loaderlib
+from benchmarks._synth import base_photo
 from loaderlib import stats as stats_mod
-from tests._synth import base_photo
 
 from .profiling_sim import FakeClock, FakeMonitor, SimLoader
 

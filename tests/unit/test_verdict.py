@@ -17,9 +17,9 @@ from loaderlib.profiling import benchmark, diagnose
 from loaderlib.profiling.baselines import PythonThreadLoader, decode_opencv
 from loaderlib.profiling.verdict import BOTTLENECKS, MODEL_BOUND_WAIT
 
+from benchmarks._synth import base_photo
 from loaderlib._threads import available_cpus
 from loaderlib.stats import Window
-from tests._synth import base_photo
 
 STAGE_S = {"read": 0.1, "decode": 2.0, "transform": 0.5, "python": 0.0, "collate": 0.1}
 
