@@ -31,11 +31,11 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 from _latencyfs import BIN_DIR, mount
 from _report import machine_summary, med
 from loader import image_files, make_dataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 SOURCE = os.path.join(HERE, "io_mechanism.c")
 MECHANISMS = {   # name -> io_mechanism.c flags; "{d}" is the depth

@@ -49,9 +49,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 from loader import BATCH, _torch_dataset, image_files, make_dataset, rn50_chain, tf_train_image
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 IO_CEILING_THREADS = 256
 
