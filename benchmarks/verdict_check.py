@@ -20,10 +20,14 @@ Scenarios:
   16; expected ``model``.
 
 The machine's load is printed with the results (the check is meant to run on a busy one).
+Each window length given to ``--seconds`` is run in turn (short windows test that the verdict
+decides early when the separation is large, NOTE [ Verdict rules ]), and a table of right /
+not enough evidence / wrong per scenario and window length ends the output, with the number
+of batches in the windows.
 
 Usage::
 
-    python benchmarks/verdict_check.py [--runs 3] [--seconds 3]
+    python benchmarks/verdict_check.py [--runs 3] [--seconds 1 3]
 """
 
 from __future__ import annotations
@@ -93,44 +97,60 @@ def scenarios(root):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=3.0, help="length of each measured window")
+    p.add_argument("--seconds", type=float, nargs="+", default=[1.0, 3.0],
+                   help="lengths of the measured windows, each run in turn")
     args = p.parse_args()
 
     root = build_demo_dataset(os.path.join(tempfile.gettempdir(), "loaderlib-verdict-check"), n_images=256,
                               n_classes=4, progress=False)
-    print(f"verdict check: {args.runs} runs x 5 injected bottlenecks, {args.seconds:g} s windows, "
+    windows = ", ".join(f"{s:g}" for s in args.seconds)
+    print(f"verdict check: {args.runs} runs x 5 injected bottlenecks x windows of {windows} s, "
           f"demo dataset {root} (256 JPEGs)")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({ll.available_cpus()} available), "
           f"Python {platform.python_version()}, load average before {os.getloadavg()[0]:.1f}")
-    tally = {"right": 0, "not enough evidence": 0, "wrong": 0}
-    for name, expected, step, make in scenarios(root):
-        for run in range(1, args.runs + 1):
-            loader = make()
-            try:
-                r = benchmark(loader, model_step=step, seconds=args.seconds, replay=False)
-            finally:
-                loader.close()
-            v = r.verdict
-            if not v.enough:
-                outcome = "not enough evidence"
-            elif r.bottleneck == expected:
-                outcome = "right"
-            else:
-                outcome = "wrong"
-            tally[outcome] += 1
-            conf = f"{100 * v.confidence:.0f}%" if v.confidence is not None else "-"
-            print(f"{name:>17} #{run}: expected {expected:<7} got {r.bottleneck!s:<7} {outcome:<19} "
-                  f"(confidence {conf}, {r.samples_per_s:,.0f} samples/s, cores {r.cpu_cores_used:.2f}, "
-                  f"others {r.other_cores if r.other_cores is not None else float('nan'):.2f}, "
-                  f"load {os.getloadavg()[0]:.1f})")
-            print(f"{'':>21}{v.summary}")
-            print(f"{'':>21}try: {v.suggestion[:160]}{'...' if len(v.suggestion) > 160 else ''}")
-            for n in v.notes:
-                print(f"{'':>21}note: {n[:160]}{'...' if len(n) > 160 else ''}")
-    total = sum(tally.values())
-    print(f"\nright {tally['right']} of {total}, not enough evidence {tally['not enough evidence']}, "
-          f"wrong {tally['wrong']}")
-    return 1 if tally["wrong"] else 0
+    outcomes = ("right", "not enough evidence", "wrong")
+    table: dict = {}
+    for seconds in args.seconds:
+        for name, expected, step, make in scenarios(root):
+            row = table.setdefault((name, seconds), {"right": 0, "not enough evidence": 0, "wrong": 0,
+                                                     "batches": []})
+            for run in range(1, args.runs + 1):
+                loader = make()
+                try:
+                    r = benchmark(loader, model_step=step, seconds=seconds, replay=False)
+                finally:
+                    loader.close()
+                v = r.verdict
+                if not v.enough:
+                    outcome = "not enough evidence"
+                elif r.bottleneck == expected:
+                    outcome = "right"
+                else:
+                    outcome = "wrong"
+                row[outcome] += 1
+                row["batches"].append(r.batches)
+                conf = f"{100 * v.confidence:.0f}%" if v.confidence is not None else "-"
+                print(f"{name:>17} {seconds:g} s #{run}: expected {expected:<7} got {r.bottleneck!s:<7} {outcome:<19} "
+                      f"({r.batches} batches, confidence {conf}, {r.samples_per_s:,.0f} samples/s, "
+                      f"cores {r.cpu_cores_used:.2f}, "
+                      f"others {r.other_cores if r.other_cores is not None else float('nan'):.2f}, "
+                      f"load {os.getloadavg()[0]:.1f})")
+                print(f"{'':>21}{v.summary}")
+                print(f"{'':>21}try: {v.suggestion[:160]}{'...' if len(v.suggestion) > 160 else ''}")
+                for n in v.notes:
+                    print(f"{'':>21}note: {n[:160]}{'...' if len(n) > 160 else ''}")
+    print(f"\n{'scenario':>17} {'window':>7} {'batches':>9} {'right':>6} {'not enough':>11} {'wrong':>6}")
+    total = {k: 0 for k in outcomes}
+    for (name, seconds), row in table.items():
+        b = row["batches"]
+        print(f"{name:>17} {seconds:>6g}s {min(b):>4}-{max(b):<4} {row['right']:>6} {row['not enough evidence']:>11} "
+              f"{row['wrong']:>6}")
+        for k in outcomes:
+            total[k] += row[k]
+    n = sum(total.values())
+    print(f"\nright {total['right']} of {n}, not enough evidence {total['not enough evidence']}, "
+          f"wrong {total['wrong']}")
+    return 1 if total["wrong"] else 0
 
 
 if __name__ == "__main__":
