@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -428,7 +429,8 @@ class DataLoader:
         Page-lock the arena slots once, when they are allocated, so batches copy to a GPU
         asynchronously at no per-batch cost: torch's pinned allocator on the in-process
         engines, ``cudaHostRegister`` of each shared-memory slot on the processes engine.
-        Needs torch with CUDA (``ValueError`` otherwise).
+        Without torch with CUDA it warns once, naming the keyword, and loads unpinned, as
+        PyTorch's DataLoader does (NOTE [ pin_memory without CUDA ]).
     timeout : float
         Seconds any wait for a batch may take before :class:`LoaderTimeoutError` (None or 0:
         wait forever).
@@ -1256,6 +1258,11 @@ class DataLoader:
         self.load_state_dict(saved)
 
     def _check_pin(self) -> None:
+        # NOTE [ pin_memory without CUDA ]: pinned memory only speeds up copies to a GPU, so on a
+        # machine without one there is nothing to honour: like PyTorch's DataLoader, warn (once per
+        # loader, naming the keyword) and load into ordinary memory, so a script written for GPU
+        # nodes runs unchanged on a CPU laptop or CI. What cannot be honoured where CUDA exists (a
+        # device index it does not have, a device that is not CUDA) still raises.
         try:
             import torch
 
@@ -1263,8 +1270,14 @@ class DataLoader:
         except ImportError:
             cuda = False
         if not cuda:
-            raise ValueError("pin_memory=True needs torch with CUDA, which is not available here: pass "
-                             "pin_memory=False (pinned memory only speeds up copies to a GPU)")
+            keyword = "pin_memory=True" + (f", pin_memory_device={self.pin_memory_device!r}"
+                                           if self.pin_memory_device else "")
+            warnings.warn(f"{keyword}: no CUDA device (or no torch with CUDA) here, so batches are loaded into "
+                          "ordinary, unpinned memory (pinned memory only speeds up copies to a GPU)",
+                          UserWarning, stacklevel=3)
+            self.pin_memory = False
+            self.pin_memory_device = ""
+            return
         if self.pin_memory_device:
             dev = _pin_device(self.pin_memory_device)
             if dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -1333,7 +1346,7 @@ def _pin_device(spelling: str) -> Any:
 
         dev = torch.device(spelling)
     except ImportError:
-        raise ValueError(f"pin_memory_device={spelling!r} needs torch with CUDA") from None
+        return None  # nothing to pin for without torch: _check_pin warns and loads unpinned
     except (RuntimeError, TypeError):
         raise ValueError(f"pin_memory_device={spelling!r} is not a device (e.g. 'cuda' or 'cuda:1')") from None
     if dev.type != "cuda":
