@@ -98,13 +98,22 @@ class _Analysis:
     plan: Any = None                               # the compiled plan (lent to the first iterator)
 
 
+# NOTE [ Naming Python steps ]
+# explain() names every step the engine cannot fuse by its qualified name (module.qualname for
+# functions, lambdas included; the repr otherwise) wherever it stands: first in the chain (no
+# native prefix at all), after a native prefix, in a .transform(fn) layer, or as the batchify
+# function; and each reason says which step made the engine leave the kernels.
 def _describe(fn: Any) -> str:
     """A step's name for explain(): its qualified name for functions (never cut), else its repr
     (long reprs are shortened in the middle, so both ends stay readable)."""
     name = getattr(fn, "__qualname__", None)
     if name is not None and callable(fn) and not isinstance(fn, type):
         module = getattr(fn, "__module__", None)
-        return f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
+        full = f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
+        code = getattr(fn, "__code__", None)
+        if "<lambda>" in name and code is not None:   # where it was written: lambdas share one name
+            full += f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
+        return full
     r = repr(fn)
     return r if len(r) <= 120 else r[:70] + " ... " + r[-45:]
 
@@ -229,10 +238,28 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         steps = _steps(firsts) if ordered else []
         k, plan = _native_prefix(steps) if ordered else (0, None)
         if plan is None:
-            stages.append(("decode", "python", "no native prefix of the chain gives a fixed output size"))
-            why_py.append("the transform chain cannot run natively (a Python step first, or no fixed output "
-                          "size: add a crop or Resize((h, w)))" if ordered else
-                          ".transform(fn) layers sit below transform_first ones")
+            from . import transforms as T
+
+            chain = _steps(firsts)
+            stages.append(("decode", "python", "dataset[i] decodes each sample, called from Python"))
+            for fn in chain:   # every step by name, wherever it stands (NOTE [ Naming Python steps ])
+                native = isinstance(fn, T.Transform)
+                stages.append(("transform", "native" if native else "python",
+                               f"{_describe(fn)} (per sample, " + ("a kernel called from Python)" if native
+                                                                    else "Python code)")))
+            for fn in others:
+                stages.append(("transform", "python", f".transform({_describe(fn)}) on whole samples"))
+            py = [_describe(fn) for fn in chain if not isinstance(fn, T.Transform)]
+            if not ordered:
+                why_py.append(".transform(fn) layers sit below transform_first ones")
+            elif chain and not isinstance(chain[0], T.Transform):
+                why_py.append(f"the chain starts with a Python step ({py[0]}): the native engine fuses a leading run "
+                              "of loaderlib transforms that ends in a fixed size, and none comes before it")
+            else:
+                why_py.append("no leading run of loaderlib transforms gives a fixed output size (add a crop or "
+                              "Resize((h, w)))" + (f"; the chain holds Python steps ({', '.join(py)})" if py else ""))
+            if others:
+                why_py.append(".transform(fn) applies a Python function to whole samples")
         else:
             for step in plan.describe():
                 stages.append(("decode+transform", "native", step))
@@ -267,10 +294,18 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     else:
         plain = batchify_fn in (None, default_batchify_fn) or isinstance(batchify_fn, (Stack, Pad, Tuple))
         name = "default (Stack per field)" if batchify_fn in (None, default_batchify_fn) else _describe(batchify_fn)
-        stages.append(("collate", "native" if plain else "python", f"{name}, into arena slots when shapes allow"))
+        if plain:
+            stages.append(("collate", "native", f"{name}, into arena slots when shapes allow"))
+        else:
+            # A user function is called on the list of samples and its result handed over as it
+            # returns it (engines' collate(): only Stack/Pad/Tuple are planned into slots).
+            what = (f"{name}: Python code called on each batch's list of samples; its result is handed over "
+                    "as returned (not an arena slot)")
+            stages.append(("collate", "python", what))
         if src is not None and not why_py:
-            why_py.append("the batchify function is not one loaderlib runs natively (default, Stack, Pad, Tuple "
-                          "of those) on this dataset")
+            why_py.append(f"the batchify function {name} is Python code (loaderlib collates natively only the "
+                          "default, Stack, Pad and a Tuple of those)" if not plain else
+                          f"the batchify function {name} cannot collate this dataset's fields natively")
 
     if src is not None and not why_py:
         reason = "every stage runs in native kernels (zero Python per sample)"
