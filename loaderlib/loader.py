@@ -808,6 +808,47 @@ class DataLoader:
 
         return Dashboard(self, **kwargs)
 
+    def preview(self, index: int, epoch: int | None = None) -> Any:
+        """Sample ``index`` exactly as this loader delivers it in ``epoch``.
+
+        NOTE [ Exact preview ]: the sample goes through the same engine from the dataset's own
+        data (for an image dataset, the fused kernel on the file's bytes, with the same
+        crop-region and DCT-scaled decode) with the same ``(seed, epoch, index)`` key, so the
+        result is bitwise what the loader writes into that sample's batch slot, for any thread
+        count. A transform called on an already decoded array (``train(img, seed=0, epoch=3,
+        index=17)``) is the same only where the fused chain decodes at full resolution; where
+        it decodes at 1/2, 1/4 or 1/8 scale (a chain that shrinks the image at least 2x, with
+        ``Decode(dct_scaling=True)``, the default) its resampling starts from other pixels and
+        can differ by a few levels (docs/preview.md).
+
+        Parameters
+        ----------
+        index : int
+            The dataset index of the sample.
+        epoch : int, optional
+            The epoch whose randomness to use (default: :attr:`epoch`, the next one).
+
+        Returns
+        -------
+        The sample's fields as the loader collates them (a tuple of arrays, one per field, with
+        the batch dimension removed), before any ``batch_transform``.
+        """
+        if self._iterable:
+            raise TypeError("preview(index) needs a dataset with __len__/__getitem__; an iterable has no index")
+        n = len(self.dataset)
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < n:
+            raise IndexError(f"index must be an integer in [0, {n}), got {index!r}")
+        probe = DataLoader(self.dataset, batch_size=1, sampler=[int(index)], seed=self.seed, num_threads=0,
+                           output=self.output)
+        try:
+            probe.set_epoch(self.epoch if epoch is None else epoch)
+            batch = next(iter(probe))
+            if isinstance(batch, (tuple, list)):
+                return tuple(np.array(part[0]) if self.output == "numpy" else part[0].clone() for part in batch)
+            return np.array(batch[0]) if self.output == "numpy" else batch[0].clone()
+        finally:
+            probe.close()
+
     def explain(self) -> str:
         """Which engine runs, why, and what each stage runs as."""
         a = self._analysis
