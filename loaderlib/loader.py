@@ -1,6 +1,6 @@
 """The DataLoader: picks an engine for a dataset, transform chain and batchify function.
 
-Engines (see DESIGN.md):
+Engines (how each one runs: NOTE [ Engine stages ] in ``_engine_base.py``):
 
 * ``native``: the dataset's bytes, every transform and collation run in nogil kernels, one
   parallel pass per batch, straight into an arena slot. Zero Python per sample.
@@ -429,7 +429,9 @@ class DataLoader:
     Parameters
     ----------
     dataset : Dataset, sequence or iterable
-        Any object with ``__len__``/``__getitem__`` (an iterable is materialised).
+        Any object with ``__len__``/``__getitem__``, or any iterable (infinite ones included),
+        which is consumed lazily, batch by batch, never materialised (NOTE [ Iterable shards ]
+        in ``_iterable.py``).
     batch_size : int
         Samples per batch (required unless ``batch_sampler`` is given).
     shuffle : bool
