@@ -294,6 +294,8 @@ def _evidence(w: Window, parts: Sequence[Window], model_ran: bool, buffered_samp
                    f"opened, leaving {len(steady)} (at least {MIN_BATCHES} needed)")
             return why, MIN_BATCHES + skip
         iv = _interval(steady, _wait_share)
+        if iv is None:   # neither a wait nor a model step was timed: nothing to judge the model on
+            return f"its {len(steady)} {unit} timed no consumer wait or model step", None
         ev["wait_interval"] = (iv.mean - iv.half, iv.mean + iv.half)
         side = iv.side(MODEL_BOUND_WAIT)
         if side == 0:
