@@ -430,7 +430,9 @@ class _Run:
         return None
 
     def _wait_room(self) -> bool:
-        """NOTE [ Warm slots ]
+        """Wait for a slot a warm run may take.
+
+        NOTE [ Warm slots ]
         A warm next epoch (NOTE [ Warm epochs ] in ``loader.py``) shares the loader's batch
         ring with the epoch still being consumed. Had it slots of its own, the ring would hold
         two epochs' worth of slots (queue, batches in production, the user's), all of them

@@ -578,7 +578,9 @@ def _load(dataset: Any, i: int, timed: bool, ahead: tuple | None = None) -> tupl
 
 
 def _load_ahead(dataset: Any, i: int, timed: bool, reader: ReadAhead, position: int) -> tuple[Any, int, int]:
-    """NOTE [ Read-ahead for Python reads ]
+    """``dataset[i]`` built from bytes the read-ahead stage fetched, and its (read, python) ns.
+
+    NOTE [ Read-ahead for Python reads ]
     A dataset of ours (its native source reads files or byte ranges) under a Python transform
     runs on the threads engine, each pool thread reading its sample with ``dataset[i]``: as
     many reads in flight as threads, as in the kernels before the read-ahead stage. Here the

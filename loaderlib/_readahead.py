@@ -117,7 +117,8 @@ class ReadAhead:
     batch_size, lookahead : int
         The batches queued on the kernel threads at once hold their slots.
     timeout : float or None
-        How long a kernel thread waits for one sample's bytes before failing it.
+        The loader's timeout: a kernel thread waits half of it for one sample's bytes before
+        failing the sample.
     budget_bytes : int or None
         Memory bound of the read-ahead buffers (None: ``DEFAULT_BYTES``).
     """
@@ -132,7 +133,9 @@ class ReadAhead:
         self.fixed = None if io_depth is None else max(1, min(int(io_depth), MAX_DEPTH))
         self.held = max(1, int(batch_size)) * max(1, int(lookahead))
         self.budget = int(budget_bytes) if budget_bytes else DEFAULT_BYTES
-        self.timeout = float(timeout) if timeout else 0.0
+        # Half the loader's timeout: one stuck read fails its sample (which on_error="skip"
+        # can skip) before the consumer's wait for the whole batch runs out.
+        self.timeout = float(timeout) / 2 if timeout else 0.0
         self._clock = clock
         most = self.fixed if self.fixed is not None else MAX_DEPTH
         self.native = _pipeline.Reader(self.held + 2 * most, self.fixed or START_DEPTH)

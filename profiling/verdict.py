@@ -545,7 +545,9 @@ def diagnose(
 
 
 def _storage(extract: Any, threads: int, w: Window) -> tuple[str, str, dict] | None:
-    """NOTE [ Storage in the verdict ]
+    """What an io verdict says about the storage.
+
+    NOTE [ Storage in the verdict ]
     When reads limit the loader, the useful answer names the storage: how long one read takes
     and how many were in flight, since by Little's law those two set the read rate, and what
     the read-ahead stage (NOTE [ Read-ahead ] in ``pyx/include/ll_readahead.h``) did or should do

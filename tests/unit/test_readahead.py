@@ -329,3 +329,18 @@ def test_autotune_climbs_past_the_cores_only_while_threads_wait_for_bytes():
     climb = HillClimb("num_threads", 2, 1, 4, bound=lambda: 4 if waiting["share"] > 0.05 else 2)
     first, _ = climb.step(100.0)
     assert first == 4
+
+
+def test_a_read_that_never_completes_is_bounded_by_timeout(folder):
+    """Storage that stops answering (latencyfs charging 5 s per file): the first batch's reads
+    fail after half the loader's ``timeout`` with the reason (before the consumer's own wait
+    runs out), instead of hanging; the IO threads left in their reads do not keep the loader,
+    and the mount unmounts once they return."""
+    from benchmarks._latencyfs import mount
+
+    with mount(folder, latency_ms=5000, jitter=0.0, where="open") as mp:
+        ds = ll.ImageFolderDataset(mp.path).transform_first(CHAIN)
+        loader = ll.DataLoader(ds, batch_size=4, io_depth=4, timeout=0.6)
+        with pytest.raises(DecodeError, match=r"read failed: the read did not complete within 0\.3 s"):
+            next(iter(loader))
+        loader.close()
