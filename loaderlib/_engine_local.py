@@ -617,8 +617,7 @@ class ThreadsProducer(Producer):
                  timeout: float | None = None, read_budget: int | None = None) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.dataset = dataset
-        # NOTE [ Read-ahead for Python reads ]
-        self.reader: ReadAhead | None = None
+        self.reader: ReadAhead | None = None   # NOTE [ Read-ahead for Python reads ] (_load_ahead)
         base = dataset.unwrap()[0] if isinstance(dataset, _TransformDataset) else dataset
         src = native_source_of(base)
         if (io_depth != 0 and src is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS)

@@ -85,6 +85,7 @@ typedef struct ll_rreq {
 /* One batch's items, in the order their bytes became ready (NOTE [ Read-ahead ]). */
 typedef struct ll_rwait {
     int64_t n, nready;
+    int64_t t_first;    /* when a kernel thread first waited on this batch (0: none yet) */
     int64_t *order;     /* n entries: item numbers, in the order they became ready */
     int64_t *slot;      /* n entries: the item's slot; -1: read in the pass; -2: gave up */
 } ll_rwait;
@@ -375,6 +376,7 @@ static int64_t ll_reader_queue(ll_reader *r, const int64_t *pos, int64_t n, cons
 static void ll_reader_attach(ll_reader *r, ll_rwait *w, const int64_t *pos, int64_t n) {
     w->n = n;
     w->nready = 0;
+    w->t_first = 0;
     ll_mutex_lock(&r->mu);
     for (int64_t i = 0; i < n; i++) {
         const int64_t s = pos[i] >= 0 ? r->map[pos[i] % r->mapn] : -1;
@@ -428,16 +430,18 @@ static int ll_rwait_give_up(ll_reader *r, ll_rwait *w) {
 }
 
 /* The item to run for claim ``k`` of batch ``w``: the k-th whose bytes arrived, waiting
- * while none is, for at most ``timeout_ns`` (0: no limit). ``*waited`` gets the nanoseconds
- * waited. After the timeout, or once the reader stopped, an item still being read is given
- * up (its slot becomes -2: the caller fails it). */
+ * while none is. ``*waited`` gets the nanoseconds waited. Once ``timeout_ns`` (0: no limit)
+ * has passed since the batch's first wait, or once the reader stopped, an item still being
+ * read is given up (its slot becomes -2: the caller fails it): the limit is the batch's, so a
+ * batch whose reads all hang fails within one timeout, not one per item. */
 static int64_t ll_rwait_next(ll_reader *r, ll_rwait *w, int64_t k, int64_t timeout_ns, int64_t *waited) {
     int64_t t0 = 0;
     ll_mutex_lock(&r->mu);
     while (w->nready <= k) {
         const int64_t now = ll_now_ns();
         if (!t0) t0 = now;
-        if ((r->stop || (timeout_ns > 0 && now - t0 >= timeout_ns)) && ll_rwait_give_up(r, w)) continue;
+        if (!w->t_first) w->t_first = now;
+        if ((r->stop || (timeout_ns > 0 && now - w->t_first >= timeout_ns)) && ll_rwait_give_up(r, w)) continue;
 #ifdef _WIN32
         ll_cond_wait(&r->arrived, &r->mu);
 #else
