@@ -11,8 +11,13 @@
 LL_TW_ATTR static void LL_TW(gray_floor)(const uint8_t *restrict s, size_t npx, uint8_t *restrict g) {
     for (size_t i = 0; i < npx; i++) {
         float t = (float)s[3 * i] * 0.2989f;
+#if LL_TW_FMA /* NOTE [ Exact sums in FMA ] */
+        t = fmaf((float)s[3 * i + 1], 0.587f, t);
+        t = fmaf((float)s[3 * i + 2], 0.114f, t);
+#else
         t = (float)((double)s[3 * i + 1] * (double)0.587f + (double)t);
         t = (float)((double)s[3 * i + 2] * (double)0.114f + (double)t);
+#endif
         g[i] = (uint8_t)(int)t;
     }
 }
@@ -46,11 +51,29 @@ LL_TW_ATTR static void LL_TW(scale_add)(const uint8_t *restrict s, size_t n, flo
 }
 
 /* Saturation blend of npx RGB pixels with their floor(gray) g: per value
- * trunc(clamp((float)(g * q + (double)((float)s * r)))), g * q exact in double. */
+ * trunc(clamp((float)(g * q + (double)((float)s * r)))), g * q exact in double; with
+ * exact_fma (the factors of NOTE [ Exact sums in FMA ]) the twins with FMA compute it as
+ * fmaf(g, q, s * r). */
 LL_TW_ATTR static void LL_TW(blend_gray)(const uint8_t *restrict s, const uint8_t *restrict g, size_t npx, float r,
-                                         double q, uint8_t *restrict d) {
+                                         float q, int exact_fma, uint8_t *restrict d) {
+#if LL_TW_FMA
+    if (exact_fma) {
+        for (size_t i = 0; i < npx; i++) {
+            float gf = (float)g[i];
+            for (int c = 0; c < 3; c++) {
+                float v = fmaf(gf, q, (float)s[3 * i + c] * r);
+                v = v > 0.0f ? v : 0.0f;
+                v = v < 255.0f ? v : 255.0f;
+                d[3 * i + c] = (uint8_t)(int)v;
+            }
+        }
+        return;
+    }
+#else
+    (void)exact_fma;
+#endif
     for (size_t i = 0; i < npx; i++) {
-        double gq = (double)g[i] * q;
+        double gq = (double)g[i] * (double)q;
         for (int c = 0; c < 3; c++) {
             float v = (float)(gq + (double)((float)s[3 * i + c] * r));
             v = v > 0.0f ? v : 0.0f;
