@@ -175,6 +175,23 @@ LL_TW_ATTR static void LL_TW(axpy)(float *restrict o, const float *restrict p, s
     for (size_t i = 0; i < n; i++) o[i] += wt * p[i];
 }
 
+/* Four taps at once: o[i] = (((o[i] + w0 p0[i]) + w1 p1[i]) + w2 p2[i]) + w3 p3[i], the
+ * additions in the order four axpy calls make them, with one load and store of o instead of
+ * four (the single-tap loop was bound by them: 0.53 ms for GaussianBlur(23) on 224x224x3). */
+LL_TW_ATTR static void LL_TW(axpy4)(float *restrict o, const float *restrict p0, const float *restrict p1,
+                                    const float *restrict p2, const float *restrict p3, size_t n,
+                                    const float *restrict w) {
+    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    for (size_t i = 0; i < n; i++) {
+        float v = o[i];
+        v = v + w0 * p0[i];
+        v = v + w1 * p1[i];
+        v = v + w2 * p2[i];
+        v = v + w3 * p3[i];
+        o[i] = v;
+    }
+}
+
 /* The first tap of a blur pass: o[i] = 0 + wt * p[i] (0.0f + x is x, also for -0.0: the
  * products here are >= 0). */
 LL_TW_ATTR static void LL_TW(axpy0)(float *restrict o, const float *restrict p, size_t n, float wt) {
