@@ -868,10 +868,10 @@ static void ll_warp(const uint8_t *s, uint8_t *d, int h, int w, int C, const dou
                 }
                 continue;
             }
-            LL_TWIN(warp_bl_row, t, Y, hx, w, h, xa, n, ib, fb);
+            LL_TWIN(warp_bl_row, t, Y, hx, w, h, xa, n, ib, ib + LL_AUG_RUN, fb, fb + LL_AUG_RUN);
             for (int j = 0; j < n; j++, o += C) { /* the reference loop's taps, in its order */
-                long x0 = ib[2 * j], y0 = ib[2 * j + 1];
-                float ax = fb[2 * j], ay = fb[2 * j + 1];
+                long x0 = ib[j], y0 = ib[LL_AUG_RUN + j];
+                float ax = fb[j], ay = fb[LL_AUG_RUN + j];
                 float wts[4] = {(1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay};
                 long xs[4] = {x0, x0 + 1, x0, x0 + 1}, ys[4] = {y0, y0, y0 + 1, y0 + 1};
                 float acc[4] = {0, 0, 0, 0}, mask = 0.0f;

@@ -234,10 +234,11 @@ LL_TW_ATTR static void LL_TW(warp_nn_row)(const float *restrict t, float Y, floa
 }
 
 /* Bilinear warp, outputs xa .. xa + n - 1 of one row: per output the top-left tap (x0, y0)
- * and the fractions (ax, ay) of grid_sample (NOTE [ Warps in two passes ]); points whose taps
+ * and the fractions (ax, ay) of grid_sample, in four runs (NOTE [ Warps in two passes ]); points whose taps
  * all lie outside get x0 = y0 = -2 (no tap reads). */
 LL_TW_ATTR static void LL_TW(warp_bl_row)(const float *restrict t, float Y, float hx, int w, int h, int xa, int n,
-                                          int32_t *restrict xy, float *restrict axy) {
+                                          int32_t *restrict x0s, int32_t *restrict y0s, float *restrict axs,
+                                          float *restrict ays) {
     const float fw = (float)w, fh = (float)h;
     const float yt1 = Y * t[1], yt4 = Y * t[4];
     for (int j = 0; j < n; j++) {
@@ -250,9 +251,9 @@ LL_TW_ATTR static void LL_TW(warp_bl_row)(const float *restrict t, float Y, floa
         float x0f = (float)(int)cx, y0f = (float)(int)cy;
         x0f = x0f > cx ? x0f - 1.0f : x0f;
         y0f = y0f > cy ? y0f - 1.0f : y0f;
-        xy[2 * j] = (int)x0f;
-        xy[2 * j + 1] = (int)y0f;
-        axy[2 * j] = cx - x0f;
-        axy[2 * j + 1] = cy - y0f;
+        x0s[j] = (int)x0f;
+        y0s[j] = (int)y0f;
+        axs[j] = cx - x0f;
+        ays[j] = cy - y0f;
     }
 }
