@@ -386,7 +386,7 @@ def op_costs(root: str, with_cv: bool = True) -> dict:
             epoch[0] += 1
             plan.run_buffers_into(bufs, out, idx, seed=0, epoch=epoch[0], num_threads=1)
 
-        ms = cpu_ms(run, 3, blocks=5) / len(bufs)
+        ms = cpu_ms(run, 2, blocks=3) / len(bufs)
         if base_ms is None:
             base_ms = ms
             res["chain"][name] = ms
@@ -398,9 +398,9 @@ def op_costs(root: str, with_cv: bool = True) -> dict:
         mag = 0.1 if name == "Hue" else trivial_magnitude(name, 20)
         prm = np.zeros(T._transform.AUG_NPRM)
         prm[:3] = (1, k, mag)
-        res["prims"][name] = cpu_ms(lambda prm=prm: op.apply_params(img, prm), 200)
+        res["prims"][name] = cpu_ms(lambda prm=prm: op.apply_params(img, prm), 100)
         if with_cv and name in TRIVIAL:
-            res["cv"][name] = cpu_ms(lambda name=name, mag=mag: cv_trivial_op(name, mag, img), 200)
+            res["cv"][name] = cpu_ms(lambda name=name, mag=mag: cv_trivial_op(name, mag, img), 100)
     x = np.random.default_rng(0).standard_normal((BATCH, 3, 224, 224)).astype(np.float32)
     y = np.arange(BATCH) % CLASSES
     for mix in (T.MixUp(0.2, CLASSES), T.CutMix(1.0, CLASSES)):
