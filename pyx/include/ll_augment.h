@@ -377,6 +377,11 @@ static inline float ll_gray_f(const uint8_t *p) {
  * autocontrast 0.36 -> 0.07 (a table per channel, the same at every level). */
 /* Pixels per run of the twins that need per-pixel scratch (stack buffers of this length). */
 #define LL_AUG_RUN 1024
+#if defined(__clang__)
+/* clang ignores the optimize attributes below and contracts a * b + c into an FMA by
+ * default where the target has one (the AVX-512 twins): keep every product rounded. */
+#pragma clang fp contract(off)
+#endif
 #define LL_TW_FMA 0
 #define LL_TW(name) ll_tw_##name##_scalar
 #define LL_TW_ATTR LL_NO_CONTRACT __attribute__((optimize("no-tree-vectorize", "no-trapping-math")))
@@ -397,9 +402,13 @@ static inline float ll_gray_f(const uint8_t *p) {
 #undef LL_TW_FMA
 #define LL_TW_FMA 1 /* every AVX-512 CPU has FMA */
 #define LL_TW(name) ll_tw_##name##_avx512
+#if defined(__clang__) /* no prefer-vector-width in clang's target attribute */
+#define LL_TW_ATTR __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
+#else
 #define LL_TW_ATTR                                                                                  \
     LL_NO_CONTRACT __attribute__((optimize("no-trapping-math"),                                    \
                                   target("avx2,fma,avx512f,avx512bw,avx512vl,prefer-vector-width=512")))
+#endif
 #include "ll_augment_twins.h"
 #undef LL_TW
 #undef LL_TW_ATTR
