@@ -572,7 +572,13 @@ static void ll_prim_hue(const uint8_t *s, uint8_t *d, size_t npx, int C, double 
 /* rgb_to_grayscale with num_output_channels = C (float32, truncated). */
 static void ll_prim_grayscale(const uint8_t *s, uint8_t *d, size_t npx, int C) {
     if (C != 3) { memcpy(d, s, npx * C); return; }
-    for (size_t i = 0; i < npx; i++) d[3 * i] = d[3 * i + 1] = d[3 * i + 2] = ll_u8_trunc(ll_gray_f(s + 3 * i));
+    uint8_t g[LL_AUG_RUN]; /* the gray twin: in [0, 255), so truncation is its floor */
+    for (size_t i = 0; i < npx; i += LL_AUG_RUN) {
+        size_t n = npx - i < LL_AUG_RUN ? npx - i : LL_AUG_RUN;
+        LL_TWIN(gray_floor, s + 3 * i, n, g);
+        uint8_t *o = d + 3 * i;
+        for (size_t k = 0; k < n; k++) o[3 * k] = o[3 * k + 1] = o[3 * k + 2] = g[k];
+    }
 }
 
 static void ll_prim_posterize(const uint8_t *s, uint8_t *d, size_t n, int bits) {
@@ -1024,9 +1030,16 @@ static int ll_aug_apply(const ll_aug *op, const double *prm, const uint8_t *src,
         for (int k = 0; k < 6; k++)
             if (!(fabs(prm[k]) < 1e9)) return LL_ERR_STATE;
         long top = (long)prm[0] - (long)prm[3], left = (long)prm[1] - (long)prm[2];
+        /* the outputs whose source is inside the image: one copy per row */
+        long xa = left < 0 ? -left : 0, xb = (long)w - left < ow ? (long)w - left : ow;
         for (int y = 0; y < oh; y++) {
             long sy = y + top;
+            int inside = sy >= 0 && sy < h && xa < xb;
+            if (inside)
+                memcpy(dst + ((size_t)y * ow + (size_t)xa) * C, src + ((size_t)sy * w + (size_t)(xa + left)) * C,
+                       (size_t)(xb - xa) * C);
             for (int x = 0; x < ow; x++) {
+                if (inside && x == xa) { x = (int)xb - 1; continue; }
                 long sx = x + left;
                 uint8_t *o = dst + ((size_t)y * ow + x) * C;
                 long yy = sy, xx = sx;
