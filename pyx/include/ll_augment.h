@@ -362,9 +362,9 @@ static inline float ll_gray_f(const uint8_t *p) {
  * attributes, chosen at run time by ll_simd_level under the LOADERLIB_SIMD cap, NOTE [ SIMD
  * switch ]). Vectorising changes no result: the loops do only IEEE operations (float32 and
  * float64 add, multiply, divide, conversions, compares and selects) with contraction off
- * and no target with FMA, and none of them is a reduction over floats (the one reduction
- * sums integers), so every level computes each value by the same operations in the same
- * order; tests/kernels/test_simd_equals_scalar.py runs every op at every level and requires
+ * (an FMA only where the source writes fmaf, NOTE [ Exact sums in FMA ]), and none of them is
+ * a reduction over floats (the one reduction sums integers), so every level computes each
+ * value by the same operations in the same order; tests/kernels/test_simd_equals_scalar.py runs every op at every level and requires
  * bitwise-equal output. One source for the four twins means they cannot drift apart, which
  * hand-written intrinsics per level could. The loops need -fno-trapping-math to be
  * if-converted (it changes no value: nothing reads the floating-point flags), and the hue
@@ -373,9 +373,10 @@ static inline float ll_gray_f(const uint8_t *p) {
  * AVX-512 Xeon), the loops before this change -> the AVX-512 twin (AVX2 twin):
  * saturation 0.55 -> 0.10 (0.15) ms, contrast 0.31 -> 0.08 (0.14), brightness 0.10 -> 0.03
  * (0.06), hue 1.09 -> 0.15 (0.22), sharpness 0.25 -> 0.13 (0.18), GaussianBlur(23) 0.87 ->
- * 0.36 (0.43; four taps per pass over the row), nearest warps 0.23 -> 0.05 (0.07), bilinear rotation 1.01 -> 0.40 (0.57; its taps are read by a scalar loop, with a
- * fast path where all four are inside),
- * autocontrast 0.36 -> 0.07 (a table per channel, the same at every level). */
+ * 0.36 (0.43; four taps per pass over the row), nearest warps 0.23 -> 0.05 (0.07), bilinear
+ * rotation 1.01 -> 0.40 (0.57; its taps are read by a scalar loop, with a fast path where all
+ * four are inside), autocontrast 0.36 -> 0.07 (a table per channel, the same at every level).
+ * Brightness, contrast and solarize then became tables (NOTE [ Point ops as tables ]). */
 /* Pixels per run of the twins that need per-pixel scratch (stack buffers of this length). */
 #define LL_AUG_RUN 1024
 #if defined(__clang__)
