@@ -1307,7 +1307,7 @@ class DataLoader:
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
                                    pool=self._python_pool(), io_depth=self._knobs.io_depth,
                                    batch_size=self._batch_size, timeout=self.timeout,
-                                   read_budget=self._read_budget(), **common)
+                                   read_budget=self._read_budget(), read_hint=self._knobs.read_hint, **common)
         from ._engine_procs import NativePrefix, ProcessesProducer, WorkerPool
 
         if self._workers is None or self._workers.closed:
