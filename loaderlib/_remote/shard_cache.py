@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ class ShardCache:
         self._info: dict[str, ObjectInfo] = {}
         self._lock = threading.Lock()
         self._seq = 0
+        self._clock = 0
         self._q = _Queue()
         self._remove_dead_parts()
         weakref.finalize(self, _stop, self._q)
@@ -183,12 +185,13 @@ class ShardCache:
             tmp = part + ".json"
             with open(tmp, "w") as f:
                 json.dump(side, f)
+            self._touch(tmp)
             os.replace(tmp, self._p(key, ".json"))
         finally:
             _unlink(part)
             _unlink(part + ".json")
 
-    def _entries(self) -> list[tuple[float, str, int]]:
+    def _entries(self) -> list[tuple[int, str, int]]:
         out = []
         for name in os.listdir(self.dir):
             if name.endswith(".json") and ".part-" not in name:
@@ -196,7 +199,7 @@ class ShardCache:
                 side = self._sidecar(key)
                 if side is not None:
                     try:
-                        out.append((os.stat(self._p(key, ".json")).st_mtime, key, side["size"]))
+                        out.append((os.stat(self._p(key, ".json")).st_mtime_ns, key, side["size"]))
                     except OSError:
                         pass
         return sorted(out)
@@ -241,6 +244,17 @@ class ShardCache:
             lock.__exit__()
         return True
 
+    def _touch(self, path: str) -> None:
+        # The LRU clock. Set explicitly: the kernel stamps files with a coarse clock (one
+        # tick is milliseconds), so two uses in a row could otherwise tie.
+        with self._lock:
+            self._clock = max(time.time_ns(), self._clock + 1)
+            t = self._clock
+        try:
+            os.utime(path, ns=(t, t))
+        except OSError:
+            pass
+
     # -- readers ----------------------------------------------------------------------
     def acquire(self, url: str, index: int | None = None) -> Lease:
         """The shard ``url`` as a local file, downloaded now if it is not cached; held
@@ -253,10 +267,7 @@ class ShardCache:
             fcntl.flock(lock_fd, fcntl.LOCK_SH)
             if self._valid(key, info):
                 fd = os.open(self._p(key), os.O_RDONLY)
-                try:
-                    os.utime(self._p(key, ".json"))    # most recently used
-                except OSError:
-                    pass
+                self._touch(self._p(key, ".json"))     # most recently used
                 return Lease(url, self._p(key), fd, lock_fd)
             os.close(lock_fd)       # evicted between ensure and the lock: fetch again
         raise RuntimeError(f"shard cache {self.dir}: {url} keeps being evicted; raise cache_limit")

@@ -179,7 +179,8 @@ class MotoServer:
 
 @dataclass
 class Fault:
-    """One scripted fault, applied to the next request whose path contains ``match``.
+    """One scripted fault, applied to the next request whose path contains ``match`` (and
+    whose method is ``method``, when given).
 
     kind: ``"status"`` (answer ``status`` with a small body), ``"reset"`` (close the
     connection with RST before answering), ``"stall"`` (hold the request until the proxy is
@@ -194,6 +195,7 @@ class Fault:
     kind: str
     status: int = 503
     match: str = ""
+    method: str = ""
     times: int = 1
     keep: int = 0
     headers: dict = field(default_factory=dict)
@@ -228,7 +230,7 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy.lock:
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
-                    fault = proxy._take(self.path)
+                    fault = proxy._take(self.command, self.path)
                 if fault is not None and fault.kind == "status":
                     payload = f"injected {fault.status}".encode()
                     self.send_response(fault.status)
@@ -262,7 +264,8 @@ class FaultProxy:
                         self.send_header(k, v)
                 if fault is not None and fault.kind == "short":
                     data = data[:fault.keep]
-                self.send_header("Content-Length", str(len(data)))
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if fault is not None and fault.kind == "truncate":
                     if self.command != "HEAD":
@@ -282,9 +285,9 @@ class FaultProxy:
         self.thread = threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True)
         self.thread.start()
 
-    def _take(self, path: str) -> Fault | None:
+    def _take(self, method: str, path: str) -> Fault | None:
         for f in self.faults:
-            if f.match in path:
+            if f.match in path and f.method in ("", method):
                 f.times -= 1
                 if f.times <= 0:
                     self.faults.remove(f)
