@@ -56,6 +56,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._source import SourceKind
+
 __all__ = ["AUTOTUNE", "HillClimb", "Tuner", "attach", "parse_bytes"]
 
 #: Pass as ``num_threads``, ``prefetch`` or ``num_parallel_calls`` to have it tuned online.
@@ -285,7 +287,7 @@ def batch_nbytes(loader: Any) -> int | None:
         return None
     b = loader.batch_size
     src = a.native_source
-    if src.kind == "arrays":
+    if src.kind is SourceKind.ARRAYS:
         return sum(b * arr[0:1].nbytes for arr in src.arrays)
     plan = a.plan
     if plan is None or plan.sample_shape is None:

@@ -44,6 +44,7 @@ import numpy as np
 
 from . import _pipeline_ops as ops
 from ._pipeline_spec import leaves, map_structure
+from ._source import NativeSource, SourceKind
 from .datasets import Dataset
 
 __all__ = ["CacheFill", "CacheNode", "CacheStore", "CachedImages"]
@@ -484,8 +485,6 @@ class CachedImages(Dataset):
         ``ImageListDataset`` or ``RecordFileDataset``: ``read(i)``, ``source(i)``, ``labels``).
     """
 
-    native_pixels = True
-
     def __init__(self, store: CacheStore, labelled: bool, source: Any = None) -> None:
         self.store = store
         self.upstream = source
@@ -505,6 +504,11 @@ class CachedImages(Dataset):
 
     def __len__(self) -> int:
         return self.n
+
+    def native_source(self) -> NativeSource:
+        """PIXELS: the fused chain runs on the cached images (NOTE [ Cached pixels ])."""
+        return NativeSource(SourceKind.PIXELS, stage=f"{self!r}: decoded pixels in memory, no decode", dataset=self,
+                            labels=self.labels, description=repr(self))
 
     def __getitem__(self, i: int) -> Any:
         i = int(i)

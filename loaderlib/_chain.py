@@ -188,23 +188,31 @@ class NativePlan:
                          sources, lambda i: bufs[i], wait=wait)
 
     def run_files_into(self, paths: Sequence[Any], out: np.ndarray, indices: Any, *, seed: int, epoch: int,
-                       num_threads: int | None, timings: np.ndarray | None = None,
-                       wait: bool = True) -> BatchStatus | PendingBatch:
+                       num_threads: int | None, timings: np.ndarray | None = None, wait: bool = True,
+                       positions: np.ndarray | None = None, reader: Any = None) -> BatchStatus | PendingBatch:
         """Like :meth:`run_buffers_into`, reading each file (POSIX open/read) inside the
         parallel pass into per-thread scratch. A missing or unreadable file fails its
-        item with the system's reason and the path."""
+        item with the system's reason and the path.
+
+        With ``reader`` (a :class:`~loaderlib._readahead.ReadAhead`) and ``positions`` (the
+        samples' stream positions), files the read-ahead stage queued are taken from it as
+        their bytes arrive (NOTE [ Read-ahead ] in include/ll_readahead.h); the output is the
+        same."""
         names = [os.fspath(p) for p in paths]
         enc = [os.fsencode(p) for p in names]
         return self._run(_pipeline.SOURCE_FILES, enc, -1, None, out, indices, seed, epoch, num_threads, timings,
-                         [os.fsdecode(p) for p in names], lambda i: _read_file(names[i]), wait=wait)
+                         [os.fsdecode(p) for p in names], lambda i: _read_file(names[i]), wait=wait,
+                         positions=positions, reader=reader)
 
     def run_records_into(self, fd: Any, offsets: Any, sizes: Any, out: np.ndarray, indices: Any, *, seed: int,
                          epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
-                         sources: Sequence[str] | None = None, wait: bool = True) -> BatchStatus | PendingBatch:
+                         sources: Sequence[str] | None = None, wait: bool = True,
+                         positions: np.ndarray | None = None, reader: Any = None) -> BatchStatus | PendingBatch:
         """Like :meth:`run_buffers_into`, reading record i as ``sizes[i]`` bytes at
         ``offsets[i]`` of the open file ``fd`` (an int, an object with ``fileno()``, or an
         int array with one descriptor per record: several shard files in one pass) with
-        ``pread`` inside the parallel pass."""
+        ``pread`` inside the parallel pass; ``reader`` and ``positions`` as for
+        :meth:`run_files_into`."""
         offs = np.ascontiguousarray(offsets, dtype=np.int64)
         szs = [int(s) for s in np.asarray(sizes).reshape(-1)]
         if offs.ndim != 1 or len(offs) != len(szs):
@@ -214,10 +222,12 @@ class NativePlan:
             if fds.shape != (len(szs),):
                 raise ValueError(f"{fds.shape[0] if fds.ndim else 0} descriptors for {len(szs)} records")
             return self._run(_pipeline.SOURCE_RECORDS, szs, -1, offs, out, indices, seed, epoch, num_threads, timings,
-                             sources, lambda i: os.pread(int(fds[i]), szs[i], int(offs[i])), fds=fds, wait=wait)
+                             sources, lambda i: os.pread(int(fds[i]), szs[i], int(offs[i])), fds=fds, wait=wait,
+                             positions=positions, reader=reader)
         fdn = fd if isinstance(fd, int) else fd.fileno()
         return self._run(_pipeline.SOURCE_RECORDS, szs, fdn, offs, out, indices, seed, epoch, num_threads, timings,
-                         sources, lambda i: os.pread(fdn, szs[i], int(offs[i])), wait=wait)
+                         sources, lambda i: os.pread(fdn, szs[i], int(offs[i])), wait=wait, positions=positions,
+                         reader=reader)
 
     def run_pixels_into(self, images: Sequence[np.ndarray], out: np.ndarray, indices: Any, *, seed: int,
                         epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
@@ -270,7 +280,7 @@ class NativePlan:
     def _run(self, kind: int, items: list, fd: int, offsets: np.ndarray | None, out: np.ndarray, indices: Any,
              seed: int, epoch: int, num_threads: int | None, timings: np.ndarray | None,
              sources: Sequence[str] | None, fetch, fds: np.ndarray | None = None, wait: bool = True,
-             after: Any = None) -> BatchStatus | PendingBatch:
+             after: Any = None, positions: np.ndarray | None = None, reader: Any = None) -> BatchStatus | PendingBatch:
         n = len(items)
         self._check_out(out, n)
         idx = np.ascontiguousarray(indices, dtype=np.int64)
@@ -287,8 +297,15 @@ class NativePlan:
         epoch_u = int(epoch) & ((1 << 64) - 1)
         nthreads = min(_threads.resolve_num_threads(num_threads), max(n, 1))
         status, msgs = status_tables(n)
+        native_reader, pos, timeout = None, None, 0.0
+        if reader is not None and positions is not None and n:
+            native_reader, timeout = reader.native, reader.timeout
+            pos = np.ascontiguousarray(positions, dtype=np.int64)
+            if pos.shape != (n,):
+                raise ValueError(f"positions must have shape ({n},), got {pos.shape}")
         handle = _pipeline.start_into(self._chain, self._team_for(nthreads), kind, items, fd, offsets, out, idx,
-                                      seed_u, epoch_u, nthreads, timings, status, msgs, fds)
+                                      seed_u, epoch_u, nthreads, timings, status, msgs, fds, native_reader, pos,
+                                      timeout)
 
         def finish() -> BatchStatus:
             result = BatchStatus(status=status)

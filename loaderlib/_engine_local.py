@@ -20,11 +20,13 @@ import numpy as np
 
 from . import _threads
 from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
+from ._readahead import ReadAhead
+from ._source import NativeSource, SourceKind, native_error
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, default_batchify_fn, finish_native
 from .datasets import _TransformDataset
-from .errors import DecodeError, DecodeWarning
+from .errors import DecodeWarning
 
 # --------------------------------------------------------------------------- collation
 
@@ -124,92 +126,6 @@ def _source(dataset: Any, i: int) -> str | None:
 
 # --------------------------------------------------------------------------- native
 
-
-class NativeSource:
-    """Where a native batch's bytes come from, and how its labels are collated.
-
-    ``kind`` is ``"files"`` (paths), ``"shards"`` (byte ranges of one or more files: record
-    shards, WebDataset tars, RecordIO), ``"buffers"`` (encoded images in memory, from the
-    dataset's ``buffers(indices)``) or ``"arrays"`` (numpy arrays gathered with ``take``; no image
-    pipeline).
-    """
-
-    def __init__(self, kind: str, *, paths: Sequence[str] | None = None, dataset: Any = None,
-                 labels: np.ndarray | None = None, arrays: Sequence[np.ndarray] | None = None,
-                 description: str = "") -> None:
-        self.kind = kind
-        self.paths = list(paths) if paths is not None else None
-        self.dataset = dataset
-        self.labels = labels
-        self.arrays = list(arrays) if arrays is not None else None
-        self.description = description
-        # NOTE [ Virtual indices ]: a Pipeline that passes over its source several times in
-        # one iteration (``repeat``) numbers the k-th pass's sample i as ``k * wrap + i``, so
-        # each pass gets its own augmentation key; the data read is sample ``v % wrap``.
-        self.wrap: int | None = None
-
-    def data_index(self, idx: np.ndarray) -> np.ndarray:
-        """The dataset indices of the stream indices ``idx`` (NOTE [ Virtual indices ])."""
-        return idx % self.wrap if self.wrap else idx
-
-    @property
-    def take_mode(self) -> str:
-        """``np.take`` mode that maps stream indices to rows (NOTE [ Virtual indices ])."""
-        return "wrap" if self.wrap else "raise"
-
-    def source(self, i: int) -> str | None:
-        i = int(i) % self.wrap if self.wrap else int(i)
-        if self.kind == "files":
-            return self.paths[i]
-        if self.kind in ("shards", "buffers", "pixels"):
-            return self.dataset.source(i)
-        return None
-
-    def _run_shards(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int,
-                    num_threads: int, timings: np.ndarray | None, wait: bool) -> Any:
-        """Byte ranges of one or more files (record shards, WebDataset tars, RecordIO): one
-        kernel pass, each sample read with ``pread`` from its own shard's descriptor."""
-        ds = self.dataset
-        key, idx = idx, self.data_index(idx)
-        shard = ds.shard_of[idx]
-        used, where = np.unique(shard, return_inverse=True)
-        fds = np.asarray([ds.fileno(int(s)) for s in used.tolist()], np.int32)[where.reshape(-1)]
-        return plan.run_records_into(fds, np.ascontiguousarray(ds.offsets[idx]), np.ascontiguousarray(ds.sizes[idx]),
-                                     out, key, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings,
-                                     sources=[ds.source(i) for i in idx.tolist()], wait=wait)
-
-    def run(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int, num_threads: int,
-            timings: np.ndarray | None, wait: bool = True) -> Any:
-        """Run ``plan`` on the samples ``idx`` into ``out``: the BatchStatus, or with
-        ``wait=False`` a PendingBatch queued on the plan's kernel threads."""
-        if self.kind == "files":
-            paths = [self.paths[i] for i in self.data_index(idx).tolist()]
-            return plan.run_files_into(paths, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
-                                       timings=timings, wait=wait)
-        if self.kind == "shards":
-            return self._run_shards(plan, idx, out, seed=seed, epoch=epoch, num_threads=num_threads, timings=timings,
-                                    wait=wait)
-        if self.kind == "pixels":   # NOTE [ Cached pixels ] in _cache.py
-            data = self.data_index(idx).tolist()
-            return plan.run_pixels_into(self.dataset.images(data, num_threads), out, idx, seed=seed, epoch=epoch,
-                                        num_threads=num_threads, timings=timings, wait=wait)
-        if self.kind == "buffers":
-            data = self.data_index(idx).tolist()
-            return plan.run_buffers_into(self.dataset.buffers(data), out, idx, seed=seed, epoch=epoch,
-                                         num_threads=num_threads, timings=timings,
-                                         sources=[self.dataset.source(i) for i in data], wait=wait)
-        raise ValueError(f"no native reader for a {self.kind!r} source")
-
-def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> DecodeError:
-    """The plan's error for item ``j`` of a kernel call on ``todo``, naming the sample index and
-    its source."""
-    j = int(j)
-    e = st.errors.get(j)
-    if isinstance(e, DecodeError):
-        return DecodeError(e.reason, int(todo[j]), src.source(todo[j]))
-    return DecodeError.from_status(int(st.status[j]), str(e or ""), int(todo[j]), src.source(todo[j]))
-
-
 @dataclass
 class _NativeBatch:
     """A native batch in flight: its slot, its queued kernel pass and what finishing needs."""
@@ -238,16 +154,24 @@ class NativeProducer(Producer):
     lookahead = 2
 
     def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, state: RunState, arena: BatchArena,
-                 knobs: Any, recorder: Any, on_error: str, batch_size: int) -> None:
+                 knobs: Any, recorder: Any, on_error: str, batch_size: int, timeout: float | None = None,
+                 read_budget: int | None = None) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.src = src
         self.plan = plan
+        # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
+        self.reader: ReadAhead | None = None
+        depth = getattr(knobs, "io_depth", None)
+        if plan is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS) and depth != 0:
+            self.reader = ReadAhead(src, state.order.stream, io_depth=depth, batch_size=batch_size,
+                                    lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
+                                    start=state.cursor)
         self.shards = shards          # per output part: num_shards (None: plain array) or a Pad
         self.arena = arena
         self.knobs = knobs
         self._layouts: dict[int, BatchLayout] = {}
         self._prev_end = 0            # NOTE [ Batch wall time ]
-        if src.kind == "arrays":
+        if src.kind is SourceKind.ARRAYS:
             parts = [((batch_size, *a.shape[1:]), a.dtype) for a in src.arrays]
         else:
             parts = [((batch_size, *plan.sample_shape), plan.dtype)]
@@ -265,6 +189,8 @@ class NativeProducer(Producer):
         return lay
 
     def close(self, wait: bool = True) -> None:
+        if self.reader is not None:
+            self.reader.close()   # queued reads dropped; a read in progress ends on its own
         if wait:
             plan, self.plan = self.plan, None
             if plan is not None:
@@ -286,7 +212,7 @@ class NativeProducer(Producer):
         return out[0] if len(out) == 1 else tuple(out)
 
     def submit(self, task: Task) -> Any:
-        if self.src.kind == "arrays":
+        if self.src.kind is SourceKind.ARRAYS:
             return task
         return self.start(task.indices, task.target, task.start + task.indices.size, task.number)
 
@@ -295,7 +221,7 @@ class NativeProducer(Producer):
             handle.pending.wait()   # its slot goes back only once the kernels are done with it
 
     def finish(self, handle: Any) -> Produced | None:
-        if self.src.kind == "arrays":
+        if self.src.kind is SourceKind.ARRAYS:
             return self._finish_arrays(handle)
         res = self.complete(handle)
         if res is None:
@@ -321,8 +247,12 @@ class NativeProducer(Producer):
         st_run = self.state
         pending = None
         if k:
+            reader = self.reader
+            if reader is not None:
+                reader.top_up()
             pending = self.src.run(self.plan, idx, views[0][:k], seed=st_run.seed, epoch=st_run.epoch,
-                                   num_threads=min(nthreads, k), timings=tim, wait=False)
+                                   num_threads=min(nthreads, k), timings=tim, wait=False,
+                                   positions=np.arange(end - k, end, dtype=np.int64), reader=reader)
         return _NativeBatch(idx, n, end, views, tim, pending, nthreads, t_start, number)
 
     def complete(self, b: _NativeBatch) -> tuple | None:
@@ -344,6 +274,7 @@ class NativeProducer(Producer):
         st_run = self.state
         seed, epoch = st_run.seed, st_run.epoch
         first, tim = b.pending, b.timings
+        todo_start = end - todo.size
         while todo.size:
             k = todo.size
             if first is not None:
@@ -351,7 +282,8 @@ class NativeProducer(Producer):
             else:   # a fill after failures (rare): run it and wait
                 tim = np.zeros((k, 3), np.int64) if recording else None
                 st = self.src.run(self.plan, todo, images[filled:filled + k], seed=seed, epoch=epoch,
-                                  num_threads=min(nthreads, k), timings=tim)
+                                  num_threads=min(nthreads, k), timings=tim, reader=self.reader,
+                                  positions=np.arange(todo_start, todo_start + k, dtype=np.int64))
             if recording:
                 stage += tim.sum(axis=0)
                 per_sample.append(tim)
@@ -387,8 +319,15 @@ class NativeProducer(Producer):
                     b.number = None
                 todo, start = st_run.take(need)
                 end = start + todo.size
+                todo_start = start
             else:
                 todo = todo[:0]
+        reader = self.reader
+        if reader is not None:
+            reader.adapt(nthreads)
+            reader.top_up()
+            if recording:
+                self.rec.extract(reader.counters())
         if filled == 0:
             return None
         sel = np.concatenate(final) if len(final) > 1 else final[0]

@@ -154,19 +154,24 @@ class NativePrefix:
     before the next task starts.
     """
 
-    def __init__(self, *, src: Any, chain: Any, suffix: Any, position: int, others: list) -> None:
-        self.src = src              # _engine_local.NativeSource
+    def __init__(self, *, src: Any, chain: Any, suffix: Any, position: int, others: list,
+                 io_depth: int | None = None, timeout: float | None = None) -> None:
+        self.src = src              # _source.NativeSource
         self.chain = chain          # transforms.Compose of the native prefix
         self.suffix = suffix        # transforms.Compose of the Python tail, or None
         self.position = position    # transform position of the tail's first step
         self.others = others        # .transform(fn) layers on whole samples, innermost first
+        self.io_depth = io_depth    # NOTE [ Read-ahead in workers ]
+        self.timeout = timeout
         self._plan: Any = None
         self._buf: np.ndarray | None = None
         self._run: tuple = ()
+        self._reader: Any = None
+        self._pos = 0
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_plan=None, _buf=None, _run=())
+        state.update(_plan=None, _buf=None, _run=(), _reader=None, _pos=0)
         return state
 
     def source(self, i: int) -> str | None:
@@ -182,13 +187,40 @@ class NativePrefix:
         if self._buf is None or self._buf.shape[0] < n:
             self._buf = np.empty((max(n, 1), *plan.sample_shape), plan.dtype)
         out = self._buf[:n]
-        st = self.src.run(plan, indices, out, seed=seed, epoch=epoch, num_threads=1, timings=None)
+        reader, pos = self._read_ahead(indices)
+        st = self.src.run(plan, indices, out, seed=seed, epoch=epoch, num_threads=1, timings=None, positions=pos,
+                          reader=reader)
+        if reader is not None:
+            reader.adapt(1)
         self._run = (indices, out, st, seed, epoch)
+
+    def _read_ahead(self, indices: np.ndarray) -> tuple[Any, np.ndarray | None]:
+        """NOTE [ Read-ahead in workers ]
+        A worker decodes its task on one thread; reading the task's samples one after the
+        other on that thread would put one read in flight per worker. The worker's own
+        read-ahead stage (NOTE [ Read-ahead ] in include/ll_readahead.h) queues the whole
+        task's reads at once on its IO threads, ``io_depth`` in flight (adaptive by default),
+        and the thread decodes them as they arrive. Positions are the worker's own count of
+        samples, so they only ever increase."""
+        from ._readahead import ReadAhead
+        from ._source import SourceKind
+
+        if self.src.kind not in (SourceKind.FILES, SourceKind.SHARDS) or self.io_depth == 0 or not indices.size:
+            return None, None
+        n = indices.size
+        if self._reader is None or self._reader.held < n or not self._reader.native.usable:
+            self._reader = ReadAhead(self.src, np.zeros(0, np.int64), io_depth=self.io_depth, batch_size=n,
+                                     lookahead=1, timeout=self.timeout)
+        pos = np.arange(self._pos, self._pos + n, dtype=np.int64)
+        self._pos += n
+        self._reader.queue(pos, indices)
+        return self._reader, pos
 
     def item(self, j: int) -> Any:
         """Sample ``j`` of the last :meth:`run`: its native output through the Python tail.
         Raises the sample's DecodeError when the native prefix failed on it."""
-        from ._engine_local import native_error, python_tail
+        from ._engine_local import python_tail
+        from ._source import native_error
         from .errors import DecodeWarning
 
         indices, out, st, seed, epoch = self._run

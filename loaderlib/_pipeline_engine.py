@@ -14,6 +14,8 @@ import numpy as np
 
 from . import _pipeline_ops as ops
 from ._pipeline_spec import TensorSpec, leaves, map_structure, spec_of
+from ._source import NativeSource, SourceKind, native_source_of
+from .datasets import Dataset
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -127,24 +129,34 @@ _EMPTY = object()
 
 def _decodes(ds: Any) -> bool:
     """Whether reading an element of ``ds`` decodes an image (worth the engine's threads)."""
-    from .datasets import ImageFolderDataset, ImageListDataset
-    from .records import RecordFileDataset
-
-    return isinstance(ds, (ImageFolderDataset, ImageListDataset)) or (isinstance(ds, RecordFileDataset)
-                                                                     and not ds.raw)
+    src = native_source_of(ds)
+    return src is not None and src.decodes
 
 
-def _native_dataset(ds: Any) -> bool:
-    from .datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
-    from .records import RecordFileDataset
+class _Numbered(Dataset):
+    """``base`` read with virtual indices (NOTE [ Virtual indices ] in ``_source.py``): item ``v``
+    is ``base[v % n]``, and its native source says so, so the DataLoader a Pipeline's head
+    builds reads the right samples without being patched."""
 
-    if getattr(ds, "native_pixels", False):
-        return True
-    if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
-        return True
-    if isinstance(ds, RecordFileDataset):
-        return not ds.raw
-    return isinstance(ds, ArrayDataset) and all(isinstance(a, np.ndarray) and a.dtype != object for a in ds.arrays)
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self.n = len(base)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, v: int) -> Any:
+        return self.base[int(v) % self.n]
+
+    def source(self, v: int) -> str | None:
+        return self.base.source(int(v) % self.n)
+
+    def native_source(self) -> NativeSource | None:
+        src = native_source_of(self.base)
+        return None if src is None else src.with_wrap(self.n)
+
+    def __repr__(self) -> str:
+        return repr(self.base)
 
 
 # --------------------------------------------------------------------------- the head
@@ -206,24 +218,22 @@ class _Engine:
         self.unbatch = batch is None
         self.batch_size = batch if batch is not None else 64
         kw = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.get("num_threads"),
-              "prefetch": opts.get("prefetch"), "timeout": None}
+              "prefetch": opts.get("prefetch"), "timeout": None, "io_depth": opts.get("io_depth")}
         self.keyed = True
         self._warm: tuple | None = None
         loader = None
-        if _native_dataset(base) and all(isinstance(m, T.Transform) for m in maps):
-            from .datasets import ArrayDataset
-
-            if maps and not isinstance(base, ArrayDataset):
-                cand = base.transform_first(T.Compose(list(maps)))
+        src = native_source_of(base)
+        if src is not None and all(isinstance(m, T.Transform) for m in maps):
+            if maps and src.kind is not SourceKind.ARRAYS:
+                cand = _Numbered(base).transform_first(T.Compose(list(maps)))
             elif not maps:
-                cand = base
+                cand = _Numbered(base)
             else:
                 cand = None
             if cand is not None:
                 loader = DataLoader(cand, **kw)
                 a = loader._analysis
                 if a.engine == "native" or (a.hybrid is not None and batch is not None):
-                    a.native_source.wrap = self.n
                     self.keyed = False
                 else:
                     loader.close()

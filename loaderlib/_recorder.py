@@ -56,7 +56,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import stats as _stats
-from .stats import STAGES, Stats, busy_fraction
+from .stats import STAGES, ExtractStats, Stats, busy_fraction
 
 __all__ = ["STAGES", "StageRecorder", "Stats"]
 
@@ -185,6 +185,7 @@ class StageRecorder:
         self._rows_from_samples = 0
         self._rows_from_batches = 0
         self._bins: collections.deque = collections.deque([_Bin(0, self._num_threads)], maxlen=self._series_len)
+        self._extract: dict | None = None
 
     # -- recording (engine side) ---------------------------------------------------------
     def epoch_started(self, num_threads: int, batch_size: int) -> None:
@@ -299,6 +300,13 @@ class StageRecorder:
         if not self._enabled:
             return
         self._events.append((_EV_QUEUE, depth, capacity, _clock()))
+
+    def extract(self, counters: dict) -> None:
+        """The read-ahead stage's latest counters (cumulative over the epoch); one assignment,
+        no lock (NOTE [ Recorder threading ])."""
+        if not self._enabled:
+            return
+        self._extract = counters
 
     def python_gil(self, stage: str, held: bool) -> None:
         """Note whether the Python step of ``stage`` holds the GIL while it runs."""
@@ -508,6 +516,7 @@ class StageRecorder:
             "q_mean": self._q_sum / self._q_n if self._q_n else 0.0,
             "gil": dict(self._gil),
             "percentile_source": source,
+            "extract": self._extract,
         }
         return state, rows, bins_out
 
@@ -587,4 +596,5 @@ def _build_stats(s: dict, rows: np.ndarray, bins: list) -> Stats:
         queue_depth_mean=s["q_mean"],
         gil_held=s["gil"],
         series=series,
+        extract=ExtractStats.from_counters(s["extract"], elapsed) if s.get("extract") else None,
     )

@@ -243,6 +243,11 @@ class BatchArena:
         lease = self._ring.acquire(layout.nbytes)
         return lease, layout.views(lease)
 
+    def has_room(self) -> bool:
+        """Whether a slot is free now (or the ring has not made all its slots yet)."""
+        r = self._ring
+        return max(r.num_slots, self.num_slots) > r.num_leased
+
     def acquire_bytes(self, nbytes: int) -> Any:
         """Lease a raw slot of at least ``nbytes`` bytes."""
         return self._ring.acquire(int(nbytes))

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._source import NativeSource, SourceKind
 from .decoding import decode
 
 __all__ = [
@@ -46,6 +47,15 @@ class Dataset:
 
     def source(self, idx: int) -> str | None:
         """Where sample ``idx`` comes from (a path or record key), for error messages."""
+        return None
+
+    def native_source(self) -> NativeSource | None:
+        """How the native kernels read this dataset's samples, or None when ``dataset[i]``
+        is read from Python (NOTE [ Datasets describe their own source ] in ``_source.py``).
+
+        A dataset format the kernels can read overrides this; the loader and the Pipeline
+        never test dataset types.
+        """
         return None
 
     def transform(self, fn: Callable, lazy: bool = True) -> Dataset:
@@ -181,6 +191,13 @@ class ArrayDataset(Dataset):
     def arrays(self) -> list:
         return list(self._data)
 
+    def native_source(self) -> NativeSource | None:
+        """ARRAYS when every column is a numeric numpy array (rows gathered with ``take``)."""
+        if not all(isinstance(a, np.ndarray) and a.dtype != object and a.ndim >= 1 for a in self._data):
+            return None
+        return NativeSource(SourceKind.ARRAYS, stage="ArrayDataset of numpy arrays: gathered with numpy take",
+                            arrays=[np.ascontiguousarray(a) for a in self._data], description=repr(self))
+
     def __len__(self) -> int:
         return self._length
 
@@ -258,13 +275,20 @@ def _read_file(path: str, special: bool = False) -> bytes:
         if st.st_size > MAX_FILE_BYTES:
             raise OSError(errno.EFBIG, f"file of {st.st_size} bytes is larger than the {MAX_FILE_BYTES}-byte limit "
                           "for one sample", path)
-        chunks, left = [], st.st_size
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 24))
+        # NOTE [ Files that change while read ] (include/ll_read.h): one byte more than the size.
+        size = st.st_size
+        chunks, got = [], 0
+        while got <= size:
+            chunk = os.read(fd, min(size + 1 - got, 1 << 24))
             if not chunk:
                 break
             chunks.append(chunk)
-            left -= len(chunk)
+            got += len(chunk)
+            if got == size:
+                break
+        if got != size:
+            raise OSError(errno.EIO, f"the file changed size while being read: fstat gave {size} bytes, the read "
+                          + ("found more" if got > size else f"ended early (at {got} bytes)"), path)
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -286,6 +310,22 @@ class _ImageFiles(Dataset):
     def read(self, idx: int) -> bytes:
         """The encoded bytes of sample ``idx``."""
         return _read_file(self.source(idx), self.special_files)
+
+    @property
+    def python_read(self) -> str | None:
+        """Why the samples are read from Python (None: the kernels read them)."""
+        if self.special_files:
+            return (f"{type(self).__name__}(special_files=True): FIFOs and devices are read from Python, each to "
+                    "end of file")
+        return None
+
+    def native_source(self) -> NativeSource | None:
+        """FILES: each sample's file is opened and read by the kernels (None with
+        ``special_files=True``: FIFOs and devices are read from Python)."""
+        if self.special_files:
+            return None
+        return NativeSource(SourceKind.FILES, stage=f"{type(self).__name__}: POSIX reads inside the kernel",
+                            paths=self.paths, labels=self.labels, description=repr(self))
 
     def __getitem__(self, idx: int) -> Any:
         i = _check_index(idx, len(self.paths))

@@ -33,7 +33,6 @@ from ._engine_base import HeldRecorder, LoaderIterator, RunState, _Knobs, _Run
 from ._engine_local import (
     HybridProducer,
     NativeProducer,
-    NativeSource,
     PythonPool,
     ThreadsProducer,
     kernel_threads,
@@ -47,21 +46,18 @@ from ._iterable import (
     is_stateful,
     resume_source,
 )
+from ._source import NativeSource, SourceKind, native_source_of
 from ._tree import tree_map
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .batchify import Pad, Stack, Tuple, default_batchify_fn
 from .datasets import (
     ArrayDataset,
-    ImageFolderDataset,
-    ImageListDataset,
     SimpleDataset,
     TupleDataset,
     _TransformDataset,
 )
 from .errors import StateError
-from .recordio import ImageRecordDataset
-from .records import RecordFileDataset
 from .sampler import (
     LAST_BATCH_MODES,
     BatchSampler,
@@ -72,7 +68,6 @@ from .sampler import (
     ShardedSampler,
     draw_seed,
 )
-from .webdataset import WebDataset
 
 __all__ = ["DataLoader", "LoaderIterator", "TorchLoaderIterator"]
 
@@ -181,50 +176,25 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     src: NativeSource | None = None
     nparts = 0
 
-    if isinstance(base, (ImageFolderDataset, ImageListDataset)) and base.special_files:
-        what = f"{type(base).__name__}(special_files=True): FIFOs and devices are read from Python, each to end of file"
-        stages.append(("read", "python", what))
-        why_py.append("special_files=True: samples are read from Python")
-    elif isinstance(base, (ImageFolderDataset, ImageListDataset)):
-        labels = base.labels
-        src = NativeSource("files", paths=base.paths, labels=labels, description=repr(base))
-        stages.append(("read", "native", f"{type(base).__name__}: POSIX reads inside the kernel"))
-        nparts = 1 if labels is None else 2
-    elif type(base).__name__ == "HFImageDataset" and type(base).__module__ == "loaderlib.integrations.huggingface":
-        src = NativeSource("buffers", dataset=base, labels=base.labels, description=repr(base))
-        stages.append(("read", "native", "HFImageDataset: encoded bytes from the Arrow table, one gather per batch"))
-        nparts = 1 if base.labels is None else 2
-    elif getattr(base, "native_pixels", False):
-        # A Pipeline's complete cache of decoded images (NOTE [ Cached pixels ] in _cache.py).
-        src = NativeSource("pixels", dataset=base, labels=base.labels, description=repr(base))
-        stages.append(("read", "native", f"{base!r}: decoded pixels in memory, no decode"))
-        nparts = 1 if base.labels is None else 2
-    elif isinstance(base, ImageRecordDataset):
-        src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
-        stages.append(("read", "native", "ImageRecordDataset (MXNet RecordIO): pread inside the kernel"))
-        nparts = 2
-    elif isinstance(base, RecordFileDataset) and not base.raw:
-        src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
-        stages.append(("read", "native", "RecordFileDataset: pread of the record shards inside the kernel"))
-        nparts = 2
-    elif isinstance(base, WebDataset) and (base.labels is None or isinstance(base.labels, np.ndarray)):
-        src = NativeSource("shards", dataset=base, labels=base.labels, description=repr(base))
-        stages.append(("read", "native", "WebDataset: byte ranges of the tar shards, pread inside the kernel"))
-        nparts = 1 if base.labels is None else 2
-    elif isinstance(base, ArrayDataset) and not layers and all(
-            isinstance(a, np.ndarray) and a.dtype != object and a.ndim >= 1 for a in base.arrays):
-        src = NativeSource("arrays", arrays=[np.ascontiguousarray(a) for a in base.arrays],
-                           description=repr(base))
-        stages.append(("read", "native", "ArrayDataset of numpy arrays: gathered with numpy take"))
-        nparts = len(base.arrays)
+    src = native_source_of(base)
+    if src is not None and src.kind is SourceKind.ARRAYS and layers:
+        src = None   # a Python transform of array rows: gathered and transformed from Python
+    if src is not None:
+        stages.append(("read", "native", src.stage))
+        nparts = src.parts
     else:
-        stages.append(("read", "python", f"{type(base).__name__}: dataset[i] is Python code"))
-        why_py.append(f"the dataset ({type(base).__name__}) is indexed from Python")
+        what = getattr(base, "python_read", None)
+        if what:
+            stages.append(("read", "python", what))
+            why_py.append(what)
+        else:
+            stages.append(("read", "python", f"{type(base).__name__}: dataset[i] is Python code"))
+            why_py.append(f"the dataset ({type(base).__name__}) is indexed from Python")
 
     hybrid = None
     plan_spec = None
     plan = None
-    if src is not None and src.kind != "arrays":
+    if src is not None and src.kind is not SourceKind.ARRAYS:
         steps = _steps(firsts) if ordered else []
         k, plan = _native_prefix(steps) if ordered else (0, None)
         if plan is None:
@@ -522,7 +492,8 @@ class DataLoader:
                  load_balance: str = "round_robin", max_in_flight: int | None = None,
                  rank: int | None = None, world_size: int | None = None, max_skipped: float | None = None,
                  profile: bool = False, batch_transform: Any = None,
-                 ram_budget: int | str | None = None, output: str | None = None) -> None:
+                 ram_budget: int | str | None = None, output: str | None = None,
+                 io_depth: int | None = None) -> None:
         from ._autotune import AUTOTUNE, parse_bytes
 
         if batch_transform is not None and not isinstance(batch_transform, T.BatchTransform):
@@ -533,6 +504,13 @@ class DataLoader:
         tune_prefetch = prefetch is not None and not isinstance(prefetch, bool) and prefetch == AUTOTUNE
         num_threads = None if tune_threads else num_threads
         prefetch = None if tune_prefetch else prefetch
+        self._tune_io = io_depth is not None and not isinstance(io_depth, bool) and io_depth == AUTOTUNE
+        if self._tune_io:
+            io_depth = None   # the adaptive depth is the tuner (NOTE [ Read-ahead depth ])
+        elif io_depth is not None and (isinstance(io_depth, bool) or not isinstance(io_depth, (int, np.integer))
+                                       or io_depth < 0):
+            raise ValueError(f"io_depth must be a non-negative integer (reads in flight; 0 reads inside the "
+                             f"decode threads), None (adapt) or ll.AUTOTUNE, got {io_depth!r}")
         self.ram_budget = None if ram_budget is None else parse_bytes(ram_budget)
         self.dataset = _as_dataset(dataset)
         self._iterable = is_iterable_dataset(self.dataset)
@@ -652,7 +630,7 @@ class DataLoader:
             num_threads = num_workers   # explain() says so
         depth = prefetch if prefetch is not None else (
             prefetch_factor * max(1, num_workers) if prefetch_factor is not None else max(2, 2 * num_workers))
-        self._knobs = _Knobs(num_threads, depth)
+        self._knobs = _Knobs(num_threads, depth, None if io_depth is None else int(io_depth))
         self.recorder = _make_recorder(profile)
         self._errors: list = []
         self._init_runtime()
@@ -743,13 +721,30 @@ class DataLoader:
         """Per-stage timings of the current or last epoch (the recorder's snapshot); with
         ``AUTOTUNE``, ``stats.autotune`` lists the tuner's decisions, timed in seconds since the
         loader was created (on the profiling clock, as ``stats.started_s``)."""
+        import dataclasses
+
         snap = self.recorder.snapshot()
         tuner = getattr(self, "_tuner", None)
         if tuner is not None and tuner.decisions:
-            import dataclasses
-
             snap = dataclasses.replace(snap, autotune=tuple(tuner.decisions))
-        return snap
+        return dataclasses.replace(snap, memory=self.memory())
+
+    def memory(self) -> dict:
+        """Bytes this loader holds now, by part: ``"batch slots"`` (the arena's ring, the warm
+        next epoch's slots included; NOTE [ Warm slots ]) and ``"read-ahead"`` (the buffers of
+        the read-ahead stages of the runs alive; NOTE [ Read-ahead memory ])."""
+        ring = self._arena_ring
+        parts = {"batch slots": int(ring.stats["capacity_bytes"]) if ring is not None else 0, "read-ahead": 0}
+        runs = [self._warm]
+        it = self._current() if self._current is not None else None
+        if it is not None:
+            runs.append(it._run)
+        for run in runs:
+            prod = getattr(run, "producer", None)
+            reader = getattr(prod, "reader", None) or getattr(getattr(prod, "native", None), "reader", None)
+            if reader is not None and not getattr(run, "closed", True):
+                parts["read-ahead"] += int(reader.native.buffer_bytes())
+        return parts
 
     @property
     def errors(self) -> list:
@@ -778,10 +773,36 @@ class DataLoader:
         if self._knobs.num_threads == 0:
             lines.append("  num_threads=0: every stage runs in the calling thread, one batch per next()")
         for stage, kind, detail in a.stages:
+            if stage == "read" and kind == "native":
+                extract = self._extract_line()
+                if extract is not None:
+                    lines.append(f"  {'read-ahead':<17} {'native':<7} {extract}")
             lines.append(f"  {stage:<17} {kind:<7} {detail}")
         if self.batch_transform is not None:
             lines.append(f"  {'batch transform':<17} {'numpy':<7} {self.batch_transform.describe()}")
         return "\n".join(lines)
+
+    def _extract_line(self) -> str | None:
+        """What explain() says of the read-ahead stage (NOTE [ Read-ahead ]), or None when
+        this loader has none (not files or byte ranges, or a Python engine)."""
+        a = self._analysis
+        src = a.native_source
+        if src is None or src.kind not in (SourceKind.FILES, SourceKind.SHARDS) or a.plan is None:
+            return None
+        if a.engine == "processes":
+            return None
+        depth = self._knobs.io_depth
+        if depth == 0:
+            return "off (io_depth=0): each decode thread reads its own samples"
+        it = self._current() if self._current is not None else None
+        prod = getattr(getattr(it, "_run", None), "producer", None)
+        reader = getattr(prod, "reader", None) or getattr(getattr(prod, "native", None), "reader", None)
+        if reader is not None:
+            return reader.describe()
+        if depth is None:
+            return ("reads issued ahead in the sampler's order by native IO threads; depth adapts to the measured "
+                    "read latency and decode rate (Little's law), within ram_budget")
+        return f"reads issued ahead in the sampler's order by native IO threads, io_depth={depth} in flight"
 
     def __repr__(self) -> str:
         return (f"DataLoader(engine={self.engine!r}, batch_size={self._batch_size}, batches={len(self)}, "
@@ -1023,9 +1044,13 @@ class DataLoader:
 
     def _new_run(self, state: RunState, warm: bool = False) -> _Run:
         recorder = HeldRecorder(self.recorder) if warm else self.recorder
+        if warm:
+            state.live.clear()   # NOTE [ Warm slots ] in _engine_base.py
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)
+        if warm and self._arena_ring is not None:
+            run.room = self._arena_ring.has_room
         if self.worker_init_fn is not None and self.engine == "native" and not self._native_init_done:
             self._native_init_done = True
             run.on_start = self._native_worker_init
@@ -1082,6 +1107,8 @@ class DataLoader:
         w = warm.state.order
         if (w.epoch == order.epoch and w.key == order.key and np.array_equal(w.carry_in, order.carry_in)
                 and not warm.closed):
+            w_state = warm.state
+            w_state.live.set()
             return warm
         warm.close()
         return None
@@ -1137,11 +1164,23 @@ class DataLoader:
         per_run = self._knobs.prefetch + (3 if self.engine == "native" else 2)
         slots = per_run
         if self._pure_sampler() is not None and self.engine != "processes":
-            slots += per_run
+            slots += 2   # a warm next epoch's first batches (NOTE [ Warm slots ])
         if self._arena_ring is None:
             self._arena_ring = BatchArena(slots, allocator=self._pinned_allocator())
         self._arena_ring.num_slots = slots
         return self._arena_ring
+
+    def _read_budget(self) -> int | None:
+        """Bytes the read-ahead buffers may hold (NOTE [ Read-ahead memory ]): what
+        ``ram_budget`` leaves after the arena's slots (at least an eighth of it); None without
+        a budget."""
+        if self.ram_budget is None:
+            return None
+        from ._autotune import batch_nbytes
+
+        per_batch = batch_nbytes(self) or 0
+        slots = self._arena_ring.num_slots if self._arena_ring is not None else 0
+        return max(self.ram_budget // 8, self.ram_budget - slots * per_batch)
 
     def _python_pool(self) -> PythonPool:
         if self._pool is None:
@@ -1161,16 +1200,18 @@ class DataLoader:
                                     pad=self._last_batch != "discard", batchify_fn=self.batchify_fn,
                                     arena=self._arena(), **common)
         if a.engine == "native":
-            plan = None if a.native_source.kind == "arrays" else compile_chain(a.chain)
+            plan = None if a.native_source.kind is SourceKind.ARRAYS else compile_chain(a.chain)
             if recorder.enabled:
                 recorder.python_gil("python", False)
             return NativeProducer(src=a.native_source, plan=plan, shards=a.shards, arena=self._arena(),
-                                  knobs=self._knobs, batch_size=self._batch_size, **common)
+                                  knobs=self._knobs, batch_size=self._batch_size, timeout=self.timeout,
+                                  read_budget=self._read_budget(), **common)
         if recorder.enabled:
             recorder.python_gil("python", True)
         if a.engine == "threads" and a.hybrid is not None:
             native = NativeProducer(src=a.native_source, plan=compile_chain(a.chain), shards=(None, None),
-                                    arena=self._arena(), knobs=self._knobs, batch_size=self._batch_size, **common)
+                                    arena=self._arena(), knobs=self._knobs, batch_size=self._batch_size,
+                                    timeout=self.timeout, read_budget=self._read_budget(), **common)
             return HybridProducer(native=native, suffix=a.hybrid["suffix"], suffix_position=a.hybrid["position"],
                                   others=a.hybrid["others"], batchify_fn=self.batchify_fn, arena=self._arena(),
                                   pool=self._python_pool(), **common)
@@ -1183,7 +1224,8 @@ class DataLoader:
             prefix = None
             if a.hybrid is not None:
                 prefix = NativePrefix(src=a.native_source, chain=a.chain, suffix=a.hybrid["suffix"],
-                                      position=a.hybrid["position"], others=a.hybrid["others"])
+                                      position=a.hybrid["position"], others=a.hybrid["others"],
+                                      io_depth=self._knobs.io_depth, timeout=self.timeout)
             self._workers = WorkerPool(self.num_workers, self.dataset, self.batchify_fn, self.worker_init_fn,
                                        self.on_error, self.seed, load_balance=self.load_balance, prefix=prefix,
                                        registrar=self._host_registrar())
@@ -1238,18 +1280,18 @@ class DataLoader:
 
     def __getstate__(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
-        d["_knobs"] = (self._knobs.num_threads, self._knobs.prefetch)
+        d["_knobs"] = (self._knobs.num_threads, self._knobs.prefetch, self._knobs.io_depth)
         d["recorder"] = self.recorder.enabled
         d["_saved_position"] = self.state_dict()
         return d
 
     def __setstate__(self, d: dict) -> None:
         saved = d.pop("_saved_position")
-        num_threads, prefetch = d.pop("_knobs")
+        num_threads, prefetch, io_depth = d.pop("_knobs")
         enabled = d.pop("recorder")
         self.__dict__.update(d)
         self._analysis = _analyze(self.dataset, self.batchify_fn, self.num_workers)
-        self._knobs = _Knobs(num_threads, prefetch)
+        self._knobs = _Knobs(num_threads, prefetch, io_depth)
         self.recorder = _make_recorder(enabled)
         self._errors = []
         self._init_runtime()

@@ -394,7 +394,7 @@ class Pipeline:
 
     def with_options(self, *, seed: int | None = None, num_threads: int | None = None,
                      prefetch: int | None = None, ram_budget: int | str | None = None, num_workers: int | None = None,
-                     autotune_clock: Callable[[], float] | None = None) -> Pipeline:
+                     autotune_clock: Callable[[], float] | None = None, io_depth: int | None = None) -> Pipeline:
         """The same plan with run options.
 
         Parameters
@@ -412,6 +412,10 @@ class Pipeline:
             engine, as ``DataLoader(num_workers=...)``); 0 (default): the threads engine.
         autotune_clock : callable, optional
             The clock ``AUTOTUNE`` reads (seconds); for tests.
+        io_depth : int or AUTOTUNE, optional
+            Reads in flight of the head's read-ahead stage (as ``DataLoader(io_depth=...)``):
+            0 reads inside the decode threads; unset or ``AUTOTUNE``: adapts to the measured
+            read latency (NOTE [ Read-ahead depth ] in ``_readahead.py``).
         """
         from ._autotune import AUTOTUNE, parse_bytes
 
@@ -432,6 +436,10 @@ class Pipeline:
             opts["num_workers"] = _check_count(num_workers, "num_workers", 0)
         if autotune_clock is not None:
             opts["autotune_clock"] = autotune_clock
+        if io_depth is not None:
+            if io_depth != AUTOTUNE:
+                _check_count(io_depth, "io_depth", 0)
+            opts["io_depth"] = int(io_depth)
         return Pipeline(self._src, self._steps, opts)
 
     # -- properties ------------------------------------------------------------------

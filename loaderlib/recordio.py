@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ._shardfiles import ShardFiles
+from ._source import NativeSource, SourceKind
 from .datasets import Dataset, _check_index
 from .decoding import decode
 from .errors import LoaderError
@@ -147,6 +148,11 @@ class ImageRecordDataset(ShardFiles, Dataset):
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def native_source(self) -> NativeSource | None:
+        """SHARDS: records read with ``pread`` by the kernels."""
+        return NativeSource(SourceKind.SHARDS, stage="ImageRecordDataset (MXNet RecordIO): pread inside the kernel",
+                            dataset=self, labels=self.labels, description=repr(self))
 
     def source(self, idx: int) -> str | None:
         return f"{self.path}:record {self.keys[_check_index(idx, len(self.keys))]}"

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ._shardfiles import ShardFiles
+from ._source import NativeSource, SourceKind
 from .datasets import Dataset, _check_index, _read_file
 from .decoding import decode
 from .errors import LoaderError
@@ -386,6 +387,14 @@ class RecordFileDataset(ShardFiles, Dataset):
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def native_source(self) -> NativeSource | None:
+        """SHARDS: records read with ``pread`` by the kernels (None with ``raw=True``: the items
+        are bytes, not images)."""
+        if self.raw:
+            return None
+        return NativeSource(SourceKind.SHARDS, stage="RecordFileDataset: pread of the record shards inside the kernel",
+                            dataset=self, labels=self.labels, description=repr(self))
 
     def source(self, idx: int) -> str | None:
         return self.keys[_check_index(idx, len(self.offsets))]

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._shardfiles import ShardFiles
+from ._source import NativeSource, SourceKind
 from .datasets import Dataset
 from .decoding import decode
 from .errors import LoaderError
@@ -184,6 +185,15 @@ class WebDataset(ShardFiles, Dataset):
     def shard_sizes(self) -> list[int]:
         """Samples per shard, in order (for ``sampler.ShardShuffleSampler``)."""
         return np.bincount(self.shard_of, minlength=len(self.paths)).tolist()
+
+    def native_source(self) -> NativeSource | None:
+        """SHARDS: members read by byte range with ``pread`` by the kernels (None when labels
+        are not one integer per sample)."""
+        if self.labels is not None and not isinstance(self.labels, np.ndarray):
+            return None
+        return NativeSource(SourceKind.SHARDS,
+                            stage="WebDataset: byte ranges of the tar shards, pread inside the kernel",
+                            dataset=self, labels=self.labels, description=repr(self))
 
     def source(self, idx: int) -> str | None:
         i = int(idx)

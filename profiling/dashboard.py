@@ -245,6 +245,7 @@ class Dashboard:
                 gil_held=stats.gil_held,
                 min_seconds=DASH_MIN_S,
                 min_batches=DASH_MIN_BATCHES,
+                extract=stats.extract,
             )
             self.last_stats = stats
             self.last_window = now
@@ -408,6 +409,18 @@ class Dashboard:
             cells.append(("CPU cores", f"{cores:.2f}"))
         if others is not None:
             cells.append(("other processes", f"{others:.2f} cores"))
+        ex = getattr(stats, "extract", None)
+        if ex is not None:
+            # NOTE [ Read-ahead ]: the Extract stage beside the compute figures.
+            cells += [
+                ("reads in flight", f"{ex.reads_in_flight}/{ex.io_depth}" + (" (adaptive)" if ex.adaptive else "")),
+                ("read latency p50/p95", f"{ex.latency_p50_ms:.2f}/{ex.latency_p95_ms:.2f} ms"),
+                ("read MB/s", f"{ex.bytes_per_s / 1e6:,.1f}"),
+                ("waited for bytes", f"{ex.read_wait_s:.2f} thread-s"),
+            ]
+        mem = getattr(stats, "memory", None) or {}
+        if mem:
+            cells.append(("memory", ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in mem.items())))
         head = "".join(f"<th style='padding:0 10px;font-weight:600'>{html.escape(k)}</th>" for k, _ in cells)
         body = "".join(f"<td style='padding:0 10px;text-align:center'>{html.escape(v)}</td>" for _, v in cells)
         return f"<div style=\"{self._box}\"><table><tr>{head}</tr><tr>{body}</tr></table></div>"

@@ -568,6 +568,7 @@ def benchmark(
         buffered_samples=main.buffered,
         other_cores=main.other_cores,
         top_others=main.top_others,
+        extract=getattr(main.stats, "extract", None) if main.stats is not None else None,
     )
     problems = window.problems()
     if problems:  # the accounting contradicts itself: say so rather than show it

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -179,6 +180,7 @@ def diagnose(
     top_others: Sequence[tuple[str, float]] = (),
     min_seconds: float = MIN_WINDOW_S,
     min_batches: int = MIN_BATCHES,
+    extract: Any = None,
 ) -> Verdict:
     """Apply NOTE [ Verdict rules ] to one accounted window.
 
@@ -209,6 +211,9 @@ def diagnose(
         The other processes that used the most CPU, named in the competing-load note.
     min_seconds, min_batches
         The shortest window that gets a verdict.
+    extract : loaderlib.stats.ExtractStats, optional
+        The read-ahead stage's figures (``stats.extract``): an ``io`` verdict then names the
+        storage latency, the reads in flight and the depth (NOTE [ Storage in the verdict ]).
 
     Returns
     -------
@@ -335,6 +340,13 @@ def diagnose(
     summary += conf
 
     # Rule 4: what to try.
+    if kind == "io" and not (contended and full):
+        storage = _storage(extract, n, w)
+        if storage is not None:
+            head, tip, figures = storage
+            ev.update(figures)
+            summary = head + f" ({100 * share[stage]:.0f}% of thread time waiting for reads)" + conf
+            return Verdict(kind, summary, tip, ev, confidence=confidence, notes=tuple(notes))
     gil = bool(gil_held and gil_held.get(stage))
     off_cpu = cores_used is not None and cores_used < IO_WAIT_CORES * busy_threads
     gil_serialised = (kind == "python" and n >= 2 and cores_used is not None
@@ -366,3 +378,30 @@ def diagnose(
                "times (the GIL, the driver, a small prefetch queue): raise prefetch, check Python steps; "
                "the stage to make cheaper is still " + stage + ": " + _CHEAPER[kind])
     return Verdict(kind, summary, tip, ev, confidence=confidence, notes=tuple(notes))
+
+
+def _storage(extract: Any, threads: int, w: Window) -> tuple[str, str, dict] | None:
+    """NOTE [ Storage in the verdict ]
+    When reads limit the loader, the useful answer names the storage: how long one read takes
+    and how many were in flight, since by Little's law those two set the read rate, and what
+    the read-ahead stage (NOTE [ Read-ahead ] in ``pyx/include/ll_readahead.h``) did or should do
+    about it. The figures are the stage's own (``stats.extract``): latency p50, the depth,
+    and the depth the delivered rate calls for by Little's law. Without a read-ahead stage
+    (``io_depth=0``, the Python engines) the io advice of rule 4 applies unchanged. Returns
+    the summary's head, the tip and the figures, or None when the loader has no read-ahead
+    stage or it read nothing.
+    """
+    if extract is not None and extract.reads:
+        lat = extract.latency_p50_ms
+        depth = extract.io_depth
+        need = math.ceil(1.5 * w.samples_per_s * lat / 1e3) + threads if w.samples_per_s > 0 else depth
+        head = (f"read-bound: storage latency ~{lat:.3g} ms with {depth} reads in flight"
+                + (f"; io_depth {'adapting' if extract.adaptive else 'fixed'} at {depth}"))
+        if extract.adaptive:
+            tip = (f"the read-ahead depth adapts (now {depth}); if the storage serves more reads at once, a higher "
+                   f"depth helps: try io_depth={max(2 * depth, need)}, or " + _CHEAPER["io"])
+        else:
+            tip = (f"raise io_depth (now {depth}; about {max(need, depth + 1)} in flight cover {lat:.3g} ms reads at "
+                   "this rate), or leave it unset so it adapts, or " + _CHEAPER["io"])
+        return head, tip, {"read_latency_ms": lat, "io_depth": depth, "reads_in_flight": extract.reads_in_flight}
+    return None

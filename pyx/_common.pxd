@@ -7,6 +7,7 @@ cdef extern from "ll_common.h":
         LL_OK
         LL_ERR_NOMEM
         LL_ERR_SHAPE
+        LL_ERR_READ
         LL_MODE_RGB
         LL_MODE_BGR
         LL_MODE_GRAY

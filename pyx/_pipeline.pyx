@@ -9,7 +9,7 @@ into the item's output slot. Per-item failures become status codes and messages;
 module never raises for them.
 """
 
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.stdio cimport snprintf
 from libc.string cimport memcpy
@@ -234,6 +234,164 @@ cdef class Team:
             self.pool = NULL
 
 
+cdef extern from "ll_readahead.h":
+    ctypedef struct ll_rreq:
+        int status
+        char* msg
+        ll_buf data
+        ll_buf path
+        size_t n
+    ctypedef struct ll_rwait:
+        int64_t n
+        int64_t nready
+        int64_t* order
+        int64_t* slot
+    ctypedef struct ll_reader:
+        ll_rreq* slots
+        int64_t cap
+        int depth
+        int nthreads
+        int reading
+        int64_t reads, failures, bytes, lat_ns, cpu_ns, queue_ns, queued, taken, wait_ns
+        int64_t limit
+        uint32_t hist[96]
+    const int LL_LAT_BINS
+    const int LL_READER_MAX_THREADS
+    ll_reader* ll_reader_new(int64_t cap, int depth) noexcept nogil
+    int ll_reader_usable(const ll_reader* r) noexcept nogil
+    int ll_reader_set_depth(ll_reader* r, int depth) noexcept nogil
+    void ll_reader_set_limit(ll_reader* r, int64_t limit) noexcept nogil
+    int64_t ll_reader_queue(ll_reader* r, const int64_t* pos, int64_t n, const char* const* paths,
+                            const int32_t* fds, const int64_t* offs, const int64_t* sizes) noexcept nogil
+    void ll_reader_attach(ll_reader* r, ll_rwait* w, const int64_t* pos, int64_t n) noexcept nogil
+    int64_t ll_rwait_next(ll_reader* r, ll_rwait* w, int64_t k, int64_t timeout_ns, int64_t* waited) noexcept nogil
+    void ll_reader_release(ll_reader* r, int64_t slot) noexcept nogil
+    void ll_reader_stop(ll_reader* r) noexcept nogil
+    void ll_reader_close(ll_reader* r) noexcept nogil
+
+
+LAT_BINS = LL_LAT_BINS
+MAX_IO_THREADS = LL_READER_MAX_THREADS
+
+
+cdef class Reader:
+    """The read-ahead stage's native half (NOTE [ Read-ahead ] in include/ll_readahead.h): a
+    ring of ``cap`` read slots keyed by stream position and up to ``depth`` IO threads.
+
+    Positions are queued in increasing order with :meth:`queue_files` or
+    :meth:`queue_ranges`; batches started with ``start_into(..., reader=self,
+    positions=...)`` take their bytes from it. Freed (its threads told to stop) when the last
+    batch holding it and its owner are gone; :meth:`stop` stops it earlier.
+    """
+    cdef ll_reader* r
+    cdef readonly int64_t cap
+
+    def __cinit__(self, int64_t cap, int depth):
+        self.r = NULL
+        if cap < 1:
+            raise ValueError("a Reader needs at least one slot")
+        with nogil:
+            self.r = ll_reader_new(cap, depth)
+        if self.r == NULL:
+            raise MemoryError(f"could not allocate {cap} read slots")
+        self.cap = cap
+
+    def __dealloc__(self):
+        if self.r != NULL:
+            with nogil:
+                ll_reader_close(self.r)
+            self.r = NULL
+
+    @property
+    def usable(self):
+        """False in a child process after fork(): the IO threads stayed in the parent."""
+        return bool(ll_reader_usable(self.r))
+
+    def set_depth(self, int depth):
+        """Reads in flight from now on (1 to MAX_IO_THREADS); returns the IO threads running."""
+        cdef int n
+        with nogil:
+            n = ll_reader_set_depth(self.r, depth)
+        return n
+
+    def set_limit(self, int64_t limit):
+        """Use at most ``limit`` read slots (1 to cap): the read-ahead's memory bound."""
+        with nogil:
+            ll_reader_set_limit(self.r, limit)
+
+    def stop(self):
+        """Drop queued reads and let the IO threads exit; batches still waiting give up."""
+        with nogil:
+            ll_reader_stop(self.r)
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def queue_files(self, const int64_t[::1] positions not None, list paths not None):
+        """Queue whole-file reads of ``paths`` (bytes) at ``positions``; returns how many
+        positions were taken (the ring may be full)."""
+        cdef Py_ssize_t n = positions.shape[0]
+        if len(paths) != n:
+            raise ValueError(f"{len(paths)} paths for {n} positions")
+        if n == 0:
+            return 0
+        cdef const char** ptrs = <const char**>calloc(n, sizeof(char*))
+        if ptrs == NULL:
+            raise MemoryError()
+        cdef Py_ssize_t i
+        cdef int64_t k
+        try:
+            for i in range(n):
+                p = paths[i]
+                if not isinstance(p, bytes):
+                    raise TypeError(f"path {i}: paths must be bytes (os.fsencode)")
+                ptrs[i] = <const char*>(<bytes>p)
+            with nogil:
+                k = ll_reader_queue(self.r, &positions[0], n, ptrs, NULL, NULL, NULL)
+        finally:
+            free(ptrs)
+        return k
+
+    def queue_ranges(self, const int64_t[::1] positions not None, const int32_t[::1] fds not None,
+                     const int64_t[::1] offsets not None, const int64_t[::1] sizes not None):
+        """Queue ``sizes[i]`` bytes at ``offsets[i]`` of descriptor ``fds[i]`` at
+        ``positions``; returns how many positions were taken."""
+        cdef Py_ssize_t n = positions.shape[0]
+        if fds.shape[0] != n or offsets.shape[0] != n or sizes.shape[0] != n:
+            raise ValueError("queue_ranges: inconsistent table sizes")
+        if n == 0:
+            return 0
+        cdef Py_ssize_t i
+        for i in range(n):
+            if sizes[i] < 0 or offsets[i] < 0 or sizes[i] > LL_MAX_FILE_BYTES:
+                raise ValueError(f"record {i}: offset {offsets[i]} / size {sizes[i]} out of range")
+        cdef int64_t k
+        with nogil:
+            k = ll_reader_queue(self.r, &positions[0], n, NULL, &fds[0], &offsets[0], &sizes[0])
+        return k
+
+    def buffer_bytes(self):
+        """Bytes the read slots' buffers hold (they grow to the largest sample each slot held)."""
+        cdef int64_t total = 0, i
+        cdef ll_reader* r = self.r
+        for i in range(r.cap):
+            total += r.slots[i].data.cap + r.slots[i].path.cap
+        return int(total)
+
+    def counters(self):
+        """A snapshot: reads done, failures, bytes, summed latency / CPU / queue nanoseconds,
+        reads queued so far, items the kernel threads took and their summed wait for bytes,
+        reads in progress, depth, slot limit, IO threads, and the latency histogram
+        (LAT_BINS counts; bin b covers [2^(b/4), 2^((b+1)/4)) microseconds)."""
+        cdef ll_reader* r = self.r
+        # The counters are written under the reader's mutex; a torn read of one 64-bit
+        # counter cannot happen on the platforms built for, and a snapshot need not be atomic.
+        hist = [int(r.hist[b]) for b in range(LL_LAT_BINS)]
+        return {"reads": int(r.reads), "failures": int(r.failures), "bytes": int(r.bytes), "lat_ns": int(r.lat_ns),
+                "cpu_ns": int(r.cpu_ns), "queue_ns": int(r.queue_ns), "queued": int(r.queued),
+                "taken": int(r.taken), "wait_ns": int(r.wait_ns), "limit": int(r.limit),
+                "reading": int(r.reading), "depth": int(r.depth), "threads": int(r.nthreads), "hist": hist}
+
+
 cdef struct RunCtx:
     const ll_plan* plan
     ll_worker* workers
@@ -251,17 +409,61 @@ cdef struct RunCtx:
     uint8_t* msgs
     Py_ssize_t msg_stride
     int64_t* times
+    ll_reader* reader        # NULL: every item reads in the pass
+    ll_rwait wait
+    int64_t timeout_ns       # the longest wait for bytes (0: no limit)
+    double timeout_s
 
 
-cdef void _job_item(void* ctx, int64_t i, int tid) noexcept nogil:
+cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
     cdef RunCtx* c = <RunCtx*>ctx
     cdef int kind = c.kind
+    cdef int64_t i = k
+    cdef int64_t waited = 0, s = -1
+    cdef int64_t* times
+    cdef char* msg
+    cdef ll_rreq* q
+    if c.reader != NULL:
+        # NOTE [ Read-ahead ]: claim k runs the k-th item whose bytes arrived.
+        i = ll_rwait_next(c.reader, &c.wait, k, c.timeout_ns, &waited)
+        s = c.wait.slot[i]
+    times = c.times + 3 * i if c.times != NULL else NULL
+    msg = <char*>(c.msgs + i * c.msg_stride)
+    if s == -2:
+        snprintf(msg, LL_MSG_LEN, "read failed: the read did not complete within %.6g s", c.timeout_s)
+        c.status[i] = LL_ERR_READ
+        if times != NULL:
+            times[0] = waited
+            times[1] = 0
+            times[2] = 0
+        return
+    if s >= 0:
+        q = &c.reader.slots[s]
+        msg[0] = 0
+        if q.status != LL_OK:
+            snprintf(msg, LL_MSG_LEN, "%s", q.msg)
+            c.status[i] = q.status
+            if times != NULL:
+                times[1] = 0
+                times[2] = 0
+        elif times != NULL:
+            c.status[i] = ll_chain_run(c.plan, &c.workers[tid], q.data.p, q.n, c.seed, c.epoch, <uint64_t>c.indices[i],
+                                       c.base + i * c.item_bytes, msg, &times[1], &times[2])
+        else:
+            c.status[i] = ll_chain_run(c.plan, &c.workers[tid], q.data.p, q.n, c.seed, c.epoch, <uint64_t>c.indices[i],
+                                       c.base + i * c.item_bytes, msg, NULL, NULL)
+        if times != NULL:
+            times[0] = waited
+        ll_reader_release(c.reader, s)
+        return
     c.status[i] = _run_item(
         c.plan, &c.workers[tid], kind,
         <const uint8_t*>c.ptrs[i] if kind == SRC_BUFFERS or kind == SRC_PIXELS else NULL, c.sizes[i],
         <const char*>c.ptrs[i] if kind == SRC_FILES else NULL, c.fds[i] if c.fds != NULL else c.fd,
         c.offsets[i] if kind == SRC_RECORDS or kind == SRC_PIXELS else 0, c.seed, c.epoch, <uint64_t>c.indices[i],
-        c.base + i * c.item_bytes, <char*>(c.msgs + i * c.msg_stride), c.times + 3 * i if c.times != NULL else NULL)
+        c.base + i * c.item_bytes, msg, times)
+    if times != NULL:
+        times[0] += waited
 
 
 cdef class Pending:
@@ -271,6 +473,7 @@ cdef class Pending:
     cdef ll_job job
     cdef RunCtx ctx
     cdef Team team
+    cdef Reader reader
     cdef Inputs inp
     cdef list items
     cdef object refs
@@ -287,6 +490,9 @@ cdef class Pending:
     def __cinit__(self):
         self.ptrs = NULL
         self.sizes = NULL
+        self.ctx.reader = NULL
+        self.ctx.wait.order = NULL
+        self.ctx.wait.slot = NULL
         self.submitted = False
         self.finished = False
 
@@ -310,8 +516,14 @@ cdef class Pending:
             self.inp = None
         free(self.ptrs)
         free(self.sizes)
+        free(self.ctx.wait.order)
+        free(self.ctx.wait.slot)
         self.ptrs = NULL
         self.sizes = NULL
+        self.ctx.wait.order = NULL
+        self.ctx.wait.slot = NULL
+        self.ctx.reader = NULL
+        self.reader = None
         self.items = None
         self.refs = None
 
@@ -328,7 +540,8 @@ cdef class Pending:
 def start_into(CompiledChain chain not None, Team team not None, int kind, list items, int fd,
                const int64_t[::1] offsets, cnp.ndarray out not None, const int64_t[::1] indices not None,
                uint64_t seed, uint64_t epoch, int num_threads, int64_t[:, ::1] timings,
-               int32_t[::1] status not None, uint8_t[:, ::1] msgs not None, const int32_t[::1] fds=None):
+               int32_t[::1] status not None, uint8_t[:, ::1] msgs not None, const int32_t[::1] fds=None,
+               Reader reader=None, const int64_t[::1] positions=None, double timeout=0.0):
     """Queue the fused chain for every item of a batch on ``team``, into ``out[i]``; returns
     a :class:`Pending` whose ``wait()`` returns once every item is done.
 
@@ -336,7 +549,10 @@ def start_into(CompiledChain chain not None, Team team not None, int kind, list 
     are file paths (bytes), read inside the pass; SOURCE_RECORDS: records of the open file
     ``fd`` (or of ``fds[i]`` when given: records of several shard files in one pass):
     ``offsets[i]`` and ``items[i]`` (the size, an int); SOURCE_PIXELS: decoded HWC images,
-    ``offsets[i]`` = rows << 32 | columns. At most ``num_threads`` of the team's threads work
+    ``offsets[i]`` = rows << 32 | columns. With ``reader`` and ``positions`` (the items'
+    stream positions; SOURCE_FILES and SOURCE_RECORDS), items whose reads ``reader`` queued
+    take their bytes from it, in the order they arrive, waiting at most ``timeout`` seconds
+    (0: no limit) for one (NOTE [ Read-ahead ]). At most ``num_threads`` of the team's threads work
     on the batch (NOTE [ One queue across batches ]). Per item: status[i] is LL_OK, LL_WARNED
     or an error code with the reason in msgs[i]. ``out``, ``status``, ``msgs`` and
     ``timings`` belong to the kernels until ``wait()`` returns.
@@ -363,6 +579,13 @@ def start_into(CompiledChain chain not None, Team team not None, int kind, list 
         raise ValueError(f"start_into: each output slot has {item_bytes} bytes, the chain writes {expect}")
     if fds is not None and fds.shape[0] != n:
         raise ValueError(f"start_into: {fds.shape[0]} descriptors for {n} items")
+    if reader is not None:
+        if kind != SRC_FILES and kind != SRC_RECORDS:
+            raise ValueError("start_into: read-ahead applies to files and records only")
+        if positions is None or positions.shape[0] != n:
+            raise ValueError("start_into: a reader needs one stream position per item")
+        if not reader.usable:
+            raise RuntimeError("start_into: the reader's threads belong to another process (this one forked)")
     cdef Pending pend = Pending()
     pend.team = team
     pend.items = items
@@ -417,6 +640,18 @@ def start_into(CompiledChain chain not None, Team team not None, int kind, list 
     c.msgs = &msgs[0, 0]
     c.msg_stride = msgs.strides[0]
     c.times = &timings[0, 0] if timings is not None else NULL
+    if reader is not None:
+        c.wait.order = <int64_t*>calloc(n, sizeof(int64_t))
+        c.wait.slot = <int64_t*>calloc(n, sizeof(int64_t))
+        if c.wait.order == NULL or c.wait.slot == NULL:
+            pend._release()
+            raise MemoryError()
+        pend.reader = reader
+        c.reader = reader.r
+        c.timeout_s = timeout
+        c.timeout_ns = <int64_t>(timeout * 1e9) if timeout > 0 else 0
+        with nogil:
+            ll_reader_attach(c.reader, &c.wait, &positions[0], n)
     pend.job.fn = _job_item
     pend.job.ctx = c
     pend.job.n = n

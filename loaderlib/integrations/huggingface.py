@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._source import NativeSource, SourceKind
 from ..datasets import Dataset, _check_index
 from ..decoding import decode
 from ..errors import LoaderError
@@ -64,6 +65,12 @@ class HFImageDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.hf)
+
+    def native_source(self) -> NativeSource:
+        """BUFFERS: the encoded bytes from the Arrow table, one gather per batch."""
+        return NativeSource(SourceKind.BUFFERS,
+                            stage="HFImageDataset: encoded bytes from the Arrow table, one gather per batch",
+                            dataset=self, labels=self.labels, description=repr(self))
 
     def source(self, idx: int) -> str | None:
         return f"{self.image_column}[{int(idx)}]"

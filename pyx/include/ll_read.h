@@ -83,15 +83,42 @@ static int ll_read_file(const char *path, ll_buf *b, size_t *size, char *msg) {
         return LL_ERR_READ;
     }
     size_t n = (size_t)stbuf.st_size;
-    if (ll_buf_reserve(b, n > 0 ? n : 1) != 0) {
+    if (ll_buf_reserve(b, n + 1) != 0) {
         if (msg) snprintf(msg, LL_MSG_LEN, "out of memory reading %zu bytes", n);
         close(fd);
         return LL_ERR_NOMEM;
     }
-    int st = ll_pread_all(fd, b->p, n, 0, msg);
+    /* NOTE [ Files that change while read ]
+     * One byte more than fstat's size is asked for: a regular file read to its end returns
+     * short, so the usual read costs no extra call (on a FUSE mount each call is a round
+     * trip), and a file that grew since fstat fills the extra byte. A file that shrank ends
+     * early. Either way the bytes are not the file fstat described (a writer is replacing
+     * it): the item fails with both sizes, never decoding a mix of old and new bytes. */
+    size_t got = 0;
+    while (got <= n) {
+        ssize_t r = pread(fd, b->p + got, n + 1 - got, (off_t)got);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            ll_errno_msg(msg, "read failed", errno);
+            close(fd);
+            return LL_ERR_READ;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+        if (got == n) break; /* a short read at the size fstat gave: the end of the file */
+    }
     close(fd);
     *size = n;
-    return st;
+    if (got != n) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "the file changed size while being read: fstat gave %zu bytes, the read %s",
+                          n, got > n ? "found more" : "ended early");
+        if (msg && got < n) {
+            size_t len = strlen(msg);
+            snprintf(msg + len, LL_MSG_LEN - len, " (at %zu bytes)", got);
+        }
+        return LL_ERR_READ;
+    }
+    return LL_OK;
 }
 
 #endif

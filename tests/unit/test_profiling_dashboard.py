@@ -343,3 +343,21 @@ def test_a_pipeline_without_an_engine_stage_is_refused():
     pipe = ll.Pipeline.from_iterable(range(4)).map(lambda x: x + 1)
     with pytest.raises(TypeError, match="runs none"):
         Dashboard(pipe)
+
+
+def test_the_read_ahead_stage_is_shown(root):
+    """A loader with read-ahead: the figures name reads in flight, read latency and bytes/s,
+    from the loader's own ExtractStats."""
+    loader = ll.DataLoader(ll.ImageFolderDataset(root).transform_first(T.Compose([T.Resize((24, 24))])),
+                           batch_size=8, io_depth=6, profile=True)
+    dash = Dashboard(loader, autostart=False)
+    for _ in loader:
+        pass
+    dash.update()
+    ex = loader.stats.extract
+    cells = _cells(dash.figures.value)
+    assert cells["reads in flight"] == f"{ex.reads_in_flight}/6"
+    assert cells["read latency p50/p95"] == f"{ex.latency_p50_ms:.2f}/{ex.latency_p95_ms:.2f} ms"
+    assert cells["read MB/s"] == f"{ex.bytes_per_s / 1e6:,.1f}"
+    dash.close()
+    loader.close()

@@ -273,3 +273,29 @@ def test_a_full_machine_does_not_pass_for_a_gil_or_blocked_step():
     # The same shortfall on an idle machine: the threads were blocked, not computing.
     v = _diag(stage_s=s, threads=2, cpus=2, busy=0.7, cores_used=0.4, other_cores=0.0)
     assert "mostly wait on the Python step" in v.suggestion
+
+
+def _extract(latency_ms, depth, adaptive=False, reads=1000):
+    from loaderlib.stats import ExtractStats
+
+    return ExtractStats(io_depth=depth, adaptive=adaptive, reads_in_flight=depth, reads=reads, failures=0,
+                        bytes=reads * 100_000, bytes_per_s=1e7, latency_mean_ms=latency_ms,
+                        latency_p50_ms=latency_ms, latency_p95_ms=1.5 * latency_ms, read_cpu_s=0.1, read_wait_s=3.0,
+                        queued_wait_ms=0.0, slots_limit=64)
+
+
+def test_read_bound_names_the_storage_latency_and_depth():
+    """NOTE [ Storage in the verdict ]: an io verdict names the storage latency, the reads in
+    flight and the depth, from the read-ahead stage's figures."""
+    slow = dict(STAGE_S, read=6.0)
+    v = _diag(stage_s=slow, threads=2, samples_per_s=400.0, extract=_extract(4.0, 2))
+    assert v.bottleneck == "io"
+    assert v.summary.startswith("read-bound: storage latency ~4 ms with 2 reads in flight; io_depth fixed at 2")
+    # Little's law at 400 samples/s and 4 ms: 1.5 x 1.6 + 2 threads -> 5 in flight.
+    assert "raise io_depth (now 2; about 5 in flight cover 4 ms reads" in v.suggestion
+    assert v.evidence["read_latency_ms"] == 4.0 and v.evidence["io_depth"] == 2
+    v = _diag(stage_s=slow, threads=2, samples_per_s=400.0, extract=_extract(16.0, 48, adaptive=True))
+    assert "io_depth adapting at 48" in v.summary and "try io_depth=96" in v.suggestion
+    # Without a read-ahead stage the io advice is rule 4's; never decode for a read-bound window.
+    v = _diag(stage_s=slow, threads=2, samples_per_s=400.0)
+    assert v.bottleneck == "io" and "storage latency" not in v.summary

@@ -1,0 +1,215 @@
+"""The read-ahead stage's policy: what to queue, how many reads in flight, how much memory.
+
+The native half (``loaderlib._ext._pipeline.Reader``; NOTE [ Read-ahead ] in
+``pyx/include/ll_readahead.h``) reads; this module decides.
+
+NOTE [ Read-ahead depth ]
+``io_depth`` is the number of reads in flight. A fixed integer is used as given. The default
+(``None``) adapts after every batch by Little's law: to keep the kernel threads fed, the reads
+in flight must cover the rate at which the kernels could consume samples times the time one
+read takes, ``depth = rate x latency``. Both are measured over the last batches:
+
+* latency: the mean time the IO threads spent per read (from the native counters);
+* rate: what the kernel threads would reach if they never waited for bytes,
+  ``threads / (per-sample compute time)``, the compute time being the threads' wall time
+  minus the time they waited for bytes (both from the native counters, so nothing depends
+  on profiling being on).
+
+The depth is set to ``HEADROOM`` times that (jittered latencies need slack) plus one read per
+kernel thread, raised at once and lowered by halves; it stays between the thread count and
+``MAX_DEPTH``, and within the memory bound. When the kernel threads waited for bytes more
+than ``WAITING`` of their time even so, the depth is raised by ``HEADROOM`` anyway: the
+latency measured can understate what a loaded server gives under more concurrency.
+
+NOTE [ Read-ahead memory ]
+Bytes read ahead wait in the reader's slots until a kernel thread decodes them. The slots
+in use are bounded by ``limit``: the batches queued on the kernel threads (``lookahead``
+batches) plus twice the depth, and never more than the memory bound allows at the largest
+file size seen so far. The bound is ``ram_budget``'s read-ahead share (NOTE [ One memory
+budget ] in ``_autotune.py``) or, without a budget, ``DEFAULT_BYTES``. Free slots are reused
+last-in first-out, so only as many buffers as were ever in use at once hold memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ._ext import _pipeline
+from ._source import NativeSource, SourceKind
+
+__all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth"]
+
+#: Reads in flight at most (the native thread cap).
+MAX_DEPTH = int(_pipeline.MAX_IO_THREADS)
+#: The adaptive depth's first value, before anything was measured.
+START_DEPTH = 16
+#: Slack over Little's law (NOTE [ Read-ahead depth ]).
+HEADROOM = 1.5
+#: Kernel threads waiting for bytes more than this share of their time: raise the depth.
+WAITING = 0.05
+#: Memory for read-ahead buffers without a ``ram_budget`` (NOTE [ Read-ahead memory ]).
+DEFAULT_BYTES = 512 << 20
+#: Reads between two adaptations (fewer: keep measuring).
+MIN_READS = 8
+
+
+def choose_depth(*, current: int, threads: int, latency_s: float, taken: int, wait_s: float,
+                 wall_s: float) -> tuple[int, str] | None:
+    """The adaptive depth from one stretch of measurements (NOTE [ Read-ahead depth ]), with
+    the reason; None when the stretch says nothing (no sample taken, no time passed).
+
+    Parameters
+    ----------
+    current : int
+        The depth now.
+    threads : int
+        Kernel threads decoding.
+    latency_s : float
+        Mean time of one read on an IO thread.
+    taken, wait_s, wall_s : int, float, float
+        Samples the kernel threads took in the stretch, the thread-seconds they waited for
+        bytes, and the stretch's wall time.
+    """
+    threads = max(1, int(threads))
+    if taken <= 0 or wall_s <= 0:
+        return None
+    busy = max(threads * wall_s - wait_s, 1e-9)
+    rate = threads * taken / busy            # samples/s if the threads never waited
+    want = math.ceil(HEADROOM * rate * latency_s) + threads
+    waiting = min(1.0, max(0.0, wait_s / (threads * wall_s)))
+    why = (f"Little's law: {rate:.0f} samples/s x {latency_s * 1e3:.2f} ms per read x {HEADROOM} + {threads} "
+           f"threads; the decode threads waited for bytes {100 * waiting:.0f}% of the time")
+    if waiting > WAITING:
+        want = max(want, math.ceil(current * HEADROOM))
+    want = max(threads, min(want, MAX_DEPTH))
+    if want < current:
+        want = max(want, (current + want) // 2)   # lower by halves
+    return want, why
+
+
+class ReadAhead:
+    """The read-ahead stage of one run (one epoch's pass): queues reads in the stream's order
+    and adapts the depth (NOTE [ Read-ahead depth ], NOTE [ Read-ahead memory ]).
+
+    Parameters
+    ----------
+    src : NativeSource
+        A FILES or SHARDS source.
+    stream : numpy.ndarray
+        The run's stream of sample indices (positions index it).
+    start : int
+        The first stream position the run produces (a resumed or flushed run starts inside).
+    io_depth : int or None
+        Reads in flight; None adapts.
+    batch_size, lookahead : int
+        The batches queued on the kernel threads at once hold their slots.
+    timeout : float or None
+        How long a kernel thread waits for one sample's bytes before failing it.
+    budget_bytes : int or None
+        Memory bound of the read-ahead buffers (None: ``DEFAULT_BYTES``).
+    """
+
+    def __init__(self, src: NativeSource, stream: np.ndarray, *, io_depth: int | None, batch_size: int,
+                 lookahead: int, timeout: float | None, budget_bytes: int | None = None, start: int = 0,
+                 clock: Any = time.perf_counter_ns) -> None:
+        if src.kind not in (SourceKind.FILES, SourceKind.SHARDS):
+            raise ValueError(f"read-ahead reads files and byte ranges, not a {src.kind.name} source")
+        self.src = src
+        self.stream = stream
+        self.fixed = None if io_depth is None else max(1, min(int(io_depth), MAX_DEPTH))
+        self.held = max(1, int(batch_size)) * max(1, int(lookahead))
+        self.budget = int(budget_bytes) if budget_bytes else DEFAULT_BYTES
+        self.timeout = float(timeout) if timeout else 0.0
+        self._clock = clock
+        most = self.fixed if self.fixed is not None else MAX_DEPTH
+        self.native = _pipeline.Reader(self.held + 2 * most, self.fixed or START_DEPTH)
+        self.depth = self.fixed or START_DEPTH
+        self.next = int(start)        # next stream position to queue
+        self.largest = 0              # largest sample seen, bytes (the memory bound's unit)
+        self.decisions: list[tuple[float, int, int, str]] = []
+        self._last = self.native.counters()
+        self._last_t = clock()
+        self._set_limit()
+
+    # -- queueing ----------------------------------------------------------------------
+    def top_up(self) -> int:
+        """Queue reads from the next unqueued stream position on, as far as the slot limit
+        allows; returns how many positions were handled."""
+        n = self.stream.size
+        if self.next >= n:
+            return 0
+        end = min(n, self.next + self.limit)
+        took = self.queue(np.arange(self.next, end, dtype=np.int64), self.stream[self.next:end])
+        self.next += took
+        return took
+
+    def queue(self, positions: np.ndarray, idx: np.ndarray) -> int:
+        """Queue reads of the samples ``idx`` (stream indices) at ``positions`` (increasing,
+        above every position queued or attached before); returns how many were taken."""
+        if self.src.kind is SourceKind.FILES:
+            paths = self.src.paths
+            took = self.native.queue_files(positions, [os.fsencode(paths[i]) for i in self.src.data_index(idx).tolist()])
+        else:
+            fds, offs, sizes = self.src.ranges(idx)
+            if sizes.size:
+                self.largest = max(self.largest, int(sizes.max()))
+            took = self.native.queue_ranges(positions, fds, offs, sizes)
+        return int(took)
+
+    # -- depth and memory ----------------------------------------------------------------
+    def _set_limit(self) -> None:
+        unit = max(self.largest, 1)
+        by_memory = max(1, self.budget // unit)
+        self.limit = int(max(1, min(self.native.cap, self.held + 2 * self.depth, by_memory)))
+        self.native.set_limit(self.limit)
+
+    def set_depth(self, depth: int, reason: str) -> None:
+        depth = max(1, min(int(depth), MAX_DEPTH))
+        if depth != self.depth:
+            self.decisions.append(((self._clock() / 1e9), self.depth, depth, reason))
+            self.depth = depth
+            self.native.set_depth(depth)
+        self._set_limit()
+
+    def adapt(self, threads: int) -> None:
+        """After a batch: re-derive the depth from the last batches' figures (adaptive only)."""
+        c = self.native.counters()
+        now = self._clock()
+        last = self._last
+        reads = c["reads"] - last["reads"]
+        if self.src.kind is SourceKind.FILES and reads > 0:
+            # A file's size is known once read: the memory bound counts twice the mean so far.
+            self.largest = max(self.largest, int(2 * (c["bytes"] - last["bytes"]) / reads))
+        if self.fixed is not None or reads < MIN_READS:
+            self._set_limit()
+            return
+        wall_s = (now - self._last_t) / 1e9
+        self._last, self._last_t = c, now
+        choice = choose_depth(current=self.depth, threads=threads, latency_s=(c["lat_ns"] - last["lat_ns"]) / 1e9 / reads,
+                              taken=c["taken"] - last["taken"], wait_s=(c["wait_ns"] - last["wait_ns"]) / 1e9,
+                              wall_s=wall_s)
+        if choice is not None:
+            self.set_depth(*choice)
+
+    # -- figures ---------------------------------------------------------------------------
+    def counters(self) -> dict:
+        """The native counters plus the policy's state."""
+        c = self.native.counters()
+        c["slots_limit"] = self.limit
+        c["adaptive"] = self.fixed is None
+        return c
+
+    def describe(self) -> str:
+        """One line for ``explain()``."""
+        how = (f"io_depth={self.fixed} reads in flight" if self.fixed is not None else
+               f"adaptive depth (now {self.depth}; Little's law on measured read latency and decode rate)")
+        return f"read-ahead: {how}, native IO threads, at most {self.limit} samples' bytes held"
+
+    def close(self) -> None:
+        """Stop the IO threads (queued reads are dropped; batches still queued give up)."""
+        self.native.stop()

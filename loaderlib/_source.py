@@ -1,0 +1,186 @@
+"""Where a native batch's bytes come from: :class:`NativeSource`, which every dataset that
+the kernels can read describes for itself.
+
+NOTE [ Datasets describe their own source ]
+The engines never test dataset types. A dataset whose samples the native kernels can read
+answers ``native_source()`` with a :class:`NativeSource`: the kind of read (:class:`SourceKind`),
+what the read needs (paths, byte ranges through the dataset's ``shard_of`` / ``offsets`` /
+``sizes`` / ``fileno``, in-memory buffers, decoded pixels, or plain arrays), the labels the
+kernels gather with ``take``, and the line ``explain()`` shows for the read stage. Any other
+dataset answers None (``Dataset.native_source``'s default) and is read with ``dataset[i]``
+from Python. ``DataLoader``'s analysis and the Pipeline's head both ask the dataset, so a new
+format (or a new store) is one dataset class with one method; the reading itself is here, in
+:meth:`NativeSource.run`, one branch per kind, where the read-ahead stage plugs in
+(NOTE [ Read-ahead ] in ``_readahead.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import DecodeError
+
+__all__ = ["NativeSource", "SourceKind", "native_error", "native_source_of"]
+
+
+class SourceKind(enum.Enum):
+    """How the kernels get a sample's bytes."""
+
+    #: One file per sample (``paths``), opened and read inside the kernel pass.
+    FILES = "files"
+    #: Byte ranges of a few open files (record shards, WebDataset tars, RecordIO): the
+    #: dataset's ``shard_of``, ``offsets``, ``sizes`` and ``fileno(shard)``; read with ``pread``.
+    SHARDS = "shards"
+    #: Encoded images in memory, from the dataset's ``buffers(indices)``.
+    BUFFERS = "buffers"
+    #: Decoded HWC uint8 images from the dataset's ``images(indices, num_threads)`` (no decode).
+    PIXELS = "pixels"
+    #: Plain numpy arrays gathered with ``take`` (no image pipeline).
+    ARRAYS = "arrays"
+
+
+class NativeSource:
+    """A dataset's description of how the native engine reads it
+    (NOTE [ Datasets describe their own source ]).
+
+    Parameters
+    ----------
+    kind : SourceKind
+    stage : str
+        What ``explain()`` says about the read stage.
+    paths : sequence of str, optional
+        FILES: one path per sample.
+    dataset : object, optional
+        SHARDS, BUFFERS, PIXELS: the dataset that holds the byte ranges / buffers / pixels.
+    labels : numpy.ndarray, optional
+        Per-sample labels collated with ``take`` (None: the samples are images alone).
+    arrays : sequence of numpy.ndarray, optional
+        ARRAYS: the columns.
+    description : str
+        The dataset's repr, for messages.
+    """
+
+    def __init__(self, kind: SourceKind, *, stage: str, paths: Sequence[str] | None = None, dataset: Any = None,
+                 labels: np.ndarray | None = None, arrays: Sequence[np.ndarray] | None = None,
+                 description: str = "") -> None:
+        if not isinstance(kind, SourceKind):
+            raise TypeError(f"kind must be a SourceKind, got {kind!r}")
+        self.kind = kind
+        self.stage = stage
+        self.paths = list(paths) if paths is not None else None
+        self.dataset = dataset
+        self.labels = labels
+        self.arrays = list(arrays) if arrays is not None else None
+        self.description = description
+        # NOTE [ Virtual indices ]: a Pipeline that passes over its source several times in
+        # one iteration (``repeat``) numbers the k-th pass's sample i as ``k * wrap + i``, so
+        # each pass gets its own augmentation key; the data read is sample ``v % wrap``.
+        self.wrap: int | None = None
+
+    def __repr__(self) -> str:
+        return f"NativeSource({self.kind.name}, {self.description})"
+
+    @property
+    def parts(self) -> int:
+        """Arrays in a batch: the columns (ARRAYS), else the images and, with labels, the labels."""
+        if self.kind is SourceKind.ARRAYS:
+            return len(self.arrays or ())
+        return 1 if self.labels is None else 2
+
+    @property
+    def decodes(self) -> bool:
+        """Whether the samples are encoded images the kernels decode."""
+        return self.kind in (SourceKind.FILES, SourceKind.SHARDS, SourceKind.BUFFERS)
+
+    def with_wrap(self, n: int) -> NativeSource:
+        """This source numbered with virtual indices modulo ``n`` (NOTE [ Virtual indices ])."""
+        out = NativeSource(self.kind, stage=self.stage, paths=self.paths, dataset=self.dataset, labels=self.labels,
+                           arrays=self.arrays, description=self.description)
+        out.wrap = int(n)
+        return out
+
+    def data_index(self, idx: np.ndarray) -> np.ndarray:
+        """The dataset indices of the stream indices ``idx`` (NOTE [ Virtual indices ])."""
+        return idx % self.wrap if self.wrap else idx
+
+    @property
+    def take_mode(self) -> str:
+        """``np.take`` mode that maps stream indices to rows (NOTE [ Virtual indices ])."""
+        return "wrap" if self.wrap else "raise"
+
+    def source(self, i: int) -> str | None:
+        """The path or record key of stream index ``i``, for messages."""
+        i = int(i) % self.wrap if self.wrap else int(i)
+        if self.kind is SourceKind.FILES:
+            return self.paths[i]
+        if self.kind is SourceKind.ARRAYS:
+            return None
+        return self.dataset.source(i)
+
+    # ------------------------------------------------------------------ the readers
+
+    def ranges(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """SHARDS: per stream index, the descriptor, byte offset and length of its bytes."""
+        ds = self.dataset
+        d = self.data_index(idx)
+        shard = ds.shard_of[d]
+        used, where = np.unique(shard, return_inverse=True)
+        fds = np.asarray([ds.fileno(int(s)) for s in used.tolist()], np.int32)[where.reshape(-1)]
+        return fds, np.ascontiguousarray(ds.offsets[d], np.int64), np.ascontiguousarray(ds.sizes[d], np.int64)
+
+    def run(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int, num_threads: int,
+            timings: np.ndarray | None, wait: bool = True, positions: np.ndarray | None = None,
+            reader: Any = None) -> Any:
+        """Run ``plan`` on the samples ``idx`` into ``out``: the BatchStatus, or with
+        ``wait=False`` a PendingBatch queued on the plan's kernel threads.
+
+        ``reader`` (a :class:`~loaderlib._readahead.ReadAhead`) and ``positions`` (the stream
+        positions of ``idx``): samples whose bytes the read-ahead stage already fetched or is
+        fetching are taken from it (NOTE [ Read-ahead ]); the others are read in the pass.
+        """
+        kind = self.kind
+        if kind is SourceKind.FILES:
+            paths = [self.paths[i] for i in self.data_index(idx).tolist()]
+            return plan.run_files_into(paths, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
+                                       timings=timings, wait=wait, positions=positions, reader=reader)
+        if kind is SourceKind.SHARDS:
+            fds, offs, sizes = self.ranges(idx)
+            return plan.run_records_into(fds, offs, sizes, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
+                                         timings=timings, sources=[self.source(i) for i in idx.tolist()], wait=wait,
+                                         positions=positions, reader=reader)
+        if kind is SourceKind.PIXELS:   # NOTE [ Cached pixels ] in _cache.py
+            data = self.data_index(idx).tolist()
+            return plan.run_pixels_into(self.dataset.images(data, num_threads), out, idx, seed=seed, epoch=epoch,
+                                        num_threads=num_threads, timings=timings, wait=wait)
+        if kind is SourceKind.BUFFERS:
+            data = self.data_index(idx).tolist()
+            return plan.run_buffers_into(self.dataset.buffers(data), out, idx, seed=seed, epoch=epoch,
+                                         num_threads=num_threads, timings=timings,
+                                         sources=[self.dataset.source(i) for i in data], wait=wait)
+        raise ValueError(f"no kernel reader for a {kind.name} source")
+
+
+def native_source_of(dataset: Any) -> NativeSource | None:
+    """``dataset.native_source()`` when the dataset describes one, else None (read from Python)."""
+    fn = getattr(dataset, "native_source", None)
+    if fn is None or not callable(fn):
+        return None
+    src = fn()
+    if src is not None and not isinstance(src, NativeSource):
+        raise TypeError(f"{type(dataset).__name__}.native_source() returned {type(src).__name__}, "
+                        "not a NativeSource or None")
+    return src
+
+
+def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> DecodeError:
+    """The plan's error for item ``j`` of a kernel call on ``todo``, naming the sample index and
+    its source."""
+    j = int(j)
+    e = st.errors.get(j)
+    if isinstance(e, DecodeError):
+        return DecodeError(e.reason, int(todo[j]), src.source(todo[j]))
+    return DecodeError.from_status(int(st.status[j]), str(e or ""), int(todo[j]), src.source(todo[j]))

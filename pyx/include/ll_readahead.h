@@ -1,0 +1,493 @@
+/* The read-ahead stage: reads issued in the sampler's order by native IO threads, apart from
+ * the kernel threads that decode.
+ *
+ * NOTE [ Read-ahead ]
+ * On storage where a read costs milliseconds (network filesystems, object-store mounts, cold
+ * disks), a kernel thread that reads its own sample spends most of its time blocked: with two
+ * threads there are two reads in flight, and the cores idle (0.16x of the CPU ceiling at 4 ms
+ * per file). Here reads are a stage of their own:
+ *
+ * - The engine knows the epoch's order in advance (the RunState stream), so it queues reads
+ *   for the next stream positions (``ll_reader_queue``), oldest first, each into a free slot
+ *   of a pool of ``cap`` (found again through ``map[pos % mapn]``). A queued read holds its
+ *   own copy of what to read (a path, or a descriptor, offset and length) and, once read,
+ *   its bytes. At most ``limit`` slots are in use (the memory bound the owner sets); free
+ *   slots are reused last-in first-out, so only as many buffers grow to a file's size as
+ *   were ever in use at once.
+ * - ``depth`` native IO threads take queued reads in order and issue blocking reads, so
+ *   ``depth`` reads are in flight whatever the number of kernel threads. The threads block
+ *   every signal and wait on a condition variable when idle; threads above ``depth`` (the
+ *   depth was lowered) park until it is raised again.
+ * - A batch queued on the kernel team (``_pipeline.start_into``) first attaches its items to
+ *   their slots (``ll_reader_attach``): items whose bytes have arrived are ready at once;
+ *   the others are ready when their read completes. The kernel threads claim a batch's
+ *   items *in the order their bytes arrived* (``ll_rwait_next``), so a thread never waits on
+ *   a slow read while another item of the batch is ready, and blocks only when none is.
+ *   Each item still writes its own output slot with its own (seed, epoch, index) key, so
+ *   the batch is bitwise the same for any depth, thread count or arrival order.
+ * - An item whose position was never queued (the ring was full, or read-ahead is off) is
+ *   read in the kernel pass as before; positions below the last attached batch's end are
+ *   never queued afterwards (``floor``), so no slot is left without a reader.
+ * - A read that does not complete within the wait's deadline fails its item ("did not
+ *   complete within N s"); its slot is orphaned and freed when the read finally returns.
+ *
+ * The reader belongs to one process (after fork() the child's copy has no threads) and is
+ * reference-counted: the owner and each IO thread hold a reference, so a thread stuck in a
+ * read that never returns (a hung mount) keeps only the reader's memory alive, and never
+ * blocks interpreter exit (the threads are detached).
+ *
+ * NOTE [ Read-ahead mechanism ]
+ * Blocking reads on a pool of native threads, not io_uring. On the storage this stage exists
+ * for (FUSE mounts, NFS), the kernel cannot complete a read asynchronously: io_uring hands
+ * each one to an io-wq worker thread, so it runs the same blocking read on a kernel thread
+ * pool, behind a submission ring and a liburing dependency the wheel would have to bundle.
+ * benchmarks/io_mechanism.py measures both on warm local files and on the latency
+ * filesystem. A thread costs a 256 KiB stack; the depth is capped at LL_READER_MAX_THREADS.
+ */
+#ifndef LL_READAHEAD_H
+#define LL_READAHEAD_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ll_chain.h" /* ll_now_ns */
+#include "ll_common.h"
+#include "ll_pool.h"
+#include "ll_read.h"
+
+#define LL_READER_MAX_THREADS 1024
+#define LL_LAT_BINS 96 /* latency histogram: bin b holds [2^(b/4), 2^((b+1)/4)) microseconds */
+
+enum { LL_RQ_FREE = 0, LL_RQ_QUEUED = 1, LL_RQ_READING = 2, LL_RQ_DONE = 3 };
+
+struct ll_rwait;
+
+typedef struct ll_rreq {
+    int64_t pos;        /* stream position */
+    int state;
+    int orphan;         /* its item gave up waiting: free the slot when the read returns */
+    int fd;             /* >= 0: ``size`` bytes at ``off`` of this open file; -1: the file ``path`` */
+    long long off;
+    size_t size;
+    ll_buf path;        /* NUL-terminated */
+    ll_buf data;
+    size_t n;           /* bytes read */
+    int status;
+    char msg[LL_MSG_LEN];
+    int64_t t_queued;
+    struct ll_rwait *waiter;   /* the batch waiting for it, or NULL */
+    int64_t item;
+    struct ll_rreq *qnext;
+} ll_rreq;
+
+/* One batch's items, in the order their bytes became ready (NOTE [ Read-ahead ]). */
+typedef struct ll_rwait {
+    int64_t n, nready;
+    int64_t *order;     /* n entries: item numbers, in the order they became ready */
+    int64_t *slot;      /* n entries: the item's slot; -1: read in the pass; -2: gave up */
+} ll_rwait;
+
+typedef struct {
+    ll_mutex mu;
+    ll_cond work;       /* a read was queued, the depth changed, or stop */
+    ll_cond arrived;    /* a read finished, or stop */
+    ll_rreq *slots;
+    int64_t cap;
+    int64_t *freelist;  /* free slots, the most recently freed last */
+    int64_t nfree;
+    int64_t *map;       /* map[pos % mapn]: the slot holding position pos, or -1 */
+    int64_t mapn;
+    int64_t limit;      /* slots in use at most */
+    ll_rreq *qhead, *qtail;
+    int depth;          /* IO threads that may read at once */
+    int nthreads;       /* started */
+    int reading;        /* reads in progress now */
+    int stop;
+    int refs;           /* the owner and each thread */
+    int64_t floor;      /* positions below it are never queued again */
+    ll_pid pid;
+    /* counters, under mu */
+    int64_t reads, failures, bytes, lat_ns, cpu_ns, queue_ns, queued;
+    int64_t taken, wait_ns;   /* items the kernel threads took, and how long they waited for bytes */
+    uint32_t hist[LL_LAT_BINS];
+} ll_reader;
+
+static int64_t ll_thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The histogram bin of a latency: 4 bins per octave of microseconds (no libm). */
+static int ll_lat_bin(int64_t ns) {
+    const double us = (double)ns / 1000.0;
+    const double step = 1.189207115002721; /* 2^(1/4) */
+    double edge = step;
+    int b = 0;
+    while (b < LL_LAT_BINS - 1 && us >= edge) {
+        edge *= step;
+        b++;
+    }
+    return b;
+}
+
+static void ll_reader_free_mem(ll_reader *r) {
+    if (r->slots) {
+        for (int64_t i = 0; i < r->cap; i++) {
+            ll_buf_free(&r->slots[i].path);
+            ll_buf_free(&r->slots[i].data);
+        }
+        free(r->slots);
+    }
+    free(r->freelist);
+    free(r->map);
+    free(r);
+}
+
+/* Give slot ``s`` back (caller holds mu). */
+static void ll_reader_free_slot(ll_reader *r, int64_t s) {
+    ll_rreq *q = &r->slots[s];
+    if (q->pos >= 0 && r->map[q->pos % r->mapn] == s) r->map[q->pos % r->mapn] = -1;
+    q->state = LL_RQ_FREE;
+    q->waiter = NULL;
+    q->orphan = 0;
+    q->pos = -1;
+    r->freelist[r->nfree++] = s;
+}
+
+/* Drop one reference; the last one frees the reader (caller does not hold mu). */
+static void ll_reader_unref(ll_reader *r) {
+    ll_mutex_lock(&r->mu);
+    int last = --r->refs == 0;
+    ll_mutex_unlock(&r->mu);
+    if (last) {
+        ll_cond_destroy(&r->work);
+        ll_cond_destroy(&r->arrived);
+        ll_mutex_destroy(&r->mu);
+        ll_reader_free_mem(r);
+    }
+}
+
+typedef struct {
+    ll_reader *r;
+    int id;
+} ll_reader_arg;
+
+/* Perform one read into q (no lock held: q is this thread's until it is marked done). */
+static void ll_reader_do(ll_rreq *q) {
+    size_t n = 0;
+    q->msg[0] = 0;
+    if (q->fd < 0) {
+        q->status = ll_read_file((const char *)q->path.p, &q->data, &n, q->msg);
+    } else if (ll_buf_reserve(&q->data, q->size > 0 ? q->size : 1) != 0) {
+        snprintf(q->msg, LL_MSG_LEN, "out of memory reading %zu bytes", q->size);
+        q->status = LL_ERR_NOMEM;
+    } else {
+        q->status = ll_pread_all(q->fd, q->data.p, q->size, q->off, q->msg);
+        n = q->size;
+    }
+    q->n = q->status == LL_OK ? n : 0;
+}
+
+static LL_THREAD_RET ll_reader_thread(void *arg) {
+    ll_reader_arg a = *(ll_reader_arg *)arg;
+    free(arg);
+    ll_reader *r = a.r;
+    ll_mutex_lock(&r->mu);
+    for (;;) {
+        if (r->stop) break;
+        if (a.id >= r->depth || r->qhead == NULL) {
+            ll_cond_wait(&r->work, &r->mu);
+            continue;
+        }
+        ll_rreq *q = r->qhead;
+        r->qhead = q->qnext;
+        if (r->qhead == NULL) r->qtail = NULL;
+        q->qnext = NULL;
+        q->state = LL_RQ_READING;
+        r->reading++;
+        ll_mutex_unlock(&r->mu);
+
+        const int64_t t0 = ll_now_ns(), c0 = ll_thread_cpu_ns();
+        ll_reader_do(q);
+        const int64_t t1 = ll_now_ns(), c1 = ll_thread_cpu_ns();
+
+        ll_mutex_lock(&r->mu);
+        r->reading--;
+        r->reads++;
+        if (q->status != LL_OK) r->failures++;
+        r->bytes += (int64_t)q->n;
+        r->lat_ns += t1 - t0;
+        r->cpu_ns += c1 - c0;
+        r->queue_ns += t0 - q->t_queued;
+        r->hist[ll_lat_bin(t1 - t0)]++;
+        if (q->orphan) {
+            ll_reader_free_slot(r, q - r->slots);
+        } else {
+            q->state = LL_RQ_DONE;
+            ll_rwait *w = q->waiter;
+            if (w != NULL) w->order[w->nready++] = q->item;
+        }
+        ll_cond_broadcast(&r->arrived);
+    }
+    ll_mutex_unlock(&r->mu);
+    ll_reader_unref(r);
+    return 0;
+}
+
+/* Start IO threads up to the depth (caller holds mu). Returns the threads running. */
+static int ll_reader_grow(ll_reader *r) {
+#ifndef _WIN32
+    while (r->nthreads < r->depth && r->nthreads < LL_READER_MAX_THREADS) {
+        ll_reader_arg *a = (ll_reader_arg *)malloc(sizeof(ll_reader_arg));
+        if (a == NULL) break;
+        a->r = r;
+        a->id = r->nthreads;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        sigset_t old;
+        LL_BLOCK_SIGNALS(old);
+        pthread_t t;
+        int failed = pthread_create(&t, &attr, ll_reader_thread, a);
+        LL_RESTORE_SIGNALS(old);
+        pthread_attr_destroy(&attr);
+        if (failed) {
+            free(a);
+            break;
+        }
+        r->nthreads++;
+        r->refs++;
+    }
+#endif
+    return r->nthreads;
+}
+
+static int ll_clamp_depth(int depth) {
+    return depth < 1 ? 1 : depth > LL_READER_MAX_THREADS ? LL_READER_MAX_THREADS : depth;
+}
+
+/* A reader with ``cap`` slots and ``depth`` IO threads, or NULL (no memory). */
+static ll_reader *ll_reader_new(int64_t cap, int depth) {
+    if (cap < 1) return NULL;
+    ll_reader *r = (ll_reader *)calloc(1, sizeof(ll_reader));
+    if (r == NULL) return NULL;
+    r->mapn = 4 * cap;
+    r->slots = (ll_rreq *)calloc((size_t)cap, sizeof(ll_rreq));
+    r->freelist = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
+    r->map = (int64_t *)malloc((size_t)r->mapn * sizeof(int64_t));
+    if (r->slots == NULL || r->freelist == NULL || r->map == NULL || ll_mutex_init(&r->mu) != 0) {
+        free(r->slots);
+        free(r->freelist);
+        free(r->map);
+        free(r);
+        return NULL;
+    }
+    ll_cond_init(&r->work);
+    ll_cond_init(&r->arrived);
+    r->cap = cap;
+    r->limit = cap;
+    r->refs = 1;
+    r->pid = ll_getpid();
+    for (int64_t i = 0; i < cap; i++) {
+        r->slots[i].pos = -1;
+        r->freelist[i] = cap - 1 - i; /* slot 0 is taken first */
+    }
+    r->nfree = cap;
+    for (int64_t i = 0; i < r->mapn; i++) r->map[i] = -1;
+    r->depth = ll_clamp_depth(depth);
+    ll_mutex_lock(&r->mu);
+    ll_reader_grow(r);
+    ll_mutex_unlock(&r->mu);
+    return r;
+}
+
+static int ll_reader_usable(const ll_reader *r) { return r != NULL && r->pid == ll_getpid(); }
+
+/* Use at most ``limit`` slots from now on (1 to cap). */
+static void ll_reader_set_limit(ll_reader *r, int64_t limit) {
+    ll_mutex_lock(&r->mu);
+    r->limit = limit < 1 ? 1 : limit > r->cap ? r->cap : limit;
+    ll_mutex_unlock(&r->mu);
+}
+
+/* Set the number of reads in flight; returns the IO threads running. */
+static int ll_reader_set_depth(ll_reader *r, int depth) {
+    ll_mutex_lock(&r->mu);
+    r->depth = ll_clamp_depth(depth);
+    int n = ll_reader_grow(r);
+    ll_cond_broadcast(&r->work);
+    ll_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* Queue reads for stream positions pos[0..n) (increasing; files: paths[k], NUL-terminated;
+ * ranges: fds[k], offs[k], sizes[k]). Positions below the floor are passed over; queuing
+ * stops when ``limit`` slots are in use. Returns how many positions were handled (queued or
+ * passed over). */
+static int64_t ll_reader_queue(ll_reader *r, const int64_t *pos, int64_t n, const char *const *paths,
+                               const int32_t *fds, const int64_t *offs, const int64_t *sizes) {
+    int64_t k = 0, queued = 0;
+    const int64_t now = ll_now_ns();
+    ll_mutex_lock(&r->mu);
+    for (; k < n && !r->stop; k++) {
+        if (pos[k] < r->floor || pos[k] < 0) continue;
+        if (r->nfree == 0 || r->cap - r->nfree >= r->limit || r->map[pos[k] % r->mapn] >= 0) break;
+        const int64_t s = r->freelist[r->nfree - 1];
+        ll_rreq *q = &r->slots[s];
+        if (paths != NULL) {
+            size_t len = strlen(paths[k]);
+            if (ll_buf_reserve(&q->path, len + 1) != 0) break;
+            memcpy(q->path.p, paths[k], len + 1);
+            q->fd = -1;
+        } else {
+            q->fd = fds[k];
+            q->off = offs[k];
+            q->size = (size_t)sizes[k];
+        }
+        r->nfree--;
+        r->map[pos[k] % r->mapn] = s;
+        q->pos = pos[k];
+        q->state = LL_RQ_QUEUED;
+        q->orphan = 0;
+        q->waiter = NULL;
+        q->status = LL_OK;
+        q->t_queued = now;
+        q->qnext = NULL;
+        if (r->qtail) r->qtail->qnext = q;
+        else r->qhead = q;
+        r->qtail = q;
+        r->queued++;
+        queued++;
+    }
+    if (queued) ll_cond_broadcast(&r->work);
+    ll_mutex_unlock(&r->mu);
+    return k;
+}
+
+/* Attach a batch's items (stream positions pos[0..n)) to their reads; w->order and w->slot
+ * must hold n entries. Items already read are ready at once; items never queued are ready at
+ * once too, and read in the pass (w->slot[i] = -1). Raises the floor past the batch. */
+static void ll_reader_attach(ll_reader *r, ll_rwait *w, const int64_t *pos, int64_t n) {
+    w->n = n;
+    w->nready = 0;
+    ll_mutex_lock(&r->mu);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t s = pos[i] >= 0 ? r->map[pos[i] % r->mapn] : -1;
+        ll_rreq *q = s >= 0 ? &r->slots[s] : NULL;
+        if (q != NULL && q->state != LL_RQ_FREE && q->pos == pos[i] && q->waiter == NULL && !q->orphan) {
+            w->slot[i] = s;
+            if (q->state == LL_RQ_DONE) {
+                w->order[w->nready++] = i;
+            } else {
+                q->waiter = w;
+                q->item = i;
+            }
+        } else {
+            w->slot[i] = -1;
+            w->order[w->nready++] = i;
+        }
+        if (pos[i] + 1 > r->floor) r->floor = pos[i] + 1;
+    }
+    ll_mutex_unlock(&r->mu);
+}
+
+/* Give up on one item of ``w`` whose read has not arrived (caller holds mu): it becomes
+ * ready with slot -2 (the caller fails it). Returns 0 when there is none. */
+static int ll_rwait_give_up(ll_reader *r, ll_rwait *w) {
+    for (int64_t i = 0; i < w->n; i++) {
+        const int64_t s = w->slot[i];
+        if (s < 0) continue;
+        ll_rreq *q = &r->slots[s];
+        if (q->waiter != w || q->item != i || q->state == LL_RQ_DONE) continue;
+        q->waiter = NULL;
+        if (q->state == LL_RQ_QUEUED) {
+            /* Not started: off the queue, the slot is free again. */
+            ll_rreq *prev = NULL;
+            for (ll_rreq *x = r->qhead; x != NULL; prev = x, x = x->qnext) {
+                if (x != q) continue;
+                if (prev) prev->qnext = x->qnext;
+                else r->qhead = x->qnext;
+                if (r->qtail == x) r->qtail = prev;
+                break;
+            }
+            q->qnext = NULL;
+            ll_reader_free_slot(r, s);
+        } else if (q->state == LL_RQ_READING) {
+            q->orphan = 1;
+        } /* LL_RQ_FREE: dropped from the queue by ll_reader_stop */
+        w->slot[i] = -2;
+        w->order[w->nready++] = i;
+        return 1;
+    }
+    return 0;
+}
+
+/* The item to run for claim ``k`` of batch ``w``: the k-th whose bytes arrived, waiting
+ * while none is, for at most ``timeout_ns`` (0: no limit). ``*waited`` gets the nanoseconds
+ * waited. After the timeout, or once the reader stopped, an item still being read is given
+ * up (its slot becomes -2: the caller fails it). */
+static int64_t ll_rwait_next(ll_reader *r, ll_rwait *w, int64_t k, int64_t timeout_ns, int64_t *waited) {
+    int64_t t0 = 0;
+    ll_mutex_lock(&r->mu);
+    while (w->nready <= k) {
+        const int64_t now = ll_now_ns();
+        if (!t0) t0 = now;
+        if ((r->stop || (timeout_ns > 0 && now - t0 >= timeout_ns)) && ll_rwait_give_up(r, w)) continue;
+#ifdef _WIN32
+        ll_cond_wait(&r->arrived, &r->mu);
+#else
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const long long step = 100000000LL; /* recheck stop and the deadline every 0.1 s */
+        ts.tv_sec += (time_t)((ts.tv_nsec + step) / 1000000000LL);
+        ts.tv_nsec = (long)((ts.tv_nsec + step) % 1000000000LL);
+        pthread_cond_timedwait(&r->arrived, &r->mu, &ts);
+#endif
+    }
+    const int64_t item = w->order[k];
+    *waited = t0 ? ll_now_ns() - t0 : 0;
+    r->taken++;
+    r->wait_ns += *waited;
+    ll_mutex_unlock(&r->mu);
+    return item;
+}
+
+/* The slot's bytes are no longer needed: it is free for the next queued position. */
+static void ll_reader_release(ll_reader *r, int64_t slot) {
+    ll_mutex_lock(&r->mu);
+    ll_reader_free_slot(r, slot);
+    ll_mutex_unlock(&r->mu);
+}
+
+/* Stop: queued reads are dropped, waiting items give up, IO threads exit once their read
+ * returns. The reader stays valid for the batches that hold it (ll_reader_close frees it). */
+static void ll_reader_stop(ll_reader *r) {
+    if (!ll_reader_usable(r)) return;
+    ll_mutex_lock(&r->mu);
+    r->stop = 1;
+    /* Dropped reads keep their waiter: a batch waiting on one gives it up (ll_rwait_give_up). */
+    for (ll_rreq *q = r->qhead; q != NULL; q = q->qnext) q->state = LL_RQ_FREE;
+    r->qhead = r->qtail = NULL;
+    ll_cond_broadcast(&r->work);
+    ll_cond_broadcast(&r->arrived);
+    ll_mutex_unlock(&r->mu);
+}
+
+/* Stop and drop the owner's reference: the last reference (the owner's, or that of an IO
+ * thread still in a read) frees the reader. In a child after fork() only the memory is freed
+ * (no thread of the parent's exists here). */
+static void ll_reader_close(ll_reader *r) {
+    if (r == NULL) return;
+    if (!ll_reader_usable(r)) {
+        ll_reader_free_mem(r);
+        return;
+    }
+    ll_reader_stop(r);
+    ll_reader_unref(r);
+}
+
+#endif

@@ -1,0 +1,274 @@
+"""The read-ahead stage (NOTE [ Read-ahead ] in pyx/include/ll_readahead.h): reads issued
+ahead by native IO threads must change nothing in the output, the resume, or the errors."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import loaderlib as ll
+from loaderlib import transforms as T
+from loaderlib._chain import compile_chain
+from loaderlib._ext import _pipeline
+from loaderlib._readahead import MAX_DEPTH, ReadAhead, choose_depth
+from loaderlib._source import NativeSource, SourceKind
+from loaderlib.errors import DecodeError
+from tests._synth import encode_jpeg, photo_like
+
+CHAIN = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip()])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("ra_folder")
+    for c in range(3):
+        os.makedirs(root / f"c{c}")
+        for i in range(23):
+            data = encode_jpeg(photo_like(90 + 3 * i, 70 + 5 * c, seed=10 * i + c), quality=85)
+            (root / f"c{c}" / f"{i:03d}.jpg").write_bytes(data)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def shards(folder, tmp_path_factory) -> list[str]:
+    out = tmp_path_factory.mktemp("ra_records")
+    ds = ll.ImageFolderDataset(folder)
+    half = len(ds) // 2
+    items = ds.items
+    a, _ = ll.write_records(str(out / "a"), [p for p, _ in items[:half]], [y for _, y in items[:half]])
+    b, _ = ll.write_records(str(out / "b"), [p for p, _ in items[half:]], [y for _, y in items[half:]])
+    return [a, b]
+
+
+def _epoch(ds, **kw) -> tuple[np.ndarray, np.ndarray]:
+    loader = ll.DataLoader(ds, batch_size=8, shuffle=True, seed=5, **kw)
+    xs, ys = [], []
+    for x, y in loader:
+        xs.append(np.array(x))
+        ys.append(np.array(y))
+    loader.close()
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+@pytest.mark.parametrize("kind", ["files", "records"])
+def test_output_is_the_same_at_any_depth_and_thread_count(folder, shards, kind):
+    base = ll.ImageFolderDataset(folder) if kind == "files" else ll.RecordFileDataset(shards)
+    ds = base.transform_first(CHAIN)
+    ref_x, ref_y = _epoch(ds, num_threads=1, io_depth=0)
+    assert ref_x.shape == (len(base), 40, 40, 3)
+    for threads in (1, 2):
+        for depth in (None, 1, 3, 64):
+            x, y = _epoch(ds, num_threads=threads, io_depth=depth)
+            assert np.array_equal(x, ref_x), (threads, depth)
+            assert np.array_equal(y, ref_y), (threads, depth)
+
+
+def test_matches_the_step_by_step_transform(folder):
+    """Independent reference: dataset[i] (read and decoded from Python) then the chain called
+    with the same key, against the loader's read-ahead output."""
+    base = ll.ImageFolderDataset(folder)
+    loader = ll.DataLoader(base.transform_first(T.Compose([T.Resize((32, 48))])), batch_size=16, io_depth=4,
+                           seed=1)
+    x = np.concatenate([np.array(b[0]) for b in loader])
+    for i in (0, 17, len(base) - 1):
+        img, _ = base[i]
+        want = T.Resize((32, 48))(img, seed=loader.seed, epoch=0, index=i)
+        assert np.array_equal(x[i], want)
+
+
+def test_stats_and_explain_show_the_stage(folder):
+    loader = ll.DataLoader(ll.ImageFolderDataset(folder).transform_first(CHAIN), batch_size=8, io_depth=5,
+                           profile=True)
+    assert "read-ahead" in loader.explain() and "io_depth=5" in loader.explain()
+    for _ in loader:
+        pass
+    ex = loader.stats.extract
+    assert ex is not None and ex.io_depth == 5 and not ex.adaptive
+    assert ex.reads == 69 and ex.failures == 0
+    sizes = sum(os.path.getsize(p) for p, _ in ll.ImageFolderDataset(folder).items)
+    assert ex.bytes == sizes
+    assert 0 < ex.latency_p50_ms <= ex.latency_p95_ms
+    off = ll.DataLoader(ll.ImageFolderDataset(folder).transform_first(CHAIN), batch_size=8, io_depth=0,
+                        profile=True)
+    assert "off (io_depth=0)" in off.explain()
+    for _ in off:
+        pass
+    assert off.stats.extract is None
+
+
+def test_resume_is_exact_with_read_ahead(shards):
+    ds = ll.RecordFileDataset(shards).transform_first(CHAIN)
+    full = ll.DataLoader(ds, batch_size=8, shuffle=True, seed=9, io_depth=7)
+    want = [np.array(x) for x, _ in full]
+    first = ll.DataLoader(ds, batch_size=8, shuffle=True, seed=9, io_depth=7)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = it.state_dict()
+    del it
+    again = ll.DataLoader(ds, batch_size=8, shuffle=True, seed=9, io_depth=None)
+    again.load_state_dict(state)
+    rest = [np.array(x) for x, _ in again]
+    assert len(rest) == len(want) - 3
+    for a, b in zip(rest, want[3:]):
+        assert np.array_equal(a, b)
+
+
+def test_a_missing_file_names_the_path_and_errno(folder, tmp_path):
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items][:20]
+    gone = str(tmp_path / "gone.jpg")
+    paths[13] = gone
+    ds = ll.ImageListDataset(paths).transform_first(CHAIN)
+    with pytest.raises(DecodeError, match=r"item 13 .*gone\.jpg.*cannot open: No such file or directory \(errno 2\)"):
+        for _ in ll.DataLoader(ds, batch_size=4, io_depth=8):
+            pass
+    # on_error="skip" drops it, with the same samples as reads inside the decode threads.
+    with pytest.warns(ll.errors.SkipWarning, match="1 sample skipped"):
+        got = [np.array(b) for b in ll.DataLoader(ds, batch_size=4, io_depth=8, on_error="skip", seed=3)]
+    with pytest.warns(ll.errors.SkipWarning, match="1 sample skipped"):
+        ref = [np.array(b) for b in ll.DataLoader(ds, batch_size=4, io_depth=0, on_error="skip", seed=3)]
+    assert sum(len(b) for b in got) == 19
+    for a, b in zip(got, ref):
+        assert np.array_equal(a, b)
+
+
+def test_a_file_that_changes_size_is_refused(tmp_path):
+    """/proc files say 0 bytes and hold more: the reader sees the size change and fails the item
+    (NOTE [ Files that change while read ]), in the kernels and in Python alike."""
+    ds = ll.ImageListDataset(["/proc/self/status"]).transform_first(CHAIN)
+    for depth in (0, 4):
+        with pytest.raises(DecodeError, match="changed size while being read: fstat gave 0 bytes, the read found more"):
+            for _ in ll.DataLoader(ds, batch_size=1, io_depth=depth):
+                pass
+    with pytest.raises(OSError, match="changed size while being read"):
+        ll.ImageListDataset(["/proc/self/status"]).read(0)
+
+
+def test_io_depth_is_validated():
+    with pytest.raises(ValueError, match="io_depth must be a non-negative integer"):
+        ll.DataLoader(np.zeros((4, 2)), batch_size=2, io_depth=-3)
+    with pytest.raises(ValueError, match="io_depth must be a non-negative integer"):
+        ll.DataLoader(np.zeros((4, 2)), batch_size=2, io_depth=True)
+    ll.DataLoader(np.zeros((4, 2)), batch_size=2, io_depth=ll.AUTOTUNE)   # accepted: adapts
+
+
+def test_pipeline_with_options_io_depth(folder):
+    pipe = ll.Pipeline.from_folder(folder).map(CHAIN).batch(8)
+    ref = np.concatenate([np.array(x) for x, _ in pipe.with_options(seed=2, io_depth=0)])
+    got = np.concatenate([np.array(x) for x, _ in pipe.with_options(seed=2, io_depth=3)])
+    assert np.array_equal(got, ref)
+    with pytest.raises(ValueError, match="io_depth"):
+        pipe.with_options(io_depth=-2)
+
+
+# --------------------------------------------------------------------------- the native half
+
+
+def test_reader_slots_are_bounded_and_reused(folder):
+    """Queuing stops at the slot limit; a batch attached to the queued positions frees them."""
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
+    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
+    stream = np.arange(len(paths), dtype=np.int64)
+    ra = ReadAhead(src, stream, io_depth=2, batch_size=4, lookahead=1, timeout=None)
+    assert ra.limit == 4 + 2 * 2
+    assert ra.top_up() == ra.limit   # the ring is full after that many
+    assert ra.top_up() == 0
+    plan = compile_chain(T.Compose([T.Resize((16, 16))]))
+    out = np.zeros((4, 16, 16, 3), np.uint8)
+    st = src.run(plan, stream[:4], out, seed=0, epoch=0, num_threads=2, timings=None,
+                 positions=np.arange(4, dtype=np.int64), reader=ra)
+    assert st.ok.all()
+    assert ra.top_up() == 4          # the batch's slots came back
+    c = ra.counters()
+    assert c["taken"] == 4 and c["queued"] == ra.limit + 4
+    ra.close()
+
+
+def test_reader_gives_up_on_positions_never_queued(folder):
+    """Items whose positions were not queued are read in the pass (a full ring)."""
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items][:6]
+    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
+    ra = ReadAhead(src, np.arange(6, dtype=np.int64), io_depth=1, batch_size=1, lookahead=1, timeout=None)
+    plan = compile_chain(T.Compose([T.Resize((16, 16))]))
+    out = np.zeros((6, 16, 16, 3), np.uint8)
+    ref = np.zeros_like(out)
+    plan.run_files_into(paths, ref, np.arange(6), seed=0, epoch=0, num_threads=1)
+    ra.top_up()    # queues 3 (limit 1 + 2 x 1)
+    st = src.run(plan, np.arange(6, dtype=np.int64), out, seed=0, epoch=0, num_threads=2, timings=None,
+                 positions=np.arange(6, dtype=np.int64), reader=ra)
+    assert st.ok.all()
+    assert np.array_equal(out, ref)
+    assert ra.counters()["taken"] == 6
+    ra.close()
+
+
+def test_choose_depth_follows_littles_law():
+    # 2 threads took 1000 samples in 1 s without waiting: 1000/s; 16 ms reads -> 24 + 2 in flight.
+    depth, why = choose_depth(current=16, threads=2, latency_s=0.016, taken=1000, wait_s=0.0, wall_s=1.0)
+    assert depth == 26 and "Little's law" in why
+    # The threads waited half their time: the rate they could reach is twice what they did.
+    depth, _ = choose_depth(current=16, threads=2, latency_s=0.016, taken=1000, wait_s=1.0, wall_s=1.0)
+    assert depth == 50
+    # Warm local files (20 us reads): the depth falls by halves towards the thread count.
+    depth, _ = choose_depth(current=16, threads=2, latency_s=20e-6, taken=2000, wait_s=0.0, wall_s=1.0)
+    assert depth == 9
+    depth, _ = choose_depth(current=3, threads=2, latency_s=20e-6, taken=2000, wait_s=0.0, wall_s=1.0)
+    assert depth == 3   # one read in flight per thread, plus the one Little's law rounds up to
+    # Waiting although the law says the depth suffices: raised by the headroom anyway.
+    depth, _ = choose_depth(current=40, threads=2, latency_s=0.001, taken=100, wait_s=0.5, wall_s=1.0)
+    assert depth == 60
+    assert choose_depth(current=4, threads=2, latency_s=0.01, taken=0, wait_s=0.0, wall_s=1.0) is None
+    big, _ = choose_depth(current=16, threads=64, latency_s=1.0, taken=10 ** 6, wait_s=0.0, wall_s=1.0)
+    assert big == MAX_DEPTH
+
+
+def test_no_io_threads_left_after_abandoned_iterators(folder):
+    ds = ll.ImageFolderDataset(folder).transform_first(CHAIN)
+    loader = ll.DataLoader(ds, batch_size=4, io_depth=12)
+    before = threading.active_count()
+    tasks_before = len(os.listdir("/proc/self/task"))
+    for _ in range(30):
+        it = iter(loader)
+        next(it)
+        del it
+    loader.close()
+    gc.collect()
+    # The IO threads are detached and exit once stopped; wait for them (bounded).
+    for _ in range(200):
+        if len(os.listdir("/proc/self/task")) <= tasks_before:
+            break
+        threading.Event().wait(0.05)
+    assert len(os.listdir("/proc/self/task")) <= tasks_before
+    assert threading.active_count() <= before
+
+
+def test_reader_refuses_bad_ranges():
+    r = _pipeline.Reader(4, 1)
+    with pytest.raises(ValueError, match="out of range"):
+        r.queue_ranges(np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.int64),
+                       np.full(1, -1, np.int64))
+    with pytest.raises(TypeError, match="paths must be bytes"):
+        r.queue_files(np.zeros(1, np.int64), ["x"])
+    r.stop()
+
+
+def _halve(img):
+    return (np.asarray(img) // 2).astype(np.uint8)
+
+
+def test_threads_and_processes_engines_read_ahead_too(folder):
+    """A native prefix then a Python step: the threads engine (hybrid) and the worker
+    processes (NOTE [ Read-ahead in workers ]) read ahead, with the same output."""
+    ds = ll.ImageFolderDataset(folder).transform_first(T.Compose([T.Resize((20, 20)), _halve]))
+    ref, _ = _epoch(ds, num_threads=1, io_depth=0)
+    got, _ = _epoch(ds, num_threads=2, io_depth=5)
+    assert np.array_equal(got, ref)
+    loader = ll.DataLoader(ds, batch_size=8, shuffle=True, seed=5, num_workers=2, io_depth=3)
+    assert loader.engine == "processes"
+    procs = np.concatenate([np.array(x) for x, _ in loader])
+    loader.close()
+    assert np.array_equal(procs, ref)
