@@ -8,6 +8,7 @@ import io
 import json
 import os
 import tarfile
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -17,6 +18,7 @@ import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib.errors import RemoteReadError
 from tests.remote.conftest import BUCKET, FAST
+from tests.unit.test_recordio import _write
 
 N = 24
 
@@ -48,6 +50,10 @@ def ds_root(served, moto):
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, f"img{i:03d}.jpg"), "wb") as f:
             f.write(data)
+    os.makedirs(os.path.join(root, "mx"))
+    _write(Path(root) / "mx", "train", labels, jpegs)
+    _write(Path(root) / "mx", "multi", [[float(i), i / 2] for i in range(N)], jpegs)     # several float labels
+    _write(Path(root) / "mx", "noidx", labels, jpegs, with_idx=False)
     moto.upload_folder(BUCKET, root, prefix="ds/")
     return root
 
@@ -69,6 +75,10 @@ def _make(kind, base, so, cache=None):
         spec = f"part-{{00000..{n - 1:05d}}}.llrec"
         return (ll.RecordFileDataset(os.path.join(local_root, "rec", "part-*.llrec")),
                 ll.RecordFileDataset(f"{url_root}/rec/{spec}", cache_dir=cache, **kw))
+    if kind in ("recordio", "multi", "noidx"):
+        name = {"recordio": "train"}.get(kind, kind)
+        return (ll.ImageRecordDataset(os.path.join(local_root, "mx", f"{name}.rec")),
+                ll.ImageRecordDataset(f"{url_root}/mx/{name}.rec", cache_dir=cache, **kw))
     if kind == "webdataset":
         return (ll.WebDataset(os.path.join(local_root, "wds", "train-{0000..0002}.tar")),
                 ll.WebDataset(f"{url_root}/wds/train-{{0000..0002}}.tar", cache_dir=cache, **kw))
@@ -114,15 +124,17 @@ def _same(a, b):
 
 @pytest.mark.parametrize("server", ["http", "s3"])
 @pytest.mark.parametrize("kind, cache", [("records", False), ("records", True), ("webdataset", False),
-                                         ("webdataset", True), ("list", False)])
+                                         ("webdataset", True), ("list", False), ("recordio", False),
+                                         ("recordio", True), ("multi", False), ("noidx", True)])
 def test_url_dataset_equals_local_native(ds_root, nginx, moto, tmp_path, server, kind, cache):
     url_root, so = _base(server, nginx, moto)
     local, remote = _make(kind, (ds_root, url_root), so, str(tmp_path / "cache") if cache else None)
     assert len(remote) == len(local) == N
     np.testing.assert_array_equal(np.asarray(remote.labels), np.asarray(local.labels))
-    a, b = _loader(local, "native"), _loader(remote, "native")
-    assert a.engine == b.engine == "native"
-    _same(_batches(a), _batches(b))
+    if kind != "multi":             # float label vectors: no native collation
+        a, b = _loader(local, "native"), _loader(remote, "native")
+        assert a.engine == b.engine == "native"
+        _same(_batches(a), _batches(b))
     np.testing.assert_array_equal(remote[5][0], local[5][0])          # the Python read path too
     getattr(remote, "close", lambda: None)()
 
@@ -170,6 +182,11 @@ def test_cached_shards_are_local_files_read_natively(ds_root, nginx, tmp_path):
     ranges = ll.WebDataset(f"{nginx.url}/ds/wds/train-{{0000..0002}}.tar", storage_options=FAST)
     assert ranges.native_source().kind.name == "BUFFERS"
     ds.close()
+
+
+def test_recordio_without_idx_needs_the_cache(ds_root, nginx):
+    with pytest.raises(ll.LoaderError, match=r"noidx\.idx is missing; over URLs the \.idx is needed"):
+        ll.ImageRecordDataset(f"{nginx.url}/ds/mx/noidx.rec", storage_options=FAST)
 
 
 def test_missing_shard_is_one_error_naming_the_url(nginx):
