@@ -315,13 +315,17 @@ class _ImageFiles(Dataset):
         """The encoded bytes of sample ``idx``."""
         if self._remote is not None:
             i = _check_index(idx, len(self.paths))
-            return bytes(self.buffers([i])[0])
+            return bytes(self._remote.read_whole([self.paths[i]], [i])[0])
         return _read_file(self.source(idx), self.special_files)
 
     def buffers(self, indices: Sequence[int]) -> list:
         """URLs: the objects of samples ``indices``, requested all at once."""
         idx = [int(i) for i in indices]
-        return self._remote.read_whole([self.paths[i] for i in idx], idx)
+        return self._remote.read_whole([self.paths[i] for i in idx], idx, record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        return self._remote.failure(idx) if self._remote is not None else None
 
     @property
     def python_read(self) -> str | None:

@@ -221,7 +221,12 @@ class ImageRecordDataset(ShardFiles, Dataset):
     def buffers(self, indices: Sequence[int]) -> list:
         """The encoded image bytes of records ``indices`` (read by byte range, concurrently)."""
         idx = np.asarray(indices, np.int64)
-        return self._remote.read([self.path] * idx.size, self.offsets[idx], self.sizes[idx], idx.tolist())
+        return self._remote.read([self.path] * idx.size, self.offsets[idx], self.sizes[idx], idx.tolist(),
+                                 record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why record ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        return self._remote.failure(idx) if self._remote is not None else None
 
     def close(self) -> None:
         """Close this process's descriptor and, with the shard cache, release the copy."""
@@ -233,7 +238,7 @@ class ImageRecordDataset(ShardFiles, Dataset):
         """The encoded image bytes of record ``idx``."""
         i = _check_index(idx, len(self.keys))
         if self._ranges:
-            return bytes(self.buffers([i])[0])
+            return bytes(self._remote.read([self.path], self.offsets[i:i + 1], self.sizes[i:i + 1], [i])[0])
         n = int(self.sizes[i])
         data = os.pread(self.fileno(), n, int(self.offsets[i]))
         if len(data) != n:

@@ -438,7 +438,11 @@ class RecordFileDataset(ShardFiles, Dataset):
         """The encoded bytes of records ``indices`` (read by byte range, concurrently)."""
         idx = np.asarray(indices, np.int64)
         return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
-                                 self.sizes[idx], idx.tolist())
+                                 self.sizes[idx], idx.tolist(), record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why record ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        return self._remote.failure(idx) if self._remote is not None else None
 
     def source(self, idx: int) -> str | None:
         return self.keys[_check_index(idx, len(self.offsets))]
@@ -449,7 +453,7 @@ class RecordFileDataset(ShardFiles, Dataset):
         n = int(self.sizes[i])
         s = int(self.shard_of[i])
         if self._ranges:
-            return bytes(self.buffers([i])[0])
+            return bytes(self._remote.read([self.paths[s]], self.offsets[i:i + 1], self.sizes[i:i + 1], [i])[0])
         data = os.pread(self.fileno(s), n, int(self.offsets[i]))
         if len(data) != n:
             raise OSError(f"short read of record {i} ({self.keys[i]!r}) in {self.paths[s]!r}")

@@ -233,7 +233,11 @@ class WebDataset(ShardFiles, Dataset):
         """The encoded image bytes of samples ``indices`` (read by byte range, concurrently)."""
         idx = np.asarray(indices, np.int64)
         return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
-                                 self.sizes[idx], idx.tolist())
+                                 self.sizes[idx], idx.tolist(), record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        return self._remote.failure(idx) if self._remote is not None else None
 
     def close(self) -> None:
         """Close this process's descriptors and, with the shard cache, release the copies."""
@@ -245,7 +249,8 @@ class WebDataset(ShardFiles, Dataset):
         """The raw image bytes of sample ``idx``."""
         i = int(idx)
         if self._ranges:
-            return bytes(self.buffers([i])[0])
+            s = int(self.shard_of[i])
+            return bytes(self._remote.read([self.paths[s]], self.offsets[i:i + 1], self.sizes[i:i + 1], [i])[0])
         size = int(self.sizes[i])
         data = os.pread(self.fileno(int(self.shard_of[i])), size, int(self.offsets[i]))
         if len(data) != size:

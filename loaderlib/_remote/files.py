@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..errors import RemoteReadError
 from .options import StoreOptions
 from .shard_cache import Lease, ShardCache
 from .store import open_store, read_objects, read_ranges
@@ -54,6 +56,8 @@ class RemoteFiles:
         self.cache_limit = cache_limit
         self._cache: ShardCache | None = None
         self._leases: dict[str, Lease] = {}
+        self._failures: dict[int, RemoteReadError] = {}
+        self._lock = threading.Lock()
 
     @property
     def cached(self) -> bool:
@@ -91,22 +95,63 @@ class RemoteFiles:
         return open_store(url, self.options).get_ranges(url, [start], [end],
                                                         [index] if index is not None else None)[0]
 
-    def read(self, urls: Sequence[str], offsets: np.ndarray, sizes: np.ndarray, indices: Sequence[int]) -> list:
+    def read(self, urls: Sequence[str], offsets: np.ndarray, sizes: np.ndarray, indices: Sequence[int],
+             record: bool = False) -> list:
         """The bytes of samples ``indices``: ``sizes[k]`` bytes at ``offsets[k]`` of ``urls[k]``,
-        all fetched concurrently; a failure is one RemoteReadError naming its sample."""
+        all fetched concurrently; a failure is one RemoteReadError naming its sample, or with
+        ``record`` an empty buffer in its place (NOTE [ Remote failures per sample ])."""
         reqs = [(u, int(o), int(o) + int(n)) for u, o, n in zip(urls, offsets.tolist(), sizes.tolist())]
-        return read_ranges(reqs, self.options, indices=list(indices))
+        return self._per_sample(lambda rs, ix: read_ranges(rs, self.options, indices=ix), reqs, list(indices),
+                                record)
 
-    def read_whole(self, urls: Sequence[str], indices: Sequence[int]) -> list:
-        """Whole objects, one per sample, all requested at once."""
-        return read_objects(list(urls), self.options, indices=list(indices))
+    def _per_sample(self, fetch, reqs: list, indices: list[int], record: bool) -> list:
+        # NOTE [ Remote failures per sample ]
+        # One failed request fails a whole batched call. The kernels fail samples one by one
+        # (status codes), and on_error="skip" drops only those, so the batch is read again
+        # sample by sample: each failure is kept here under its sample index and an empty
+        # buffer (which the decoder refuses) takes its place; native_error() in _source.py
+        # asks read_failure(i) and reports the RemoteReadError itself, not a decode error.
+        try:
+            out = fetch(reqs, indices)
+        except RemoteReadError:
+            if not record:
+                raise
+            out = []
+            for req, i in zip(reqs, indices):
+                try:
+                    out.append(fetch([req], [i])[0])
+                except RemoteReadError as e:
+                    with self._lock:
+                        self._failures[i] = e.with_index(i)
+                    out.append(b"")
+        if record and self._failures:
+            with self._lock:
+                for i, b in zip(indices, out):
+                    if len(memoryview(b)):
+                        self._failures.pop(i, None)
+        return out
+
+    def failure(self, index: int) -> RemoteReadError | None:
+        """The read error of sample ``index`` in its last batch, if it failed."""
+        with self._lock:
+            return self._failures.get(int(index))
+
+    def read_whole(self, urls: Sequence[str], indices: Sequence[int], record: bool = False) -> list:
+        """Whole objects, one per sample, all requested at once (``record``: as in :meth:`read`)."""
+        return self._per_sample(lambda us, ix: read_objects(us, self.options, indices=ix), list(urls),
+                                list(indices), record)
 
     def __getstate__(self) -> dict:
         # A copy in another process reads the same local copies (they are on this node and
         # held here) or the same ranges; it owns no cache threads or leases.
         d = dict(self.__dict__)
-        d["_cache"], d["_leases"] = None, {}
+        d["_cache"], d["_leases"], d["_failures"] = None, {}, {}
+        del d["_lock"]
         return d
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         for lease in self._leases.values():

@@ -226,3 +226,32 @@ def test_the_object_stores_page_runs(moto, tmp_path):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("(32, 3, 96, 96) uint8") and lines[1] == "True"
     assert "byte ranges from the store" in out.stdout
+
+
+def _faulty_list(ds_root, proxy):
+    local = ll.ImageFolderDataset(os.path.join(ds_root, "folder"))
+    rel = [os.path.relpath(p, ds_root) for p in local.paths]
+    bad = next(i for i, r in enumerate(rel) if r.endswith("img007.jpg"))
+    ds = ll.ImageListDataset(rel, local.labels, root=f"{proxy.url}/ds", storage_options=FAST)
+    proxy.add("status", status=404, match="img007.jpg", times=1000)
+    return ds, bad
+
+
+@pytest.mark.parametrize("engine", ["native", "threads"])
+def test_failed_sample_raises_its_own_error(ds_root, proxy, engine):
+    ds, bad = _faulty_list(ds_root, proxy)
+    loader = _loader(ds, engine)
+    with pytest.raises(RemoteReadError, match=rf"sample {bad}: cannot read .*img007\.jpg \(HTTP 404\)"):
+        list(loader)
+
+
+@pytest.mark.parametrize("engine", ["native", "threads"])
+def test_failed_sample_is_skipped_alone(ds_root, proxy, engine):
+    ds, bad = _faulty_list(ds_root, proxy)
+    with pytest.warns(ll.SkipWarning):
+        got = _batches(_loader(ds, engine, on_error="skip"))
+    assert sum(len(b[1]) for b in got) == N - 1
+    loader = _loader(ds, engine, on_error="skip")
+    with pytest.warns(ll.SkipWarning):
+        list(loader)
+    assert [f.index for f in loader.errors] == [bad]
