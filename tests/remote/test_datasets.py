@@ -255,3 +255,13 @@ def test_failed_sample_is_skipped_alone(ds_root, proxy, engine):
     with pytest.warns(ll.SkipWarning):
         list(loader)
     assert [f.index for f in loader.errors] == [bad]
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_pipeline_from_records_url(ds_root, nginx, tmp_path, cache):
+    url = f"{nginx.url}/ds/rec/part-{{00000..00002}}.llrec"
+    kw = {"cache_dir": str(tmp_path)} if cache else {}
+    remote = ll.Pipeline.from_records(url, storage_options=FAST, **kw).map(T.Compose(CHAIN)).batch(5).with_options(seed=3)
+    local = ll.Pipeline.from_records(os.path.join(ds_root, "rec", "part-*.llrec")).map(T.Compose(CHAIN)).batch(5)
+    local = local.with_options(seed=3)
+    _same([tuple(np.array(a) for a in b) for b in local], [tuple(np.array(a) for a in b) for b in remote])
