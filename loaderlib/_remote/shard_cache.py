@@ -11,7 +11,9 @@ For each shard ``<key>`` (a hash of its URL plus its file name) the folder holds
   ``<key>.lock``     an ``fcntl.flock`` lock: exclusive while one process downloads or
                      evicts the entry, shared while a reader holds it (a :class:`Lease`);
   ``<key>.part-<pid>-<n>``  a download in progress; a dead process's parts are removed at start.
-``.cache.lock`` serialises eviction decisions. Eviction takes an entry's lock without
+A process that needs an entry another is downloading waits for the lock shared (not
+exclusive: readers hold it shared for as long as they read, so an exclusive wait could last
+for ever) and then finds it published. ``.cache.lock`` serialises eviction decisions. Eviction takes an entry's lock without
 waiting and skips the entry when it cannot (held by a reader or being downloaded), so
 a shard is never removed under a reader; a reader that opened the file keeps its bytes even
 if it is removed later (POSIX unlink). LRU order is the sidecar's mtime, touched on each
@@ -109,7 +111,7 @@ class ShardCache:
         self._clock = 0
         self._q = _Queue()
         self._remove_dead_parts()
-        weakref.finalize(self, _stop, self._q)
+        weakref.finalize(self, _stop, self._q, False)
 
     # -- names ------------------------------------------------------------------------
     def key(self, url: str) -> str:
@@ -161,15 +163,26 @@ class ShardCache:
         a prefetch that would have to evict a shard needed sooner, ``False`` without it)."""
         info = self.info(url, index)
         key = self.key(url)
-        if self._valid(key, info):
-            return True
-        with _Flock(self._p(key, ".lock"), fcntl.LOCK_EX):
-            if self._valid(key, info):      # another thread or process published it meanwhile
+        lock = self._p(key, ".lock")
+        while True:
+            if self._valid(key, info):
                 return True
-            if not self._make_room(info.size, key, _prefetch):
-                return False
-            self._download(url, info, key, index)
-        return True
+            # Wait for a download under way elsewhere (it holds the lock exclusively), without
+            # queueing for the exclusive lock itself: readers hold a published entry's lock
+            # shared for as long as they read, so waiting for it exclusively could be forever.
+            with _Flock(lock, fcntl.LOCK_SH):
+                if self._valid(key, info):
+                    return True
+            try:
+                with _Flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
+                    if self._valid(key, info):      # published meanwhile
+                        return True
+                    if not self._make_room(info.size, key, _prefetch):
+                        return False
+                    self._download(url, info, key, index)
+                    return True
+            except BlockingIOError:
+                time.sleep(0.005)       # taken between the two locks: look again
 
     def _download(self, url: str, info: ObjectInfo, key: str, index: int | None) -> None:
         with self._lock:
@@ -352,7 +365,9 @@ def _worker(ref: weakref.ref, q: _Queue) -> None:
                 q.cond.notify_all()
 
 
-def _stop(q: _Queue) -> None:
+def _stop(q: _Queue, join: bool = True) -> None:
+    # A dropped cache (or the interpreter's exit) only signals its threads: they are daemons
+    # and end after the download under way; close() waits for them.
     with q.cond:
         q.closed = True
         q.items.clear()
@@ -360,7 +375,7 @@ def _stop(q: _Queue) -> None:
         threads = list(q.threads)
         q.threads.clear()
     for t in threads:
-        if t is not threading.current_thread():
+        if join and t is not threading.current_thread():
             t.join()
 
 

@@ -220,3 +220,28 @@ def test_s3_shards_through_the_cache(moto, served, tmp_path):
         for i, u in enumerate(urls):
             with cache.acquire(u) as lease:
                 assert _read(lease) == _file(served, i)
+
+
+def test_prefetch_never_waits_on_a_held_shard(proxy, served, tmp_path):
+    # A reader downloads b3 (stalled at first) while a prefetch asks for it too; once the
+    # reader holds its lease, the prefetch must see the published shard, not queue for the
+    # entry's exclusive lock behind the reader for as long as it reads.
+    import threading
+
+    url = _urls(proxy.url)[3]
+    cache = ShardCache(tmp_path, storage_options={**FAST, "timeout": 2.0})
+    proxy.add("stall", match="b3.bin", method="GET")
+    box = []
+    reader = threading.Thread(target=lambda: box.append(cache.acquire(url)))
+    reader.start()
+    for _ in range(3000):
+        if proxy.count("b3.bin", "GET"):
+            break
+        time.sleep(0.01)
+    cache.prefetch([url])
+    proxy.released.set()
+    reader.join(60)
+    assert box and _read(box[0]) == _file(served, 3)
+    assert cache.wait_idle(30), "the prefetch is stuck behind a reader's lease"
+    box[0].release()
+    cache.close()
