@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers soak fuzz fuzz-native clean sdist wheel test-wheel
+.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers bench-storage bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
 
@@ -95,6 +95,22 @@ $(TV_VENV)/.ready:
 check-torchvision: build $(TV_VENV)/.ready
 	PYTHONPATH=$(CURDIR) $(TV_VENV)/bin/python benchmarks/check_torchvision.py
 
+# Every script in benchmarks/ once with tiny sizes: a check that each still runs, not a
+# measurement (benchmarks/smoke.py; scripts whose tools are missing here are skipped, saying why).
+# About 3 minutes on 2 shared cores, so it is neither in `make test` nor in .ci/run.
+bench-smoke: build $(TESTS)
+	$(BIN)/python benchmarks/smoke.py
+
+# The docs site (mkdocs.yml) into site/: warnings are errors (--strict), every link between pages
+# and every anchor is checked (htmlproofer, offline), the notebooks are executed while it builds.
+DOCS := $(VENV)/.loaderlib-docs-deps
+$(DOCS): $(OPENCV) requirements-docs.txt requirements-notebook.txt
+	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-docs.txt
+	touch $(DOCS)
+
+docs: build $(DOCS)
+	$(BIN)/python -m mkdocs build --strict --clean
+
 # Every benchmark in benchmarks/ (several minutes).
 bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/decode.py
@@ -113,6 +129,23 @@ bench-peers: build $(TESTS)
 	  $(PYTHON) -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/python -m pip install -q "numpy<2.5" opencv-python-headless psutil \
 	    turboloader==2.39.0 nvidia-dali-cuda120==2.4.0 tensorflow-cpu==2.21.0; fi
 	$(BIN)/python benchmarks/loader.py --peers $(PEERS_VENV)/bin/python --repeat 5
+
+# Data on slow storage (benchmarks/storage.py): loaderlib, PyTorch's DataLoader and tf.data on photos
+# served through latencyfs (benchmarks/latencyfs.c, a C FUSE filesystem that charges each file a
+# latency, 0/1/4/16 ms +-50%) and from a cold local disk, against the ideal min(CPU, IO ceiling).
+# The scripts build latencyfs and io_mechanism themselves and install Debian's fuse3,
+# libfuse3-dev and liburing-dev with apt-get when missing (as root). tf.data needs tensorflow in
+# $(PEERS_VENV); when it cannot be installed the column is left out. STORAGE_ARGS=--quick for a
+# short run. bench-io: a thread pool of blocking reads against io_uring (benchmarks/io_mechanism.py).
+STORAGE_ARGS ?=
+bench-storage: build $(TESTS)
+	@if [ ! -x $(PEERS_VENV)/bin/python ] || ! $(PEERS_VENV)/bin/python -c "import tensorflow" 2>/dev/null; then \
+	  ($(PYTHON) -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/python -m pip install -q "numpy<2.5" opencv-python-headless \
+	    psutil tensorflow-cpu==2.21.0) || echo "tensorflow could not be installed in $(PEERS_VENV): no tf.data column"; fi
+	$(BIN)/python benchmarks/storage.py --peers $(PEERS_VENV)/bin/python $(STORAGE_ARGS)
+
+bench-io: build $(OPENCV)
+	$(BIN)/python benchmarks/io_mechanism.py
 
 # Fuzzing of the decoders and the fused chain, three passes of FUZZ_RUNS inputs each:
 # 1. native: fuzz/native_fuzz.c, a libFuzzer harness built by clang with AddressSanitizer +
@@ -234,4 +267,4 @@ test-wheel: wheel $(OPENCV)
 	PYTHON=$(PYTHON) tests/wheel/run.sh $$(ls $(WHEELHOUSE)/loaderlib-*.whl | head -n 1) $(BIN)/python
 
 clean:
-	rm -rf build loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(PEERS_VENV) $(DIST) $(WHEELHOUSE)
+	rm -rf build site loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(PEERS_VENV) $(DIST) $(WHEELHOUSE)

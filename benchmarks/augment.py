@@ -35,12 +35,11 @@ import sys
 import time
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 from loader import image_files, make_dataset
 
 from loaderlib.transforms import random_resized_crop_box
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -257,9 +256,15 @@ def consume(loader, images: int) -> dict:
 # --------------------------------------------------------------------------- per-op CPU cost
 
 
+#: ``--smoke`` (benchmarks/smoke.py): one call per timing and 8 images, to check the script runs.
+SMOKE = False
+
+
 def cpu_ms(fn, n: int, blocks: int = 3) -> float:
     """CPU ms per call: the best of ``blocks`` blocks of n calls (other processes on a shared
     machine only ever add time)."""
+    if SMOKE:
+        n, blocks = 1, 1
     fn()  # warm scratch buffers
     best = float("inf")
     for _ in range(blocks):
@@ -280,7 +285,7 @@ def op_costs(root: str) -> None:
     cv2.setNumThreads(1)
     paths, _ = image_files(root)
     bufs = []
-    for path in paths[:128]:
+    for path in paths[:8 if SMOKE else 128]:
         with open(path, "rb") as f:
             bufs.append(f.read())
     idx = np.arange(len(bufs))
@@ -351,8 +356,11 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="PyTorch DataLoader workers")
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians are reported")
     p.add_argument("--costs-only", action="store_true", help="only the per-op CPU costs")
+    p.add_argument("--smoke", action="store_true", help="time each op once on 8 images (a check that it runs)")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
+    global SMOKE
+    SMOKE = a.smoke
     if a.costs_only:
         op_costs(a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make))
         return

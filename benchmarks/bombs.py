@@ -17,7 +17,7 @@ The files (built here, nothing downloaded):
 * a real 6000 x 4000 PNG, decoded: the peak should be about one RGB image (72 MB), not two
   (NOTE [ No full-size colour copy ] in loaderlib/decoding.py).
 
-Run: ``python benchmarks/bombs.py`` (a few seconds).
+Run: ``python benchmarks/bombs.py`` (a few seconds; ``--smoke`` decodes a 600x400 PNG instead).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ import tempfile
 import zlib
 
 import numpy as np
-
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root: tests._synth
 
 _CHILD = r"""
 import sys, cv2, loaderlib as ll   # cv2 imported first: its own ~16 MB is not the decode's
@@ -61,9 +59,8 @@ def _sof(data: bytes) -> int:
 
 
 def _jpeg_with_dims(progressive: bool, w: int, h: int) -> bytes:
+    from _synth import photo_like
     from PIL import Image
-
-    from tests._synth import photo_like
 
     bio = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(photo_like(64, 64, 0)[:, :, ::-1])).save(
@@ -100,16 +97,17 @@ def bombs() -> dict[str, bytes]:
     }
 
 
-def large_png() -> bytes:
+def large_png(width: int = 6000, height: int = 4000) -> bytes:
     import cv2
+    from _synth import photo_like
 
-    from tests._synth import photo_like
-
-    return cv2.imencode(".png", photo_like(6000, 4000, 1), [cv2.IMWRITE_PNG_COMPRESSION, 1])[1].tobytes()
+    return cv2.imencode(".png", photo_like(width, height, 1), [cv2.IMWRITE_PNG_COMPRESSION, 1])[1].tobytes()
 
 
 def main() -> None:
-    files = {**bombs(), "PNG 6000x4000 (real, decoded)": large_png()}
+    smoke = "--smoke" in sys.argv[1:]   # benchmarks/smoke.py: a 600x400 PNG instead of 6000x4000
+    files = {**bombs(), **({"PNG 600x400 (real, decoded)": large_png(600, 400)} if smoke else
+                           {"PNG 6000x4000 (real, decoded)": large_png()})}
     print(f"loaderlib decode peak memory (VmHWM delta in a fresh process), Python {platform.python_version()}, "
           f"{platform.machine()} {os.cpu_count()} CPUs")
     print(f"{'file':32s} {'bytes':>10s} {'peak MB':>8s}  outcome")

@@ -10,6 +10,8 @@ loaderlib imported from the source tree. Two checks per op:
   ``make_params`` or, for the automatic policies, the ops its ``forward`` picks), two-sample
   Kolmogorov-Smirnov over 10,000 draws each, at alpha = 0.001.
 
+``--smoke`` runs 300 draws per op and always exits 0 (``benchmarks/smoke.py``).
+
 Exit status 1 when an op differs by more than 2 levels on more than 1% of the values (geometric
 ops: more than 1% of the pixels) or a KS statistic reaches its critical value.
 """
@@ -23,9 +25,9 @@ import types
 
 import numpy as np
 import torch
+from _synth import photo_like
 
 from loaderlib import transforms as T
-from tests._synth import photo_like
 
 
 def _import_torchvision():
@@ -51,11 +53,11 @@ def _import_torchvision():
 
 
 torchvision = _import_torchvision()
-from torchvision.transforms import (
+from torchvision.transforms import (  # noqa: E402  (after the stubs above)
     InterpolationMode,
     v2,
 )
-from torchvision.transforms.v2 import functional as F
+from torchvision.transforms.v2 import functional as F  # noqa: E402
 
 N = 10_000
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
@@ -291,4 +293,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if "--smoke" in sys.argv[1:]:
+        # benchmarks/smoke.py: 300 draws per op, a check that the script runs (its KS tests mean little)
+        N = 300
+        main()
+        sys.exit(0)
     sys.exit(main())

@@ -32,15 +32,15 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
 
 def child(root: str, variant: str, images: int, threads: int) -> None:
     import resource
     import time
 
+    from loader import rn50_chain
+
     import loaderlib as ll
-    from benchmarks.loader import rn50_chain
 
     ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
     loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
@@ -104,8 +104,8 @@ def main() -> None:
         child(root, variant, int(images), int(threads))
         return
 
-    from benchmarks._report import machine_summary
-    from benchmarks.loader import make_dataset
+    from _report import machine_summary
+    from loader import make_dataset
 
     root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
     print(machine_summary())

@@ -20,25 +20,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import cv2
 import numpy as np
-
-from loaderlib.transforms import random_resized_crop_box
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root: tests._synth
-
 from _report import machine_summary, med, median_rate
+from _synth import encode_jpeg, photo_like
 
 import loaderlib as ll
 from loaderlib._ext import _jpeg
-from tests._synth import encode_jpeg, photo_like
+from loaderlib.transforms import random_resized_crop_box
 
 # An ImageNet-like mix of sizes (ImageNet's median image is about 500x375).
 SIZES = [(500, 375), (375, 500), (500, 333), (500, 400), (640, 480), (800, 600), (1024, 768), (400, 300)]

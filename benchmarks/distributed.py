@@ -31,14 +31,13 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))   # repo root: tests._synth
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 
 def make_images(root: str, n: int) -> list[str]:
     """``n`` photo-like JPEGs (about 200x160 to keep the test quick), made once."""
-    from tests._synth import encode_jpeg, photo_like
+    from _synth import encode_jpeg, photo_like
 
     marker = os.path.join(root, f".complete-{n}")
     paths = [os.path.join(root, f"img_{i:06d}.jpg") for i in range(n)]

@@ -17,14 +17,8 @@ Run:  python benchmarks/fast_decode.py [--images N] [--rounds R]
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root: tests._synth
-
 from _report import machine_summary, med, median_rate
 from decode import SIZES, make_images
 

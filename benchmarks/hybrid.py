@@ -31,7 +31,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 BATCH = 64
 
 
@@ -142,8 +141,8 @@ def main() -> None:
         print(json.dumps(child(kind, root, int(images), int(loops), int(threads))))
         return
 
-    from benchmarks._report import machine_summary
-    from benchmarks.loader import make_dataset
+    from _report import machine_summary
+    from loader import make_dataset
 
     root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
     loops = calibrate(a.step_ms)

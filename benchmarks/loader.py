@@ -237,6 +237,28 @@ def run_dali(root: str, variant: str, images: int, threads: int) -> dict:
     return consume(batches(), images, t0, version=dali.__version__)
 
 
+def tf_train_image(data, variant: str):
+    """TensorFlow's ResNet training preprocessing of one JPEG's bytes (a string tensor):
+    ``sample_distorted_bounding_box`` + ``decode_and_crop_jpeg``, bilinear resize to 224, flip;
+    then normalize + CHW for ``"float"`` (HWC uint8 for ``"uint8"``)."""
+    import tensorflow as tf
+
+    shape = tf.io.extract_jpeg_shape(data)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, tf.zeros([0, 0, 4], tf.float32), min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+    y, x, _ = tf.unstack(begin)
+    h, w, _ = tf.unstack(size)
+    img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+    img = tf.image.resize(img, (224, 224), method="bilinear")
+    img = tf.image.random_flip_left_right(img)
+    if variant == "float":
+        mean = tf.constant([m * 255 for m in MEAN])
+        std = tf.constant([s * 255 for s in STD])
+        return tf.transpose((img - mean) / std, (2, 0, 1))
+    return tf.cast(tf.clip_by_value(tf.round(img), 0, 255), tf.uint8)
+
+
 def run_tfdata(root: str, variant: str, images: int, threads: int) -> dict:
     """tf.data's ImageNet input pipeline (TensorFlow's own ResNet preprocessing): shuffled file
     list, ``sample_distorted_bounding_box`` + ``decode_and_crop_jpeg`` (it decodes only the crop,
@@ -245,25 +267,9 @@ def run_tfdata(root: str, variant: str, images: int, threads: int) -> dict:
     import tensorflow as tf
 
     paths, labels = image_files(root)
-    mean = tf.constant([m * 255 for m in MEAN]) if variant == "float" else None
-    std = tf.constant([s * 255 for s in STD]) if variant == "float" else None
 
     def load(path, label):
-        data = tf.io.read_file(path)
-        shape = tf.io.extract_jpeg_shape(data)
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            shape, tf.zeros([0, 0, 4], tf.float32), min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
-        y, x, _ = tf.unstack(begin)
-        h, w, _ = tf.unstack(size)
-        img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
-        img = tf.image.resize(img, (224, 224), method="bilinear")
-        img = tf.image.random_flip_left_right(img)
-        if variant == "float":
-            img = tf.transpose((img - mean) / std, (2, 0, 1))
-        else:
-            img = tf.cast(tf.clip_by_value(tf.round(img), 0, 255), tf.uint8)
-        return img, label
+        return tf_train_image(tf.io.read_file(path), variant), label
 
     opts = tf.data.Options()
     opts.threading.private_threadpool_size = threads

@@ -31,19 +31,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
 from _report import machine_summary, med, median_rate
 from loader import make_dataset
 
 import loaderlib as ll
 from loaderlib import transforms as T
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

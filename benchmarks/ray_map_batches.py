@@ -39,17 +39,13 @@ import argparse
 import io
 import os
 import re
-import sys
 import time
 from typing import Any
 
 import numpy as np
+from _report import machine_summary, med
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))   # repo root: tests._synth
-
-from _report import machine_summary, med
 
 MEAN = np.array((0.485, 0.456, 0.406), np.float32)
 STD = np.array((0.229, 0.224, 0.225), np.float32)
@@ -58,7 +54,7 @@ SIZE = 224
 
 def make_blobs(n: int) -> list[bytes]:
     """Photo-like JPEGs of about 500x375 (quality 90, 4:2:0), like ImageNet's average."""
-    from tests._synth import encode_jpeg, photo_like
+    from _synth import encode_jpeg, photo_like
 
     rng = np.random.default_rng(0)
     out = []

@@ -38,7 +38,6 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
 
 def child(root: str, threads: int, epochs: int, variant: str, pin: bool = False) -> None:
@@ -46,8 +45,9 @@ def child(root: str, threads: int, epochs: int, variant: str, pin: bool = False)
 
     if pin:   # n threads on n cores: the driver and the consumer share them too
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
+    from loader import rn50_chain
+
     import loaderlib as ll
-    from benchmarks.loader import rn50_chain
 
     ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
     loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
@@ -91,8 +91,9 @@ def model_child(root: str, variant: str) -> None:
     driver thread's and the consumer's, measured with ``time.thread_time``)."""
     import time
 
+    from loader import rn50_chain
+
     import loaderlib as ll
-    from benchmarks.loader import rn50_chain
     from loaderlib import _engine_base
     from loaderlib._chain import compile_chain
 
@@ -128,8 +129,9 @@ def model_child(root: str, variant: str) -> None:
 def items_child(root: str, variant: str, counts: str, rounds: int) -> None:
     """Mean wall time of one image inside the kernel (its read, decode and transform, from the
     kernel's own timings) with n threads busy, for each n: how much cores slow each other."""
+    from loader import rn50_chain
+
     import loaderlib as ll
-    from benchmarks.loader import rn50_chain
     from loaderlib._chain import compile_chain
 
     paths = list(ll.ImageFolderDataset(root).paths)
@@ -201,8 +203,9 @@ def main() -> None:
         child(root, int(threads), int(epochs), variant, pin == "1")
         return
 
-    from benchmarks._report import machine_summary
-    from benchmarks.loader import make_dataset
+    from _report import machine_summary
+    from loader import make_dataset
+
     from loaderlib import available_cpus
 
     cores = available_cpus()

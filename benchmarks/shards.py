@@ -23,10 +23,9 @@ import tarfile
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
 from _report import machine_summary, med
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -23,16 +23,11 @@ time is printed too.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import cv2
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from _report import machine_summary
 from decode import SIZES, make_images  # the ImageNet-like mix and its JPEGs
 

@@ -17,18 +17,48 @@ Scenarios:
 - too few threads: the native decode chain on 1 thread of the machine's CPUs; expected
   ``decode``;
 - slow model: a fast native loader consumed by a simulated 100 ms model step per batch of
-  16; expected ``model``.
+  16; expected ``model``;
+- slow storage, read-ahead: the native loader over latencyfs (``benchmarks/latencyfs.c``, 8 ms
+  +-50% per file, page cache bypassed) with ``io_depth=2``, so storage limits it; expected
+  ``io`` with the storage latency named in the summary (NOTE [ Storage in the verdict ]): a
+  run counts as right only when the summary says "storage latency". ``--no-fuse`` leaves it out.
 
 The machine's load is printed with the results (the check is meant to run on a busy one).
+Each window length given to ``--seconds`` is run in turn (short windows test that the verdict
+decides early when the separation is large, NOTE [ Verdict rules ]), and a table of right /
+not enough evidence / wrong per scenario and window length ends the output, with the number
+of batches in the windows.
+
+Measured (``--runs 5 --seconds 1 3``, 2 CPUs shared with other jobs, load average 9-15), with
+the per-batch intervals of NOTE [ Verdict rules ]::
+
+             scenario  window   batches   separation  right  not enough  wrong
+         slow storage      1s   13-15     6.2-8.3  x      5           0      0
+     slow Python step      1s   14-16     3.6-5.4  x      5           0      0
+     GIL-holding step      1s   16-22     1.0-1.8  x      4           1      0
+      too few threads      1s   35-58     2.4-3.0  x      5           0      0
+           slow model      1s   10-10     3.9-8.9  x      5           0      0
+         slow storage      3s   39-42     7.0-7.6  x      5           0      0
+     slow Python step      3s   33-47     2.5-5.9  x      5           0      0
+     GIL-holding step      3s   38-72     1.1-1.8  x      3           2      0
+      too few threads      3s   82-123    2.8-4.1  x      5           0      0
+           slow model      3s   28-30     4.9-6.0  x      5           0      0
+    right 47 of 50, not enough evidence 3, wrong 0
+    runs with a separation of at least 2x over at least 8 batches: 40, of which not enough evidence: 0
+
+The three undecided runs are the GIL-holding step at a separation of 1.0-1.1x (on a loaded
+machine its Python step and the decode take about the same thread time). With the former
+fixed minimum (2 s and 20 batches) every 1 s window was "not enough evidence".
 
 Usage::
 
-    python benchmarks/verdict_check.py [--runs 3] [--seconds 3]
+    python benchmarks/verdict_check.py [--runs 3] [--seconds 1 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
@@ -36,6 +66,7 @@ import tempfile
 import time
 
 import numpy as np
+from _latencyfs import mount
 from loaderlib.profiling import benchmark, build_demo_dataset
 
 import loaderlib as ll
@@ -68,10 +99,15 @@ def brighter_row_by_row(img):
     return out
 
 
-def scenarios(root):
+def scenarios(root, mounted=None):
     ds = ll.ImageFolderDataset(root)
     small = T.Compose([T.RandomResizedCrop(64), T.ToCHW()])
-    return [
+    extra = []
+    if mounted is not None:
+        extra.append(("slow storage, read-ahead", "io", 0.0,
+                      lambda: ll.DataLoader(ll.ImageFolderDataset(mounted).transform_first(small), batch_size=16,
+                                            shuffle=True, num_threads=2, seed=0, io_depth=2)))
+    return extra + [
         ("slow storage", "io", 0.0,
          lambda: ll.DataLoader(SlowReads(ds.transform_first(small)), batch_size=16, shuffle=True, num_threads=2,
                                seed=0)),
@@ -90,47 +126,95 @@ def scenarios(root):
     ]
 
 
+def separation(r, expected: str) -> float:
+    """How far apart the answer is from the next one: the loader-alone rate over the model's (slow
+    model), else the largest stage's share of thread time over the next one's."""
+    if expected == "model":
+        return r.ceiling_samples_per_s / r.samples_per_s if r.ceiling_samples_per_s and r.samples_per_s else 0.0
+    shares = sorted(r.window.stage_share.values(), reverse=True)
+    return shares[0] / shares[1] if shares[1] > 0 else float("inf")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=3.0, help="length of each measured window")
+    p.add_argument("--seconds", type=float, nargs="+", default=[1.0, 3.0],
+                   help="lengths of the measured windows, each run in turn")
+    p.add_argument("--no-fuse", action="store_true", help="leave out the latencyfs scenario")
+    p.add_argument("--smoke", action="store_true",
+                   help="one 0.5 s run per scenario on 64 images, exit status 0 whatever the verdicts (a check that "
+                        "the script runs)")
     args = p.parse_args()
+    if args.smoke:
+        args.runs, args.seconds = 1, [0.5]
 
-    root = build_demo_dataset(os.path.join(tempfile.gettempdir(), "loaderlib-verdict-check"), n_images=256,
-                              n_classes=4, progress=False)
-    print(f"verdict check: {args.runs} runs x 5 injected bottlenecks, {args.seconds:g} s windows, "
-          f"demo dataset {root} (256 JPEGs)")
+    n_images = 64 if args.smoke else 256
+    root = build_demo_dataset(os.path.join(tempfile.gettempdir(), f"loaderlib-verdict-check-{n_images}"),
+                              n_images=n_images, n_classes=4, progress=False)
+    with contextlib.ExitStack() as stack:
+        mounted = None if args.no_fuse else stack.enter_context(mount(str(root), latency_ms=8.0)).path
+        return run(args, root, n_images, mounted)
+
+
+def run(args, root, n_images: int, mounted: str | None) -> int:
+    windows = ", ".join(f"{s:g}" for s in args.seconds)
+    print(f"verdict check: {args.runs} runs x {len(scenarios(root, mounted))} injected bottlenecks x windows of "
+          f"{windows} s, "
+          f"demo dataset {root} ({n_images} JPEGs)")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({ll.available_cpus()} available), "
           f"Python {platform.python_version()}, load average before {os.getloadavg()[0]:.1f}")
-    tally = {"right": 0, "not enough evidence": 0, "wrong": 0}
-    for name, expected, step, make in scenarios(root):
-        for run in range(1, args.runs + 1):
-            loader = make()
-            try:
-                r = benchmark(loader, model_step=step, seconds=args.seconds, replay=False)
-            finally:
-                loader.close()
-            v = r.verdict
-            if not v.enough:
-                outcome = "not enough evidence"
-            elif r.bottleneck == expected:
-                outcome = "right"
-            else:
-                outcome = "wrong"
-            tally[outcome] += 1
-            conf = f"{100 * v.confidence:.0f}%" if v.confidence is not None else "-"
-            print(f"{name:>17} #{run}: expected {expected:<7} got {r.bottleneck!s:<7} {outcome:<19} "
-                  f"(confidence {conf}, {r.samples_per_s:,.0f} samples/s, cores {r.cpu_cores_used:.2f}, "
-                  f"others {r.other_cores if r.other_cores is not None else float('nan'):.2f}, "
-                  f"load {os.getloadavg()[0]:.1f})")
-            print(f"{'':>21}{v.summary}")
-            print(f"{'':>21}try: {v.suggestion[:160]}{'...' if len(v.suggestion) > 160 else ''}")
-            for n in v.notes:
-                print(f"{'':>21}note: {n[:160]}{'...' if len(n) > 160 else ''}")
-    total = sum(tally.values())
-    print(f"\nright {tally['right']} of {total}, not enough evidence {tally['not enough evidence']}, "
-          f"wrong {tally['wrong']}")
-    return 1 if tally["wrong"] else 0
+    outcomes = ("right", "not enough evidence", "wrong")
+    table: dict = {}
+    for seconds in args.seconds:
+        for name, expected, step, make in scenarios(root, mounted):
+            row = table.setdefault((name, seconds), {"right": 0, "not enough evidence": 0, "wrong": 0,
+                                                     "batches": [], "separation": [], "clear_undecided": 0})
+            for run in range(1, args.runs + 1):
+                loader = make()
+                try:
+                    r = benchmark(loader, model_step=step, seconds=seconds, replay=False)
+                finally:
+                    loader.close()
+                v = r.verdict
+                if not v.enough:
+                    outcome = "not enough evidence"
+                elif r.bottleneck == expected and ("read-ahead" not in name or "storage latency" in v.summary):
+                    outcome = "right"
+                else:
+                    outcome = "wrong"
+                row[outcome] += 1
+                row["batches"].append(r.batches)
+                sep = separation(r, expected)
+                row["separation"].append(sep)
+                row["clear_undecided"] += sep >= 2 and r.batches >= 8 and outcome == "not enough evidence"
+                conf = f"{100 * v.confidence:.0f}%" if v.confidence is not None else "-"
+                print(f"{name:>17} {seconds:g} s #{run}: expected {expected:<7} got {r.bottleneck!s:<7} {outcome:<19} "
+                      f"({r.batches} batches, separation {sep:.1f}x, confidence {conf}, {r.samples_per_s:,.0f} samples/s, "
+                      f"cores {r.cpu_cores_used:.2f}, "
+                      f"others {r.other_cores if r.other_cores is not None else float('nan'):.2f}, "
+                      f"load {os.getloadavg()[0]:.1f})")
+                print(f"{'':>21}{v.summary}")
+                print(f"{'':>21}try: {v.suggestion[:160]}{'...' if len(v.suggestion) > 160 else ''}")
+                for n in v.notes:
+                    print(f"{'':>21}note: {n[:160]}{'...' if len(n) > 160 else ''}")
+    print(f"\n{'scenario':>17} {'window':>7} {'batches':>9} {'separation':>12} {'right':>6} {'not enough':>11} "
+          f"{'wrong':>6}")
+    total = {k: 0 for k in outcomes}
+    clear = clear_undecided = 0
+    for (name, seconds), row in table.items():
+        b, sep = row["batches"], row["separation"]
+        print(f"{name:>17} {seconds:>6g}s {min(b):>4}-{max(b):<4} {min(sep):>5.1f}-{max(sep):<5.1f}x {row['right']:>6} "
+              f"{row['not enough evidence']:>11} {row['wrong']:>6}")
+        for k in outcomes:
+            total[k] += row[k]
+        clear += sum(1 for x, nb in zip(sep, b) if x >= 2 and nb >= 8)
+        clear_undecided += row["clear_undecided"]
+    n = sum(total.values())
+    print(f"\nright {total['right']} of {n}, not enough evidence {total['not enough evidence']}, "
+          f"wrong {total['wrong']}")
+    print(f"runs with a separation of at least 2x over at least 8 batches: {clear}, of which not enough evidence: "
+          f"{clear_undecided}")
+    return 1 if total["wrong"] and not args.smoke else 0
 
 
 if __name__ == "__main__":

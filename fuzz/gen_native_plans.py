@@ -8,7 +8,7 @@ NOTE [ Fuzzed plans come from compile_chain ]
 The harness in fuzz/native_fuzz.c must drive ``ll_chain_run`` with plans the library can
 actually build, not with field values of its own invention: an ``ll_plan`` that
 ``compile_chain`` would never produce can fail in ways no user can reach, and a hand-written
-copy of the op and augmentation encodings would drift from ``loaderlib/transforms.py``. So
+copy of the op and augmentation encodings would drift from ``loaderlib/transforms/``. So
 each chain below is compiled by ``loaderlib._chain.compile_chain`` itself, the arguments it
 hands to ``_pipeline.CompiledChain`` are recorded, and they are written out field by field
 the way ``CompiledChain.__cinit__`` (pyx/_pipeline.pyx) fills the struct: ops, decode

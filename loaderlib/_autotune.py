@@ -63,6 +63,10 @@ __all__ = ["AUTOTUNE", "HillClimb", "Tuner", "attach", "parse_bytes"]
 #: Pass as ``num_threads``, ``prefetch`` or ``num_parallel_calls`` to have it tuned online.
 AUTOTUNE = -1
 
+#: Share of their time the kernel threads waited for bytes above which AUTOTUNE may give a
+#: native loader more threads than cores.
+READ_WAITING = 0.05
+
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -103,8 +107,9 @@ class HillClimb:
     """
 
     def __init__(self, name: str, value: int, lo: int, hi: int, tolerance: float = 0.05,
-                 max_trials: int = 4) -> None:
+                 max_trials: int = 4, bound: Callable[[], int] | None = None) -> None:
         self.name = name
+        self.bound = bound   # the upper bound now, when it follows the run (else ``hi``)
         self.value = max(lo, min(hi, int(value)))
         self.lo = lo
         self.hi = hi
@@ -120,7 +125,7 @@ class HillClimb:
         return self.phase == "settled"
 
     def _up(self, v: int) -> int:
-        return min(self.hi, v * 2)
+        return min(self.hi if self.bound is None else max(self.lo, min(self.hi, self.bound())), v * 2)
 
     def _down(self, v: int) -> int:
         return max(self.lo, v // 2)
@@ -324,11 +329,21 @@ def attach(loader: Any, *, num_threads: bool, prefetch: bool, ram_budget: int | 
     if num_threads:
         knobs.num_threads = cpus
         hi = cpus if loader.engine == "native" else 2 * cpus
+        bound = None
+        src = loader._analysis.native_source
+        if loader.engine == "native" and src is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS):
+            # The kernels compute, so more threads than cores help a native loader only while
+            # its threads wait for bytes the read-ahead stage has not delivered: then (and only
+            # then) the climb may go past the cores, and keeps what delivered throughput rewards.
+            hi = 2 * cpus
+
+            def bound() -> int:
+                return 2 * cpus if loader._read_waiting() > READ_WAITING else cpus
 
         def set_threads(n: int) -> None:
             knobs.num_threads = n
 
-        pairs.append((HillClimb("num_threads", cpus, 1, max(1, hi)), set_threads))
+        pairs.append((HillClimb("num_threads", cpus, 1, max(1, hi), bound=bound), set_threads))
     if prefetch:
         hi = 16
         if ram_budget is not None and nbytes:

@@ -21,7 +21,7 @@ import numpy as np
 from . import _threads
 from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
 from ._readahead import ReadAhead
-from ._source import NativeSource, SourceKind, native_error
+from ._source import NativeSource, SourceKind, native_error, native_source_of
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, BatchLayout
 from .batchify import Pad, Stack, Tuple, default_batchify_fn, finish_native
@@ -264,7 +264,8 @@ class NativeProducer(Producer):
         ``end`` the stream position after the last sample used or skipped.
         """
         n, end, views, nthreads = b.target, b.end, b.views, b.threads
-        recording = self.rec.enabled
+        # A batch started before recording was switched on has no timings: it is not recorded.
+        recording = self.rec.enabled and b.timings is not None
         images = views[0]
         stage = np.zeros(3, np.int64)
         per_sample = []
@@ -544,8 +545,11 @@ def result(f: cf.Future, stop: threading.Event) -> Any:
             raise _Stopped() from None   # only close() cancels samples
 
 
-def _load(dataset: Any, i: int, timed: bool) -> tuple[Any, int, int]:
+def _load(dataset: Any, i: int, timed: bool, ahead: tuple | None = None) -> tuple[Any, int, int]:
     """``dataset[i]`` and, when timed, its (read, python) nanoseconds.
+
+    With ``ahead = (reader, position)`` the sample's bytes come from the read-ahead stage
+    (NOTE [ Read-ahead for Python reads ]).
 
     NOTE [ Read or Python in a Python dataset ]
     A Python dataset is opaque: its ``__getitem__`` may wait on storage or compute. Its
@@ -556,6 +560,8 @@ def _load(dataset: Any, i: int, timed: bool) -> tuple[Any, int, int]:
     the GIL, so a GIL-bound dataset over-reports "read"; the verdict cross-checks the cores
     actually used.
     """
+    if ahead is not None:
+        return _load_ahead(dataset, i, timed, *ahead)
     if not timed:
         return dataset[i], 0, 0
     base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
@@ -571,6 +577,32 @@ def _load(dataset: Any, i: int, timed: bool) -> tuple[Any, int, int]:
     return item, wall - cpu, cpu + (_clock() - t1)
 
 
+def _load_ahead(dataset: Any, i: int, timed: bool, reader: ReadAhead, position: int) -> tuple[Any, int, int]:
+    """``dataset[i]`` built from bytes the read-ahead stage fetched, and its (read, python) ns.
+
+    NOTE [ Read-ahead for Python reads ]
+    A dataset of ours (its native source reads files or byte ranges) under a Python transform
+    runs on the threads engine, each pool thread reading its sample with ``dataset[i]``: as
+    many reads in flight as threads, as in the kernels before the read-ahead stage. Here the
+    producer queues the samples' reads on a read-ahead stage (NOTE [ Read-ahead ] in
+    include/ll_readahead.h) as it submits them, and the pool thread takes the bytes of its
+    sample (waiting without the GIL if they have not arrived), then builds the item with the
+    dataset's own ``item_from_bytes`` and applies the transform layers: the same item as
+    ``dataset[i]``. A sample whose read was never queued (the slots were full) is read by
+    ``dataset[i]`` as before. The wait is the sample's "read" time.
+    """
+    base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
+    d = reader.src.data_index(np.asarray([i]))[0]
+    data, waited = reader.native.take(int(position), reader.timeout)
+    t1 = _clock()
+    item = base[int(d)] if data is None else base.item_from_bytes(int(d), data)
+    for layer in layers:
+        item = layer.apply(item)
+    if not timed:
+        return item, 0, 0
+    return item, waited, _clock() - t1
+
+
 class ThreadsProducer(Producer):
     """Samples loaded by ``dataset[i]`` on the loader's Python pool; collation into the arena.
 
@@ -581,9 +613,18 @@ class ThreadsProducer(Producer):
     lookahead = 2
 
     def __init__(self, *, dataset: Any, batchify_fn: Any, arena: BatchArena, pool: PythonPool, recorder: Any,
-                 on_error: str, state: RunState) -> None:
+                 on_error: str, state: RunState, io_depth: int | None = 0, batch_size: int = 1,
+                 timeout: float | None = None, read_budget: int | None = None) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.dataset = dataset
+        self.reader: ReadAhead | None = None   # NOTE [ Read-ahead for Python reads ] (_load_ahead)
+        base = dataset.unwrap()[0] if isinstance(dataset, _TransformDataset) else dataset
+        src = native_source_of(base)
+        if (io_depth != 0 and src is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS)
+                and callable(getattr(base, "item_from_bytes", None))):
+            self.reader = ReadAhead(src, state.order.stream, io_depth=io_depth, batch_size=batch_size,
+                                    lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
+                                    start=state.cursor)
         self.batchify_fn = batchify_fn
         self.arena = arena
         self.pool = pool
@@ -600,8 +641,12 @@ class ThreadsProducer(Producer):
     def _submit_indices(self, indices: np.ndarray, start: int) -> None:
         ex = self.pool.executor(self.state.stop)
         timed = self.rec.enabled
+        reader = self.reader
+        if reader is not None:
+            reader.top_up()
         for j, i in enumerate(indices.tolist()):
-            self._stream.append((i, start + j, ex.submit(_load, self.dataset, i, timed)))
+            ahead = (reader, start + j) if reader is not None else None
+            self._stream.append((i, start + j, ex.submit(_load, self.dataset, i, timed, ahead)))
 
     def submit(self, task: Task) -> Task:
         if not self._stream_t0:
@@ -646,6 +691,11 @@ class ThreadsProducer(Producer):
             read_ns += dt_read
             python_ns += dt
         self._stream_t0 = _clock() if self._stream else 0
+        if self.reader is not None:
+            self.reader.adapt(nthreads)
+            self.reader.top_up()
+            if self.rec.enabled:
+                self.rec.extract(self.reader.counters())
         batch = collate_recorded(self.batchify_fn, samples, self.arena, self.rec,
                                  {"read": read_ns, "python": python_ns}, t0, nthreads)
         self.pool.last_end = max(self.pool.last_end, _clock())
@@ -664,6 +714,8 @@ class ThreadsProducer(Producer):
 
     def close(self, wait: bool = True) -> None:
         self.cancel(None)
+        if self.reader is not None:
+            self.reader.close()
 
 
 def python_tail(item: Any, suffix: Any, position: int, others: list, seed: int, epoch: int, index: int) -> Any:

@@ -195,7 +195,9 @@ class NativePrefix:
         self._run = (indices, out, st, seed, epoch)
 
     def _read_ahead(self, indices: np.ndarray) -> tuple[Any, np.ndarray | None]:
-        """NOTE [ Read-ahead in workers ]
+        """The read-ahead stage of this worker and the task's positions (None, None: none).
+
+        NOTE [ Read-ahead in workers ]
         A worker decodes its task on one thread; reading the task's samples one after the
         other on that thread would put one read in flight per worker. The worker's own
         read-ahead stage (NOTE [ Read-ahead ] in include/ll_readahead.h) queues the whole

@@ -306,8 +306,27 @@ class _Head(ops.Node):
     def describe(self) -> list:
         ld = self.engine.loader
         a = ld._analysis
-        out = [(f"engine: {a.engine}", a.engine, f"{self.label}: {a.reason}")]
+        reason = a.reason
         stages = [(f"  {stage}", kind, detail) for stage, kind, detail in a.stages]
+        if self.engine.keyed:
+            # The loader sees one Python dataset (_Keyed): name the maps it applies instead, each
+            # by its step and qualified name (NOTE [ Naming Python steps ] in loader.py).
+            from . import transforms as T
+
+            maps = list(zip(self.engine.labels, self.engine.maps))
+            py = [label for label, fn in maps if not isinstance(fn, T.Transform)]
+            tail = reason.split("; ", 1)[1] if "; " in reason else ""
+            if py:
+                reason = f"{', '.join(py)} {'is' if len(py) == 1 else 'are'} Python code" + (f"; {tail}" if tail else "")
+            rows = [("  read", "python", f"{self.engine.base!r}: element i, then the map steps, per element")]
+            rows += [("  transform", "native" if isinstance(fn, T.Transform) else "python",
+                      f"{label}, per element" + (" (a kernel called from Python)" if isinstance(fn, T.Transform)
+                                                 else " (Python code)")) for label, fn in maps]
+            collate = [r for r in stages[1:] if r[0] == "  collate"]
+            if self.engine.unbatch:
+                collate = []   # no batch step: elements go on one by one (the unbatch row below)
+            stages = rows + collate
+        out = [(f"engine: {a.engine}", a.engine, f"{self.label}: {reason}")]
         reading = getattr(self.engine.base, "reading", None)
         if reading is not None and a.engine == "native" and stages and stages[0][0] == "  read":
             stages[0] = (stages[0][0], stages[0][1], reading())   # a cache filling or complete (NOTE [ Cached pixels ])

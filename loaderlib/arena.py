@@ -225,6 +225,7 @@ class BatchArena:
     def __init__(self, num_slots: int = 4, allocator: Callable[[int], Any] | None = None) -> None:
         self.num_slots = max(1, int(num_slots))
         self._ring = _arena.SlotRing(allocator or (lambda n: AlignedBuffer(n, ALIGNMENT)))
+        self.peak_leased = 0   # most slots leased at once so far (NOTE [ Warm slots ])
 
     def reserve(self, layout: BatchLayout, num_slots: int | None = None) -> None:
         """Allocate the slots for ``layout`` now (before the epoch), not on the first batch."""
@@ -241,12 +242,14 @@ class BatchArena:
             # the layout before the epoch call reserve() themselves).
             self._ring.reserve(self.num_slots, layout.nbytes)
         lease = self._ring.acquire(layout.nbytes)
+        self.peak_leased = max(self.peak_leased, self._ring.num_leased)
         return lease, layout.views(lease)
 
     def has_room(self) -> bool:
-        """Whether a slot is free now (or the ring has not made all its slots yet)."""
-        r = self._ring
-        return max(r.num_slots, self.num_slots) > r.num_leased
+        """Whether a slot that has been written before is free now: fewer slots are leased than
+        the most ever leased at once (slots are taken lowest index first, so those are the
+        ones in memory). Before any batch, one slot counts as room."""
+        return self._ring.num_leased < max(self.peak_leased, 1)
 
     def acquire_bytes(self, nbytes: int) -> Any:
         """Lease a raw slot of at least ``nbytes`` bytes."""

@@ -349,8 +349,11 @@ class _ImageFiles(Dataset):
 
     def __getitem__(self, idx: int) -> Any:
         i = _check_index(idx, len(self.paths))
-        path = self.paths[i]
-        img = decode(self.read(i), source=path)
+        return self.item_from_bytes(i, self.read(i))
+
+    def item_from_bytes(self, i: int, data: Any) -> Any:
+        """Item ``i`` from its file's bytes ``data`` (read ahead by the loader)."""
+        img = decode(data, source=self.paths[i])
         if self.labels is None:
             return img
         return img, int(self.labels[i])

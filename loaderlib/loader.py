@@ -1,6 +1,6 @@
 """The DataLoader: picks an engine for a dataset, transform chain and batchify function.
 
-Engines (see DESIGN.md):
+Engines (how each one runs: NOTE [ Engine stages ] in ``_engine_base.py``):
 
 * ``native``: the dataset's bytes, every transform and collation run in nogil kernels, one
   parallel pass per batch, straight into an arena slot. Zero Python per sample.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,13 +93,22 @@ class _Analysis:
     plan: Any = None                               # the compiled plan (lent to the first iterator)
 
 
+# NOTE [ Naming Python steps ]
+# explain() names every step the engine cannot fuse by its qualified name (module.qualname for
+# functions, lambdas included; the repr otherwise) wherever it stands: first in the chain (no
+# native prefix at all), after a native prefix, in a .transform(fn) layer, or as the batchify
+# function; and each reason says which step made the engine leave the kernels.
 def _describe(fn: Any) -> str:
     """A step's name for explain(): its qualified name for functions (never cut), else its repr
     (long reprs are shortened in the middle, so both ends stay readable)."""
     name = getattr(fn, "__qualname__", None)
     if name is not None and callable(fn) and not isinstance(fn, type):
         module = getattr(fn, "__module__", None)
-        return f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
+        full = f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
+        code = getattr(fn, "__code__", None)
+        if "<lambda>" in name and code is not None:   # where it was written: lambdas share one name
+            full += f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
+        return full
     r = repr(fn)
     return r if len(r) <= 120 else r[:70] + " ... " + r[-45:]
 
@@ -198,10 +208,28 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
         steps = _steps(firsts) if ordered else []
         k, plan = _native_prefix(steps) if ordered else (0, None)
         if plan is None:
-            stages.append(("decode", "python", "no native prefix of the chain gives a fixed output size"))
-            why_py.append("the transform chain cannot run natively (a Python step first, or no fixed output "
-                          "size: add a crop or Resize((h, w)))" if ordered else
-                          ".transform(fn) layers sit below transform_first ones")
+            from . import transforms as T
+
+            chain = _steps(firsts)
+            stages.append(("decode", "python", "dataset[i] decodes each sample, called from Python"))
+            for fn in chain:   # every step by name, wherever it stands (NOTE [ Naming Python steps ])
+                native = isinstance(fn, T.Transform)
+                stages.append(("transform", "native" if native else "python",
+                               f"{_describe(fn)} (per sample, " + ("a kernel called from Python)" if native
+                                                                    else "Python code)")))
+            for fn in others:
+                stages.append(("transform", "python", f".transform({_describe(fn)}) on whole samples"))
+            py = [_describe(fn) for fn in chain if not isinstance(fn, T.Transform)]
+            if not ordered:
+                why_py.append(".transform(fn) layers sit below transform_first ones")
+            elif chain and not isinstance(chain[0], T.Transform):
+                why_py.append(f"the chain starts with a Python step ({py[0]}): the native engine fuses a leading run "
+                              "of loaderlib transforms that ends in a fixed size, and none comes before it")
+            else:
+                why_py.append("no leading run of loaderlib transforms gives a fixed output size (add a crop or "
+                              "Resize((h, w)))" + (f"; the chain holds Python steps ({', '.join(py)})" if py else ""))
+            if others:
+                why_py.append(".transform(fn) applies a Python function to whole samples")
         else:
             for step in plan.describe():
                 stages.append(("decode+transform", "native", step))
@@ -236,10 +264,18 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     else:
         plain = batchify_fn in (None, default_batchify_fn) or isinstance(batchify_fn, (Stack, Pad, Tuple))
         name = "default (Stack per field)" if batchify_fn in (None, default_batchify_fn) else _describe(batchify_fn)
-        stages.append(("collate", "native" if plain else "python", f"{name}, into arena slots when shapes allow"))
+        if plain:
+            stages.append(("collate", "native", f"{name}, into arena slots when shapes allow"))
+        else:
+            # A user function is called on the list of samples and its result handed over as it
+            # returns it (engines' collate(): only Stack/Pad/Tuple are planned into slots).
+            what = (f"{name}: Python code called on each batch's list of samples; its result is handed over "
+                    "as returned (not an arena slot)")
+            stages.append(("collate", "python", what))
         if src is not None and not why_py:
-            why_py.append("the batchify function is not one loaderlib runs natively (default, Stack, Pad, Tuple "
-                          "of those) on this dataset")
+            why_py.append(f"the batchify function {name} is Python code (loaderlib collates natively only the "
+                          "default, Stack, Pad and a Tuple of those)" if not plain else
+                          f"the batchify function {name} cannot collate this dataset's fields natively")
 
     if src is not None and not why_py:
         reason = "every stage runs in native kernels (zero Python per sample)"
@@ -363,7 +399,9 @@ class DataLoader:
     Parameters
     ----------
     dataset : Dataset, sequence or iterable
-        Any object with ``__len__``/``__getitem__`` (an iterable is materialised).
+        Any object with ``__len__``/``__getitem__``, or any iterable (infinite ones included),
+        which is consumed lazily, batch by batch, never materialised (NOTE [ Iterable shards ]
+        in ``_iterable.py``).
     batch_size : int
         Samples per batch (required unless ``batch_sampler`` is given).
     shuffle : bool
@@ -398,7 +436,8 @@ class DataLoader:
         Page-lock the arena slots once, when they are allocated, so batches copy to a GPU
         asynchronously at no per-batch cost: torch's pinned allocator on the in-process
         engines, ``cudaHostRegister`` of each shared-memory slot on the processes engine.
-        Needs torch with CUDA (``ValueError`` otherwise).
+        Without torch with CUDA it warns once, naming the keyword, and loads unpinned, as
+        PyTorch's DataLoader does (NOTE [ pin_memory without CUDA ]).
     timeout : float
         Seconds any wait for a batch may take before :class:`LoaderTimeoutError` (None or 0:
         wait forever).
@@ -766,6 +805,47 @@ class DataLoader:
 
         return Dashboard(self, **kwargs)
 
+    def preview(self, index: int, epoch: int | None = None) -> Any:
+        """Sample ``index`` exactly as this loader delivers it in ``epoch``.
+
+        NOTE [ Exact preview ]: the sample goes through the same engine from the dataset's own
+        data (for an image dataset, the fused kernel on the file's bytes, with the same
+        crop-region and DCT-scaled decode) with the same ``(seed, epoch, index)`` key, so the
+        result is bitwise what the loader writes into that sample's batch slot, for any thread
+        count. A transform called on an already decoded array (``train(img, seed=0, epoch=3,
+        index=17)``) is the same only where the fused chain decodes at full resolution; where
+        it decodes at 1/2, 1/4 or 1/8 scale (a chain that shrinks the image at least 2x, with
+        ``Decode(dct_scaling=True)``, the default) its resampling starts from other pixels and
+        can differ by a few levels (docs/preview.md).
+
+        Parameters
+        ----------
+        index : int
+            The dataset index of the sample.
+        epoch : int, optional
+            The epoch whose randomness to use (default: :attr:`epoch`, the next one).
+
+        Returns
+        -------
+        The sample's fields as the loader collates them (a tuple of arrays, one per field, with
+        the batch dimension removed), before any ``batch_transform``.
+        """
+        if self._iterable:
+            raise TypeError("preview(index) needs a dataset with __len__/__getitem__; an iterable has no index")
+        n = len(self.dataset)
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < n:
+            raise IndexError(f"index must be an integer in [0, {n}), got {index!r}")
+        probe = DataLoader(self.dataset, batch_size=1, sampler=[int(index)], seed=self.seed, num_threads=0,
+                           output=self.output)
+        try:
+            probe.set_epoch(self.epoch if epoch is None else epoch)
+            batch = next(iter(probe))
+            if isinstance(batch, (tuple, list)):
+                return tuple(np.array(part[0]) if self.output == "numpy" else part[0].clone() for part in batch)
+            return np.array(batch[0]) if self.output == "numpy" else batch[0].clone()
+        finally:
+            probe.close()
+
     def explain(self) -> str:
         """Which engine runs, why, and what each stage runs as."""
         a = self._analysis
@@ -781,6 +861,14 @@ class DataLoader:
         if self.batch_transform is not None:
             lines.append(f"  {'batch transform':<17} {'numpy':<7} {self.batch_transform.describe()}")
         return "\n".join(lines)
+
+    def _read_waiting(self) -> float:
+        """Share of the last turn the current run's kernel threads waited for bytes (0 without
+        a read-ahead stage)."""
+        it = self._current() if self._current is not None else None
+        prod = getattr(getattr(it, "_run", None), "producer", None)
+        reader = getattr(prod, "reader", None)
+        return float(reader.waiting) if reader is not None else 0.0
 
     def _extract_line(self) -> str | None:
         """What explain() says of the read-ahead stage (NOTE [ Read-ahead ]), or None when
@@ -1164,7 +1252,7 @@ class DataLoader:
         per_run = self._knobs.prefetch + (3 if self.engine == "native" else 2)
         slots = per_run
         if self._pure_sampler() is not None and self.engine != "processes":
-            slots += 2   # a warm next epoch's first batches (NOTE [ Warm slots ])
+            slots += 2   # room for a warm next epoch's first batches, taken from written slots (NOTE [ Warm slots ])
         if self._arena_ring is None:
             self._arena_ring = BatchArena(slots, allocator=self._pinned_allocator())
         self._arena_ring.num_slots = slots
@@ -1217,7 +1305,9 @@ class DataLoader:
                                   pool=self._python_pool(), **common)
         if a.engine == "threads":
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
-                                   pool=self._python_pool(), **common)
+                                   pool=self._python_pool(), io_depth=self._knobs.io_depth,
+                                   batch_size=self._batch_size, timeout=self.timeout,
+                                   read_budget=self._read_budget(), **common)
         from ._engine_procs import NativePrefix, ProcessesProducer, WorkerPool
 
         if self._workers is None or self._workers.closed:
@@ -1298,6 +1388,11 @@ class DataLoader:
         self.load_state_dict(saved)
 
     def _check_pin(self) -> None:
+        # NOTE [ pin_memory without CUDA ]: pinned memory only speeds up copies to a GPU, so on a
+        # machine without one there is nothing to honour: like PyTorch's DataLoader, warn (once per
+        # loader, naming the keyword) and load into ordinary memory, so a script written for GPU
+        # nodes runs unchanged on a CPU laptop or CI. What cannot be honoured where CUDA exists (a
+        # device index it does not have, a device that is not CUDA) still raises.
         try:
             import torch
 
@@ -1305,8 +1400,14 @@ class DataLoader:
         except ImportError:
             cuda = False
         if not cuda:
-            raise ValueError("pin_memory=True needs torch with CUDA, which is not available here: pass "
-                             "pin_memory=False (pinned memory only speeds up copies to a GPU)")
+            keyword = "pin_memory=True" + (f", pin_memory_device={self.pin_memory_device!r}"
+                                           if self.pin_memory_device else "")
+            warnings.warn(f"{keyword}: no CUDA device (or no torch with CUDA) here, so batches are loaded into "
+                          "ordinary, unpinned memory (pinned memory only speeds up copies to a GPU)",
+                          UserWarning, stacklevel=3)
+            self.pin_memory = False
+            self.pin_memory_device = ""
+            return
         if self.pin_memory_device:
             dev = _pin_device(self.pin_memory_device)
             if dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -1375,7 +1476,7 @@ def _pin_device(spelling: str) -> Any:
 
         dev = torch.device(spelling)
     except ImportError:
-        raise ValueError(f"pin_memory_device={spelling!r} needs torch with CUDA") from None
+        return None  # nothing to pin for without torch: _check_pin warns and loads unpinned
     except (RuntimeError, TypeError):
         raise ValueError(f"pin_memory_device={spelling!r} is not a device (e.g. 'cuda' or 'cuda:1')") from None
     if dev.type != "cuda":

@@ -27,7 +27,9 @@ everything after the head keeps the element count (``map``, ``prefetch``), the h
 its engine at the first batch not yet delivered (an index computation, nothing is loaded
 again); otherwise the elements before the resume point are produced again and dropped,
 which costs their compute but is exact for every operator, shuffle buffers and interleave
-cycles included.
+cycles included. The state holds the seed: a pipeline whose seed was drawn (no
+``with_options(seed=...)``) takes the saved one, as ``DataLoader`` does, so a restarted
+script resumes without knowing the seed; a pipeline given a seed refuses a different one.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ class Pipeline:
         self._options = dict(options) if options else {}
         if self._options.get("seed") is None:
             self._options["seed"] = draw_seed()
+            self._options["seed_drawn"] = True   # a resumed state may replace it (NOTE [ Pipeline resume ])
         # Every AUTOTUNE decision of this pipeline is timed from here (NOTE [ Autotune ]).
         self._tune_origin = (self._options.get("autotune_clock") or profiling_seconds)()
         self._iteration = 0
@@ -427,6 +430,7 @@ class Pipeline:
         opts = dict(self._options)
         if seed is not None:
             opts["seed"] = _check_count(seed, "seed", 0)
+            opts.pop("seed_drawn", None)
         if num_threads is not None:
             if num_threads != AUTOTUNE:
                 _check_count(num_threads, "num_threads", 0)
@@ -753,16 +757,28 @@ class Pipeline:
             raise StateError(f"a pipeline state is a dict, got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
             raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
-        if state.get("seed") != self.seed:
-            raise StateError(f"the state is for seed {state.get('seed')!r}, this pipeline has seed {self.seed} "
-                             "(pass with_options(seed=...))")
+        seed = state.get("seed")
+        adopt = seed != self.seed and self._options.get("seed_drawn", False)
+        if adopt and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise StateError(f"the state's 'seed' must be a non-negative integer, got {seed!r}")
+        if seed != self.seed and not adopt:
+            raise StateError(f"the state is for seed {seed!r}, this pipeline was given seed {self.seed} "
+                             "(with_options(seed=...)); a pipeline whose seed was drawn takes the state's")
         if state.get("plan") != _plan_digest(self):
             raise StateError("the state is for another pipeline (its steps or source differ)")
         for key in ("iteration", "delivered"):
             if not isinstance(state.get(key), int) or state[key] < 0:
                 raise StateError(f"the state's {key!r} must be a non-negative integer, got {state.get(key)!r}")
+        engines = []
         with self._lock:
+            if adopt:
+                # This pipeline drew its seed: it takes the saved run's, as DataLoader does
+                # (_adopt_seed). Engines were made with the old seed, so they are made again.
+                self._options["seed"] = int(seed)
+                engines, self._engines = list(self._engines.values()), {}
             self._resume = json.loads(json.dumps(state))
+        for e in engines:
+            e.close()
 
     # -- reporting -------------------------------------------------------------------
     def explain(self) -> str:

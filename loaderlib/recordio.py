@@ -247,7 +247,11 @@ class ImageRecordDataset(ShardFiles, Dataset):
 
     def __getitem__(self, idx: int) -> Any:
         i = _check_index(idx, len(self.keys))
-        img = decode(self.read(i), source=self.source(i))
+        return self.item_from_bytes(i, self.read(i))
+
+    def item_from_bytes(self, i: int, data: Any) -> Any:
+        """Item ``i`` from its record's image bytes ``data`` (read ahead by the loader)."""
+        img = decode(data, source=self.source(i))
         lab = self.labels[i]
         return img, (int(lab) if self.labels.dtype == np.int64 and self.labels.ndim == 1 else lab)
 

@@ -461,9 +461,12 @@ class RecordFileDataset(ShardFiles, Dataset):
 
     def __getitem__(self, idx: int) -> Any:
         i = _check_index(idx, len(self.offsets))
-        data = self.read(i)
+        return self.item_from_bytes(i, self.read(i))
+
+    def item_from_bytes(self, i: int, data: Any) -> Any:
+        """Item ``i`` from its record's bytes ``data`` (read ahead by the loader)."""
         if self.raw:
-            return data, int(self.labels[i])
+            return bytes(data), int(self.labels[i])
         return decode(data, source=self.keys[i]), int(self.labels[i])
 
     def close(self) -> None:

@@ -122,6 +122,12 @@ class Window:
         loader reports more thread time than its threads can have had).
     epochs : int
         Epoch starts inside the window.
+    batch_stage_s : tuple
+        Stage thread seconds (in :data:`STAGES` order) of each batch the pipeline finished in
+        the window, oldest first (NOTE [ Per-batch log ] in ``_recorder.py``).
+    batch_waits : tuple
+        ``(wait_s, model_s)`` of each batch the consumer received in the window, in order,
+        epoch boundaries left out (empty when no consumer was watched).
     """
 
     start_s: float
@@ -136,6 +142,8 @@ class Window:
     model_s: float = 0.0
     unattributed_s: float = 0.0
     epochs: int = 0
+    batch_stage_s: tuple = ()
+    batch_waits: tuple = ()
 
     @property
     def samples_per_s(self) -> float:
@@ -193,6 +201,8 @@ class Window:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d["batch_stage_s"] = len(self.batch_stage_s)   # counts: the per-batch figures are the verdict's input
+        d["batch_waits"] = len(self.batch_waits)
         d.update(samples_per_s=self.samples_per_s, busy_fraction=self.busy_fraction,
                  stage_share=self.stage_share, wait_fraction=self.wait_fraction,
                  boundary_fraction=self.boundary_fraction)
@@ -248,7 +258,9 @@ def window_of(
     cap = samples = batches = wait = boundary = model = unattributed = 0.0
     threads = 0
     n_epochs = 0
+    per_batch = []
     for st in epochs:
+        per_batch += [sd for t, _n, sd in st.batch_log if start_s <= t and (t < end_s or (closed and t == end_s))]
         if start_s < st.started_s < end_s:
             # An epoch starting inside the window: the work done ahead for it was done inside too.
             n_epochs += 1
@@ -277,6 +289,7 @@ def window_of(
         keep = cap / total
         stage = {k: v * keep for k, v in stage.items()}
         unattributed += total - cap
+    waits = []
     if deliveries is not None:
         samples = batches = wait = boundary = model = 0.0
         n_epochs = 0
@@ -285,6 +298,8 @@ def window_of(
                 samples += d.samples
                 batches += 1
                 n_epochs += d.boundary
+                if not d.boundary:
+                    waits.append((d.wait_s, d.model_s))
             w = _overlap(d.t - d.wait_s, d.t, start_s, end_s)
             if d.boundary:
                 boundary += w
@@ -293,7 +308,8 @@ def window_of(
             model += _overlap(d.t, d.t + d.model_s, start_s, end_s)
     return Window(start_s=start_s, wall_s=wall, samples=samples, batches=batches, stage_s=stage,
                   capacity_s=cap, threads=threads, consumer_wait_s=wait, boundary_wait_s=boundary,
-                  model_s=model, unattributed_s=unattributed, epochs=n_epochs)
+                  model_s=model, unattributed_s=unattributed, epochs=n_epochs, batch_stage_s=tuple(per_batch),
+                  batch_waits=tuple(waits))
 
 
 def split_window(
@@ -445,6 +461,10 @@ class Stats:
         ``consumer_wait_fraction``, ``boundary_wait_s``, ``queue_depth``, ``threads``, and
         ``stage_s.<stage>`` (thread seconds spent in the stage in that interval).
         :func:`window_of` reads it.
+    batch_log : tuple
+        ``(end_s, samples, stage seconds in STAGES order)`` of the epoch's most recent batches
+        (up to 4096; NOTE [ Per-batch log ] in ``_recorder.py``), end on the profiling clock.
+        :func:`window_of` reads it; :meth:`to_dict` leaves it out.
     autotune : tuple
         The ``AUTOTUNE`` tuner's decisions, oldest first: ``(time_s, knob, old, new, reason)``
         (NOTE [ Autotune ] in ``_autotune.py``), ``reason`` holding the measured rates compared;
@@ -490,6 +510,7 @@ class Stats:
     autotune: tuple = ()
     extract: ExtractStats | None = None
     memory: dict = dataclasses.field(default_factory=dict)
+    batch_log: tuple = ()
 
     # -- derived figures -----------------------------------------------------------------
     @property
@@ -514,6 +535,7 @@ class Stats:
     def to_dict(self) -> dict[str, Any]:
         """Plain ``dict`` of every field (JSON-serialisable; NaN becomes None)."""
         d = dataclasses.asdict(self)
+        del d["batch_log"]   # thousands of entries; the series and totals say it in short
         d["stage_share"] = self.stage_share
         d["consumer_wait_fraction"] = self.consumer_wait_fraction
         return _jsonable(d)

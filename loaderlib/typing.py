@@ -20,7 +20,7 @@ import numpy.typing as npt
 __all__ = ["Batch", "ImageArray", "LabelArray", "NumpyBatch", "TorchBatch"]
 
 #: A batch of images: ``(N, C, H, W)`` or ``(N, H, W, C)``; uint8, float32, float16, or
-#: uint16 holding bfloat16 bits (NOTE [ bfloat16 as uint16 bits ] in transforms.py).
+#: uint16 holding bfloat16 bits (NOTE [ bfloat16 as uint16 bits ] in transforms/_base.py).
 ImageArray: TypeAlias = npt.NDArray[Any]
 #: Integer class labels, ``(N,)`` int64.
 LabelArray: TypeAlias = npt.NDArray[np.int64]

@@ -262,7 +262,11 @@ class WebDataset(ShardFiles, Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"index {idx} out of range for a WebDataset of {len(self)} samples")
         i %= len(self)
-        img = decode(self.read(i))
+        return self.item_from_bytes(i, self.read(i))
+
+    def item_from_bytes(self, i: int, data: Any) -> Any:
+        """Item ``i`` from its image bytes ``data`` (read ahead by the loader)."""
+        img = decode(data, source=self.source(i))
         if self.labels is None:
             return img
         return img, self.labels[i] if isinstance(self.labels, list) else int(self.labels[i])

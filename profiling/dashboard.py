@@ -66,9 +66,6 @@ __all__ = ["Dashboard"]
 # point of the dashboard's own history averages.
 RECENT_S = 4.0
 POINT_S = 1.0
-# The verdict's evidence threshold on the dashboard: the "now" window must be this long.
-DASH_MIN_S = 2.0
-DASH_MIN_BATCHES = 8
 # The most autotune decisions listed (the newest; the count says how many there were).
 AUTOTUNE_ROWS = 12
 
@@ -243,8 +240,6 @@ class Dashboard:
                 cores_used=cores,
                 other_cores=others,
                 gil_held=stats.gil_held,
-                min_seconds=DASH_MIN_S,
-                min_batches=DASH_MIN_BATCHES,
                 extract=stats.extract,
             )
             self.last_stats = stats

@@ -490,10 +490,11 @@ def benchmark(
     Returns
     -------
     Report
-        Every figure from one accounting of the window (``report.window``). A window too
-        short (under 2 s or 20 batches), fed mostly from batches queued before it opened, or
-        whose half-second parts disagree gets ``report.bottleneck is None`` and a verdict that
-        says "not enough evidence" and how long to run (NOTE [ Verdict rules ]).
+        Every figure from one accounting of the window (``report.window``). A window whose
+        per-batch figures do not settle the answer (too few batches, or an interval around the
+        consumer's wait or the leading stage's lead that straddles its line) gets
+        ``report.bottleneck is None`` and a verdict that says "not enough evidence" and how many
+        batches and seconds would settle it (NOTE [ Verdict rules ]).
     """
     from .. import available_cpus
     from .report import Report

@@ -5,12 +5,33 @@ The verdict is decided from one :class:`~loaderlib.stats.Window` (NOTE [ One acc
 in ``loaderlib/stats.py``) and the same window cut into ``parts`` (about half a second
 each), in this order:
 
-0. Enough evidence. A window shorter than ``MIN_WINDOW_S`` or with fewer than
-   ``MIN_BATCHES`` batches, one whose first samples were mostly waiting in the prefetch
-   queue before it opened (more than ``MAX_BUFFERED`` of its samples), or whose parts
-   disagree on the answer (fewer than ``AGREE`` of them give the whole window's answer)
-   gets no bottleneck: the verdict says "not enough evidence", what the figures so far
-   point at, and how long to run.
+0. Enough evidence, in proportion to the effect. Each decision below compares a measured
+   quantity with a line: the consumer's steady-state wait with ``MODEL_BOUND_WAIT`` (rule 1),
+   the lead of the largest stage's share of thread time over the next one's with 0 (rule 2).
+   The quantity is measured once per batch (the consumer's wait over wait + model step from
+   the harness's deliveries; each batch's stage thread time from the recorder's per-batch log,
+   NOTE [ Per-batch log ] in ``_recorder.py``), consecutive batches are grouped into at most
+   ``MAX_BLOCKS`` blocks (batch means: neighbouring batches share a queue state, blocks are
+   close to independent), and a one-sided Student-t interval at ``LEVEL`` (99%) is put
+   around the blocks' mean, its spread never taken below ``SD_FLOOR`` (a scripted or very
+   regular run would otherwise look infinitely sure). The decision stands when the interval
+   lies wholly on one side of its line; with fewer than ``MIN_BATCHES`` batches, or an
+   interval that straddles the line, the verdict is "not enough evidence", what the figures
+   point at so far, and how many batches (and seconds) would make the interval clear the line
+   at the measured spread. A 2x separation (a wait near 0 or near 50%, one stage with twice
+   the next one's time) clears its line within 8-10 batches; a 5% difference needs hundreds.
+   Batches that were already waiting in the prefetch queue when the window opened are left
+   out of the wait (they say nothing about the pipeline's rate), as many as the queue lost
+   over the window (batches taken minus batches the pipeline finished in it): a queue the
+   pipeline kept full hid no wait. Without per-batch figures (a window built from the
+   recorder's bins alone, as on the dashboard) the window's parts stand for the blocks.
+   Why 99% and not 99.5%: on a 2-core machine at load average 13-19, per-batch stage times
+   carry preemption noise of several milliseconds, and at 99.5% one run of 33 batches with a
+   2.4x separation (decode 67%, transform 32%) stayed undecided (lead 31% +- 31%); at 99% it
+   decides. A wrong answer still needs the whole interval on the wrong side of the line.
+   The dashboard judges again at every update (repeated looks raise the chance that one of
+   them is wrong); its parts are half a second each, so it needs 3 s of data before it can
+   decide at all. Measured with ``benchmarks/verdict_check.py`` (its docstring has the table).
 1. Model or data. When a model step ran, the steady-state share of the window the consumer
    blocked in ``next()`` decides: under ``MODEL_BOUND_WAIT`` (10%) the accelerator was almost
    never idle on data and the verdict is ``model``. Waits at epoch boundaries (the refill at
@@ -22,8 +43,8 @@ each), in this order:
    ``read`` -> ``io``, ``decode``, ``transform``, ``python``, ``collate``. Thread time is what a
    stage costs the pool whatever the thread count, so the largest share is the stage whose
    speed-up raises the rate most. A loader with no per-stage timings gets no stage.
-3. Confidence: the share of the parts that give the same answer as the whole window, and
-   the spread of their delivered rates.
+3. Confidence, reported: the share of the window's parts that give the same answer as the
+   whole window, and the spread of their delivered rates (the decision is rule 0's).
 4. What to try, from the window's busy fraction, the thread count, the CPUs available and
    the CPU cores the process actually used:
    * a ``python`` stage on several threads while the process used about one core
@@ -50,7 +71,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..stats import Window, _jsonable
+from ..stats import STAGES, Window, _jsonable
 
 __all__ = ["BOTTLENECKS", "Verdict", "diagnose"]
 
@@ -64,10 +85,10 @@ IO_WAIT_CORES = 0.5
 GIL_CORES = (0.6, 1.3)
 CONTENDED_CORES = 0.7
 OTHER_CORES = 0.25
-MIN_WINDOW_S = 2.0
-MIN_BATCHES = 20
-MAX_BUFFERED = 0.10
-AGREE = 0.75
+MIN_BATCHES = 6
+MAX_BLOCKS = 16
+LEVEL = 0.99
+SD_FLOOR = 0.02
 BOUNDARY_NOTE = 0.02
 
 _CHEAPER = {
@@ -148,6 +169,87 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+# One-sided Student-t quantiles at LEVEL (0.99) for 1..30 degrees of freedom; beyond, the
+# Cornish-Fisher expansion around the normal quantile (within 1e-3 of the exact value there).
+_T99 = (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764, 2.718, 2.681, 2.650, 2.624,
+        2.602, 2.583, 2.567, 2.552, 2.539, 2.528, 2.518, 2.508, 2.500, 2.492, 2.485, 2.479, 2.473, 2.467,
+        2.462, 2.457)
+_Z99 = 2.3263478740408
+
+
+def _t_quantile(df: int) -> float:
+    """The one-sided ``LEVEL`` quantile of Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        return math.inf
+    if df <= len(_T99):
+        return _T99[df - 1]
+    z, v = _Z99, float(df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Interval:
+    """A measured quantity's mean over blocks of batches and its one-sided half-width."""
+
+    mean: float
+    half: float
+    sd_batch: float   # the spread of one batch's figure (for how many batches would settle it)
+    blocks: int
+    batches: int
+
+    def side(self, line: float) -> int:
+        """+1 when the whole interval is above ``line``, -1 when below, 0 when it straddles it."""
+        if self.mean - self.half > line:
+            return 1
+        if self.mean + self.half < line:
+            return -1
+        return 0
+
+    def batches_to_clear(self, line: float) -> int | None:
+        """Batches that would put the interval on one side of ``line`` at the measured spread."""
+        gap = abs(self.mean - line)
+        if gap <= 1e-9:
+            return None
+        for n in range(MIN_BATCHES, MAX_BLOCKS + 1):
+            if _t_quantile(n - 1) * self.sd_batch / math.sqrt(n) < gap:
+                return n
+        return math.ceil((_t_quantile(MAX_BLOCKS - 1) * self.sd_batch / gap) ** 2)
+
+
+def _interval(items: Sequence[Any], stat: Any) -> _Interval | None:
+    """``stat`` of consecutive blocks of ``items`` (at most MAX_BLOCKS blocks: batch means)."""
+    n = len(items)
+    if n == 0:
+        return None
+    k = min(MAX_BLOCKS, n)
+    edges = [round(i * n / k) for i in range(k + 1)]
+    vals = [v for v in (stat(items[edges[i]:edges[i + 1]]) for i in range(k)) if v is not None]
+    if not vals:
+        return None
+    mean = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else math.inf
+    sd = max(sd, SD_FLOOR)
+    half = _t_quantile(len(vals) - 1) * sd / math.sqrt(len(vals))
+    return _Interval(mean, half, sd * math.sqrt(n / len(vals)), len(vals), n)
+
+
+def _wait_share(block: Sequence[tuple]) -> float | None:
+    total = sum(w + m for w, m in block)
+    return sum(w for w, _ in block) / total if total > 0 else None
+
+
+def _lead(top: int, second: int) -> Any:
+    def stat(block: Sequence[tuple]) -> float | None:
+        total = sum(sum(b) for b in block)
+        return (sum(b[top] for b in block) - sum(b[second] for b in block)) / total if total > 0 else None
+    return stat
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
 def _answer(w: Window, model_ran: bool) -> str | None:
     """The whole decision (model, a stage kind, or None for data without stages) for one window."""
     if model_ran and w.wait_fraction < MODEL_BOUND_WAIT:
@@ -156,6 +258,72 @@ def _answer(w: Window, model_ran: bool) -> str | None:
         return None
     share = w.stage_share
     return _STAGE_TO_BOTTLENECK[max(share, key=share.get)]
+
+
+def _evidence(w: Window, parts: Sequence[Window], model_ran: bool, buffered_samples: float,
+              ev: dict) -> tuple[str | None, int | None]:
+    """Rule 0 of NOTE [ Verdict rules ]: None when the evidence decides (``ev["decided"]`` then
+    holds the answer), else why not and how many batches would settle it."""
+    if w.batch_waits:
+        waits: list = list(w.batch_waits)
+        unit = "batches"
+    else:
+        waits = [(p.consumer_wait_s, max(0.0, p.wall_s - p.consumer_wait_s - p.boundary_wait_s))
+                 for p in parts if p.wall_s > 0]
+        unit = "parts"
+    if w.batch_stage_s:
+        stages: list = [b for b in w.batch_stage_s if sum(b) > 0]
+        stage_unit = "batches"
+    else:
+        stages = [tuple(p.stage_s.get(k, 0.0) for k in STAGES) for p in parts if p.has_stages]
+        stage_unit = "parts"
+
+    if model_ran:
+        skip = 0
+        if w.batch_waits and buffered_samples > 0 and w.batches > 0:
+            skip = min(len(waits), math.ceil(buffered_samples / (w.samples / w.batches) - 1e-9))
+            if w.batch_stage_s:
+                # Only what the queue lost over the window was fed from its stock: a queue the
+                # pipeline kept full (it produced as many batches as were taken) hid no wait.
+                skip = min(skip, max(0, len(waits) - len(w.batch_stage_s)))
+            ev["buffered_batches"] = skip
+        steady = waits[skip:]
+        if len(steady) < MIN_BATCHES:
+            why = (f"it held {len(steady)} {unit} in steady state (at least {MIN_BATCHES} needed)" if not skip else
+                   f"it held {len(waits)} batches, the first {skip} already waiting in the prefetch queue when it "
+                   f"opened, leaving {len(steady)} (at least {MIN_BATCHES} needed)")
+            return why, MIN_BATCHES + skip
+        iv = _interval(steady, _wait_share)
+        if iv is None:   # neither a wait nor a model step was timed: nothing to judge the model on
+            return f"its {len(steady)} {unit} timed no consumer wait or model step", None
+        ev["wait_interval"] = (iv.mean - iv.half, iv.mean + iv.half)
+        side = iv.side(MODEL_BOUND_WAIT)
+        if side == 0:
+            need = iv.batches_to_clear(MODEL_BOUND_WAIT)
+            return (f"over {iv.batches} {unit} the accelerator waited {_pct(iv.mean)} \u00b1 {_pct(iv.half)} of the "
+                    f"time, which does not settle whether it is under {_pct(MODEL_BOUND_WAIT)} (the model limits) "
+                    "or over (the data does)"), (need + skip if need is not None else None)
+        if side < 0:
+            ev["decided"] = "model"
+            return None, None
+    if not w.has_stages:
+        ev["decided"] = None
+        return None, None
+    if len(stages) < MIN_BATCHES:
+        return f"it held {len(stages)} {stage_unit} with stage timings (at least {MIN_BATCHES} needed)", MIN_BATCHES
+    totals = [sum(b[i] for b in stages) for i in range(len(STAGES))]
+    order = sorted(range(len(STAGES)), key=lambda i: -totals[i])
+    top, second = order[0], order[1]
+    iv = _interval(stages, _lead(top, second))
+    ev["stage_lead_interval"] = (iv.mean - iv.half, iv.mean + iv.half)
+    if iv.side(0.0) > 0:
+        ev["decided"] = _STAGE_TO_BOTTLENECK[STAGES[top]]
+        return None, None
+    need = iv.batches_to_clear(0.0)
+    total = sum(totals)
+    return (f"over {iv.batches} {stage_unit} {STAGES[top]} and {STAGES[second]} took {_pct(totals[top] / total)} "
+            f"and {_pct(totals[second] / total)} of thread time; the lead, {_pct(iv.mean)} \u00b1 {_pct(iv.half)}, "
+            "does not settle which of them limits"), need
 
 
 def _spread(values: list) -> float | None:
@@ -178,8 +346,6 @@ def diagnose(
     buffered_samples: float = 0.0,
     other_cores: float | None = None,
     top_others: Sequence[tuple[str, float]] = (),
-    min_seconds: float = MIN_WINDOW_S,
-    min_batches: int = MIN_BATCHES,
     extract: Any = None,
 ) -> Verdict:
     """Apply NOTE [ Verdict rules ] to one accounted window.
@@ -190,7 +356,8 @@ def diagnose(
         The measured window (:func:`loaderlib.stats.window_of`).
     parts : sequence of Window
         The same window cut into consecutive parts (:func:`loaderlib.stats.split_window`);
-        their agreement is the verdict's confidence.
+        their agreement is the verdict's reported confidence, and they stand for the batches
+        when the window has no per-batch figures.
     threads : int or None
         The loader's thread count.
     cpus : int
@@ -204,13 +371,12 @@ def diagnose(
     ceiling_samples_per_s : float, optional
         The infinitely-fast-model rate over a window of the same length.
     buffered_samples : float
-        Samples already waiting in the prefetch queue when the window opened.
+        Samples already waiting in the prefetch queue when the window opened (their batches
+        are left out of the consumer's wait).
     other_cores : float, optional
         CPU cores other processes on the machine used over the window.
     top_others : sequence of (name, cores)
         The other processes that used the most CPU, named in the competing-load note.
-    min_seconds, min_batches
-        The shortest window that gets a verdict.
     extract : loaderlib.stats.ExtractStats, optional
         The read-ahead stage's figures (``stats.extract``): an ``io`` verdict then names the
         storage latency, the reads in flight and the depth (NOTE [ Storage in the verdict ]).
@@ -275,30 +441,28 @@ def diagnose(
         ev["confidence"] = confidence
         ev["parts"] = len(agree)
 
-    # Rule 0: enough evidence.
-    short = []
-    need = min_seconds
-    if w.wall_s < min_seconds:
-        short.append(f"the measured window was {w.wall_s:.2f} s")
-    if w.batches < min_batches:
-        short.append(f"it held {w.batches:.0f} batches (at least {min_batches} needed)")
-        if w.batches > 0:
-            need = max(need, 1.2 * min_batches * w.wall_s / w.batches)
-    if w.samples > 0 and buffered_samples > MAX_BUFFERED * w.samples:
-        short.append(f"{buffered_samples:.0f} of its {w.samples:.0f} samples were already waiting in the prefetch "
-                     "queue when it opened")
-        need = max(need, 1.2 * w.wall_s * buffered_samples / (MAX_BUFFERED * w.samples))
-    if confidence is not None and confidence < AGREE and len(agree) >= 2:
-        short.append(f"only {sum(agree)} of its {len(agree)} parts agree on the answer")
-        need = max(need, 2 * w.wall_s)
-    if short:
-        need = float(f"{need:.2g}")
+    # Rule 0: evidence in proportion to the effect.
+    short, needs = _evidence(w, parts, model_ran, buffered_samples, ev)
+    if short is not None:
         lead = f"; so far the figures point at {answer}" if answer else ""
         ev["leading"] = answer
-        return Verdict(None, "not enough evidence: " + ", ".join(short) + lead,
-                       f"measure a longer window: at least {need:g} s (benchmark(..., seconds={need:g}), or "
-                       "more epochs)", ev, enough=False, confidence=confidence, notes=tuple(notes),
-                       seconds_needed=need)
+        per_batch = w.wall_s / w.batches if w.batches > 0 else None
+        if needs is not None:
+            need = float(f"{max(needs * per_batch * 1.2 if per_batch else 2 * w.wall_s, 0.01):.2g}")
+            tip = (f"measure about {needs} batches: a window of at least {need:g} s (benchmark(..., seconds={need:g}), "
+                   "or more epochs) settles it at the spread measured so far")
+        else:
+            need = float(f"{max(10 * w.wall_s, 1.0):.2g}")
+            tip = (f"the figures sit on the line, so a longer window may never settle it; measure at least {need:g} s "
+                   f"(benchmark(..., seconds={need:g})) to see whether they move off it, or take both answers as "
+                   "limiting about equally")
+        return Verdict(None, "not enough evidence: " + short + lead, tip, ev, enough=False, confidence=confidence,
+                       notes=tuple(notes), seconds_needed=need)
+    answer = ev.pop("decided", answer)
+    agree = [_answer(p, model_ran) == answer for p in parts if p.batches > 0 or p.wall_s > 0]
+    confidence = sum(agree) / len(agree) if agree else None
+    if confidence is not None:
+        ev["confidence"] = confidence
 
     conf = f" (confidence {100 * confidence:.0f}%: {sum(agree)} of {len(agree)} parts agree" \
         + (f", rate \u00b1{100 * spread:.0f}%)" if spread is not None else ")") if confidence is not None else ""
@@ -330,7 +494,7 @@ def diagnose(
 
     # Rule 2: the stage with the largest share of thread time.
     share = w.stage_share
-    stage = max(share, key=share.get)
+    stage = next(k for k, v in _STAGE_TO_BOTTLENECK.items() if v == answer)
     kind = answer
     ev["stage"] = stage
     where = f"at {n} thread{'s' if n != 1 else ''} with {100 * busy:.0f}% busy"
@@ -381,7 +545,9 @@ def diagnose(
 
 
 def _storage(extract: Any, threads: int, w: Window) -> tuple[str, str, dict] | None:
-    """NOTE [ Storage in the verdict ]
+    """What an io verdict says about the storage.
+
+    NOTE [ Storage in the verdict ]
     When reads limit the loader, the useful answer names the storage: how long one read takes
     and how many were in flight, since by Little's law those two set the read rate, and what
     the read-ahead stage (NOTE [ Read-ahead ] in ``pyx/include/ll_readahead.h``) did or should do

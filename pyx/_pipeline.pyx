@@ -266,6 +266,7 @@ cdef extern from "ll_readahead.h":
     void ll_reader_attach(ll_reader* r, ll_rwait* w, const int64_t* pos, int64_t n) noexcept nogil
     int64_t ll_rwait_next(ll_reader* r, ll_rwait* w, int64_t k, int64_t timeout_ns, int64_t* waited) noexcept nogil
     void ll_reader_release(ll_reader* r, int64_t slot) noexcept nogil
+    int64_t ll_reader_take(ll_reader* r, int64_t pos, int64_t timeout_ns, int64_t* waited) noexcept nogil
     void ll_reader_stop(ll_reader* r) noexcept nogil
     void ll_reader_close(ll_reader* r) noexcept nogil
 
@@ -368,6 +369,29 @@ cdef class Reader:
         with nogil:
             k = ll_reader_queue(self.r, &positions[0], n, NULL, &fds[0], &offsets[0], &sizes[0])
         return k
+
+    def take(self, int64_t position, double timeout=0.0):
+        """The bytes read for stream ``position`` (a copy; the slot is freed), waiting for the
+        read without the GIL, at most ``timeout`` seconds (0: no limit). Returns ``(data,
+        waited_ns)``: ``data`` is None when the position was never queued (read it yourself);
+        a failed read raises OSError with its reason; a timeout raises TimeoutError."""
+        cdef int64_t waited = 0, s
+        cdef int64_t tns = <int64_t>(timeout * 1e9) if timeout > 0 else 0
+        with nogil:
+            s = ll_reader_take(self.r, position, tns, &waited)
+        if s == -1:
+            return None, waited
+        if s == -2:
+            raise TimeoutError(f"the read did not complete within {timeout:g} s")
+        cdef ll_rreq* q = &self.r.slots[s]
+        try:
+            if q.status != LL_OK:
+                raise OSError((<bytes>q.msg).decode("utf-8", "replace"))
+            data = (<char*>q.data.p)[:q.n] if q.n > 0 else b""
+        finally:
+            with nogil:
+                ll_reader_release(self.r, s)
+        return data, waited
 
     def buffer_bytes(self):
         """Bytes the read slots' buffers hold (they grow to the largest sample each slot held)."""

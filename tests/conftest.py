@@ -10,13 +10,13 @@ import cv2
 import numpy as np
 import pytest
 
-from tests._synth import encode_jpeg, photo_like
+from benchmarks._synth import encode_jpeg, photo_like
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
 def make_photo(width: int, height: int, seed: int = 0) -> np.ndarray:
-    """A photo-like BGR image (see tests._synth.photo_like)."""
+    """A photo-like BGR image (see benchmarks._synth.photo_like)."""
     return photo_like(width, height, seed)
 
 
@@ -66,3 +66,19 @@ def jpeg_matrix() -> list[tuple[str, bytes]]:
 @pytest.fixture(scope="session")
 def photo_jpeg() -> bytes:
     return encode_jpeg(make_photo(500, 375, seed=123), 90, "420")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """How many timing checks ran without a verdict (tests/_timing.py): they are skips, counted here."""
+    from tests._timing import NO_VERDICT
+
+    def timing(rep):
+        return "timing" in getattr(rep, "keywords", {})
+
+    reports = [r for key in ("passed", "failed", "skipped") for r in terminalreporter.stats.get(key, [])
+               if timing(r) and (r.skipped or getattr(r, "when", "call") == "call")]
+    if not reports:
+        return
+    none = [r for r in reports if r.skipped and NO_VERDICT in str(r.longrepr)]
+    terminalreporter.write_line(f"timing verdict checks: {len(reports) - len(none)} of {len(reports)} decided, "
+                                f"{len(none)} without a verdict (not enough evidence; listed as skipped)")

@@ -85,6 +85,7 @@ typedef struct ll_rreq {
 /* One batch's items, in the order their bytes became ready (NOTE [ Read-ahead ]). */
 typedef struct ll_rwait {
     int64_t n, nready;
+    int64_t t_first;    /* when a kernel thread first waited on this batch (0: none yet) */
     int64_t *order;     /* n entries: item numbers, in the order they became ready */
     int64_t *slot;      /* n entries: the item's slot; -1: read in the pass; -2: gave up */
 } ll_rwait;
@@ -149,6 +150,7 @@ static void ll_reader_free_mem(ll_reader *r) {
 /* Give slot ``s`` back (caller holds mu). */
 static void ll_reader_free_slot(ll_reader *r, int64_t s) {
     ll_rreq *q = &r->slots[s];
+    if (q->state == LL_RQ_FREE && q->pos < 0) return; /* already on the free list */
     if (q->pos >= 0 && r->map[q->pos % r->mapn] == s) r->map[q->pos % r->mapn] = -1;
     q->state = LL_RQ_FREE;
     q->waiter = NULL;
@@ -374,18 +376,19 @@ static int64_t ll_reader_queue(ll_reader *r, const int64_t *pos, int64_t n, cons
 static void ll_reader_attach(ll_reader *r, ll_rwait *w, const int64_t *pos, int64_t n) {
     w->n = n;
     w->nready = 0;
+    w->t_first = 0;
     ll_mutex_lock(&r->mu);
     for (int64_t i = 0; i < n; i++) {
         const int64_t s = pos[i] >= 0 ? r->map[pos[i] % r->mapn] : -1;
         ll_rreq *q = s >= 0 ? &r->slots[s] : NULL;
         if (q != NULL && q->state != LL_RQ_FREE && q->pos == pos[i] && q->waiter == NULL && !q->orphan) {
+            /* The batch owns the slot from now on, read or not: a second batch with the same
+             * position (an on_error="skip" fill takes samples a queued batch holds) reads
+             * it in its pass instead, so each slot is consumed and freed exactly once. */
             w->slot[i] = s;
-            if (q->state == LL_RQ_DONE) {
-                w->order[w->nready++] = i;
-            } else {
-                q->waiter = w;
-                q->item = i;
-            }
+            q->waiter = w;
+            q->item = i;
+            if (q->state == LL_RQ_DONE) w->order[w->nready++] = i;
         } else {
             w->slot[i] = -1;
             w->order[w->nready++] = i;
@@ -427,16 +430,18 @@ static int ll_rwait_give_up(ll_reader *r, ll_rwait *w) {
 }
 
 /* The item to run for claim ``k`` of batch ``w``: the k-th whose bytes arrived, waiting
- * while none is, for at most ``timeout_ns`` (0: no limit). ``*waited`` gets the nanoseconds
- * waited. After the timeout, or once the reader stopped, an item still being read is given
- * up (its slot becomes -2: the caller fails it). */
+ * while none is. ``*waited`` gets the nanoseconds waited. Once ``timeout_ns`` (0: no limit)
+ * has passed since the batch's first wait, or once the reader stopped, an item still being
+ * read is given up (its slot becomes -2: the caller fails it): the limit is the batch's, so a
+ * batch whose reads all hang fails within one timeout, not one per item. */
 static int64_t ll_rwait_next(ll_reader *r, ll_rwait *w, int64_t k, int64_t timeout_ns, int64_t *waited) {
     int64_t t0 = 0;
     ll_mutex_lock(&r->mu);
     while (w->nready <= k) {
         const int64_t now = ll_now_ns();
         if (!t0) t0 = now;
-        if ((r->stop || (timeout_ns > 0 && now - t0 >= timeout_ns)) && ll_rwait_give_up(r, w)) continue;
+        if (!w->t_first) w->t_first = now;
+        if ((r->stop || (timeout_ns > 0 && now - w->t_first >= timeout_ns)) && ll_rwait_give_up(r, w)) continue;
 #ifdef _WIN32
         ll_cond_wait(&r->arrived, &r->mu);
 #else
@@ -454,6 +459,60 @@ static int64_t ll_rwait_next(ll_reader *r, ll_rwait *w, int64_t k, int64_t timeo
     r->wait_ns += *waited;
     ll_mutex_unlock(&r->mu);
     return item;
+}
+
+/* The slot holding stream position ``pos`` once its read completed, for a reader outside the
+ * kernel passes (the Python engines' samples, NOTE [ Read-ahead for Python reads ]): waits at
+ * most ``timeout_ns`` (0: no limit). Returns the slot (the caller copies its bytes and
+ * releases it), -1 when ``pos`` was never queued (the caller reads it itself; it will never
+ * be queued now), or -2 when the wait timed out or the reader stopped (the slot is given up). */
+static int64_t ll_reader_take(ll_reader *r, int64_t pos, int64_t timeout_ns, int64_t *waited) {
+    int64_t t0 = ll_now_ns(), s;
+    *waited = 0;
+    ll_mutex_lock(&r->mu);
+    if (pos + 1 > r->floor) r->floor = pos + 1;
+    s = pos >= 0 ? r->map[pos % r->mapn] : -1;
+    if (s < 0 || r->slots[s].pos != pos || r->slots[s].waiter != NULL || r->slots[s].orphan) {
+        ll_mutex_unlock(&r->mu);
+        return -1;
+    }
+    ll_rreq *q = &r->slots[s];
+    while (q->state != LL_RQ_DONE) {
+        const int64_t now = ll_now_ns();
+        if (r->stop || (timeout_ns > 0 && now - t0 >= timeout_ns)) {
+            if (q->state == LL_RQ_READING) q->orphan = 1;
+            else if (q->state == LL_RQ_QUEUED) {
+                ll_rreq *prev = NULL;
+                for (ll_rreq *x = r->qhead; x != NULL; prev = x, x = x->qnext) {
+                    if (x != q) continue;
+                    if (prev) prev->qnext = x->qnext;
+                    else r->qhead = x->qnext;
+                    if (r->qtail == x) r->qtail = prev;
+                    break;
+                }
+                q->qnext = NULL;
+                ll_reader_free_slot(r, s);
+            }
+            *waited = ll_now_ns() - t0;
+            ll_mutex_unlock(&r->mu);
+            return -2;
+        }
+#ifdef _WIN32
+        ll_cond_wait(&r->arrived, &r->mu);
+#else
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const long long step = 100000000LL;
+        ts.tv_sec += (time_t)((ts.tv_nsec + step) / 1000000000LL);
+        ts.tv_nsec = (long)((ts.tv_nsec + step) % 1000000000LL);
+        pthread_cond_timedwait(&r->arrived, &r->mu, &ts);
+#endif
+    }
+    *waited = ll_now_ns() - t0;
+    r->taken++;
+    r->wait_ns += *waited;
+    ll_mutex_unlock(&r->mu);
+    return s;
 }
 
 /* The slot's bytes are no longer needed: it is free for the next queued position. */

@@ -8,7 +8,7 @@ import os
 import cv2
 import numpy as np
 
-from tests._synth import base_photo
+from benchmarks._synth import base_photo
 
 
 def photo() -> np.ndarray:

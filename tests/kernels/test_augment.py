@@ -24,10 +24,10 @@ import cv2
 import numpy as np
 import pytest
 
+from benchmarks._synth import encode_jpeg
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
 from loaderlib.decoding import decode
-from tests._synth import encode_jpeg
 from tests.conftest import make_photo
 
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import loaderlib as ll
+from benchmarks._synth import encode_jpeg, photo_like
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
 from loaderlib.decoding import decode_batch
 from loaderlib.errors import DecodeError, DecodeWarning
-from tests._synth import encode_jpeg, photo_like
 from tests.conftest import cv2_reference
 
 # The bounds stated in loaderlib.decoding.decode's docstring, in uint8 levels (measured on

@@ -17,11 +17,11 @@ import cv2
 import numpy as np
 import pytest
 
+from benchmarks._synth import photo_like
 from loaderlib import jpeg_info
 from loaderlib._ext import _jpeg
 from loaderlib.decoding import decode, decode_batch
 from loaderlib.errors import DecodeError, DecodeWarning
-from tests._synth import photo_like
 
 SAMPLING = {
     "444": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
@@ -191,6 +191,56 @@ def test_damaged_files_give_libjpegs_outcome(name, data, decoders):
         assert ours == theirs, f"{name} {kw}: {ours[0]} {ours[-1]} vs libjpeg's {theirs[0]} {theirs[-1]}"
 
 
+# Bytes in place of the EOI marker: none of them 0xFF, so they read as entropy data.
+_TAIL = bytes([0x12, 0x34, 0x56, 0x78, 0x9A, 0xBC, 0xDE, 0x21])
+
+
+def _eoi_cases() -> list[tuple[str, bytes, bytes]]:
+    """Complete scans whose EOI marker is missing (cut after the last scan byte) or replaced by
+    0-8 bytes of garbage: (name, damaged, intact)."""
+    out = []
+    for seed in range(36):
+        img = photo_like(24 + 7 * seed, 16 + 5 * seed, seed=seed)
+        for q in (75, 90):
+            data = _encode(img, q, "420")
+            assert data.endswith(b"\xff\xd9")
+            for k in range(len(_TAIL) + 1):
+                out.append((f"s{seed}-q{q}-tail{k}", data[:-2] + _TAIL[:k], data))
+    return out
+
+
+def test_a_missing_or_damaged_eoi_decodes_the_complete_image_with_either_decoder(decoders):
+    """NOTE [ A missing EOI is not a truncation ] in ll_jpeg.h: the pixels are all there, so the
+    outcome is the intact file's image, without a warning, whichever Huffman decoder runs. Our
+    decoder finishes some of these files alone (its read-ahead stays inside the data), where
+    libjpeg's read-ahead runs off the end: those used to fail with libjpeg's decoder only."""
+    finished_alone = 0
+    for name, data, intact in _eoi_cases():
+        for kw in ({}, {"strict": True}, {"strict": False, "scale": 0.5}):
+            decoders(False)
+            theirs = _outcome(data, **kw)
+            decoders(True)
+            _, i0, b0 = _jpeg.huffman_decoder()
+            ours = _outcome(data, **kw)
+            _, i1, b1 = _jpeg.huffman_decoder()
+            assert ours == theirs, f"{name} {kw}: {ours[0]} {ours[-1]} vs libjpeg's {theirs[0]} {theirs[-1]}"
+            assert ours[0] == "ok" and ours[2] == [], f"{name} {kw}: {ours[-1]}"
+            assert ours[1] == decode(intact, **kw).tobytes(), f"{name} {kw}"
+            finished_alone += kw == {} and i1 > i0 and b1 == b0
+    assert finished_alone >= 10, finished_alone
+
+
+def test_data_that_ends_before_the_image_is_still_truncated(decoders):
+    """The rule above keeps real truncations: bits were needed after the end."""
+    data = _encode(photo_like(97, 61, seed=1), 90, "420")
+    for cut in (len(data) - 40, len(data) // 2):
+        for ours in (False, True):
+            decoders(ours)
+            with pytest.raises(DecodeError, match=r"truncated: the data ends before the image \(Premature end of JPEG"):
+                decode(data[:cut])
+            with pytest.warns(DecodeWarning, match="Premature end of JPEG file"):
+                decode(data[:cut], strict=False)
+
 def test_damage_is_handed_back_and_valid_data_is_not(decoders):
     """Every kind of damage above reaches the hand-back, and flips that keep the data valid are
     decoded by our decoder to the end (the comparisons above test both paths)."""
@@ -212,7 +262,7 @@ def test_damage_is_handed_back_and_valid_data_is_not(decoders):
 
 def test_environment_variable_selects_libjpegs_decoder():
     code = ("from loaderlib._ext import _jpeg; from loaderlib.decoding import decode; "
-            "from tests._synth import photo_like, encode_jpeg; decode(encode_jpeg(photo_like(32, 32))); "
+            "from benchmarks._synth import photo_like, encode_jpeg; decode(encode_jpeg(photo_like(32, 32))); "
             "print(_jpeg.huffman_decoder())")
     for env, expect in (("libjpeg", "(False, 0, 0)"), ("loaderlib", "(True, 1, 0)")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -375,3 +375,60 @@ def test_png_in_a_jpeg_folder(tmp_path):
     assert y.tolist() == [0, 0]
     np.testing.assert_array_equal(x[1], ref)            # PNG is lossless: exact
     assert np.abs(x[0].astype(int) - ref).max() <= 12   # the JPEG differs by its compression only
+
+
+@pytest.fixture(scope="module")
+def small_jpegs(tmp_path_factory):
+    """60-160 px JPEGs: Resize(32) shrinks them 2-5x, so the fused chain decodes at a DCT scale."""
+    root = tmp_path_factory.mktemp("small")
+    rng = np.random.default_rng(0)
+    for c in "ab":
+        os.makedirs(root / c)
+        for i in range(20):
+            w, h = int(rng.integers(60, 161)), int(rng.integers(60, 161))
+            img = cv2.GaussianBlur(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), (7, 7), 0)
+            cv2.imwrite(str(root / c / f"{i}.jpg"), img)
+    return ll.ImageFolderDataset(str(root))
+
+
+def _delivered(loader, epoch):
+    """Each dataset index -> the image the loader delivered for it in ``epoch``."""
+    order = loader.sampler.order(epoch)
+    loader.set_epoch(epoch)
+    xs = np.concatenate([x.copy() for x, _ in loader])
+    return {int(i): xs[pos] for pos, i in enumerate(order)}
+
+
+@pytest.mark.parametrize("chain", [T.Compose([T.Resize(32), T.CenterCrop(32)]),
+                                   T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ToCHW()])],
+                         ids=["resize-crop", "rrc-flip"])
+def test_preview_is_exactly_the_delivered_sample(small_jpegs, chain):
+    """NOTE [ Exact preview ]: loader.preview(i, epoch) runs the fused kernel on the file's bytes."""
+    loader = DataLoader(small_jpegs.transform_first(chain), batch_size=8, shuffle=True, seed=5, num_threads=2)
+    assert loader.engine == "native"
+    array_differs = 0
+    for epoch in (0, 3):
+        got = _delivered(loader, epoch)
+        for i, x in got.items():
+            image, label = loader.preview(i, epoch=epoch)
+            np.testing.assert_array_equal(image, x, err_msg=f"sample {i} of epoch {epoch}")
+            assert label == small_jpegs.items[i][1]
+            decoded = cv2.cvtColor(cv2.imread(small_jpegs.items[i][0]), cv2.COLOR_BGR2RGB)
+            array_differs += not np.array_equal(chain(decoded, seed=5, epoch=epoch, index=i), x)
+    # The array preview is not exact here (DCT-scaled decode), which is why preview() exists.
+    assert array_differs > 0
+    loader.set_epoch(3)
+    np.testing.assert_array_equal(loader.preview(7)[0], loader.preview(7, epoch=3)[0])   # default: loader.epoch
+    with pytest.raises(IndexError, match=r"index must be an integer in \[0, 40\), got 40"):
+        loader.preview(40)
+
+
+def test_array_preview_is_exact_at_full_scale_decode(small_jpegs):
+    """The rule for the array preview (docs/preview.md): exact where the loader decodes at full resolution."""
+    chain = T.Compose([T.Decode(dct_scaling=False), T.Resize(32), T.CenterCrop(32)])
+    loader = DataLoader(small_jpegs.transform_first(chain), batch_size=8, shuffle=True, seed=5, num_threads=2)
+    assert loader.engine == "native"
+    for i, x in _delivered(loader, 2).items():
+        with open(small_jpegs.items[i][0], "rb") as f:
+            data = f.read()
+        np.testing.assert_array_equal(chain(data, seed=5, epoch=2, index=i), x, err_msg=f"sample {i}")

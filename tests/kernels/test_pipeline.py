@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import loaderlib as ll
+from benchmarks._synth import encode_jpeg
 from loaderlib import transforms as T
 from loaderlib._chain import BatchStatus, NativePlan, compile_chain
 from loaderlib._ext import _jpeg
 from loaderlib.errors import DecodeError
-from tests._synth import encode_jpeg
 from tests.conftest import cv2_reference, encode_cmyk_jpeg, make_photo
 from tests.kernels import _resample_ref as resample_ref
 from tests.kernels._loader_images import damaged

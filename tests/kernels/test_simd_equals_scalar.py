@@ -16,7 +16,7 @@ CODE = textwrap.dedent("""
     import numpy as np
     import loaderlib as ll
     from loaderlib import transforms as T
-    from tests._synth import encode_jpeg, photo_like
+    from benchmarks._synth import encode_jpeg, photo_like
 
     rng = np.random.default_rng(7)
     tmp = tempfile.mkdtemp()

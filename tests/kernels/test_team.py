@@ -14,11 +14,11 @@ import threading
 import numpy as np
 import pytest
 
+from benchmarks._synth import encode_jpeg
 from loaderlib import transforms as T
 from loaderlib._chain import PendingBatch, compile_chain
 from loaderlib._ext import _pipeline
 from loaderlib.decoding import status_tables
-from tests._synth import encode_jpeg
 from tests.conftest import make_photo
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -92,7 +92,7 @@ import gc, os, select, sys
 import numpy as np
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
-from tests._synth import encode_jpeg
+from benchmarks._synth import encode_jpeg
 from tests.conftest import make_photo
 
 def tids():

@@ -48,8 +48,9 @@ class SimLoader:
     batch_s : float or callable
         Seconds the pool needs per batch; a callable gets ``(epoch number from 1, batch
         index, start time in seconds)`` and returns them (to make a run noisy or disturbed).
-    shares : dict
-        Stage -> share of the batch's stage thread time.
+    shares : dict or callable
+        Stage -> share of the batch's stage thread time; a callable gets ``(epoch number from
+        1, batch index)`` and returns them (batch-to-batch spread, scripted).
     busy : float
         Share of the pool's thread time spent in stages while it builds a batch.
     threads, batch_size, prefetch : int
@@ -122,6 +123,7 @@ class _SimIter:
             self.finish = None
             return
         self.cost = self._cost(self.started, at_ns)
+        self.k = self.started
         self.finish = at_ns + round(self.cost * 1e9)
         self.started += 1
 
@@ -132,7 +134,8 @@ class _SimIter:
             ld.clock.to(self.finish)
             threads = ld.num_threads
             thread_ns = self.cost * 1e9 * threads * ld.busy
-            stage = {k: int(thread_ns * ld.shares.get(k, 0.0)) for k in STAGES}
+            shares = ld.shares(self.number, self.k) if callable(ld.shares) else ld.shares
+            stage = {k: int(thread_ns * shares.get(k, 0.0)) for k in STAGES}
             self.rec.batch_done(ld.batch_size, stage, round(self.cost * 1e9), threads)
             self.ready += 1
             self.rec.queue_depth(self.ready, ld.prefetch)

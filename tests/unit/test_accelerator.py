@@ -158,11 +158,14 @@ def test_pin_memory_device_rejected(fake_cuda):
         ll.DataLoader(_arrays(), batch_size=4, pin_memory=True, pin_memory_device="gpu#1")
 
 
-def test_pin_memory_without_cuda_names_the_fix():
+def test_pin_memory_without_cuda_warns_and_loads_unpinned():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
-    with pytest.raises(ValueError, match="pass pin_memory=False"):
-        ll.DataLoader(_arrays(), batch_size=4, pin_memory=True, pin_memory_device="cuda")
+    with pytest.warns(UserWarning, match=r"pin_memory=True, pin_memory_device='cuda:0': no CUDA device .* unpinned"):
+        loader = ll.DataLoader(_arrays(), batch_size=4, pin_memory=True, pin_memory_device="cuda:0")
+    got = np.concatenate([x.copy() for x, _ in loader])
+    np.testing.assert_array_equal(got, np.arange(N * 6, dtype=np.float32).reshape(N, 2, 3))
+    assert loader._pinned_allocator() is None
 
 
 # -- to_device ---------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import loaderlib as ll
+from benchmarks._synth import encode_jpeg, photo_like
 from loaderlib import _doctor
 from loaderlib.__main__ import main
-from tests._synth import encode_jpeg, photo_like
 
 EXTRAS = {"torch": "torch", "opencv": "cv2", "matplotlib": "matplotlib", "ipywidgets": "ipywidgets",
           "webdataset": "webdataset", "datasets": "datasets", "ray": "ray", "jax": "jax"}

@@ -64,6 +64,59 @@ def test_explain_names_python_steps_by_qualified_name():
             "a_rather_long_and_descriptive_step_name_that_used_to_be_cut_off_in_explain_output") in loader.explain()
 
 
+
+def _two_images(tmp_path):
+    import cv2
+
+    os.makedirs(tmp_path / "a")
+    for i in range(2):
+        cv2.imwrite(str(tmp_path / "a" / f"{i}.jpg"), np.full((40, 50, 3), 30 * i, np.uint8))
+    return ll.ImageFolderDataset(str(tmp_path))
+
+
+def _first_step(img):
+    return img
+
+
+def test_explain_names_a_python_step_first_in_the_chain(tmp_path):
+    from loaderlib import transforms as T
+
+    ds = _two_images(tmp_path).transform_first(T.Compose([_first_step, T.RandomResizedCrop(16)]))
+    text = ll.DataLoader(ds, batch_size=2).explain()
+    name = f"{_first_step.__module__}._first_step"
+    head, *rows = text.splitlines()
+    assert f"the chain starts with a Python step ({name})" in head
+    assert f"  transform         python  {name} (per sample, Python code)" in rows
+    assert any(r.startswith("  transform         native  RandomResizedCrop(size=16") and
+               r.endswith("(per sample, a kernel called from Python)") for r in rows), rows
+    assert "no native prefix" not in text
+
+
+def test_explain_of_a_python_batchify_fn_that_returns_a_list(tmp_path):
+    from loaderlib import transforms as T
+
+    listify = lambda samples: list(samples)
+    loader = ll.DataLoader(_two_images(tmp_path).transform_first(T.RandomResizedCrop(16)), batch_size=2,
+                           batchify_fn=listify)
+    head, *rows = loader.explain().splitlines()
+    name = (f"{listify.__module__}.test_explain_of_a_python_batchify_fn_that_returns_a_list.<locals>.<lambda> "
+            f"(test_hardening.py:{listify.__code__.co_firstlineno})")
+    collate = next(r for r in rows if r.lstrip().startswith("collate"))
+    assert collate == (f"  collate           python  {name}: Python code called on each batch's list of samples; "
+                       "its result is handed over as returned (not an arena slot)")
+    assert f"the batchify function {name} is Python code" in head
+    batch = next(iter(loader))
+    assert isinstance(batch, list) and len(batch) == 2
+
+
+def test_pipeline_explain_names_its_python_maps(tmp_path):
+    _two_images(tmp_path)
+    text = ll.Pipeline.from_folder(str(tmp_path)).map(_first_step).batch(2).explain()
+    assert "step 1 .map(" + f"{_first_step.__module__}._first_step) is Python code" in text
+    assert f"    transform                        python   step 1 .map({_first_step.__module__}._first_step), per " \
+           "element (Python code)" in text
+    assert "_Keyed" not in text
+
 _STUCK = r"""
 import gc, sys, threading, warnings, numpy as np, loaderlib as ll
 

@@ -142,3 +142,92 @@ except ModuleNotFoundError as e:
                                "that are not JPEG")
     assert "pip install \"loaderlib[opencv]\" (opencv-python-headless)" in lines[1]
     assert "pip install opencv-python (with OpenCV's GUI functions)" in lines[1]
+
+
+def test_what_the_docs_and_the_build_config_point_to_exists():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    scripts = re.findall(r"\{project\}/(\S+)", project["tool"]["cibuildwheel"]["test-command"])
+    assert scripts and all(os.path.isfile(os.path.join(ROOT, p)) for p in scripts), scripts
+    for folder in ("loaderlib", "profiling"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            for fn in files:
+                if fn.endswith(".py"):
+                    with open(os.path.join(dirpath, fn)) as f:
+                        for cited in re.findall(r"[\w./-]+\.md\b", f.read()):
+                            assert os.path.isfile(os.path.join(ROOT, cited)), f"{fn} cites {cited}"
+    docs = [os.path.join(ROOT, "README.md")] + [os.path.join(ROOT, "docs", f) for f in os.listdir(
+        os.path.join(ROOT, "docs")) if f.endswith(".md")]
+    for path in docs:
+        with open(path) as f:
+            mine = re.findall(r"(?<![\w.])/(?:work|Users|root)/[\w./-]+", f.read())
+        assert not mine, f"{os.path.relpath(path, ROOT)} cites paths of a developer's machine: {mine}"
+    import loaderlib as ll
+
+    assert "is materialised" not in ll.DataLoader.__doc__ and "never materialised" in ll.DataLoader.__doc__
+
+# Paths the tests build from the source tree's root (os.path.join(ROOT, "a", "b"), or root).
+_TREE_PATH = re.compile(r"os\.path\.join\((?:ROOT|root),((?:\s*\"[^\"]+\",?)+)\)")
+
+
+def _paths_the_tests_open() -> set[str]:
+    found = set()
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "tests")):
+        for fn in files:
+            if fn.endswith(".py"):
+                with open(os.path.join(dirpath, fn)) as f:
+                    for m in _TREE_PATH.finditer(f.read()):
+                        found.add("/".join(re.findall(r"\"([^\"]+)\"", m.group(1))))
+    return found
+
+
+def _collected(cwd: str) -> list[str]:
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+                         cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ids = [line for line in res.stdout.splitlines() if "::" in line]
+    assert ids, res.stdout[-2000:]
+    return ids
+
+
+@pytest.mark.slow
+def test_the_sdist_holds_what_its_tests_need(tmp_path):
+    """Build the sdist from the tracked files, unpack it, collect the test suite there: the same tests
+    as in the source tree, and every file the tests open from the tree is in it."""
+    import shutil
+    import tarfile
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout (this test builds the sdist from the tracked files)")
+    src = tmp_path / "src"
+    for rel in tracked.stdout.splitlines():
+        if os.path.isfile(os.path.join(ROOT, rel)):
+            os.makedirs(src / os.path.dirname(rel), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, rel), src / rel)
+    for c in os.listdir(os.path.join(ROOT, "pyx")):   # Cython's output, if built: cythonize then skips it
+        if c.endswith(".c"):
+            shutil.copy2(os.path.join(ROOT, "pyx", c), src / "pyx" / c)
+    res = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=src,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").glob("loaderlib-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+
+    files = tracked.stdout.splitlines()
+    in_tree = {p for p in _paths_the_tests_open() if p in files or any(f.startswith(p + "/") for f in files)}
+    missing = sorted(p for p in in_tree if not os.path.exists(unpacked / p))
+    assert {"tests/kernels/pool_stress.c", "benchmarks/distributed.py", "fuzz/corpus"} <= _paths_the_tests_open()
+    assert not missing, f"the sdist lacks files its tests open: {missing}"
+    for rel in ("notebooks", "benchmarks"):   # read by the notebook tests and the lint/packaging tests
+        want = {p for p in files if p.startswith(rel + "/")}
+        assert want and all((unpacked / p).exists() for p in want), rel
+
+    # The unpacked tree imports its own loaderlib (rootdir on sys.path): give it the built extensions.
+    ext = os.path.join(ROOT, "loaderlib", "_ext")
+    for so in os.listdir(ext):
+        if so.endswith((".so", ".pyd")):
+            shutil.copy2(os.path.join(ext, so), unpacked / "loaderlib" / "_ext" / so)
+    assert _collected(str(unpacked)) == _collected(ROOT)

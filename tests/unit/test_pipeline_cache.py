@@ -201,7 +201,7 @@ def test_cached_images_run_fused_on_the_native_engine(folder, tmp_path, on_disk)
 @pytest.fixture
 def photos(tmp_path):
     """Photo-like JPEGs (4:2:0, 4:4:4, progressive) of several sizes in 3 classes."""
-    from tests._synth import encode_jpeg, photo_like
+    from benchmarks._synth import encode_jpeg, photo_like
 
     root = tmp_path / "photos"
     kinds = [("420", False), ("444", False), ("420", True)]

@@ -327,11 +327,42 @@ def test_resume_exact(kind, op):
         assert plain(list(fresh)) != [] or full == []   # the next iteration after the resumed one runs
 
 
+def _plus_one(x):
+    return x + 1
+
+
+@pytest.mark.parametrize("own_seed", [True, False])
+def test_resume_adopts_a_drawn_seed(own_seed):
+    """No with_options(seed=...): the pipeline drew its seed, and a restarted script takes the saved run's."""
+    def make():
+        x = np.arange(60, dtype=np.int64)
+        return ll.Pipeline.from_arrays(x).shuffle(30, seed=7 if own_seed else None).map(_plus_one).batch(8)
+
+    run = make()
+    it = iter(run)
+    head = [plain(next(it)) for _ in range(3)]
+    state = json.loads(json.dumps(it.state_dict()))
+    full = head + plain(list(it))
+    fresh = make()
+    assert fresh.seed != run.seed
+    fresh.load_state_dict(state)
+    assert fresh.seed == run.seed
+    assert head + plain(list(fresh)) == full
+    assert fresh.state_dict()["seed"] == run.seed
+
+
 def test_state_errors():
     p = source("arrays").batch(2)
     with pytest.raises(StateError, match="another pipeline"):
         p.load_state_dict({**source("arrays").batch(3).state_dict(), "seed": SEED})
-    with pytest.raises(StateError, match="seed"):
+    with pytest.raises(StateError, match=r"the state is for seed 8, this pipeline was given seed 7"):
         p.load_state_dict({**p.state_dict(), "seed": SEED + 1})
+    drawn = ll.Pipeline.from_arrays(np.arange(10)).batch(2)
+    with pytest.raises(StateError, match=r"the state's 'seed' must be a non-negative integer, got 'x'"):
+        drawn.load_state_dict({**drawn.state_dict(), "seed": "x"})
+    # A seed given after the draw is a given seed.
+    given = drawn.with_options(seed=3)
+    with pytest.raises(StateError, match="this pipeline was given seed 3"):
+        given.load_state_dict({**given.state_dict(), "seed": 4})
     with pytest.raises(StateError, match="version"):
         p.load_state_dict({**p.state_dict(), "version": 99})

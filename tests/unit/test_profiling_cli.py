@@ -99,10 +99,11 @@ def test_bench_command_prints_the_table_and_verdicts(small_root, tmp_path, capsy
     assert set(reports) == {"loaderlib DataLoader", "Python thread pool"}
     native = reports["loaderlib DataLoader"]
     assert native["engine"] == "native" and native["samples"] > 0
-    # 0.4 s is too short to judge: the verdict says so, and how long to run, instead of guessing.
-    assert native["bottleneck"] is None and native["verdict"]["enough"] is False
-    assert native["verdict"]["summary"].startswith("not enough evidence: the measured window was")
-    assert native["verdict"]["seconds_needed"] >= 2.0
+    # 0.4 s: a verdict when the per-batch figures settle it (NOTE [ Verdict rules ]), else it says
+    # so and how long to run, instead of guessing.
+    v = native["verdict"]
+    assert (v["enough"] and native["bottleneck"] in ("decode", "transform", "io", "collate")) or (
+        native["bottleneck"] is None and v["summary"].startswith("not enough evidence: ") and v["seconds_needed"] > 0)
     # The table's images/s is the report's.
     line = next(x for x in out.splitlines() if x.startswith("loaderlib DataLoader"))
     assert f"{native['samples_per_s']:,.1f}" in line
@@ -114,9 +115,11 @@ def test_bench_command_with_a_model_step(small_root, capsys):
                    "--size", "64", "--loaders", "python", "--model-step-ms", "100", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "accel idle" in out and "ceiling" in out and "100 ms (simulated)" in out
-    # Too short a window for a verdict (0.8 s, 8 batches): it says so, and what the figures point at.
-    assert "verdict for Python thread pool: not enough evidence" in out
-    assert "so far the figures point at model" in out
+    # 0.8 s, about 8 model steps, some fed from the prefetch queue: the model, or not enough
+    # evidence that says what the figures point at (how full the queue was depends on timing).
+    assert ("verdict for Python thread pool: model-bound" in out
+            or ("verdict for Python thread pool: not enough evidence" in out
+                and "so far the figures point at model" in out)), out
 
 
 def test_bench_command_argument_errors(capsys):

@@ -21,8 +21,8 @@ from loaderlib.profiling.baselines import (
 from loaderlib.profiling.harness import _batch_len, replay_consumer
 
 import loaderlib
+from benchmarks._synth import base_photo
 from loaderlib import stats as stats_mod
-from tests._synth import base_photo
 
 from .profiling_sim import FakeClock, FakeMonitor, SimLoader
 
@@ -190,9 +190,11 @@ def test_report_fields_and_exports():
     assert r.cpu_cores_used >= 0.0 and r.rss_source.startswith("psutil")
     assert set(r.stage_s) == set(STAGES) and r.stage_s["read"] > 0
     assert r.engine == "python-threads" and r.num_threads == 2 and r.batch_size == 8
-    # 21 tiny batches take a few milliseconds: far too little to judge, and the report says so.
-    assert r.bottleneck is None and not r.verdict.enough
-    assert r.verdict.summary.startswith("not enough evidence: the measured window was")
+    # 21 tiny batches of a few milliseconds: the verdict names a stage only if their per-batch
+    # figures settle it (NOTE [ Verdict rules ]); otherwise it says what would.
+    v = r.verdict
+    assert (v.enough and v.bottleneck in ("io", "transform", "collate")) or (
+        v.bottleneck is None and v.summary.startswith("not enough evidence: over 1") and v.seconds_needed > 0)
     assert r.window.epochs == 1 and r.problems == ()
     d = json.loads(r.to_json())
     assert d["bottleneck"] is None and d["samples"] == r.samples
@@ -225,7 +227,9 @@ def test_seconds_mode_spans_epochs_and_stops_mid_epoch(clock):
     assert r.window.epochs == 6
     series = r.series
     assert float(np.dot(series["dur_s"], series["samples_per_s"])) == pytest.approx(r.samples, rel=1e-9)
-    assert len(series["t_s"]) == 1 and r.verdict.seconds_needed == 2.0
+    # 60 batches with 90% of thread time in decode: one 0.6 s bin, but per-batch evidence enough.
+    assert len(series["t_s"]) == 1 and r.verdict.enough and r.bottleneck == "decode"
+    assert r.verdict.seconds_needed is None
 
 
 def test_model_step_callable_replay_and_idle_fraction(clock):

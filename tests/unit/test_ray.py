@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import loaderlib as ll
+from benchmarks._synth import encode_jpeg, photo_like
 from loaderlib import transforms as T
 from loaderlib.errors import LoaderError
-from tests._synth import encode_jpeg, photo_like
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 N = 24

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -85,7 +86,7 @@ def test_multiprocessing_context_fork_refused():
         ll.DataLoader(_arrays(), batch_size=4, num_workers=1, multiprocessing_context="fork")
 
 
-def test_pin_memory_without_cuda_raises():
+def _no_cuda():
     try:
         import torch
 
@@ -93,8 +94,30 @@ def test_pin_memory_without_cuda_raises():
             pytest.skip("CUDA present")
     except ImportError:
         pass
-    with pytest.raises(ValueError, match="pin_memory=True needs torch with CUDA"):
-        ll.DataLoader(_arrays(), batch_size=4, pin_memory=True)
+
+
+def test_pin_memory_without_cuda_warns_once_and_loads_unpinned():
+    """As PyTorch's DataLoader: a GPU script smoke-tested on a CPU machine runs unchanged."""
+    _no_cuda()
+    ref = [(x.copy(), y.copy()) for x, y in ll.DataLoader(_arrays(), batch_size=4, seed=3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = ll.DataLoader(_arrays(), batch_size=4, seed=3, pin_memory=True)
+        got = [[(x.copy(), y.copy()) for x, y in loader] for _ in range(2)]
+    pin = [w for w in caught if "pin_memory" in str(w.message)]
+    assert len(pin) == 1 and issubclass(pin[0].category, UserWarning)
+    assert str(pin[0].message).startswith("pin_memory=True: no CUDA device")
+    assert "unpinned" in str(pin[0].message)
+    assert pin[0].filename == __file__            # points at the user's DataLoader(...) line
+    assert loader.pin_memory is False
+    for epoch in got:
+        assert len(epoch) == len(ref)
+        for (x, y), (rx, ry) in zip(epoch, ref):
+            np.testing.assert_array_equal(x, rx)
+            np.testing.assert_array_equal(y, ry)
+    with pytest.warns(UserWarning, match=r"pin_memory=True, pin_memory_device='cuda': no CUDA device"):
+        ll.DataLoader(_arrays(), batch_size=4, pin_memory=True, pin_memory_device="cuda")
+    # What cannot be honoured on any machine still raises.
     with pytest.raises(ValueError, match="needs pin_memory=True"):
         ll.DataLoader(_arrays(), batch_size=4, pin_memory_device="cuda")
 
