@@ -25,14 +25,16 @@ import tarfile
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+from _report import machine_summary
+from _synth import encode_jpeg, photo_like
 
-from _report import machine_summary  # noqa: E402
 
-from tests._synth import encode_jpeg, photo_like  # noqa: E402
-from tests.remote._servers import MotoServer, NginxServer  # noqa: E402
+def _servers():
+    """nginx and moto launchers of the test suite (tests/remote/_servers.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.remote import _servers
+
+    return _servers
 
 
 def main() -> None:
@@ -63,8 +65,9 @@ def main() -> None:
                     info = tarfile.TarInfo(f"{i:05d}.{ext}")
                     info.size = len(data)
                     tf.addfile(info, io.BytesIO(data))
-    nginx = NginxServer(root)
-    moto = MotoServer()
+    servers = _servers()
+    nginx = servers.NginxServer(root)
+    moto = servers.MotoServer()
     cache_root = tempfile.mkdtemp(prefix="ll-remote-cache-")
     try:
         moto.upload_folder("bench", root)
@@ -109,7 +112,8 @@ def main() -> None:
         print(machine_summary())
         print(f"{args.images} photo-like JPEGs (500x375, q90); RRC(224) + flip, uint8 CHW, batch 64, "
               f"{args.threads} threads; median of {args.rounds} rounds; servers on 127.0.0.1, no added latency\n")
-        print(f"{'source':28s} {'open s':>7s} {'epoch 1 img/s':>14s} {'epoch %d img/s' % args.epochs:>14s}")
+        last = f"epoch {args.epochs} img/s"
+        print(f"{'source':28s} {'open s':>7s} {'epoch 1 img/s':>14s} {last:>14s}")
         for name, rows in results.items():
             med = [statistics.median(r[k] for r in rows) for k in range(3)]
             print(f"{name:28s} {med[0]:7.2f} {med[1]:14.0f} {med[2]:14.0f}")

@@ -30,10 +30,13 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
-from tests.remote._servers import MotoServer, NginxServer
+def _servers():
+    """nginx and moto launchers of the test suite (tests/remote/_servers.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.remote import _servers
+
+    return _servers
 
 
 def _threads(fn, jobs, conc):
@@ -139,8 +142,9 @@ def main() -> None:
         for _ in range(args.ranges):
             s = rng.randrange(0, size - rlen)
             jobs.append((rng.choice(names), s, s + rlen))
-        nginx = NginxServer(root)
-        moto = MotoServer()
+        servers = _servers()
+        nginx = servers.NginxServer(root)
+        moto = servers.MotoServer()
         try:
             moto.upload_folder("bench", root)
             s3 = {"bucket": "bench", "endpoint_url": moto.endpoint_url, "key": moto.key, "secret": moto.secret}

@@ -188,7 +188,6 @@ def _soak_remote(args, paths, labels, native, python) -> int:
                     continue
                 gc.collect()
                 before = _counts()
-                tasks0 = len(os.listdir("/proc/self/task"))
                 t0 = time.perf_counter()
                 loader = ll.DataLoader(make().transform_first(chain), batch_size=16, shuffle=True, seed=0,
                                        timeout=120, **kw)
@@ -209,10 +208,10 @@ def _soak_remote(args, paths, labels, native, python) -> int:
                 gc.collect()
                 time.sleep(0.5)   # worker processes and pool threads finish exiting
                 after = _counts()
-                tasks1 = len(os.listdir("/proc/self/task"))
                 print(f"{dname:<8} {name:<10} {time.perf_counter() - t0:6.1f} s   Python threads {before[0]} -> "
-                      f"{after[0]}, OS threads {tasks0} -> {tasks1}, fds {before[1]} -> {after[1]}, sockets after {min(100, args.abandon)} / {args.abandon} abandoned iterators: "
-                      f"{socks[0]} / {socks[-1]}", flush=True)
+                      f"{after[0]}, OS threads {before[3]} -> {after[3]}, fds {before[1]} -> {after[1]}, sockets "
+                      f"after {min(100, args.abandon)} / {args.abandon} abandoned iterators: {socks[0]} / {socks[-1]}",
+                      flush=True)
     finally:
         nginx.close()
         shutil.rmtree(folder, ignore_errors=True)

@@ -80,9 +80,9 @@ def _status_of(exc: BaseException) -> int | None:
 
 
 def _is_panic(exc: BaseException) -> bool:
-    # NOTE [ Faults the library handles ]: obstore 0.12's get_ranges panics (pyo3's
-    # PanicException, a BaseException) when a coalesced response is shorter than the ranges
-    # it was to cover; that is a short body, re-read like one.
+    # obstore 0.12's get_ranges panics (pyo3's PanicException, a BaseException) when a
+    # coalesced response is shorter than the ranges it was to cover; that is a short body,
+    # re-read like one (NOTE [ Faults the library handles ]).
     return type(exc).__name__ == "PanicException"
 
 
