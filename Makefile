@@ -36,8 +36,14 @@ $(OPENCV): $(BASE) requirements-opencv.txt
 # Test-only dependencies. PyTorch is optional: the benchmarks compare against its
 # DataLoader and a few tests check zero-copy conversion. It is installed only from a local
 # CPU wheel (never a multi-GB CUDA download); WITH_TORCH=0 skips it.
-$(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt
-	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-test.txt
+$(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements-remote.txt
+	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-test.txt -r requirements-remote.txt
+	@# tests/remote serves files with nginx (Debian's nginx-light), started by the tests on 127.0.0.1.
+	@if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then \
+	  echo "installing nginx-light with apt-get (tests/remote serves files with it)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q nginx-light; \
+	  elif command -v sudo >/dev/null 2>&1; then sudo -n apt-get update -q && sudo -n apt-get install -y -q nginx-light; fi \
+	  || echo "WARNING: nginx-light could not be installed: tests/remote will fail saying so"; fi
 	@whl=$$(ls $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1); \
 	if [ "$(WITH_TORCH)" = "0" ]; then echo "WITH_TORCH=0: PyTorch not installed"; \
 	elif [ -n "$$whl" ]; then $(BIN)/python -m pip install "$$whl"; \

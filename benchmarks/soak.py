@@ -10,9 +10,17 @@ it was closed. Every loader reads ahead (NOTE [ Read-ahead ]): its IO threads co
 the native threads. Expected: RSS growth < 5 MB over 100 epochs, 0 leaked threads (Python or
 native), fds or segments.
 
+With ``--remote``, the same soak runs over URLs instead: the images are served by nginx on
+127.0.0.1 (started here, as the tests do) and read as an ``ImageListDataset`` of URLs (one
+object per image) and as a ``RecordFileDataset`` of URLs (byte ranges); printed besides are
+the sockets this process holds after 100 and after all abandoned iterators: the store's
+connection pool is one per process and bounded, so a leak shows as growth between the two.
+Expected (issue 26): 0 leaked threads, no growth in sockets.
+
 Usage::
 
     python benchmarks/soak.py [--data DIR] [--epochs 100] [--abandon 1000] [--images 64] [--engines native,...]
+                              [--remote]
 """
 
 from __future__ import annotations
@@ -80,6 +88,7 @@ def main() -> int:
     p.add_argument("--abandon", type=int, default=1000)
     p.add_argument("--images", type=int, default=64, help="images per epoch (the first N of the folder)")
     p.add_argument("--engines", default="native,threads,processes", help="comma-separated engines to soak")
+    p.add_argument("--remote", action="store_true", help="read the images over HTTP from a local nginx")
     args = p.parse_args()
 
     from loaderlib.profiling import build_demo_dataset
@@ -93,6 +102,8 @@ def main() -> int:
     paths, labels = [q for q, _ in items], [lab for _, lab in items]
     native = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToCHW()])
     python = T.Compose([T.RandomResizedCrop(64), _flip, T.ToCHW()])
+    if args.remote:
+        return _soak_remote(args, paths, labels, native, python)
     setups = {
         "native": ({}, native),
         "threads": ({}, python),
@@ -133,6 +144,77 @@ def main() -> int:
         print(f"{'':<10} threads {before[0]} -> {after[0]} (native included: {before[3]} -> {after[3]}), fds "
               f"{before[1]} -> {after[1]}, shm segments {before[2]} -> {after[2]} (of {len(_CREATED)} this process "
               "created so far)")
+    return 0
+
+
+def _sockets() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def _soak_remote(args, paths, labels, native, python) -> int:
+    import shutil
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(HERE))
+    import loaderlib as ll
+    from tests.remote._servers import NginxServer
+
+    folder = tempfile.mkdtemp(prefix="ll-soak-")
+    names = []
+    for k, q in enumerate(paths):
+        names.append(f"img{k:05d}.jpg")
+        shutil.copyfile(q, os.path.join(folder, names[-1]))
+    ll.write_records(os.path.join(folder, "rec"), [os.path.join(folder, n) for n in names], labels)
+    nginx = NginxServer(folder)
+    print(machine_summary())
+    print(f"remote: {len(paths)} images over HTTP from nginx on 127.0.0.1; batch 16; {args.epochs} epochs, then "
+          f"{args.abandon} iterators each advanced one batch and dropped\n")
+    try:
+        datasets = {
+            "objects": lambda: ll.ImageListDataset(names, labels, root=nginx.url),
+            "ranges": lambda: ll.RecordFileDataset(nginx.url + "/rec.llrec"),
+        }
+        datasets["objects"]()[0]        # the store's runtime and pool exist before counting
+        setups = {"native": ({}, native), "threads": ({}, python), "processes": ({"num_workers": 2}, python)}
+        for dname, make in datasets.items():
+            for name, (kw, chain) in setups.items():
+                if name not in args.engines.split(","):
+                    continue
+                gc.collect()
+                before = _counts()
+                t0 = time.perf_counter()
+                loader = ll.DataLoader(make().transform_first(chain), batch_size=16, shuffle=True, seed=0,
+                                       timeout=120, **kw)
+                assert loader.engine == name, loader.explain()
+                for _ in range(args.epochs):
+                    for _ in loader:
+                        pass
+                socks = []
+                for k in range(args.abandon):
+                    it = iter(loader)
+                    next(it)
+                    del it
+                    if k + 1 in (min(100, args.abandon), args.abandon):
+                        gc.collect()
+                        socks.append(_sockets())
+                loader.close()
+                del loader
+                gc.collect()
+                time.sleep(0.5)   # worker processes and pool threads finish exiting
+                after = _counts()
+                print(f"{dname:<8} {name:<10} {time.perf_counter() - t0:6.1f} s   Python threads {before[0]} -> "
+                      f"{after[0]}, OS threads {before[3]} -> {after[3]}, fds {before[1]} -> {after[1]}, sockets "
+                      f"after {min(100, args.abandon)} / {args.abandon} abandoned iterators: {socks[0]} / {socks[-1]}",
+                      flush=True)
+    finally:
+        nginx.close()
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

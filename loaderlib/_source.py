@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DecodeError
+from .errors import DecodeError, LoaderError
 
 __all__ = ["NativeSource", "SourceKind", "native_error", "native_source_of"]
 
@@ -176,10 +176,15 @@ def native_source_of(dataset: Any) -> NativeSource | None:
     return src
 
 
-def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> DecodeError:
+def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> LoaderError:
     """The plan's error for item ``j`` of a kernel call on ``todo``, naming the sample index and
     its source."""
     j = int(j)
+    failed = getattr(src.dataset, "read_failure", None) if src.kind is SourceKind.BUFFERS else None
+    if failed is not None:   # NOTE [ Remote failures per sample ] in _remote/files.py
+        remote = failed(int(src.data_index(np.asarray([todo[j]]))[0]))
+        if remote is not None:
+            return remote
     e = st.errors.get(j)
     if isinstance(e, DecodeError):
         return DecodeError(e.reason, int(todo[j]), src.source(todo[j]))

@@ -18,6 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from ._remote.files import RemoteFiles, remote_files
+from ._remote.store import expand_urls
+from ._remote.urls import is_url
 from ._source import NativeSource, SourceKind
 from .decoding import decode
 
@@ -300,6 +303,7 @@ class _ImageFiles(Dataset):
     paths: list
     labels: np.ndarray | None
     special_files: bool = False
+    _remote: RemoteFiles | None = None     # the paths are URLs (NOTE [ Remote datasets: cache or ranges ])
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -309,7 +313,19 @@ class _ImageFiles(Dataset):
 
     def read(self, idx: int) -> bytes:
         """The encoded bytes of sample ``idx``."""
+        if self._remote is not None:
+            i = _check_index(idx, len(self.paths))
+            return bytes(self._remote.read_whole([self.paths[i]], [i])[0])
         return _read_file(self.source(idx), self.special_files)
+
+    def buffers(self, indices: Sequence[int]) -> list:
+        """URLs: the objects of samples ``indices``, requested all at once."""
+        idx = [int(i) for i in indices]
+        return self._remote.read_whole([self.paths[i] for i in idx], idx, record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        return self._remote.failure(idx) if self._remote is not None else None
 
     @property
     def python_read(self) -> str | None:
@@ -324,12 +340,16 @@ class _ImageFiles(Dataset):
         ``special_files=True``: FIFOs and devices are read from Python)."""
         if self.special_files:
             return None
+        if self._remote is not None:
+            return NativeSource(SourceKind.BUFFERS, stage=f"{type(self).__name__}: one object per sample from the "
+                                "store, a batch's requests concurrent", dataset=self, labels=self.labels,
+                                description=repr(self))
         return NativeSource(SourceKind.FILES, stage=f"{type(self).__name__}: POSIX reads inside the kernel",
                             paths=self.paths, labels=self.labels, description=repr(self))
 
     def __getitem__(self, idx: int) -> Any:
         i = _check_index(idx, len(self.paths))
-        return self.item_from_bytes(i, _read_file(self.paths[i], self.special_files))
+        return self.item_from_bytes(i, self.read(i))
 
     def item_from_bytes(self, i: int, data: Any) -> Any:
         """Item ``i`` from its file's bytes ``data`` (read ahead by the loader)."""
@@ -348,10 +368,14 @@ class ImageFolderDataset(_ImageFiles):
     Parameters
     ----------
     root : str or path
-        Folder holding one sub-folder per class.
+        Folder holding one sub-folder per class, or a prefix in an object store
+        (``s3://bucket/train/``, listed once; ``gs://`` too): each object is read whole.
     extensions : sequence of str, optional
         File extensions that count as images, matched case-insensitively
         (default :data:`IMAGE_EXTENSIONS`). Other files are skipped with one warning.
+    storage_options : dict, optional
+        For a prefix: boto3's names (``endpoint_url``, ``aws_access_key_id``, ...),
+        ``timeout``, ``max_retries``; the AWS environment variables otherwise.
 
     Attributes
     ----------
@@ -361,16 +385,24 @@ class ImageFolderDataset(_ImageFiles):
         ``(path, label)`` for every image, classes in order, files sorted by name.
     """
 
-    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] | None = None) -> None:
-        self.root = os.path.expanduser(os.fspath(root))
-        if not os.path.isdir(self.root):
-            raise FileNotFoundError(f"ImageFolderDataset: {self.root!r} is not a directory")
+    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] | None = None, *,
+                 storage_options: dict | None = None) -> None:
+        self._remote = remote_files(root, storage_options, None, None, "ImageFolderDataset")
         exts = tuple(e.lower() if e.startswith(".") else "." + e.lower()
                      for e in (extensions or IMAGE_EXTENSIONS))
         self.synsets: list[str] = []
         self.items: list[tuple[str, int]] = []
         skipped: list[str] = []
-        for name in sorted(os.listdir(self.root)):
+        if self._remote is not None:
+            self.root = os.fspath(root).rstrip("/") + "/"
+            self._list_prefix(exts, skipped)
+            names: list[str] = []
+        else:
+            self.root = os.path.expanduser(os.fspath(root))
+            if not os.path.isdir(self.root):
+                raise FileNotFoundError(f"ImageFolderDataset: {self.root!r} is not a directory")
+            names = sorted(os.listdir(self.root))
+        for name in names:
             path = os.path.join(self.root, name)
             if not os.path.isdir(path):
                 if not name.startswith("."):
@@ -395,6 +427,26 @@ class ImageFolderDataset(_ImageFiles):
         self.paths = [p for p, _ in self.items]
         self.labels = np.array([lab for _, lab in self.items], dtype=np.int64)
 
+    def _list_prefix(self, exts: tuple[str, ...], skipped: list[str]) -> None:
+        """The class folders of an object-store prefix, listed once: ``root/<class>/<image>``
+        objects; deeper objects are not samples (as sub-folders of a class folder are not)."""
+        classes: dict[str, list[str]] = {}
+        for url in expand_urls(self.root, self._remote.options):
+            rel = url[len(self.root):]
+            parts = rel.split("/")
+            if len(parts) == 1:
+                if not parts[0].startswith("."):
+                    skipped.append(url)
+            elif len(parts) == 2 and not parts[1].startswith("."):
+                classes.setdefault(parts[0], []).append(url)
+        for label, name in enumerate(sorted(classes)):
+            self.synsets.append(name)
+            for url in sorted(classes[name]):
+                if os.path.splitext(url)[1].lower() in exts:
+                    self.items.append((url, label))
+                else:
+                    skipped.append(url)
+
     def __repr__(self) -> str:
         return f"ImageFolderDataset({self.root!r}: {len(self)} images, {len(self.synsets)} classes)"
 
@@ -409,7 +461,11 @@ class ImageListDataset(_ImageFiles):
     labels : sequence of int, optional
         One integer label per path. Without labels, items are images only.
     root : str, optional
-        Prefix joined to relative paths.
+        Prefix joined to relative paths (a URL prefix too).
+    storage_options : dict, optional
+        For URLs (``s3://``, ``gs://``, ``http(s)://``; one object per image, read whole):
+        boto3's names (``endpoint_url``, ``aws_access_key_id``, ...), ``timeout``,
+        ``max_retries``; the AWS environment variables otherwise.
     special_files : bool
         Also read FIFOs and character devices (named pipes fed by another process), to end of
         file and within :data:`MAX_FILE_BYTES`. Off by default: such a path is refused, since a
@@ -419,12 +475,20 @@ class ImageListDataset(_ImageFiles):
     """
 
     def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None,
-                 root: str | os.PathLike | None = None, special_files: bool = False) -> None:
+                 root: str | os.PathLike | None = None, special_files: bool = False, *,
+                 storage_options: dict | None = None) -> None:
         if not isinstance(special_files, bool):
             raise TypeError(f"special_files must be True or False, got {special_files!r}")
         self.special_files = special_files
         base = os.fspath(root) if root is not None else None
-        self.paths = [os.path.join(base, os.fspath(p)) if base else os.fspath(p) for p in paths]
+        if base is not None and is_url(base):
+            self.paths = [os.fspath(p) if is_url(os.fspath(p)) else base.rstrip("/") + "/" + os.fspath(p)
+                          for p in paths]
+        else:
+            self.paths = [os.path.join(base, os.fspath(p)) if base else os.fspath(p) for p in paths]
+        self._remote = remote_files(self.paths, storage_options, None, None, "ImageListDataset") if self.paths else None
+        if self._remote is not None and special_files:
+            raise ValueError("ImageListDataset: special_files=True reads local FIFOs and devices, not URLs")
         if labels is None:
             self.labels = None
         else:

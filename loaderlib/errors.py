@@ -9,6 +9,7 @@ __all__ = [
     "DecodeWarning",
     "LoaderError",
     "LoaderTimeoutError",
+    "RemoteReadError",
     "SampleFailure",
     "SkipWarning",
     "StateError",
@@ -85,6 +86,42 @@ class SkipWarning(UserWarning):
 
 class LoaderTimeoutError(LoaderError, TimeoutError):
     """No batch arrived within the loader's ``timeout``."""
+
+
+class RemoteReadError(LoaderError, OSError):
+    """A read from an object store or HTTP server failed after its retries, or was refused.
+
+    403/404 and other client errors are raised at once; 5xx, 429, dropped connections,
+    timeouts and short bodies are raised only once the retries are spent.
+
+    Attributes
+    ----------
+    url : str
+        The object's URL.
+    status : int or None
+        The HTTP status of the last answer, ``None`` when there was none (a timeout, a
+        dropped connection, a short body).
+    index : int or None
+        The sample index the read was for, when known.
+    reason : str
+        What went wrong, in the storage library's words.
+    """
+
+    def __init__(self, url: str, reason: str, status: int | None = None, index: int | None = None):
+        self.url = url
+        self.reason = reason
+        self.status = status
+        self.index = index
+        what = f"sample {index}: " if index is not None else ""
+        code = f"HTTP {status}" if status is not None else "no HTTP status"
+        super().__init__(f"{what}cannot read {url} ({code}): {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.reason, self.status, self.index))
+
+    def with_index(self, index: int | None) -> RemoteReadError:
+        """The same error naming ``index`` as the sample it was read for."""
+        return type(self)(self.url, self.reason, self.status, index)
 
 
 class WorkerError(LoaderError, RuntimeError):

@@ -163,21 +163,26 @@ class Pipeline:
 
     # -- sources ---------------------------------------------------------------------
     @classmethod
-    def from_folder(cls, root: str | os.PathLike, extensions: Sequence[str] | None = None) -> Pipeline:
+    def from_folder(cls, root: str | os.PathLike, extensions: Sequence[str] | None = None, *,
+                    storage_options: dict | None = None) -> Pipeline:
         """Elements ``(HWC uint8 RGB image, int64 label)`` of an image folder (``root/class/img``),
-        as :class:`~loaderlib.ImageFolderDataset`."""
+        as :class:`~loaderlib.ImageFolderDataset` (an object-store prefix too, with
+        ``storage_options``)."""
         from .datasets import ImageFolderDataset
 
-        ds = ImageFolderDataset(root, extensions)
+        ds = ImageFolderDataset(root, extensions, storage_options=storage_options)
         return cls(_Source("folder", ds, what=repr(ds)))
 
     @classmethod
-    def from_records(cls, paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Pipeline:
+    def from_records(cls, paths: str | os.PathLike | Sequence[str | os.PathLike], *,
+                     storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
+                     cache_limit: int | str | None = None) -> Pipeline:
         """Elements ``(image, label)`` of record files written by :func:`~loaderlib.write_records`
-        (one file, a list or a glob)."""
+        (one file, a list or a glob; URLs too, with the options of
+        :class:`~loaderlib.RecordFileDataset`)."""
         from .records import RecordFileDataset
 
-        ds = RecordFileDataset(paths)
+        ds = RecordFileDataset(paths, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         return cls(_Source("records", ds, what=repr(ds)))
 
     @classmethod

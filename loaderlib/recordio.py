@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ._remote.files import remote_files
 from ._shardfiles import ShardFiles
 from ._source import NativeSource, SourceKind
 from .datasets import Dataset, _check_index
 from .decoding import decode
-from .errors import LoaderError
+from .errors import LoaderError, RemoteReadError
 
 __all__ = ["ImageRecordDataset"]
 
@@ -54,26 +56,25 @@ class ImageRecordDataset(ShardFiles, Dataset):
         Where each record's image bytes are.
     """
 
-    def __init__(self, path_rec: str | os.PathLike) -> None:
+    def __init__(self, path_rec: str | os.PathLike, *, storage_options: dict | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None) -> None:
+        self._remote = remote_files(os.fspath(path_rec), storage_options, cache_dir, cache_limit,
+                                    "ImageRecordDataset")
+        self.url = os.fspath(path_rec) if self._remote is not None else None
         self.path = os.fspath(path_rec)
-        if not os.path.exists(self.path):
-            raise FileNotFoundError(f"ImageRecordDataset: {self.path!r} does not exist")
         self.idx_path = os.path.splitext(self.path)[0] + ".idx"
-        size = os.path.getsize(self.path)
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            if os.path.exists(self.idx_path):
-                keys, starts = self._read_idx()
-            else:
-                keys, starts = self._scan(fd, size)
-            offsets, sizes, labels = [], [], []
-            for key, start in zip(keys, starts):
-                off, n, lab = self._header(fd, start, size, key)
-                offsets.append(off)
-                sizes.append(n)
-                labels.append(lab)
-        finally:
-            os.close(fd)
+        if self._remote is not None and self._remote.cached:
+            self.path = self._remote.local([self.path])[0]
+            try:
+                self.idx_path = self._remote.local([self.idx_path])[0]
+            except RemoteReadError as e:
+                if e.status != 404:
+                    raise
+                self.idx_path = os.path.splitext(self.path)[0] + ".idx"     # none: scan the copy
+        if self._ranges:
+            keys, offsets, sizes, labels = self._open_remote()
+        else:
+            keys, offsets, sizes, labels = self._open_local()
         self.keys = keys
         self.offsets = np.asarray(offsets, np.int64)
         self.sizes = np.asarray(sizes, np.int64)
@@ -88,19 +89,74 @@ class ImageRecordDataset(ShardFiles, Dataset):
         self.paths = [self.path]
         self._init_files()
 
-    def _read_idx(self) -> tuple[list[int], list[int]]:
+    @property
+    def _ranges(self) -> bool:
+        """Records are read by byte range from a store (NOTE [ Remote datasets: cache or ranges ])."""
+        return self._remote is not None and not self._remote.cached
+
+    def _open_local(self) -> tuple[list, list, list, list]:
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"ImageRecordDataset: {self.path!r} does not exist")
+        size = os.path.getsize(self.path)
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if os.path.exists(self.idx_path):
+                with open(self.idx_path) as f:
+                    keys, starts = self._read_idx(f)
+            else:
+                keys, starts = self._scan(fd, size)
+            offsets, sizes, labels = [], [], []
+            for key, start in zip(keys, starts):
+                off, n, lab = self._header(lambda k, o, w, fd=fd: self._pread(fd, k, o, w), start, size, key)
+                offsets.append(off)
+                sizes.append(n)
+                labels.append(lab)
+        finally:
+            os.close(fd)
+        return keys, offsets, sizes, labels
+
+    def _open_remote(self) -> tuple[list, list, list, list]:
+        """The ``.idx`` whole, then every record's frame and header in one batched range read
+        (scanning a .rec frame by frame over the network would be one request per record)."""
+        try:
+            text = self._remote.fetch(self.idx_path).decode()
+        except RemoteReadError as e:
+            if e.status != 404:
+                raise
+            raise LoaderError(f"ImageRecordDataset: {self.idx_path} is missing; over URLs the .idx is needed "
+                              "(or pass cache_dir= to download the .rec and scan it)") from None
+        keys, starts = self._read_idx(text.splitlines())
+        size = self._remote.size(self.path)
+        span = _FRAME.size + _IRHEADER.size
+        heads = self._remote.read([self.path] * len(starts), np.asarray(starts, np.int64),
+                                  np.full(len(starts), span, np.int64), list(range(len(starts))))
+        offsets, sizes, labels = [], [], []
+        for key, start, head in zip(keys, starts, heads):
+            head = bytes(head)
+
+            def pread(n, off, what, start=start, head=head):
+                if start <= off and off + n <= start + len(head):
+                    return head[off - start:off - start + n]
+                return bytes(self._remote.read_range(self.path, off, off + n))
+
+            off, n, lab = self._header(pread, start, size, key)
+            offsets.append(off)
+            sizes.append(n)
+            labels.append(lab)
+        return keys, offsets, sizes, labels
+
+    def _read_idx(self, lines) -> tuple[list[int], list[int]]:
         keys, starts = [], []
-        with open(self.idx_path) as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                parts = line.split("\t")
-                try:
-                    keys.append(int(parts[0]))
-                    starts.append(int(parts[1]))
-                except (IndexError, ValueError):
-                    raise LoaderError(f"{self.idx_path!r} line {line_no}: expected 'key<TAB>offset', got "
-                                      f"{line.strip()[:60]!r}") from None
+        for line_no, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            try:
+                keys.append(int(parts[0]))
+                starts.append(int(parts[1]))
+            except (IndexError, ValueError):
+                raise LoaderError(f"{self.idx_path!r} line {line_no}: expected 'key<TAB>offset', got "
+                                  f"{line.strip()[:60]!r}") from None
         return keys, starts
 
     def _scan(self, fd: int, size: int) -> tuple[list[int], list[int]]:
@@ -122,11 +178,11 @@ class ImageRecordDataset(ShardFiles, Dataset):
             raise LoaderError(f"{self.path!r}: {what} is cut off by the end of the file")
         return data
 
-    def _header(self, fd: int, start: int, size: int, key: int) -> tuple[int, int, tuple]:
+    def _header(self, pread, start: int, size: int, key: int) -> tuple[int, int, tuple]:
         what = f"record {key} (byte {start})"
         if start < 0 or start + _FRAME.size + _IRHEADER.size > size:
             raise LoaderError(f"{self.path!r}: {what} lies outside the file ({size} bytes)")
-        head = self._pread(fd, _FRAME.size + _IRHEADER.size, start, what)
+        head = pread(_FRAME.size + _IRHEADER.size, start, what)
         magic, lrec = _FRAME.unpack_from(head)
         if magic != MAGIC:
             raise LoaderError(f"{self.path!r}: {what} has no RecordIO magic (index and data disagree?)")
@@ -138,7 +194,7 @@ class ImageRecordDataset(ShardFiles, Dataset):
         body = start + _FRAME.size + _IRHEADER.size
         labels: tuple = (label,)
         if flag > 0:
-            labels = struct.unpack(f"<{flag}f", self._pread(fd, 4 * flag, body, what))
+            labels = struct.unpack(f"<{flag}f", pread(4 * flag, body, what))
             body += 4 * flag
         img = n - _IRHEADER.size - 4 * max(flag, 0)
         if img < 0 or start + _FRAME.size + n > size:
@@ -150,16 +206,39 @@ class ImageRecordDataset(ShardFiles, Dataset):
         return len(self.keys)
 
     def native_source(self) -> NativeSource | None:
-        """SHARDS: records read with ``pread`` by the kernels."""
+        """SHARDS: records read with ``pread`` by the kernels; BUFFERS for a ``.rec`` in a store
+        read by byte range."""
+        if self._ranges:
+            return NativeSource(SourceKind.BUFFERS, stage="ImageRecordDataset (MXNet RecordIO): byte ranges from "
+                                "the store, a batch's requests concurrent", dataset=self, labels=self.labels,
+                                description=repr(self))
         return NativeSource(SourceKind.SHARDS, stage="ImageRecordDataset (MXNet RecordIO): pread inside the kernel",
                             dataset=self, labels=self.labels, description=repr(self))
 
     def source(self, idx: int) -> str | None:
-        return f"{self.path}:record {self.keys[_check_index(idx, len(self.keys))]}"
+        return f"{self.url or self.path}:record {self.keys[_check_index(idx, len(self.keys))]}"
+
+    def buffers(self, indices: Sequence[int]) -> list:
+        """The encoded image bytes of records ``indices`` (read by byte range, concurrently)."""
+        idx = np.asarray(indices, np.int64)
+        return self._remote.read([self.path] * idx.size, self.offsets[idx], self.sizes[idx], idx.tolist(),
+                                 record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why record ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        return self._remote.failure(idx) if self._remote is not None else None
+
+    def close(self) -> None:
+        """Close this process's descriptor and, with the shard cache, release the copy."""
+        super().close()
+        if getattr(self, "_remote", None) is not None:
+            self._remote.close()
 
     def read(self, idx: int) -> bytes:
         """The encoded image bytes of record ``idx``."""
         i = _check_index(idx, len(self.keys))
+        if self._ranges:
+            return bytes(self._remote.read([self.path], self.offsets[i:i + 1], self.sizes[i:i + 1], [i])[0])
         n = int(self.sizes[i])
         data = os.pread(self.fileno(), n, int(self.offsets[i]))
         if len(data) != n:
@@ -177,4 +256,4 @@ class ImageRecordDataset(ShardFiles, Dataset):
         return img, (int(lab) if self.labels.dtype == np.int64 and self.labels.ndim == 1 else lab)
 
     def __repr__(self) -> str:
-        return f"ImageRecordDataset({self.path!r}: {len(self)} records)"
+        return f"ImageRecordDataset({self.url or self.path!r}: {len(self)} records)"

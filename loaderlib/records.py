@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ._remote.files import RemoteFiles, remote_files
+from ._remote.store import expand_urls
 from ._shardfiles import ShardFiles
 from ._source import NativeSource, SourceKind
 from .datasets import Dataset, _check_index, _read_file
@@ -265,7 +267,10 @@ def write_records(path: str | os.PathLike, items: Iterable[Any], labels: Sequenc
     return out if limit is not None else out[0]
 
 
-def _expand(paths: Any) -> list[str]:
+def _expand(paths: Any, remote: RemoteFiles | None = None) -> list[str]:
+    if remote is not None:
+        return expand_urls([paths] if isinstance(paths, str) else list(paths), remote.options,
+                           suffixes=(RECORD_EXT, ".rec"))
     if isinstance(paths, (str, os.PathLike)):
         p = os.fspath(paths)
         if any(c in p for c in "*?["):
@@ -282,18 +287,24 @@ def _expand(paths: Any) -> list[str]:
     return out
 
 
-def _open_shard(data_path: str, index_path: str) -> dict:
-    for p in (data_path, index_path):
-        if not os.path.exists(p):
-            raise FileNotFoundError(f"RecordFileDataset: {p!r} does not exist (a shard needs both "
-                                    f"{os.path.basename(data_path)!r} and {os.path.basename(index_path)!r})")
-    size = os.path.getsize(data_path)
-    with open(data_path, "rb") as f:
-        head = f.read(_HEADER)
+def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = None) -> dict:
+    if remote is None:
+        for p in (data_path, index_path):
+            if not os.path.exists(p):
+                raise FileNotFoundError(f"RecordFileDataset: {p!r} does not exist (a shard needs both "
+                                        f"{os.path.basename(data_path)!r} and {os.path.basename(index_path)!r})")
+        size = os.path.getsize(data_path)
+        with open(data_path, "rb") as f:
+            head = f.read(_HEADER)
+        index: Any = index_path
+    else:   # NOTE [ Remote datasets: cache or ranges ]: the index whole, the header by range
+        size = remote.size(data_path)
+        head = bytes(remote.read_range(data_path, 0, min(_HEADER, size))) if size else b""
+        index = remote.open_bytes(index_path)
     if len(head) >= 4 and int.from_bytes(head[:4], "little") == _MXNET_MAGIC:
         raise LoaderError(f"{data_path!r} is an MXNet RecordIO file: open it with ll.ImageRecordDataset")
     try:
-        with np.load(index_path, allow_pickle=False) as z:
+        with np.load(index, allow_pickle=False) as z:
             d = {k: z[k] for k in z.files}
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
         raise LoaderError(f"{index_path!r} is not a loaderlib record index ({e})") from None
@@ -341,9 +352,20 @@ class RecordFileDataset(ShardFiles, Dataset):
     ----------
     paths : str, path or list
         One shard (``X``, ``X.llrec`` or ``X.llidx``), a list of them, or a glob
-        (``"train-*.llrec"``). See NOTE [ Record shard format ].
+        (``"train-*.llrec"``). See NOTE [ Record shard format ]. URLs too
+        (``s3://``, ``gs://``, ``http(s)://``), with brace ranges (``part-{0000..0099}``) and,
+        in object stores, globs; see NOTE [ Remote datasets: cache or ranges ].
     raw : bool
         Items are ``(bytes, label)`` instead of decoded images.
+    storage_options : dict, optional
+        For URLs: ``endpoint_url``, ``aws_access_key_id``, ``aws_secret_access_key``,
+        ``region_name`` (boto3's names; the AWS environment variables otherwise), ``timeout``,
+        ``max_retries``, and anything the store takes.
+    cache_dir : str, optional
+        For URLs: download whole shards into this folder (shared by the node's processes)
+        and read them as local files. Off by default: records are read by byte range.
+    cache_limit : int or str, optional
+        Bytes (or ``"20GB"``) the cache may hold; least recently used shards go first.
 
     Attributes
     ----------
@@ -357,11 +379,19 @@ class RecordFileDataset(ShardFiles, Dataset):
         Class names stored at packing time (the first shard's).
     """
 
-    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], raw: bool = False) -> None:
-        pairs = [record_paths(p) for p in _expand(paths)]
+    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], raw: bool = False, *,
+                 storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None) -> None:
+        self._remote = remote_files(paths, storage_options, cache_dir, cache_limit, "RecordFileDataset")
+        pairs = [record_paths(p) for p in _expand(paths, self._remote)]
+        self.urls = [d for d, _ in pairs] if self._remote is not None else None
+        if self._remote is not None and self._remote.cached:
+            local = self._remote.local([f for pair in pairs for f in pair])
+            pairs = list(zip(local[0::2], local[1::2]))
         self.paths = [d for d, _ in pairs]
         self.index_paths = [i for _, i in pairs]
-        shards = [_open_shard(d, i) for d, i in pairs]
+        ranges = self._remote if self._remote is not None and not self._remote.cached else None
+        shards = [_open_shard(d, i, ranges) for d, i in pairs]
         self.offsets = np.concatenate([s["offsets"] for s in shards])
         self.sizes = np.concatenate([s["sizes"] for s in shards])
         self.labels = np.concatenate([s["labels"] for s in shards])
@@ -388,13 +418,31 @@ class RecordFileDataset(ShardFiles, Dataset):
     def __len__(self) -> int:
         return len(self.offsets)
 
+    @property
+    def _ranges(self) -> bool:
+        """Records are read by byte range from a store (NOTE [ Remote datasets: cache or ranges ])."""
+        return self._remote is not None and not self._remote.cached
+
     def native_source(self) -> NativeSource | None:
         """SHARDS: records read with ``pread`` by the kernels (None with ``raw=True``: the items
-        are bytes, not images)."""
+        are bytes, not images); BUFFERS for shards in a store read by byte range."""
         if self.raw:
             return None
+        if self._ranges:
+            return NativeSource(SourceKind.BUFFERS, stage="RecordFileDataset: byte ranges from the store, a batch's "
+                                "requests concurrent", dataset=self, labels=self.labels, description=repr(self))
         return NativeSource(SourceKind.SHARDS, stage="RecordFileDataset: pread of the record shards inside the kernel",
                             dataset=self, labels=self.labels, description=repr(self))
+
+    def buffers(self, indices: Sequence[int]) -> list:
+        """The encoded bytes of records ``indices`` (read by byte range, concurrently)."""
+        idx = np.asarray(indices, np.int64)
+        return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
+                                 self.sizes[idx], idx.tolist(), record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why record ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        return self._remote.failure(idx) if self._remote is not None else None
 
     def source(self, idx: int) -> str | None:
         return self.keys[_check_index(idx, len(self.offsets))]
@@ -404,6 +452,8 @@ class RecordFileDataset(ShardFiles, Dataset):
         i = _check_index(idx, len(self.offsets))
         n = int(self.sizes[i])
         s = int(self.shard_of[i])
+        if self._ranges:
+            return bytes(self._remote.read([self.paths[s]], self.offsets[i:i + 1], self.sizes[i:i + 1], [i])[0])
         data = os.pread(self.fileno(s), n, int(self.offsets[i]))
         if len(data) != n:
             raise OSError(f"short read of record {i} ({self.keys[i]!r}) in {self.paths[s]!r}")
@@ -419,6 +469,14 @@ class RecordFileDataset(ShardFiles, Dataset):
             return bytes(data), int(self.labels[i])
         return decode(data, source=self.keys[i]), int(self.labels[i])
 
+    def close(self) -> None:
+        """Close this process's descriptors (they reopen on the next read) and, with the shard
+        cache, release the cached copies."""
+        super().close()
+        if getattr(self, "_remote", None) is not None:
+            self._remote.close()
+
     def __repr__(self) -> str:
-        where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} shards"
+        names = self.urls or self.paths
+        where = names[0] if len(names) == 1 else f"{len(names)} shards"
         return f"RecordFileDataset({where!r}: {len(self)} records)"

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ._remote.files import remote_files
+from ._remote.store import expand_urls
 from ._shardfiles import ShardFiles
 from ._source import NativeSource, SourceKind
 from .datasets import Dataset
@@ -86,7 +88,17 @@ class WebDataset(ShardFiles, Dataset):
     ----------
     shards : str, path or list
         One shard, a list, a glob (``"train-*.tar"``) or a brace range
-        (``"train-{0000..0009}.tar"``). See NOTE [ WebDataset layout ].
+        (``"train-{0000..0009}.tar"``). See NOTE [ WebDataset layout ]. URLs too
+        (``s3://``, ``gs://``, ``http(s)://``; globs in object stores); see
+        NOTE [ Remote datasets: cache or ranges ]. Without the cache each shard is read
+        whole once when the dataset opens, to index its members, then by byte range.
+    storage_options : dict, optional
+        For URLs: boto3's names (``endpoint_url``, ``aws_access_key_id``, ...), ``timeout``,
+        ``max_retries``; the AWS environment variables otherwise.
+    cache_dir : str, optional
+        For URLs: download whole shards into this folder and read them as local files.
+    cache_limit : int or str, optional
+        Bytes (or ``"20GB"``) the cache may hold.
 
     Attributes
     ----------
@@ -106,13 +118,23 @@ class WebDataset(ShardFiles, Dataset):
     sampler works: the reads are random access); ranks use ``ShardedSampler``.
     """
 
-    def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike]) -> None:
-        self.paths = expand_shards(shards)
+    def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], *,
+                 storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None) -> None:
+        self._remote = remote_files(shards, storage_options, cache_dir, cache_limit, "WebDataset")
+        if self._remote is None:
+            self.urls = None
+            self.paths = expand_shards(shards)
+        else:
+            self.urls = expand_urls([shards] if isinstance(shards, str) else list(shards), self._remote.options,
+                                    suffixes=(".tar",))
+            self.paths = self._remote.local(self.urls) if self._remote.cached else list(self.urls)
         if not self.paths:
             raise ValueError("WebDataset needs at least one shard")
         shard_of, offsets, sizes, keys, labels, fields = [], [], [], [], [], []
         for s, path in enumerate(self.paths):
-            for key, (field, off, size), label in self._index(path):
+            whole = self._remote.open_bytes(path) if self._ranges else None
+            for key, (field, off, size), label in self._index(path, whole):
                 shard_of.append(s)
                 offsets.append(off)
                 sizes.append(size)
@@ -132,10 +154,15 @@ class WebDataset(ShardFiles, Dataset):
             self.labels = labels   # Python objects (json): collated in Python
         self._init_files()
 
+    @property
+    def _ranges(self) -> bool:
+        """Members are read by byte range from a store (NOTE [ Remote datasets: cache or ranges ])."""
+        return self._remote is not None and not self._remote.cached
+
     @staticmethod
-    def _index(path: str) -> list:
+    def _index(path: str, fileobj: Any = None) -> list:
         try:
-            tf = tarfile.open(path, "r:")  # noqa: SIM115 - closed by the with block below
+            tf = tarfile.open(path if fileobj is None else None, "r:", fileobj=fileobj)  # noqa: SIM115 - closed below
         except FileNotFoundError:
             raise FileNotFoundError(f"WebDataset shard {path!r} does not exist") from None
         except tarfile.ReadError as e:
@@ -191,17 +218,39 @@ class WebDataset(ShardFiles, Dataset):
         are not one integer per sample)."""
         if self.labels is not None and not isinstance(self.labels, np.ndarray):
             return None
+        if self._ranges:
+            return NativeSource(SourceKind.BUFFERS, stage="WebDataset: members by byte range from the store, a "
+                                "batch's requests concurrent", dataset=self, labels=self.labels, description=repr(self))
         return NativeSource(SourceKind.SHARDS,
                             stage="WebDataset: byte ranges of the tar shards, pread inside the kernel",
                             dataset=self, labels=self.labels, description=repr(self))
 
     def source(self, idx: int) -> str | None:
         i = int(idx)
-        return f"{self.paths[int(self.shard_of[i])]}:{self.keys[i]}.{self.fields[i]}"
+        return f"{(self.urls or self.paths)[int(self.shard_of[i])]}:{self.keys[i]}.{self.fields[i]}"
+
+    def buffers(self, indices: Sequence[int]) -> list:
+        """The encoded image bytes of samples ``indices`` (read by byte range, concurrently)."""
+        idx = np.asarray(indices, np.int64)
+        return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
+                                 self.sizes[idx], idx.tolist(), record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        return self._remote.failure(idx) if self._remote is not None else None
+
+    def close(self) -> None:
+        """Close this process's descriptors and, with the shard cache, release the copies."""
+        super().close()
+        if getattr(self, "_remote", None) is not None:
+            self._remote.close()
 
     def read(self, idx: int) -> bytes:
         """The raw image bytes of sample ``idx``."""
         i = int(idx)
+        if self._ranges:
+            s = int(self.shard_of[i])
+            return bytes(self._remote.read([self.paths[s]], self.offsets[i:i + 1], self.sizes[i:i + 1], [i])[0])
         size = int(self.sizes[i])
         data = os.pread(self.fileno(int(self.shard_of[i])), size, int(self.offsets[i]))
         if len(data) != size:

@@ -1,0 +1,178 @@
+"""The files of a dataset named by URLs: local copies through the shard cache, or byte
+ranges read from the store.
+
+NOTE [ Remote datasets: cache or ranges ]
+A dataset whose files are URLs reads them one of two ways.
+- With ``cache_dir``: every file goes through the :class:`ShardCache` (downloaded in the
+  dataset's shard order by background threads, published atomically, shared by the node's
+  processes) and the dataset then reads the local copies exactly as local files, so the
+  kernels' SHARDS path (``pread`` inside the pass, read-ahead included) is unchanged. The
+  dataset holds a lease on each copy while it is open, so none is evicted under it.
+- Without: small files (indexes) are fetched whole into memory, and samples are read by
+  byte range from the store into buffers for the kernels' BUFFERS path; the ranges of one
+  batch go out in one call, concurrently (NOTE [ Protocol library ] in ``store.py``).
+Either way the bytes handed to the decoder are the file's bytes, so outputs equal those of
+the same files read locally.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import RemoteReadError
+from .options import StoreOptions
+from .shard_cache import Lease, ShardCache
+from .store import open_store, read_objects, read_ranges
+from .urls import is_url
+
+__all__ = ["RemoteFiles", "remote_files"]
+
+
+class RemoteFiles:
+    """How a dataset reaches its files named by URLs (NOTE [ Remote datasets: cache or ranges ]).
+
+    Parameters
+    ----------
+    storage_options : dict, optional
+        boto3's names plus the transfer's bounds (:class:`~loaderlib._remote.options.StoreOptions`).
+    cache_dir : str, optional
+        Turns the shard cache on.
+    cache_limit : int or str, optional
+        The cache's size bound (``"20GB"``).
+    """
+
+    def __init__(self, storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None) -> None:
+        if cache_limit is not None and cache_dir is None:
+            raise ValueError("cache_limit needs cache_dir (the shard cache is off without a folder)")
+        self.options = StoreOptions.resolve(storage_options)
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        self.cache_limit = cache_limit
+        self._cache: ShardCache | None = None
+        self._leases: dict[str, Lease] = {}
+        self._failures: dict[int, RemoteReadError] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def cached(self) -> bool:
+        return self.cache_dir is not None
+
+    @property
+    def cache(self) -> ShardCache:
+        if self._cache is None:
+            self._cache = ShardCache(self.cache_dir, self.cache_limit, self.options)
+        return self._cache
+
+    def local(self, urls: Sequence[str]) -> list[str]:
+        """Local copies of ``urls`` through the cache, downloaded in this order (several at
+        once) and held until :meth:`close`."""
+        cache = self.cache
+        cache.prefetch([u for u in urls if u not in self._leases])
+        out = []
+        for u in urls:
+            if u not in self._leases:
+                self._leases[u] = cache.acquire(u)
+            out.append(self._leases[u].path)
+        return out
+
+    def size(self, url: str) -> int:
+        return open_store(url, self.options).head(url).size
+
+    def fetch(self, url: str) -> bytes:
+        """A small object, whole (an index file)."""
+        return bytes(open_store(url, self.options).get(url))
+
+    def open_bytes(self, url: str) -> io.BytesIO:
+        return io.BytesIO(self.fetch(url))
+
+    def read_range(self, url: str, start: int, end: int, index: int | None = None) -> Any:
+        return open_store(url, self.options).get_ranges(url, [start], [end],
+                                                        [index] if index is not None else None)[0]
+
+    def read(self, urls: Sequence[str], offsets: np.ndarray, sizes: np.ndarray, indices: Sequence[int],
+             record: bool = False) -> list:
+        """The bytes of samples ``indices``: ``sizes[k]`` bytes at ``offsets[k]`` of ``urls[k]``,
+        all fetched concurrently; a failure is one RemoteReadError naming its sample, or with
+        ``record`` an empty buffer in its place (NOTE [ Remote failures per sample ])."""
+        reqs = [(u, int(o), int(o) + int(n)) for u, o, n in zip(urls, offsets.tolist(), sizes.tolist())]
+        return self._per_sample(lambda rs, ix: read_ranges(rs, self.options, indices=ix), reqs, list(indices),
+                                record)
+
+    def _per_sample(self, fetch, reqs: list, indices: list[int], record: bool) -> list:
+        # NOTE [ Remote failures per sample ]
+        # One failed request fails a whole batched call. The kernels fail samples one by one
+        # (status codes), and on_error="skip" drops only those, so the batch is read again
+        # sample by sample: each failure is kept here under its sample index and an empty
+        # buffer (which the decoder refuses) takes its place; native_error() in _source.py
+        # asks read_failure(i) and reports the RemoteReadError itself, not a decode error.
+        try:
+            out = fetch(reqs, indices)
+        except RemoteReadError:
+            if not record:
+                raise
+            out = []
+            for req, i in zip(reqs, indices):
+                try:
+                    out.append(fetch([req], [i])[0])
+                except RemoteReadError as e:
+                    with self._lock:
+                        self._failures[i] = e.with_index(i)
+                    out.append(b"")
+        if record and self._failures:
+            with self._lock:
+                for i, b in zip(indices, out):
+                    if len(memoryview(b)):
+                        self._failures.pop(i, None)
+        return out
+
+    def failure(self, index: int) -> RemoteReadError | None:
+        """The read error of sample ``index`` in its last batch, if it failed."""
+        with self._lock:
+            return self._failures.get(int(index))
+
+    def read_whole(self, urls: Sequence[str], indices: Sequence[int], record: bool = False) -> list:
+        """Whole objects, one per sample, all requested at once (``record``: as in :meth:`read`)."""
+        return self._per_sample(lambda us, ix: read_objects(us, self.options, indices=ix), list(urls),
+                                list(indices), record)
+
+    def __getstate__(self) -> dict:
+        # A copy in another process reads the same local copies (they are on this node and
+        # held here) or the same ranges; it owns no cache threads or leases.
+        d = dict(self.__dict__)
+        d["_cache"], d["_leases"], d["_failures"] = None, {}, {}
+        del d["_lock"]
+        return d
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        for lease in self._leases.values():
+            lease.release()
+        self._leases.clear()
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
+
+
+def remote_files(paths: Any, storage_options: Mapping[str, Any] | None, cache_dir: Any, cache_limit: Any,
+                 who: str) -> RemoteFiles | None:
+    """A :class:`RemoteFiles` when ``paths`` (a path, URL or list) names URLs, else None;
+    mixing URLs and local paths, or remote options without URLs, is a ``ValueError``."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    remote = [is_url(p) for p in items]
+    if any(remote) and not all(remote):
+        raise ValueError(f"{who}: give either local paths or URLs, not both")
+    if not any(remote):
+        if storage_options is not None or cache_dir is not None or cache_limit is not None:
+            raise ValueError(f"{who}: storage_options, cache_dir and cache_limit apply to URLs "
+                             "(s3://, gs://, http(s)://), and no path here is one")
+        return None
+    return RemoteFiles(storage_options, cache_dir, cache_limit)

@@ -1,0 +1,247 @@
+"""The shard cache against nginx (through the fault proxy, which counts requests) and moto."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from loaderlib._remote.shard_cache import ShardCache
+from loaderlib.errors import RemoteReadError
+from tests.remote.conftest import BUCKET, FAST
+
+SIZE = 300_000
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _file(served, i):
+    with open(os.path.join(served, "blobs", f"b{i}.bin"), "rb") as f:
+        return f.read()
+
+
+def _urls(base, n=6):
+    return [f"{base}/blobs/b{i}.bin" for i in range(n)]
+
+
+def _bytes(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _read(lease) -> bytes:
+    return os.pread(lease.fd, os.fstat(lease.fd).st_size, 0)
+
+
+def test_download_publish_and_reuse_across_runs(proxy, served, tmp_path):
+    urls = _urls(proxy.url)
+    with ShardCache(tmp_path, storage_options=FAST) as cache:
+        for i in (0, 1):
+            with cache.acquire(urls[i]) as lease:
+                assert _read(lease) == _file(served, i)
+        key = cache.key(urls[0])
+        side = json.loads((tmp_path / (key + ".json")).read_text())
+        assert side["url"] == urls[0] and side["size"] == SIZE and side["etag"]
+        assert not [p for p in os.listdir(tmp_path) if ".part-" in p]
+    assert proxy.count("/blobs/") == 2
+    # A new run: one HEAD per shard confirms ETag and size; no GET.
+    proxy.reset()
+    with ShardCache(tmp_path, storage_options=FAST) as cache:
+        assert cache.cached(urls[0]) and cache.cached(urls[1]) and not cache.cached(urls[2])
+        with cache.acquire(urls[1]) as lease:
+            assert _read(lease) == _file(served, 1)
+    assert proxy.count("/blobs/", "GET") == 0 and proxy.count("/blobs/", "HEAD") == 3
+
+
+def test_changed_object_is_downloaded_again(nginx, served, tmp_path):
+    os.makedirs(os.path.join(served, "changing"), exist_ok=True)
+    path = os.path.join(served, "changing", "x.bin")
+    with open(path, "wb") as f:
+        f.write(b"a" * 1000)
+    url = f"{nginx.url}/changing/x.bin"
+    with ShardCache(tmp_path / "c", storage_options=FAST) as cache:
+        assert _bytes(cache.path(url)) == b"a" * 1000
+    with open(path, "wb") as f:
+        f.write(b"b" * 1200)            # another size, so another ETag (nginx: mtime-size)
+    with ShardCache(tmp_path / "c", storage_options=FAST) as cache:
+        assert not cache.cached(url)
+        assert _bytes(cache.path(url)) == b"b" * 1200
+
+
+def test_lru_eviction_within_limit_never_evicts_a_held_shard(proxy, served, tmp_path):
+    urls = _urls(proxy.url)
+    with ShardCache(tmp_path, cache_limit=2 * SIZE + 10, storage_options=FAST) as cache:
+        held = cache.acquire(urls[0])
+        with cache.acquire(urls[1]):
+            pass
+        with cache.acquire(urls[2]):    # full: the LRU shard is 0, but it is held -> 1 goes
+            pass
+        assert cache.used() <= 2 * SIZE + 10
+        assert cache.cached(urls[0]) and not cache.cached(urls[1]) and cache.cached(urls[2])
+        assert _read(held) == _file(served, 0)
+        held.release()
+        with cache.acquire(urls[3]):    # now 0 is the least recently used and free
+            pass
+        assert not cache.cached(urls[0]) and cache.cached(urls[2]) and cache.cached(urls[3])
+        # Touching 2 makes 3 the LRU one.
+        cache.acquire(urls[2]).release()
+        cache.acquire(urls[4]).release()
+        assert cache.cached(urls[2]) and not cache.cached(urls[3])
+
+
+def test_cache_limit_accepts_sizes(tmp_path):
+    assert ShardCache(tmp_path, cache_limit="20GB").limit == 20 << 30
+    with pytest.raises(ValueError, match="as a size"):
+        ShardCache(tmp_path, cache_limit="lots")
+
+
+def test_prefetch_follows_the_given_order_and_keeps_what_comes_sooner(proxy, tmp_path):
+    urls = _urls(proxy.url)
+    order = [urls[4], urls[1], urls[3], urls[0]]
+    with ShardCache(tmp_path, cache_limit=3 * SIZE, storage_options=FAST, workers=1) as cache:
+        cache.prefetch(order)
+        assert cache.wait_idle(60)
+        gets = [p for m, p, _ in proxy.requests if m == "GET"]
+        # Three fit; the fourth would evict a shard needed sooner, so it waits for a reader.
+        assert gets == ["/blobs/b4.bin", "/blobs/b1.bin", "/blobs/b3.bin"]
+        assert all(cache.cached(u) for u in order[:3]) and not cache.cached(order[3])
+
+
+def test_short_download_is_retried_then_reported(proxy, served, tmp_path):
+    url = _urls(proxy.url)[5]
+    with ShardCache(tmp_path, storage_options=FAST) as cache:
+        proxy.add("short", keep=1000, match="b5.bin", method="GET")
+        assert _bytes(cache.path(url)) == _file(served, 5)
+    proxy.reset()
+    with ShardCache(tmp_path / "x", storage_options={**FAST, "max_retries": 1}) as cache:
+        proxy.add("short", keep=1000, match="b5.bin", method="GET", times=100)
+        with pytest.raises(RemoteReadError, match=r"sample 9: cannot read .*b5\.bin \(no HTTP status\): short body"):
+            cache.acquire(url, index=9)
+        assert not cache.cached(url) and not os.path.exists(cache._p(cache.key(url)))
+
+
+def test_missing_shard_names_url_status_and_sample(nginx, tmp_path):
+    with ShardCache(tmp_path, storage_options=FAST) as cache, \
+            pytest.raises(RemoteReadError, match=r"sample 3: cannot read .*nope\.bin \(HTTP 404\)"):
+        cache.acquire(f"{nginx.url}/blobs/nope.bin", index=3)
+
+
+def test_a_download_in_progress_is_never_read(proxy, served, tmp_path):
+    url = _urls(proxy.url)[2]
+    cache = ShardCache(tmp_path, storage_options=FAST)
+    proxy.add("stall", match="b2.bin", method="GET")
+    cache.prefetch([url])
+    for _ in range(2000):                   # until the download has started (bounded)
+        if proxy.count("b2.bin", "GET"):
+            break
+        time.sleep(0.01)
+    assert proxy.count("b2.bin", "GET") == 1
+    assert not cache.cached(url) and not os.path.exists(cache._p(cache.key(url)))
+    proxy.released.set()                    # the stalled request fails; the retry succeeds
+    assert cache.wait_idle(60)
+    with cache.acquire(url) as lease:
+        assert _read(lease) == _file(served, 2)
+    cache.close()
+
+
+_CHILD = """
+import sys
+sys.path.insert(0, {root!r})
+from loaderlib._remote.shard_cache import ShardCache
+cache = ShardCache({dir!r}, storage_options={opts!r}, workers=1)
+for u in {urls!r}:
+    cache.path(u)
+print("done", flush=True)
+"""
+
+
+def test_crash_resume_downloads_only_what_is_missing(proxy, served, tmp_path):
+    urls = _urls(proxy.url, 3)
+    proxy.add("stall", match="b1.bin", method="GET")      # the child dies while downloading b1
+    code = _CHILD.format(root=ROOT, dir=str(tmp_path), opts=FAST, urls=urls)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        for _ in range(3000):
+            if proxy.count("b1.bin", "GET"):
+                break
+            time.sleep(0.01)
+        assert proxy.count("b1.bin", "GET") == 1 and proxy.count("b0.bin", "GET") == 1
+        for _ in range(3000):               # its part file exists once bytes started to flow
+            if any(".part-" in p for p in os.listdir(tmp_path)):
+                break
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    assert any(".part-" in p for p in os.listdir(tmp_path))
+    proxy.released.set()
+    proxy.reset()
+    with ShardCache(tmp_path, storage_options=FAST) as cache:
+        assert not any(".part-" in p for p in os.listdir(tmp_path))     # the dead run's part is gone
+        for i, u in enumerate(urls):
+            assert _bytes(cache.path(u)) == _file(served, i)
+    assert [p for m, p, _ in proxy.requests if m == "GET"] == ["/blobs/b1.bin", "/blobs/b2.bin"]
+
+
+def _ranks_child(args):
+    cache_dir, urls, opts = args
+    cache = ShardCache(cache_dir, storage_options=opts)
+    out = []
+    for u in urls:
+        with cache.acquire(u) as lease:
+            out.append(_read(lease))
+    cache.close()
+    return out
+
+
+def test_processes_share_one_cache_and_download_each_shard_once(proxy, served, tmp_path):
+    urls = _urls(proxy.url, 4)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        results = pool.map(_ranks_child, [(str(tmp_path), urls[k:] + urls[:k], FAST) for k in range(4)])
+    for k, res in enumerate(results):
+        assert res == [_file(served, (k + j) % 4) for j in range(4)]
+    # The entry locks let one process download each shard while the others wait for it.
+    assert sorted(p for m, p, _ in proxy.requests if m == "GET") == [f"/blobs/b{i}.bin" for i in range(4)]
+    assert not [p for p in os.listdir(tmp_path) if ".part-" in p]
+
+
+def test_s3_shards_through_the_cache(moto, served, tmp_path):
+    urls = _urls(f"s3://{BUCKET}", 2)
+    with ShardCache(tmp_path, cache_limit="1MB", storage_options=moto.storage_options) as cache:
+        cache.prefetch(urls)
+        assert cache.wait_idle(60)
+        assert all(cache.cached(u) for u in urls)
+        for i, u in enumerate(urls):
+            with cache.acquire(u) as lease:
+                assert _read(lease) == _file(served, i)
+
+
+def test_prefetch_never_waits_on_a_held_shard(proxy, served, tmp_path):
+    # A reader downloads b3 (stalled at first) while a prefetch asks for it too; once the
+    # reader holds its lease, the prefetch must see the published shard, not queue for the
+    # entry's exclusive lock behind the reader for as long as it reads.
+    import threading
+
+    url = _urls(proxy.url)[3]
+    cache = ShardCache(tmp_path, storage_options={**FAST, "timeout": 2.0})
+    proxy.add("stall", match="b3.bin", method="GET")
+    box = []
+    reader = threading.Thread(target=lambda: box.append(cache.acquire(url)))
+    reader.start()
+    for _ in range(3000):
+        if proxy.count("b3.bin", "GET"):
+            break
+        time.sleep(0.01)
+    cache.prefetch([url])
+    proxy.released.set()
+    reader.join(60)
+    assert box and _read(box[0]) == _file(served, 3)
+    assert cache.wait_idle(30), "the prefetch is stuck behind a reader's lease"
+    box[0].release()
+    cache.close()
