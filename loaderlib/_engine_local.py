@@ -166,6 +166,9 @@ class NativeProducer(Producer):
             self.reader = ReadAhead(src, state.order.stream, io_depth=depth, batch_size=batch_size,
                                     lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
                                     start=state.cursor, hint=getattr(knobs, "read_hint", None))
+            # The first reads go out now: a warm next epoch (NOTE [ Warm slots ]) waits for a batch
+            # slot before its first batch, but its reads need none, so they cross the boundary.
+            self.reader.top_up(state.cursor)
         self.shards = shards          # per output part: num_shards (None: plain array) or a Pad
         self.arena = arena
         self.knobs = knobs
