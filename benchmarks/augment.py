@@ -1,26 +1,30 @@
-"""Augmentation benchmark: torchvision's ImageNet training recipe, consumed by an infinitely fast model.
+"""Augmentation benchmark: modern training recipes against the plain chain, and the CPU cost of every op.
 
-The recipe (torchvision's references/classification with ``--auto-augment ta_wide
---random-erase 0.1 --mixup-alpha 0.2 --cutmix-alpha 1.0``): RandomResizedCrop(224), random
-horizontal flip, TrivialAugmentWide, Normalize, CHW float32, RandomErasing(p=0.1), then per
-batch a random choice of MixUp(0.2) or CutMix(1.0) with soft labels. Two pipelines, each in a
-fresh process, in interleaved rounds at the same core count:
+Three parts, each pipeline in a fresh process, in interleaved rounds (medians reported):
 
-* ``loaderlib``: ImageFolderDataset + the native transforms, native engine, ``--threads``
-  threads, ``batch_transform=RandomChoice([MixUp, CutMix])``;
-* ``torch``: PyTorch's DataLoader with ``--workers`` worker processes; each sample is read
-  with OpenCV and augmented with OpenCV/numpy equivalents of the same ops (TrivialAugmentWide's
-  14 ops with cv2.warpAffine, lookup tables and cv2.addWeighted), MixUp/CutMix in the
-  collate function.
-
-Then the CPU cost per image of each op on one thread (``time.process_time``): in loaderlib as
-the marginal cost of adding the op to the fused chain (in-memory JPEGs, ``num_threads=1``), and
-each OpenCV/numpy equivalent on 224x224 images.
+1. The recipe against the plain chain, loaderlib's native engine on ``--threads`` threads
+   (batch 64, consumed by an infinitely fast model):
+   * plain: RandomResizedCrop(224), flip, Normalize, CHW float32;
+   * recipe: RandomResizedCrop(224), flip, TrivialAugmentWide, ColorJitter(0.4, 0.4, 0.4),
+     Normalize, CHW, RandomErasing(0.25), then per batch RandomChoice([MixUp(0.2),
+     CutMix(1.0)]) with soft labels.
+   The ratio recipe / plain is taken per round. With ``--baseline DIR`` (a loaderlib source tree
+   built in place, for instance ``git archive <commit>`` + ``python setup.py build_ext
+   --inplace``) the same two pipelines of that build join the rounds.
+2. torchvision's ImageNet recipe (references/classification with ``--auto-augment ta_wide
+   --random-erase 0.1 --mixup-alpha 0.2 --cutmix-alpha 1.0``): loaderlib against PyTorch's
+   DataLoader with ``--workers`` workers, each sample read with OpenCV and augmented with
+   OpenCV/numpy equivalents of the same ops (skipped without torch; ``--skip-peers`` skips it).
+3. The CPU cost per image of each op on one thread (``time.process_time``, best of blocks): the
+   marginal cost of adding the op to the fused chain (in-memory JPEGs, ``num_threads=1``), and
+   each primitive's kernel on a 224x224 image; with ``--baseline`` the baseline build's figure
+   beside it (before -> after), both measured in alternating child processes.
 
 Usage::
 
     python benchmarks/augment.py                    # generates photo-like JPEGs once
-    python benchmarks/augment.py --images 4096 --repeat 5
+    python benchmarks/augment.py --baseline /tmp/before --repeat 5
+    python benchmarks/augment.py --costs-only --baseline /tmp/before
 """
 
 from __future__ import annotations
@@ -187,6 +191,7 @@ def np_mix(images: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> 
 
 
 def loaderlib_recipe():
+    """torchvision's ImageNet recipe (part 2)."""
     from loaderlib import transforms as T
 
     return (T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
@@ -194,15 +199,34 @@ def loaderlib_recipe():
             T.RandomChoice([T.MixUp(0.2, CLASSES), T.CutMix(1.0, CLASSES)]))
 
 
-def run_loaderlib(root: str, images: int, threads: int) -> dict:
+def modern_recipe():
+    """The recipe of part 1: TrivialAugmentWide + ColorJitter(0.4, 0.4, 0.4) + RandomErasing(0.25)
+    + MixUp/CutMix."""
+    from loaderlib import transforms as T
+
+    return (T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
+                       T.ColorJitter(0.4, 0.4, 0.4), T.Normalize(MEAN, STD), T.ToCHW(), T.RandomErasing(0.25)]),
+            T.RandomChoice([T.MixUp(0.2, CLASSES), T.CutMix(1.0, CLASSES)]))
+
+
+def plain_chain():
+    from loaderlib import transforms as T
+
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.Normalize(MEAN, STD), T.ToCHW()]), None
+
+
+CHAINS = {"imagenet": loaderlib_recipe, "recipe": modern_recipe, "plain": plain_chain}
+
+
+def run_loaderlib(root: str, images: int, threads: int, chain: str = "imagenet") -> dict:
     import loaderlib as ll
 
-    chain, mix = loaderlib_recipe()
-    ds = ll.ImageFolderDataset(root).transform_first(chain)
+    steps, mix = CHAINS[chain]()
+    ds = ll.ImageFolderDataset(root).transform_first(steps)
     loader = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, num_threads=threads, seed=0, last_batch="discard",
                            batch_transform=mix)
     assert loader.engine == "native", loader.explain()
-    return consume(loader, images)
+    return {**consume(loader, images, soft=mix is not None), "loaderlib": os.path.dirname(ll.__file__)}
 
 
 def run_torch(root: str, images: int, workers: int) -> dict:
@@ -238,19 +262,54 @@ def run_torch(root: str, images: int, workers: int) -> dict:
     return consume(loader, images)
 
 
-def consume(loader, images: int) -> dict:
-    """The infinitely fast model: take batches and drop them (the first batch is not timed)."""
-    seen, t_first = 0, None
+def run_tv(root: str, images: int, workers: int) -> dict:
+    """PyTorch's DataLoader with torchvision v2's own transforms on uint8 tensors (decoded with
+    OpenCV: torchvision's decoders do not load beside the CPU torch wheel, NOTE [ torchvision
+    beside CPU torch ] in check_torchvision.py) and v2.MixUp/CutMix in the collate function."""
+    import cv2
+    import torch
+    from check_torchvision import torchvision  # noqa: F401  (imported the way that works here)
+    from torchvision.transforms import v2
+
+    cv2.setNumThreads(1)
+    paths, labels = image_files(root)
+    tf = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(), v2.TrivialAugmentWide(),
+                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD), v2.RandomErasing(0.1)])
+    mix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=CLASSES), v2.CutMix(alpha=1.0, num_classes=CLASSES)])
+
+    class Folder(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(paths)
+
+        def __getitem__(self, i: int):
+            torch.set_num_threads(1)
+            img = cv2.cvtColor(cv2.imread(paths[i], cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+            return tf(torch.from_numpy(img).permute(2, 0, 1)), labels[i]
+
+    def collate(items):
+        return mix(torch.stack([it[0] for it in items]), torch.as_tensor([it[1] for it in items]))
+
+    loader = torch.utils.data.DataLoader(Folder(), batch_size=BATCH, shuffle=True, num_workers=workers,
+                                         drop_last=True, persistent_workers=workers > 0, collate_fn=collate)
+    return consume(loader, images)
+
+
+def consume(loader, images: int, soft: bool = True) -> dict:
+    """The infinitely fast model: take batches and drop them (the first batch is not timed).
+    Also the process's CPU time per image (all threads): on a shared machine the wall clock
+    depends on the other processes, the CPU time much less."""
+    seen, t_first, c_first = 0, None, None
     while seen < images:
         for x, y in loader:
-            assert x.shape[1:] == (3, 224, 224) and y.shape[1] == CLASSES
+            assert x.shape[1:] == (3, 224, 224) and (y.shape[1] == CLASSES if soft else y.ndim == 1)
             if t_first is None:
-                t_first = time.perf_counter()
+                t_first, c_first = time.perf_counter(), time.process_time()
             else:
                 seen += len(x)
             if seen >= images:
                 break
-    return {"images_per_s": seen / (time.perf_counter() - t_first)}
+    return {"images_per_s": seen / (time.perf_counter() - t_first),
+            "cpu_ms_per_image": (time.process_time() - c_first) * 1000 / seen}
 
 
 # --------------------------------------------------------------------------- per-op CPU cost
@@ -275,10 +334,41 @@ def cpu_ms(fn, n: int, blocks: int = 3) -> float:
     return best
 
 
-def op_costs(root: str) -> None:
+def chain_variants():
+    """(name, extra ops after the flip, erasing ops after CHW) of the per-op table."""
+    from loaderlib import transforms as T
+
+    cj = T.ColorJitter
+    return [("decode + RandomResizedCrop + flip + Normalize + CHW (base)", [], []),
+            ("+ TrivialAugmentWide", [T.TrivialAugmentWide()], []),
+            ("+ RandAugment(2, 9)", [T.RandAugment()], []),
+            ("+ AutoAugment(imagenet)", [T.AutoAugment()], []),
+            ("+ ColorJitter(brightness=0.4)", [cj(brightness=0.4)], []),
+            ("+ ColorJitter(contrast=0.4)", [cj(contrast=0.4)], []),
+            ("+ ColorJitter(saturation=0.4)", [cj(saturation=0.4)], []),
+            ("+ ColorJitter(hue=0.1)", [cj(hue=0.1)], []),
+            ("+ ColorJitter(0.4, 0.4, 0.4)", [cj(0.4, 0.4, 0.4)], []),
+            ("+ ColorJitter(0.4, 0.4, 0.4, 0.1)", [cj(0.4, 0.4, 0.4, 0.1)], []),
+            ("+ RandomGrayscale(p=1)", [T.RandomGrayscale(1.0)], []),
+            ("+ GaussianBlur(23)", [T.GaussianBlur(23)], []),
+            ("+ RandomRotation(30)", [T.RandomRotation(30)], []),
+            ("+ RandomRotation(30, bilinear)", [T.RandomRotation(30, interpolation="bilinear")], []),
+            ("+ RandomAffine(15, (0.1, 0.1), (0.9, 1.1), 10)", [T.RandomAffine(15, (0.1, 0.1), (0.9, 1.1), 10)], []),
+            ("+ RandomCrop(224, padding=16)", [T.RandomCrop(224, padding=16)], []),
+            ("+ RandomErasing(p=1)", [], [T.RandomErasing(1.0)]),
+            ("+ TA + ColorJitter(0.4, 0.4, 0.4) + RandomErasing(0.25)",
+             [T.TrivialAugmentWide(), cj(0.4, 0.4, 0.4)], [T.RandomErasing(0.25)])]
+
+
+PRIMS = (*TRIVIAL, "Invert", "Hue")
+
+
+def op_costs(root: str, with_cv: bool = True) -> dict:
+    """CPU ms per image of every op (one thread): {"chain": marginal costs in the fused chain
+    (the base's own cost under its name), "prims": each primitive's kernel on 224x224 through
+    one Python call, "cv": the OpenCV/numpy equivalents, "mix": MixUp/CutMix per image}."""
     import cv2
 
-    import loaderlib as ll
     from loaderlib import transforms as T
     from loaderlib._chain import compile_chain
 
@@ -290,20 +380,10 @@ def op_costs(root: str) -> None:
             bufs.append(f.read())
     idx = np.arange(len(bufs))
     out = np.empty((len(bufs), 3, 224, 224), np.float32)
-    base = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
-    tail = [T.Normalize(MEAN, STD), T.ToCHW()]
-    variants = [("decode + RandomResizedCrop + flip + Normalize (base)", []),
-                ("+ TrivialAugmentWide", [T.TrivialAugmentWide()]),
-                ("+ RandAugment(2, 9)", [T.RandAugment()]),
-                ("+ AutoAugment(imagenet)", [T.AutoAugment()]),
-                ("+ ColorJitter(0.4, 0.4, 0.4, 0.1)", [T.ColorJitter(0.4, 0.4, 0.4, 0.1)]),
-                ("+ GaussianBlur(23)", [T.GaussianBlur(23)]),
-                ("+ RandomRotation(30)", [T.RandomRotation(30)]),
-                ("+ RandomErasing(p=1)", "erase")]
-    print("\nCPU per image, one thread (loaderlib: marginal cost in the fused chain; in-memory JPEGs)")
+    res: dict = {"chain": {}, "prims": {}, "cv": {}, "mix": {}}
     base_ms = None
-    for name, extra in variants:
-        steps = base + tail + [T.RandomErasing(1.0)] if extra == "erase" else base + list(extra) + tail
+    for name, extra, erase in chain_variants():
+        steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), *extra, T.Normalize(MEAN, STD), T.ToCHW(), *erase]
         plan = compile_chain(T.Compose(steps))
         epoch = [0]
 
@@ -311,20 +391,21 @@ def op_costs(root: str) -> None:
             epoch[0] += 1
             plan.run_buffers_into(bufs, out, idx, seed=0, epoch=epoch[0], num_threads=1)
 
-        ms = cpu_ms(run, 3, blocks=5) / len(bufs)
-        base_ms = ms if base_ms is None else base_ms
-        print(f"  loaderlib {name:<52} {ms:7.3f} ms" + ("" if ms is base_ms else f"  (+{ms - base_ms:.3f} ms)"))
-    # TrivialAugmentWide's primitives on a 224x224 image, native (one call each) vs OpenCV/numpy
+        ms = cpu_ms(run, 2, blocks=3) / len(bufs)
+        if base_ms is None:
+            base_ms = ms
+            res["chain"][name] = ms
+        else:
+            res["chain"][name] = ms - base_ms
     img = np.ascontiguousarray(cv2.resize(cv2.imread(paths[0])[:, :, ::-1], (224, 224)))
     op = T.RandAugment(num_ops=1)
-    print("  per TrivialAugmentWide op on 224x224 (native kernel via one Python call vs the OpenCV/numpy baseline):")
-    for k, name in enumerate(TRIVIAL):
-        mag = trivial_magnitude(name, 20)
+    for k, name in enumerate(PRIMS):
+        mag = 0.1 if name == "Hue" else trivial_magnitude(name, 20)
         prm = np.zeros(T._transform.AUG_NPRM)
         prm[:3] = (1, k, mag)
-        nat = cpu_ms(lambda prm=prm: op.apply_params(img, prm), 200)
-        cvm = cpu_ms(lambda name=name, mag=mag: cv_trivial_op(name, mag, img), 200)
-        print(f"    {name:<14} native {nat:6.3f} ms   OpenCV/numpy {cvm:6.3f} ms")
+        res["prims"][name] = cpu_ms(lambda prm=prm: op.apply_params(img, prm), 100)
+        if with_cv and name in TRIVIAL:
+            res["cv"][name] = cpu_ms(lambda name=name, mag=mag: cv_trivial_op(name, mag, img), 100)
     x = np.random.default_rng(0).standard_normal((BATCH, 3, 224, 224)).astype(np.float32)
     y = np.arange(BATCH) % CLASSES
     for mix in (T.MixUp(0.2, CLASSES), T.CutMix(1.0, CLASSES)):
@@ -334,17 +415,67 @@ def op_costs(root: str) -> None:
             b[0] += 1
             mix(x, y, seed=0, epoch=0, batch_index=b[0])
 
-        print(f"  {type(mix).__name__:<10} (batch {BATCH}, in place)  {cpu_ms(go, 10) / BATCH:7.3f} ms per image")
-    g = np.random.default_rng(0)
-    print(f"  numpy MixUp/CutMix baseline (copies)    {cpu_ms(lambda: np_mix(x.copy(), y, g), 10) / BATCH:7.3f} "
-          "ms per image (includes one batch copy)")
-    del ll
+        res["mix"][type(mix).__name__] = cpu_ms(go, 10) / BATCH
+    if with_cv:
+        g = np.random.default_rng(0)
+        res["mix"]["numpy MixUp/CutMix (copies)"] = cpu_ms(lambda: np_mix(x.copy(), y, g), 10) / BATCH
+    return res
 
 
-def measure(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], check=True,
-                         stdout=subprocess.PIPE, text=True).stdout
+def print_costs(after: list[dict], before: list[dict]) -> None:
+    """The per-op table: medians over the rounds, before -> after when a baseline ran."""
+
+    def med(runs: list[dict], part: str, name: str) -> float:
+        vals = [r[part][name] for r in runs if name in r[part]]
+        return float(np.median(vals)) if vals else float("nan")
+
+    def row(label: str, part: str, name: str, cv: str = "") -> str:
+        a = med(after, part, name)
+        line = f"  {label:<58}"
+        if before:
+            b = med(before, part, name)
+            line += f" {b:8.3f} -> {a:6.3f} ms" + (f"  ({b / a:4.1f}x)" if a > 0.005 and b > 0 else "        ")
+        else:
+            line += f" {a:8.3f} ms"
+        return line + cv
+
+    rounds = f"median of {len(after)} round(s)" + (f", interleaved with the baseline build's {len(before)}"
+                                                     if before else "")
+    print(f"\nCPU per image, one thread ({rounds}; process_time, best of blocks)")
+    print("  in the fused chain (in-memory JPEGs, 128 photos): the base, then each op's marginal cost"
+          + ("; baseline -> this build" if before else ""))
+    for name in after[0]["chain"]:
+        print(row(name, "chain", name))
+    print("  each primitive's kernel on 224x224 (one Python call; OpenCV/numpy baseline on the right):")
+    for name in after[0]["prims"]:
+        cv = after[0]["cv"].get(name)
+        print(row(f"  {name}", "prims", name, f"   OpenCV/numpy {med(after, 'cv', name):6.3f} ms" if cv else ""))
+    print(f"  batch transforms (batch {BATCH}, in place), per image:")
+    for name in after[0]["mix"]:
+        print(row(f"  {name}", "mix", name))
+
+
+def measure(args: list[str], tree: str | None = None, python: str | None = None) -> dict:
+    """Run one child: loaderlib from ``tree`` (a source tree built in place) when given, under
+    another interpreter (``python``: a peer's environment, loaderlib from this tree) when given."""
+    env = dict(os.environ)
+    if python and not tree:
+        tree = os.path.dirname(HERE)
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = subprocess.run([python or sys.executable, os.path.abspath(__file__), "--child", *args], check=True,
+                         stdout=subprocess.PIPE, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def run_costs(root: str, repeat: int, baseline: str | None) -> None:
+    after: list[dict] = []
+    before: list[dict] = []
+    for _ in range(max(1, repeat)):  # alternate the builds so both see the same machine load
+        after.append(measure(["costs", root]))
+        if baseline:
+            before.append(measure(["costs", root], tree=baseline))
+    print_costs(after, before)
 
 
 def main() -> None:
@@ -355,49 +486,104 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="loaderlib threads")
     p.add_argument("--workers", type=int, default=2, help="PyTorch DataLoader workers")
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians are reported")
-    p.add_argument("--costs-only", action="store_true", help="only the per-op CPU costs")
+    p.add_argument("--baseline", help="a loaderlib source tree built in place: its figures join every part")
+    p.add_argument("--costs-only", action="store_true", help="only the per-op CPU costs (part 3)")
+    p.add_argument("--skip-costs", action="store_true", help="skip the per-op CPU costs (part 3)")
+    p.add_argument("--skip-peers", action="store_true", help="skip torchvision's recipe against PyTorch (part 2)")
+    p.add_argument("--tv-python", default=os.path.join(os.path.dirname(HERE), ".venv-tv", "bin", "python"),
+                   help="an interpreter with torch and torchvision (make check-torchvision builds .venv-tv) for the "
+                        "torchvision v2 row of part 2; skipped when it does not exist")
     p.add_argument("--smoke", action="store_true", help="time each op once on 8 images (a check that it runs)")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     global SMOKE
     SMOKE = a.smoke
-    if a.costs_only:
-        op_costs(a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make))
-        return
     if a.child:
-        kind, root, images, n = a.child
-        res = run_loaderlib(root, int(images), int(n)) if kind == "loaderlib" else run_torch(root, int(images), int(n))
+        kind, root, *rest = a.child
+        if kind == "costs":
+            res = op_costs(root)
+        elif kind == "torch":
+            res = run_torch(root, int(rest[0]), int(rest[1]))
+        elif kind == "tv":
+            res = run_tv(root, int(rest[0]), int(rest[1]))
+        else:
+            res = run_loaderlib(root, int(rest[0]), int(rest[1]), chain=kind)
         print(json.dumps(res))
         return
     root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
-    try:
-        import torch
-
-        have_torch = f"torch {torch.__version__}"
-    except ImportError:
-        have_torch = ""
-    print(f"torchvision ImageNet recipe (RandomResizedCrop(224), flip, TrivialAugmentWide, Normalize, CHW, "
-          f"RandomErasing(0.1), RandomChoice(MixUp(0.2), CutMix(1.0))), batch {BATCH}")
+    if a.baseline:
+        a.baseline = os.path.abspath(a.baseline)
     print(f"data: {root} ({len(image_files(root)[0])} JPEGs), {a.images} images per measurement, "
-          f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, Python {platform.python_version()}")
-    rows = [("loaderlib native", ["loaderlib", root, str(a.images), str(a.threads)], f"{a.threads} threads")]
-    if have_torch:
-        rows.append(("PyTorch DataLoader", ["torch", root, str(a.images), str(a.workers)],
-                     f"num_workers={a.workers}, OpenCV+numpy ({have_torch})"))
-    else:
-        print("torch is not installed: the PyTorch DataLoader comparison is skipped")
+          f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+          + (f"; baseline build: {a.baseline}" if a.baseline else ""))
+    if a.costs_only:
+        run_costs(root, a.repeat, a.baseline)
+        return
+    # part 1: the recipe against the plain chain
+    print(f"\n1. recipe = RandomResizedCrop(224), flip, TrivialAugmentWide, ColorJitter(0.4, 0.4, 0.4), Normalize, "
+          f"CHW, RandomErasing(0.25), RandomChoice(MixUp(0.2), CutMix(1.0)); plain = RandomResizedCrop(224), flip, "
+          f"Normalize, CHW; batch {BATCH}, loaderlib native, {a.threads} threads")
+    rows = [("plain", ["plain", root, str(a.images), str(a.threads)], None),
+            ("recipe", ["recipe", root, str(a.images), str(a.threads)], None)]
+    if a.baseline:
+        rows += [("plain (baseline)", rows[0][1], a.baseline), ("recipe (baseline)", rows[1][1], a.baseline)]
     runs: dict = {name: [] for name, _, _ in rows}
+    cpu: dict = {name: [] for name, _, _ in rows}
     for _ in range(max(1, a.repeat)):
-        for name, args, _cfg in rows:
-            runs[name].append(measure(args)["images_per_s"])
-    print(f"\n{'pipeline':<20} {'config':<48} {'images/s':>9}   runs")
-    for name, _args, cfg in rows:
-        print(f"{name:<20} {cfg:<48} {np.median(runs[name]):9.0f}   " + ", ".join(f"{v:.0f}" for v in runs[name]))
-    if have_torch:
-        ratios = [x / y for x, y in zip(runs["loaderlib native"], runs["PyTorch DataLoader"])]
-        print(f"loaderlib / PyTorch DataLoader: {np.median(runs['loaderlib native']) / np.median(runs['PyTorch DataLoader']):.2f}x "
-              f"(medians of {len(ratios)} interleaved rounds; per round " + ", ".join(f"{r:.2f}x" for r in ratios) + ")")
-    op_costs(root)
+        for name, args, tree in rows:
+            res = measure(args, tree=tree)
+            runs[name].append(res["images_per_s"])
+            cpu[name].append(res["cpu_ms_per_image"])
+    print(f"{'pipeline':<22} {'images/s':>9} {'CPU-ms/img':>11}   runs (images/s)")
+    for name, _args, _tree in rows:
+        print(f"{name:<22} {np.median(runs[name]):9.0f} {np.median(cpu[name]):11.3f}   "
+              + ", ".join(f"{v:.0f}" for v in runs[name]))
+    for tag in ("", " (baseline)") if a.baseline else ("",):
+        ratios = [x / y for x, y in zip(runs["recipe" + tag], runs["plain" + tag])]
+        cratios = [y / x for x, y in zip(cpu["recipe" + tag], cpu["plain" + tag])]
+        print(f"recipe / plain{tag}: {np.median(ratios):.2f}x in images/s (median of {len(ratios)} interleaved rounds; "
+              "per round " + ", ".join(f"{r:.2f}x" for r in ratios) + f"), {np.median(cratios):.2f}x in CPU per image")
+    if a.baseline:
+        sp = [x / y for x, y in zip(runs["recipe"], runs["recipe (baseline)"])]
+        print(f"recipe, this build / baseline: {np.median(sp):.2f}x in images/s")
+    # part 2: torchvision's ImageNet recipe against PyTorch's DataLoader
+    if not a.skip_peers:
+        try:
+            import torch
+
+            have_torch = f"torch {torch.__version__}"
+        except ImportError:
+            have_torch = ""
+        print(f"\n2. torchvision ImageNet recipe (RandomResizedCrop(224), flip, TrivialAugmentWide, Normalize, CHW, "
+              f"RandomErasing(0.1), RandomChoice(MixUp(0.2), CutMix(1.0))), batch {BATCH}")
+        rows = [("loaderlib native", ["imagenet", root, str(a.images), str(a.threads)], f"{a.threads} threads")]
+        if have_torch:
+            rows.append(("PyTorch DataLoader", ["torch", root, str(a.images), str(a.workers)],
+                         f"num_workers={a.workers}, OpenCV+numpy ({have_torch})"))
+        else:
+            print("torch is not installed: the PyTorch DataLoader comparison is skipped")
+        pythons = {}
+        if os.path.exists(a.tv_python):
+            rows.append(("PyTorch + tv v2", ["tv", root, str(a.images), str(a.workers)],
+                         f"num_workers={a.workers}, torchvision v2 on tensors"))
+            pythons["PyTorch + tv v2"] = a.tv_python
+        else:
+            print(f"{a.tv_python} not found (make check-torchvision creates it): the torchvision v2 row is skipped")
+        runs = {name: [] for name, _, _ in rows}
+        for _ in range(max(1, a.repeat)):
+            for name, args, _cfg in rows:
+                runs[name].append(measure(args, python=pythons.get(name))["images_per_s"])
+        print(f"{'pipeline':<20} {'config':<48} {'images/s':>9}   runs")
+        for name, _args, cfg in rows:
+            print(f"{name:<20} {cfg:<48} {np.median(runs[name]):9.0f}   " + ", ".join(f"{v:.0f}" for v in runs[name]))
+        for peer in ("PyTorch DataLoader", "PyTorch + tv v2"):
+            if peer in runs:
+                ratios = [x / y for x, y in zip(runs["loaderlib native"], runs[peer])]
+                print(f"loaderlib / {peer}: {np.median(ratios):.2f}x (median of {len(ratios)} interleaved "
+                      "rounds; per round " + ", ".join(f"{r:.2f}x" for r in ratios) + ")")
+    # part 3: per-op CPU costs
+    if not a.skip_costs:
+        run_costs(root, a.repeat, a.baseline)
 
 
 if __name__ == "__main__":

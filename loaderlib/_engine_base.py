@@ -218,6 +218,7 @@ class _Knobs:
     def __init__(self, num_threads: int | None, prefetch: int, io_depth: int | None = None) -> None:
         self.num_threads = num_threads
         self.io_depth = io_depth   # reads in flight: None adapts, 0 reads in the kernel pass (NOTE [ Read-ahead ])
+        self.read_hint: dict = {}  # the adaptive read-ahead's state, carried from epoch to epoch
         self._prefetch = prefetch
         self._queues: weakref.WeakSet = weakref.WeakSet()
         self.tuner: Any = None   # AUTOTUNE: observes delivered batches (NOTE [ Autotune ])

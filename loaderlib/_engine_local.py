@@ -165,7 +165,7 @@ class NativeProducer(Producer):
         if plan is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS) and depth != 0:
             self.reader = ReadAhead(src, state.order.stream, io_depth=depth, batch_size=batch_size,
                                     lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
-                                    start=state.cursor)
+                                    start=state.cursor, hint=getattr(knobs, "read_hint", None))
         self.shards = shards          # per output part: num_shards (None: plain array) or a Pad
         self.arena = arena
         self.knobs = knobs
@@ -249,7 +249,7 @@ class NativeProducer(Producer):
         if k:
             reader = self.reader
             if reader is not None:
-                reader.top_up()
+                reader.top_up(end - k)
             pending = self.src.run(self.plan, idx, views[0][:k], seed=st_run.seed, epoch=st_run.epoch,
                                    num_threads=min(nthreads, k), timings=tim, wait=False,
                                    positions=np.arange(end - k, end, dtype=np.int64), reader=reader)
@@ -614,7 +614,7 @@ class ThreadsProducer(Producer):
 
     def __init__(self, *, dataset: Any, batchify_fn: Any, arena: BatchArena, pool: PythonPool, recorder: Any,
                  on_error: str, state: RunState, io_depth: int | None = 0, batch_size: int = 1,
-                 timeout: float | None = None, read_budget: int | None = None) -> None:
+                 timeout: float | None = None, read_budget: int | None = None, read_hint: dict | None = None) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.dataset = dataset
         self.reader: ReadAhead | None = None   # NOTE [ Read-ahead for Python reads ] (_load_ahead)
@@ -624,7 +624,7 @@ class ThreadsProducer(Producer):
                 and callable(getattr(base, "item_from_bytes", None))):
             self.reader = ReadAhead(src, state.order.stream, io_depth=io_depth, batch_size=batch_size,
                                     lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
-                                    start=state.cursor)
+                                    start=state.cursor, hint=read_hint)
         self.batchify_fn = batchify_fn
         self.arena = arena
         self.pool = pool

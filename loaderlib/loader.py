@@ -490,19 +490,27 @@ class DataLoader:
         float32 soft labels. Keyed by (seed, epoch, batch index): any engine and thread
         count gives the same mix, and a resumed epoch reproduces it.
     ram_budget : int or str, optional
-        Bytes (or a string such as ``"2GB"``) the prefetched batches may hold; ``AUTOTUNE``
-        keeps the prefetch depth (and arena slots) within it, and a budget smaller than one
-        batch raises ``ValueError``.
-
-    ``num_threads`` and ``prefetch`` also take ``loaderlib.AUTOTUNE``: they are then tuned
-    online from the delivered throughput (NOTE [ Autotune ] in ``_autotune.py``); the output
-    does not change, only the speed.
+        Bytes (or a string such as ``"2GB"``) the loader may hold: the prefetched batches'
+        slots (``AUTOTUNE`` keeps the prefetch depth within it, and a budget smaller than one
+        batch raises ``ValueError``) and the read-ahead buffers, which get what the slots
+        leave (at least an eighth; NOTE [ Read-ahead memory ] in ``_readahead.py``).
+        ``num_threads`` and ``prefetch`` also take ``loaderlib.AUTOTUNE``: they are then
+        tuned online from the delivered throughput (NOTE [ Autotune ] in ``_autotune.py``);
+        the output does not change, only the speed.
     output : {"numpy", "torch"}, optional
         What batches are made of. "torch": tensors sharing the arena slot's memory
         (``torch.from_numpy``, zero-copy; the slot is reused only after every tensor viewing
         it is gone), labels as int64 tensors, bfloat16 images as ``torch.bfloat16``. Default:
         "torch" for a ``torch.utils.data.Dataset`` (whose samples are tensors), else "numpy"
         (NOTE [ Batch output ]).
+    io_depth : int, None or AUTOTUNE
+        Reads in flight of the read-ahead stage, which reads the samples of files and byte
+        ranges ahead of the decode threads, in the sampler's order, on native IO threads
+        (NOTE [ Read-ahead ] in ``pyx/include/ll_readahead.h``). ``None`` (default) and
+        ``AUTOTUNE`` adapt the depth to the measured read latency and decode rate (NOTE
+        [ Read-ahead depth ]) and let the decode threads read when reads are CPU work (NOTE
+        [ Reads that are work ]); an integer fixes it; ``0`` turns the stage off (each decode
+        thread reads its own samples). The output never depends on it.
 
     Attributes
     ----------
@@ -1307,7 +1315,7 @@ class DataLoader:
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
                                    pool=self._python_pool(), io_depth=self._knobs.io_depth,
                                    batch_size=self._batch_size, timeout=self.timeout,
-                                   read_budget=self._read_budget(), **common)
+                                   read_budget=self._read_budget(), read_hint=self._knobs.read_hint, **common)
         from ._engine_procs import NativePrefix, ProcessesProducer, WorkerPool
 
         if self._workers is None or self._workers.closed:

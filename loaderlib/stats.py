@@ -357,6 +357,9 @@ class ExtractStats:
         Mean time a read waited in the queue for a free IO thread.
     slots_limit : int
         Samples' bytes the stage may hold at once (its memory bound).
+    inline : bool
+        Whether the decode threads read their own samples now, reads being CPU work (warm
+        page cache; NOTE [ Reads that are work ]), with one batch in 8 still read ahead.
     """
 
     io_depth: int
@@ -373,6 +376,7 @@ class ExtractStats:
     read_wait_s: float
     queued_wait_ms: float
     slots_limit: int
+    inline: bool = False
 
     @classmethod
     def from_counters(cls, c: dict, elapsed_s: float) -> ExtractStats:
@@ -397,7 +401,7 @@ class ExtractStats:
                    latency_mean_ms=c["lat_ns"] / reads / 1e6 if reads else 0.0, latency_p50_ms=pct(0.5),
                    latency_p95_ms=pct(0.95), read_cpu_s=c["cpu_ns"] / 1e9, read_wait_s=c["wait_ns"] / 1e9,
                    queued_wait_ms=c["queue_ns"] / reads / 1e6 if reads else 0.0,
-                   slots_limit=int(c.get("slots_limit", 0)))
+                   slots_limit=int(c.get("slots_limit", 0)), inline=bool(c.get("inline", False)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -504,11 +504,15 @@ def diagnose(
     summary += conf
 
     # Rule 4: what to try.
-    if kind == "io" and not (contended and full):
+    if kind == "io":
         storage = _storage(extract, n, w)
         if storage is not None:
             head, tip, figures = storage
             ev.update(figures)
+            if contended and full:
+                # The read-ahead stage's own latencies stand whatever the load; the rate may not.
+                tip += (f" (other processes used {other_cores:.1f} cores: the rate, and so the depth it calls for, "
+                        "understate a quieter machine)")
             summary = head + f" ({100 * share[stage]:.0f}% of thread time waiting for reads)" + conf
             return Verdict(kind, summary, tip, ev, confidence=confidence, notes=tuple(notes))
     gil = bool(gil_held and gil_held.get(stage))

@@ -37,12 +37,22 @@
  * blocks interpreter exit (the threads are detached).
  *
  * NOTE [ Read-ahead mechanism ]
- * Blocking reads on a pool of native threads, not io_uring. On the storage this stage exists
- * for (FUSE mounts, NFS), the kernel cannot complete a read asynchronously: io_uring hands
- * each one to an io-wq worker thread, so it runs the same blocking read on a kernel thread
- * pool, behind a submission ring and a liburing dependency the wheel would have to bundle.
- * benchmarks/io_mechanism.py measures both on warm local files and on the latency
- * filesystem. A thread costs a 256 KiB stack; the depth is capped at LL_READER_MAX_THREADS.
+ * Blocking reads on a pool of native threads, not io_uring, by measurement
+ * (benchmarks/io_mechanism.py: 1,024 files of 47 KiB through the latency filesystem at 4 ms
+ * per file, files/s at D reads in flight):
+ *
+ *     D    threads   io_uring   io_uring + IOSQE_ASYNC   + raised io-wq worker limits
+ *     16     3,560        426                    3,290                          3,298
+ *     64    11,943        407                    2,803                         11,068
+ *     256   14,841        306                    2,778                         16,458
+ *
+ * Plain io_uring serialises the opens on a FUSE mount once its entries are cached; forced
+ * async it runs each request on io-wq's capped worker pool; only with the limits raised does
+ * it match the threads, as a kernel-managed thread pool at equal or higher CPU per file (33 +
+ * 66 us of reader + daemon CPU per file for the threads at D = 256, 35 + 70 for io_uring) and
+ * with a liburing dependency the wheel would have to bundle. On warm local files both cost
+ * 9-18 us of CPU per file. A thread costs a 256 KiB stack; the depth is capped at
+ * LL_READER_MAX_THREADS.
  */
 #ifndef LL_READAHEAD_H
 #define LL_READAHEAD_H

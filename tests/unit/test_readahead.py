@@ -344,3 +344,53 @@ def test_a_read_that_never_completes_is_bounded_by_timeout(folder):
         with pytest.raises(DecodeError, match=r"read failed: the read did not complete within 0\.3 s"):
             next(iter(loader))
         loader.close()
+
+
+def test_reads_that_are_cpu_work_go_back_to_the_decode_threads(folder):
+    """NOTE [ Reads that are work ]: scripted native counters (an injected clock, no timing).
+    Reads that are mostly CPU (page cache) switch the stage to inline reads with one batch in
+    PROBE_EVERY still read ahead; reads that wait switch it back; the choice carries over to
+    the next run through the hint."""
+    from loaderlib import _readahead as ra_mod
+
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
+    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
+    t = {"ns": 0}
+    hint: dict = {}
+    ra = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
+                   timeout=None, hint=hint, clock=lambda: t["ns"])
+    base = ra.native.counters()
+    script = dict(base)
+
+    def counters():
+        return dict(script)
+
+    ra._counters = counters
+    ra._last = counters()
+    # 40 reads of 20 us wall, 18 us of it CPU, over 10 ms.
+    t["ns"] += 10_000_000
+    script.update(reads=40, lat_ns=40 * 20_000, cpu_ns=40 * 18_000, taken=40, wait_ns=0, bytes=40 * 50_000)
+    ra.adapt(2)
+    assert ra.inline and hint["inline"] and "CPU (page cache)" in ra.decisions[-1][3]
+    queued = [ra.top_up() for _ in range(ra_mod.PROBE_EVERY)]
+    assert queued[:-1] == [0] * (ra_mod.PROBE_EVERY - 1) and queued[-1] > 0
+    # Reads that wait (a cold cache): back to reading ahead; Little's law wants 7, the depth falls
+    # by halves from 16 to 11.
+    t["ns"] += 50_000_000
+    script.update(reads=80, lat_ns=script["lat_ns"] + 40 * 4_000_000, cpu_ns=script["cpu_ns"] + 40 * 30_000,
+                  taken=80)
+    ra.adapt(2)
+    assert not ra.inline and not hint["inline"]
+    assert any("reading ahead again" in d[3] for d in ra.decisions)
+    assert ra.depth == 11 and "Little's law: 800 samples/s x 4.00 ms" in ra.decisions[-1][3]
+    ra.close()
+    # The next run starts where this one left off.
+    hint["inline"] = True
+    again = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
+                      timeout=None, hint=hint)
+    assert again.inline
+    again.close()
+    fixed = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=3, batch_size=4, lookahead=1,
+                      timeout=None, hint=hint)
+    assert not fixed.inline   # a fixed io_depth always reads ahead
+    fixed.close()
