@@ -300,7 +300,7 @@ def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = No
     else:   # NOTE [ Remote datasets: cache or ranges ]: the index whole, the header by range
         size = remote.size(data_path)
         head = bytes(remote.read_range(data_path, 0, min(_HEADER, size))) if size else b""
-        index = remote.open_bytes(index_path)
+        index = index_path if os.path.exists(index_path) else remote.open_bytes(index_path)
     if len(head) >= 4 and int.from_bytes(head[:4], "little") == _MXNET_MAGIC:
         raise LoaderError(f"{data_path!r} is an MXNet RecordIO file: open it with ll.ImageRecordDataset")
     try:
@@ -386,12 +386,17 @@ class RecordFileDataset(ShardFiles, Dataset):
         pairs = [record_paths(p) for p in _expand(paths, self._remote)]
         self.urls = [d for d, _ in pairs] if self._remote is not None else None
         if self._remote is not None and self._remote.cached:
-            local = self._remote.local([f for pair in pairs for f in pair])
-            pairs = list(zip(local[0::2], local[1::2]))
-        self.paths = [d for d, _ in pairs]
-        self.index_paths = [i for _, i in pairs]
-        ranges = self._remote if self._remote is not None and not self._remote.cached else None
-        shards = [_open_shard(d, i, ranges) for d, i in pairs]
+            # The indexes now; the data shards download in the background, in shard order, and
+            # a shard's first read waits for its copy (fileno), so reading starts before the
+            # last shard arrives. Header and size come from the store meanwhile.
+            local_index = self._remote.local([i for _, i in pairs])
+            self.paths = self._remote.prefetch([d for d, _ in pairs])
+            self.index_paths = local_index
+            shards = [_open_shard(d, i, self._remote) for (d, _), i in zip(pairs, local_index)]
+        else:
+            self.paths = [d for d, _ in pairs]
+            self.index_paths = [i for _, i in pairs]
+            shards = [_open_shard(d, i, self._remote) for d, i in pairs]
         self.offsets = np.concatenate([s["offsets"] for s in shards])
         self.sizes = np.concatenate([s["sizes"] for s in shards])
         self.labels = np.concatenate([s["labels"] for s in shards])
@@ -422,6 +427,13 @@ class RecordFileDataset(ShardFiles, Dataset):
     def _ranges(self) -> bool:
         """Records are read by byte range from a store (NOTE [ Remote datasets: cache or ranges ])."""
         return self._remote is not None and not self._remote.cached
+
+    def fileno(self, shard: int = 0) -> int:
+        """A read-only descriptor of data shard ``shard``; with the shard cache, its local copy
+        (waiting for its download and holding it while the dataset is open)."""
+        if self._remote is not None and self._remote.cached:
+            self._remote.local([self.urls[shard]])
+        return super().fileno(shard)
 
     def native_source(self) -> NativeSource | None:
         """SHARDS: records read with ``pread`` by the kernels (None with ``raw=True``: the items

@@ -7,7 +7,10 @@ A dataset whose files are URLs reads them one of two ways.
   dataset's shard order by background threads, published atomically, shared by the node's
   processes) and the dataset then reads the local copies exactly as local files, so the
   kernels' SHARDS path (``pread`` inside the pass, read-ahead included) is unchanged. The
-  dataset holds a lease on each copy while it is open, so none is evicted under it.
+  dataset holds a lease on each copy while it is open, so none is evicted under it. Record
+  shards open before their data arrives (indexes from the cache, headers by range) and a
+  shard's first read waits for its copy; WebDataset shards are indexed from their copies, so
+  they open once all have arrived.
 - Without: small files (indexes) are fetched whole into memory, and samples are read by
   byte range from the store into buffers for the kernels' BUFFERS path; the ranges of one
   batch go out in one call, concurrently (NOTE [ Protocol library ] in ``store.py``).
@@ -65,21 +68,39 @@ class RemoteFiles:
 
     @property
     def cache(self) -> ShardCache:
-        if self._cache is None:
-            self._cache = ShardCache(self.cache_dir, self.cache_limit, self.options)
-        return self._cache
+        with self._lock:
+            if self._cache is None:
+                self._cache = ShardCache(self.cache_dir, self.cache_limit, self.options)
+            return self._cache
 
     def local(self, urls: Sequence[str]) -> list[str]:
         """Local copies of ``urls`` through the cache, downloaded in this order (several at
         once) and held until :meth:`close`."""
         cache = self.cache
-        cache.prefetch([u for u in urls if u not in self._leases])
+        missing = [u for u in urls if u not in self._leases]
+        if len(missing) > 1:
+            cache.prefetch(missing)
         out = []
         for u in urls:
-            if u not in self._leases:
-                self._leases[u] = cache.acquire(u)
-            out.append(self._leases[u].path)
+            with self._lock:
+                lease = self._leases.get(u)
+            if lease is None:
+                lease = cache.acquire(u)
+                with self._lock:
+                    if u in self._leases:       # another thread got it first
+                        lease.release()
+                    else:
+                        self._leases[u] = lease
+                    lease = self._leases[u]
+            out.append(lease.path)
         return out
+
+    def prefetch(self, urls: Sequence[str]) -> list[str]:
+        """Start downloading ``urls`` into the cache in this order; returns the paths their
+        copies will have (:meth:`local` waits for one and holds it)."""
+        cache = self.cache
+        cache.prefetch([u for u in urls if u not in self._leases])
+        return [cache.path_of(u) for u in urls]
 
     def size(self, url: str) -> int:
         return open_store(url, self.options).head(url).size

@@ -118,6 +118,10 @@ class ShardCache:
         base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
         return hashlib.sha256(url.encode()).hexdigest()[:20] + "-" + base
 
+    def path_of(self, url: str) -> str:
+        """Where the copy of ``url`` is (or will be) published."""
+        return self._p(self.key(url))
+
     def _p(self, key: str, suffix: str = "") -> str:
         return os.path.join(self.dir, key + suffix)
 

@@ -180,7 +180,8 @@ class MotoServer:
 @dataclass
 class Fault:
     """One scripted fault, applied to the next request whose path contains ``match`` (and
-    whose method is ``method``, when given).
+    whose method is ``method``, when given, and that has a Range header or not, when ``ranged``
+    says which).
 
     kind: ``"status"`` (answer ``status`` with a small body), ``"reset"`` (close the
     connection with RST before answering), ``"stall"`` (hold the request until the proxy is
@@ -196,6 +197,7 @@ class Fault:
     status: int = 503
     match: str = ""
     method: str = ""
+    ranged: bool | None = None
     times: int = 1
     keep: int = 0
     headers: dict = field(default_factory=dict)
@@ -230,7 +232,7 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy.lock:
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
-                    fault = proxy._take(self.command, self.path)
+                    fault = proxy._take(self.command, self.path, self.headers.get("Range") is not None)
                 if fault is not None and fault.kind == "status":
                     payload = f"injected {fault.status}".encode()
                     self.send_response(fault.status)
@@ -285,9 +287,9 @@ class FaultProxy:
         self.thread = threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True)
         self.thread.start()
 
-    def _take(self, method: str, path: str) -> Fault | None:
+    def _take(self, method: str, path: str, ranged: bool) -> Fault | None:
         for f in self.faults:
-            if f.match in path and f.method in ("", method):
+            if f.match in path and f.method in ("", method) and f.ranged in (None, ranged):
                 f.times -= 1
                 if f.times <= 0:
                     self.faults.remove(f)

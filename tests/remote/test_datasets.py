@@ -265,3 +265,19 @@ def test_pipeline_from_records_url(ds_root, nginx, tmp_path, cache):
     local = ll.Pipeline.from_records(os.path.join(ds_root, "rec", "part-*.llrec")).map(T.Compose(CHAIN)).batch(5)
     local = local.with_options(seed=3)
     _same([tuple(np.array(a) for a in b) for b in local], [tuple(np.array(a) for a in b) for b in remote])
+
+
+def test_cached_records_read_before_the_last_shard_arrives(ds_root, proxy, tmp_path):
+    # The download of shard 2 hangs; the dataset opens (indexes, headers by range) and reads
+    # shard 0's records from its local copy meanwhile.
+    proxy.add("stall", match="part-00002.llrec", method="GET", ranged=False)
+    ds = ll.RecordFileDataset(f"{proxy.url}/ds/rec/part-{{00000..00002}}.llrec", cache_dir=str(tmp_path),
+                              storage_options={**FAST, "timeout": 3.0})
+    local = ll.RecordFileDataset(os.path.join(ds_root, "rec", "part-*.llrec"))
+    assert ds.native_source().kind.name == "SHARDS" and ds.shard_of[0] == 0
+    assert ds.read(0) == local.read(0)
+    assert not os.path.exists(ds.paths[2])
+    proxy.released.set()
+    last = len(local) - 1
+    assert ds.shard_of[last] == 2 and ds.read(last) == local.read(last)
+    ds.close()
