@@ -16,8 +16,11 @@ read takes, ``depth = rate x latency``. Both are measured over the last batches:
   on profiling being on).
 
 The depth is set to ``HEADROOM`` times that (jittered latencies need slack) plus one read per
-kernel thread, raised at once and lowered by halves; it stays between the thread count and
-``MAX_DEPTH``, and within the memory bound. When the kernel threads waited for bytes more
+kernel thread, raised at once and lowered by halves; it stays between ``MIN_DEPTH`` (or the
+thread count, if larger) and ``MAX_DEPTH``, and within the memory bound. Too few reads in
+flight cost throughput and too many cost a parked thread and a buffer each, so the rule leans
+high: on the latency filesystem at 1 ms per file the law's depth of about 9 ran at 0.55x the
+ideal where a fixed 64 ran at 0.80x (``benchmarks/storage.py``, 3 rounds, 2 shared cores). When the kernel threads waited for bytes more
 than ``WAITING`` of their time although the depth already covers the law, it is raised by a
 quarter: the latency measured can understate what a server gives under more concurrency.
 
@@ -68,6 +71,9 @@ __all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth"]
 MAX_DEPTH = int(_pipeline.MAX_IO_THREADS)
 #: The adaptive depth's first value, before anything was measured.
 START_DEPTH = 16
+#: The adaptive depth never goes below this while reading ahead: a read in flight costs one
+#: parked thread and one buffer, while too few cost throughput (NOTE [ Read-ahead depth ]).
+MIN_DEPTH = 16
 #: Slack over Little's law (NOTE [ Read-ahead depth ]).
 HEADROOM = 1.5
 #: Kernel threads waiting for bytes more than this share of their time: raise the depth.
@@ -111,7 +117,7 @@ def choose_depth(*, current: int, threads: int, latency_s: float, taken: int, wa
            f"threads; the decode threads waited for bytes {100 * waiting:.0f}% of the time")
     if waiting > WAITING and want <= current:
         want = math.ceil(current * 1.25)
-    want = max(threads, min(want, MAX_DEPTH))
+    want = max(threads, MIN_DEPTH, min(want, MAX_DEPTH))
     if want < current:
         want = max(want, (current + want) // 2)   # lower by halves
     return want, why

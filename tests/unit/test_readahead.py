@@ -14,7 +14,7 @@ import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
 from loaderlib._ext import _pipeline
-from loaderlib._readahead import MAX_DEPTH, ReadAhead, choose_depth
+from loaderlib._readahead import MAX_DEPTH, MIN_DEPTH, ReadAhead, choose_depth
 from loaderlib._source import NativeSource, SourceKind
 from loaderlib.errors import DecodeError
 from loaderlib.sampler import RandomSampler
@@ -235,11 +235,11 @@ def test_choose_depth_follows_littles_law():
     # The threads waited half their time: the rate they could reach is twice what they did.
     depth, _ = choose_depth(current=16, threads=2, latency_s=0.016, taken=1000, wait_s=1.0, wall_s=1.0)
     assert depth == 50
-    # Warm local files (20 us reads): the depth falls by halves towards the thread count.
+    # Fast reads (20 us): the law asks for 3, the depth stays at its floor.
+    depth, _ = choose_depth(current=40, threads=2, latency_s=20e-6, taken=2000, wait_s=0.0, wall_s=1.0)
+    assert depth == 21   # lowered by halves: (40 + 3) // 2
     depth, _ = choose_depth(current=16, threads=2, latency_s=20e-6, taken=2000, wait_s=0.0, wall_s=1.0)
-    assert depth == 9
-    depth, _ = choose_depth(current=3, threads=2, latency_s=20e-6, taken=2000, wait_s=0.0, wall_s=1.0)
-    assert depth == 3   # one read in flight per thread, plus the one Little's law rounds up to
+    assert depth == MIN_DEPTH
     # Waiting although the law says the depth suffices: raised by a quarter anyway.
     depth, _ = choose_depth(current=40, threads=2, latency_s=0.001, taken=100, wait_s=0.5, wall_s=1.0)
     assert depth == 50
@@ -374,15 +374,15 @@ def test_reads_that_are_cpu_work_go_back_to_the_decode_threads(folder):
     assert ra.inline and hint["inline"] and "CPU (page cache)" in ra.decisions[-1][3]
     queued = [ra.top_up() for _ in range(ra_mod.PROBE_EVERY)]
     assert queued[:-1] == [0] * (ra_mod.PROBE_EVERY - 1) and queued[-1] > 0
-    # Reads that wait (a cold cache): back to reading ahead; Little's law wants 7, the depth falls
-    # by halves from 16 to 11.
+    # Reads that wait (a cold cache): back to reading ahead; Little's law wants 7, the depth stays
+    # at its floor of 16.
     t["ns"] += 50_000_000
     script.update(reads=80, lat_ns=script["lat_ns"] + 40 * 4_000_000, cpu_ns=script["cpu_ns"] + 40 * 30_000,
                   taken=80)
     ra.adapt(2)
     assert not ra.inline and not hint["inline"]
     assert any("reading ahead again" in d[3] for d in ra.decisions)
-    assert ra.depth == 11 and "Little's law: 800 samples/s x 4.00 ms" in ra.decisions[-1][3]
+    assert ra.depth == MIN_DEPTH
     ra.close()
     # The next run starts where this one left off.
     hint["inline"] = True
