@@ -237,7 +237,7 @@ def test_choose_depth_follows_littles_law():
     assert depth == 50
     # Fast reads (20 us): the law asks for 3, the depth stays at its floor.
     depth, _ = choose_depth(current=40, threads=2, latency_s=20e-6, taken=2000, wait_s=0.0, wall_s=1.0)
-    assert depth == 21   # lowered by halves: (40 + 3) // 2
+    assert depth == 28   # lowered by halves towards the floor: (40 + 16) // 2
     depth, _ = choose_depth(current=16, threads=2, latency_s=20e-6, taken=2000, wait_s=0.0, wall_s=1.0)
     assert depth == MIN_DEPTH
     # Waiting although the law says the depth suffices: raised by a quarter anyway.
