@@ -1,5 +1,5 @@
 # cython: freethreading_compatible = False
-"""Single-image transform kernels (owner: loaderlib/transforms.py).
+"""Single-image transform kernels (owner: the loaderlib/transforms/ package).
 
 The same fixed-point resampling and counter-based randomness the fused executor
 (_pipeline.pyx) uses, exposed for one image at a time so that a transform called on a

@@ -1,7 +1,7 @@
 /* Per-sample augmentations (torchvision v2 semantics) for the fused chain and for one image.
  *
  * Every op is described by an ll_aug (kind, transform position, integer and double
- * configuration) built once by loaderlib/transforms.py. Per sample an op runs in two steps:
+ * configuration) built once by loaderlib/transforms/. Per sample an op runs in two steps:
  *   ll_aug_sample()  draws the op's parameters into a vector of LL_AUG_NPRM doubles from
  *                    the counter-based generator (NOTE [ Counter-based sample randomness ]);
  *                    the single place where an augmentation's randomness is decided, used by
@@ -59,7 +59,7 @@
 #define LL_AUG_NI 8
 #define LL_AUG_ND 16
 
-/* Primitive ops of the automatic policies (ids shared with transforms.py _AUG_OPS). */
+/* Primitive ops of the automatic policies (ids shared with transforms/_auto_augment.py _AUG_OPS). */
 #define LL_PRIM_IDENTITY 0
 #define LL_PRIM_SHEAR_X 1
 #define LL_PRIM_SHEAR_Y 2

@@ -14,7 +14,7 @@
  *   uniform  = (u64(c) >> 11) * 2**-53         53 random bits, in [0, 1)
  *   below(n) = (u64(c) * n) >> 64              integer in [0, n), 128-bit product
  *
- * loaderlib/transforms.py has a bit-identical pure-Python twin (_Rng); a test checks
+ * loaderlib/transforms/_rng.py has a bit-identical pure-Python twin (_Rng); a test checks
  * that both give the same draws and the same RandomResizedCrop boxes.
  */
 #ifndef LL_RNG_H
