@@ -262,6 +262,45 @@ def run_torch(root: str, images: int, workers: int) -> dict:
     return consume(loader, images)
 
 
+def run_dali(root: str, images: int, threads: int) -> dict:
+    """DALI's CPU pipeline with its own TrivialAugmentWide (``nvidia.dali.auto_aug``; its policies
+    need ``enable_conditionals``), ``device_id=None``: file reader, random-crop decode, resize,
+    the policy, flip + normalize + CHW; RandomErasing(0.1) with DALI's ``fn.erase`` on one random
+    box per image drawn with probability 0.1 (its shape arguments), MixUp/CutMix in numpy on the
+    batch (DALI has neither), as the PyTorch rows do."""
+    from nvidia import dali
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.auto_aug import trivial_augment
+
+    @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=None, seed=0, enable_conditionals=True)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = trivial_augment.trivial_augment_wide(images)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD],
+                                          mirror=fn.random.coin_flip())
+        erase = fn.random.coin_flip(probability=0.1)
+        side = fn.random.uniform(range=(0.1, 0.57)) * erase   # RandomErasing's area 0.02-0.33 as a square
+        anchor = fn.random.uniform(range=(0.0, 0.5), shape=2)
+        images = fn.erase(images, anchor=anchor, shape=fn.stack(side, side), axis_names="HW",
+                          normalized_anchor=True, normalized_shape=True, fill_value=0.0)
+        return images, labels
+
+    p = pipe()
+    p.build()
+    rng = np.random.default_rng(0)
+
+    def batches():
+        while True:
+            x, y = p.run()
+            x = np.ascontiguousarray(x.as_array())
+            yield np_mix(x, np.asarray(y.as_array()).reshape(-1).astype(np.int64) % CLASSES, rng)
+
+    return {**consume(batches(), images), "dali": dali.__version__}
+
+
 def run_tv(root: str, images: int, workers: int) -> dict:
     """PyTorch's DataLoader with torchvision v2's own transforms on uint8 tensors (decoded with
     OpenCV: torchvision's decoders do not load beside the CPU torch wheel, NOTE [ torchvision
@@ -494,6 +533,9 @@ def main() -> None:
                    help="an interpreter with torch and torchvision (make check-torchvision builds .venv-tv) for the "
                         "torchvision v2 row of part 2; skipped when it does not exist")
     p.add_argument("--smoke", action="store_true", help="time each op once on 8 images (a check that it runs)")
+    p.add_argument("--peers", default=os.path.join(os.path.dirname(HERE), ".venv-peers", "bin", "python"),
+                   help="an interpreter with nvidia-dali (make bench-peers builds .venv-peers) for the DALI row of "
+                        "part 2; skipped when it does not exist")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     global SMOKE
@@ -506,6 +548,8 @@ def main() -> None:
             res = run_torch(root, int(rest[0]), int(rest[1]))
         elif kind == "tv":
             res = run_tv(root, int(rest[0]), int(rest[1]))
+        elif kind == "dali":
+            res = run_dali(root, int(rest[0]), int(rest[1]))
         else:
             res = run_loaderlib(root, int(rest[0]), int(rest[1]), chain=kind)
         print(json.dumps(res))
@@ -569,6 +613,12 @@ def main() -> None:
             pythons["PyTorch + tv v2"] = a.tv_python
         else:
             print(f"{a.tv_python} not found (make check-torchvision creates it): the torchvision v2 row is skipped")
+        if os.path.exists(a.peers):
+            rows.append(("DALI CPU", ["dali", root, str(a.images), str(a.threads)],
+                         f"{a.threads} threads, device_id=None, auto_aug.trivial_augment_wide"))
+            pythons["DALI CPU"] = a.peers
+        else:
+            print(f"{a.peers} not found (make bench-peers creates it): the DALI row is skipped")
         runs = {name: [] for name, _, _ in rows}
         for _ in range(max(1, a.repeat)):
             for name, args, _cfg in rows:
@@ -576,7 +626,7 @@ def main() -> None:
         print(f"{'pipeline':<20} {'config':<48} {'images/s':>9}   runs")
         for name, _args, cfg in rows:
             print(f"{name:<20} {cfg:<48} {np.median(runs[name]):9.0f}   " + ", ".join(f"{v:.0f}" for v in runs[name]))
-        for peer in ("PyTorch DataLoader", "PyTorch + tv v2"):
+        for peer in ("PyTorch DataLoader", "PyTorch + tv v2", "DALI CPU"):
             if peer in runs:
                 ratios = [x / y for x, y in zip(runs["loaderlib native"], runs[peer])]
                 print(f"loaderlib / {peer}: {np.median(ratios):.2f}x (median of {len(ratios)} interleaved "
