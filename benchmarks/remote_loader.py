@@ -43,7 +43,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--io-depths", default="default",
+                    help="comma-separated io_depth values to run each source with: 'default' (None: reads and "
+                         "buffers fetched ahead) and/or integers (0: a batch's bytes fetched when it is queued)")
     args = ap.parse_args()
+    depths = [None if d == "default" else int(d) for d in args.io_depths.split(",")]
 
     import loaderlib as ll
     from loaderlib import transforms as T
@@ -93,30 +97,33 @@ def main() -> None:
                                                                    storage_options=so),
         }
         chain = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToCHW()])
-        results: dict[str, list] = {k: [] for k in sources}
+        def label(name, depth):
+            return name if len(depths) == 1 else f"{name} [io_depth={'default' if depth is None else depth}]"
+
+        results: dict[str, list] = {label(k, d): [] for k in sources for d in depths}
         for _ in range(args.rounds):
-            for name, make in sources.items():
+            for (name, make), depth in ((item, d) for item in sources.items() for d in depths):
                 t0 = time.perf_counter()
                 ds = make()
                 opened = time.perf_counter() - t0
                 loader = ll.DataLoader(ds.transform_first(chain), batch_size=64, shuffle=True, seed=0,
-                                       num_threads=args.threads)
+                                       num_threads=args.threads, io_depth=depth)
                 rates = []
                 for _ in range(args.epochs):
                     t = time.perf_counter()
                     n = sum(len(b[1]) for b in loader)
                     rates.append(n / (time.perf_counter() - t))
-                results[name].append((opened, rates[0], rates[-1]))
+                results[label(name, depth)].append((opened, rates[0], rates[-1]))
                 loader.close()
                 getattr(ds, "close", lambda: None)()
         print(machine_summary())
         print(f"{args.images} photo-like JPEGs (500x375, q90); RRC(224) + flip, uint8 CHW, batch 64, "
               f"{args.threads} threads; median of {args.rounds} rounds; servers on 127.0.0.1, no added latency\n")
         last = f"epoch {args.epochs} img/s"
-        print(f"{'source':28s} {'open s':>7s} {'epoch 1 img/s':>14s} {last:>14s}")
+        print(f"{'source':44s} {'open s':>7s} {'epoch 1 img/s':>14s} {last:>14s}")
         for name, rows in results.items():
             med = [statistics.median(r[k] for r in rows) for k in range(3)]
-            print(f"{name:28s} {med[0]:7.2f} {med[1]:14.0f} {med[2]:14.0f}")
+            print(f"{name:44s} {med[0]:7.2f} {med[1]:14.0f} {med[2]:14.0f}")
     finally:
         nginx.close()
         moto.close()
