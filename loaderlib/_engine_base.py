@@ -84,6 +84,7 @@ class Producer:
     """The interface every engine implements (NOTE [ Engine stages ])."""
 
     lookahead = 1
+    reader: Any = None   # the run's read-ahead stage, if it has one (NOTE [ Read-ahead ])
 
     def __init__(self, *, state: RunState, recorder: Any, on_error: str) -> None:
         self.state = state

@@ -758,6 +758,11 @@ class HybridProducer(Producer):
         self.arena = arena
         self.pool = pool
 
+    @property
+    def reader(self) -> ReadAhead | None:
+        """The native prefix's read-ahead stage."""
+        return self.native.reader
+
     def _tail(self, item: Any, index: int) -> tuple[Any, int]:
         t0 = _clock()
         item = python_tail(item, self.suffix, self.suffix_position, self.others, self.state.seed,

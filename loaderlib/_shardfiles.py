@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 
 class ShardFiles:
@@ -42,8 +46,24 @@ class ShardFiles:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
+    def buffers(self, indices: Sequence[int]) -> list:
+        """The bytes of samples ``indices`` from a store (``self._remote``), read by byte range,
+        concurrently: the BUFFERS source of a dataset whose shards are URLs."""
+        idx = np.asarray(indices, np.int64)
+        return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
+                                 self.sizes[idx], idx.tolist(), record=True)
+
+    def read_failure(self, idx: int) -> Exception | None:
+        """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
+        remote: Any = getattr(self, "_remote", None)
+        return remote.failure(idx) if remote is not None else None
+
     def close(self) -> None:
-        """Close this process's descriptors (they reopen on the next read)."""
+        """Close this process's descriptors (they reopen on the next read) and, with the shard
+        cache, release the cached copies."""
+        remote: Any = getattr(self, "_remote", None)
+        if remote is not None:
+            remote.close()
         with self._lock:
             if self._pid == os.getpid():
                 for fd in self._fds:

@@ -782,16 +782,15 @@ class DataLoader:
         the read-ahead stages of the runs alive; NOTE [ Read-ahead memory ])."""
         ring = self._arena_ring
         parts = {"batch slots": int(ring.stats["capacity_bytes"]) if ring is not None else 0, "read-ahead": 0}
-        runs = [self._warm]
-        it = self._current() if self._current is not None else None
-        if it is not None:
-            runs.append(it._run)
-        for run in runs:
-            prod = getattr(run, "producer", None)
-            reader = getattr(prod, "reader", None) or getattr(getattr(prod, "native", None), "reader", None)
-            if reader is not None and not getattr(run, "closed", True):
-                parts["read-ahead"] += int(reader.native.buffer_bytes())
+        for run in (self._warm, self._current_run()):
+            if run is not None and not run.closed and run.producer.reader is not None:
+                parts["read-ahead"] += int(run.producer.reader.native.buffer_bytes())
         return parts
+
+    def _current_run(self) -> _Run | None:
+        """The newest iterator's run, or None."""
+        it = self._current() if self._current is not None else None
+        return it._run if it is not None else None
 
     @property
     def errors(self) -> list:
@@ -873,9 +872,8 @@ class DataLoader:
     def _read_waiting(self) -> float:
         """Share of the last turn the current run's kernel threads waited for bytes (0 without
         a read-ahead stage)."""
-        it = self._current() if self._current is not None else None
-        prod = getattr(getattr(it, "_run", None), "producer", None)
-        reader = getattr(prod, "reader", None)
+        run = self._current_run()
+        reader = run.producer.reader if run is not None else None
         return float(reader.waiting) if reader is not None else 0.0
 
     def _extract_line(self) -> str | None:
@@ -890,9 +888,8 @@ class DataLoader:
         depth = self._knobs.io_depth
         if depth == 0:
             return "off (io_depth=0): each decode thread reads its own samples"
-        it = self._current() if self._current is not None else None
-        prod = getattr(getattr(it, "_run", None), "producer", None)
-        reader = getattr(prod, "reader", None) or getattr(getattr(prod, "native", None), "reader", None)
+        run = self._current_run()
+        reader = run.producer.reader if run is not None else None
         if reader is not None:
             return reader.describe()
         if depth is None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -217,22 +216,6 @@ class ImageRecordDataset(ShardFiles, Dataset):
 
     def source(self, idx: int) -> str | None:
         return f"{self.url or self.path}:record {self.keys[_check_index(idx, len(self.keys))]}"
-
-    def buffers(self, indices: Sequence[int]) -> list:
-        """The encoded image bytes of records ``indices`` (read by byte range, concurrently)."""
-        idx = np.asarray(indices, np.int64)
-        return self._remote.read([self.path] * idx.size, self.offsets[idx], self.sizes[idx], idx.tolist(),
-                                 record=True)
-
-    def read_failure(self, idx: int) -> Exception | None:
-        """Why record ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
-        return self._remote.failure(idx) if self._remote is not None else None
-
-    def close(self) -> None:
-        """Close this process's descriptor and, with the shard cache, release the copy."""
-        super().close()
-        if getattr(self, "_remote", None) is not None:
-            self._remote.close()
 
     def read(self, idx: int) -> bytes:
         """The encoded image bytes of record ``idx``."""

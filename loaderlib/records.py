@@ -446,16 +446,6 @@ class RecordFileDataset(ShardFiles, Dataset):
         return NativeSource(SourceKind.SHARDS, stage="RecordFileDataset: pread of the record shards inside the kernel",
                             dataset=self, labels=self.labels, description=repr(self))
 
-    def buffers(self, indices: Sequence[int]) -> list:
-        """The encoded bytes of records ``indices`` (read by byte range, concurrently)."""
-        idx = np.asarray(indices, np.int64)
-        return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
-                                 self.sizes[idx], idx.tolist(), record=True)
-
-    def read_failure(self, idx: int) -> Exception | None:
-        """Why record ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
-        return self._remote.failure(idx) if self._remote is not None else None
-
     def source(self, idx: int) -> str | None:
         return self.keys[_check_index(idx, len(self.offsets))]
 
@@ -480,13 +470,6 @@ class RecordFileDataset(ShardFiles, Dataset):
         if self.raw:
             return bytes(data), int(self.labels[i])
         return decode(data, source=self.keys[i]), int(self.labels[i])
-
-    def close(self) -> None:
-        """Close this process's descriptors (they reopen on the next read) and, with the shard
-        cache, release the cached copies."""
-        super().close()
-        if getattr(self, "_remote", None) is not None:
-            self._remote.close()
 
     def __repr__(self) -> str:
         names = self.urls or self.paths

@@ -229,22 +229,6 @@ class WebDataset(ShardFiles, Dataset):
         i = int(idx)
         return f"{(self.urls or self.paths)[int(self.shard_of[i])]}:{self.keys[i]}.{self.fields[i]}"
 
-    def buffers(self, indices: Sequence[int]) -> list:
-        """The encoded image bytes of samples ``indices`` (read by byte range, concurrently)."""
-        idx = np.asarray(indices, np.int64)
-        return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
-                                 self.sizes[idx], idx.tolist(), record=True)
-
-    def read_failure(self, idx: int) -> Exception | None:
-        """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
-        return self._remote.failure(idx) if self._remote is not None else None
-
-    def close(self) -> None:
-        """Close this process's descriptors and, with the shard cache, release the copies."""
-        super().close()
-        if getattr(self, "_remote", None) is not None:
-            self._remote.close()
-
     def read(self, idx: int) -> bytes:
         """The raw image bytes of sample ``idx``."""
         i = int(idx)

@@ -71,6 +71,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .._readahead import HEADROOM
 from ..stats import STAGES, Window, _jsonable
 
 __all__ = ["BOTTLENECKS", "Verdict", "diagnose"]
@@ -564,7 +565,7 @@ def _storage(extract: Any, threads: int, w: Window) -> tuple[str, str, dict] | N
     if extract is not None and extract.reads:
         lat = extract.latency_p50_ms
         depth = extract.io_depth
-        need = math.ceil(1.5 * w.samples_per_s * lat / 1e3) + threads if w.samples_per_s > 0 else depth
+        need = math.ceil(HEADROOM * w.samples_per_s * lat / 1e3) + threads if w.samples_per_s > 0 else depth
         head = (f"read-bound: storage latency ~{lat:.3g} ms with {depth} reads in flight"
                 + (f"; io_depth {'adapting' if extract.adaptive else 'fixed'} at {depth}"))
         if extract.adaptive:

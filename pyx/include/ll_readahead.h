@@ -408,6 +408,43 @@ static void ll_reader_attach(ll_reader *r, ll_rwait *w, const int64_t *pos, int6
     ll_mutex_unlock(&r->mu);
 }
 
+/* Nobody waits for slot ``s`` any more (caller holds mu): a read not started leaves the queue
+ * and frees the slot, one in progress frees it when it returns (orphan), one dropped by
+ * ll_reader_stop stays as it is. */
+static void ll_reader_abandon(ll_reader *r, int64_t s) {
+    ll_rreq *q = &r->slots[s];
+    q->waiter = NULL;
+    if (q->state == LL_RQ_QUEUED) {
+        ll_rreq *prev = NULL;
+        for (ll_rreq *x = r->qhead; x != NULL; prev = x, x = x->qnext) {
+            if (x != q) continue;
+            if (prev) prev->qnext = x->qnext;
+            else r->qhead = x->qnext;
+            if (r->qtail == x) r->qtail = prev;
+            break;
+        }
+        q->qnext = NULL;
+        ll_reader_free_slot(r, s);
+    } else if (q->state == LL_RQ_READING) {
+        q->orphan = 1;
+    }
+}
+
+/* Wait (caller holds mu) until a read finishes, the reader stops, or 0.1 s passes, so the
+ * caller rechecks its stop flag and its deadline. */
+static void ll_reader_wait_arrival(ll_reader *r) {
+#ifdef _WIN32
+    ll_cond_wait(&r->arrived, &r->mu);
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const long long step = 100000000LL;
+    ts.tv_sec += (time_t)((ts.tv_nsec + step) / 1000000000LL);
+    ts.tv_nsec = (long)((ts.tv_nsec + step) % 1000000000LL);
+    pthread_cond_timedwait(&r->arrived, &r->mu, &ts);
+#endif
+}
+
 /* Give up on one item of ``w`` whose read has not arrived (caller holds mu): it becomes
  * ready with slot -2 (the caller fails it). Returns 0 when there is none. */
 static int ll_rwait_give_up(ll_reader *r, ll_rwait *w) {
@@ -416,22 +453,7 @@ static int ll_rwait_give_up(ll_reader *r, ll_rwait *w) {
         if (s < 0) continue;
         ll_rreq *q = &r->slots[s];
         if (q->waiter != w || q->item != i || q->state == LL_RQ_DONE) continue;
-        q->waiter = NULL;
-        if (q->state == LL_RQ_QUEUED) {
-            /* Not started: off the queue, the slot is free again. */
-            ll_rreq *prev = NULL;
-            for (ll_rreq *x = r->qhead; x != NULL; prev = x, x = x->qnext) {
-                if (x != q) continue;
-                if (prev) prev->qnext = x->qnext;
-                else r->qhead = x->qnext;
-                if (r->qtail == x) r->qtail = prev;
-                break;
-            }
-            q->qnext = NULL;
-            ll_reader_free_slot(r, s);
-        } else if (q->state == LL_RQ_READING) {
-            q->orphan = 1;
-        } /* LL_RQ_FREE: dropped from the queue by ll_reader_stop */
+        ll_reader_abandon(r, s);
         w->slot[i] = -2;
         w->order[w->nready++] = i;
         return 1;
@@ -452,16 +474,7 @@ static int64_t ll_rwait_next(ll_reader *r, ll_rwait *w, int64_t k, int64_t timeo
         if (!t0) t0 = now;
         if (!w->t_first) w->t_first = now;
         if ((r->stop || (timeout_ns > 0 && now - w->t_first >= timeout_ns)) && ll_rwait_give_up(r, w)) continue;
-#ifdef _WIN32
-        ll_cond_wait(&r->arrived, &r->mu);
-#else
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        const long long step = 100000000LL; /* recheck stop and the deadline every 0.1 s */
-        ts.tv_sec += (time_t)((ts.tv_nsec + step) / 1000000000LL);
-        ts.tv_nsec = (long)((ts.tv_nsec + step) % 1000000000LL);
-        pthread_cond_timedwait(&r->arrived, &r->mu, &ts);
-#endif
+        ll_reader_wait_arrival(r);
     }
     const int64_t item = w->order[k];
     *waited = t0 ? ll_now_ns() - t0 : 0;
@@ -490,33 +503,12 @@ static int64_t ll_reader_take(ll_reader *r, int64_t pos, int64_t timeout_ns, int
     while (q->state != LL_RQ_DONE) {
         const int64_t now = ll_now_ns();
         if (r->stop || (timeout_ns > 0 && now - t0 >= timeout_ns)) {
-            if (q->state == LL_RQ_READING) q->orphan = 1;
-            else if (q->state == LL_RQ_QUEUED) {
-                ll_rreq *prev = NULL;
-                for (ll_rreq *x = r->qhead; x != NULL; prev = x, x = x->qnext) {
-                    if (x != q) continue;
-                    if (prev) prev->qnext = x->qnext;
-                    else r->qhead = x->qnext;
-                    if (r->qtail == x) r->qtail = prev;
-                    break;
-                }
-                q->qnext = NULL;
-                ll_reader_free_slot(r, s);
-            }
+            ll_reader_abandon(r, s);
             *waited = ll_now_ns() - t0;
             ll_mutex_unlock(&r->mu);
             return -2;
         }
-#ifdef _WIN32
-        ll_cond_wait(&r->arrived, &r->mu);
-#else
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        const long long step = 100000000LL;
-        ts.tv_sec += (time_t)((ts.tv_nsec + step) / 1000000000LL);
-        ts.tv_nsec = (long)((ts.tv_nsec + step) % 1000000000LL);
-        pthread_cond_timedwait(&r->arrived, &r->mu, &ts);
-#endif
+        ll_reader_wait_arrival(r);
     }
     *waited = ll_now_ns() - t0;
     r->taken++;

@@ -62,7 +62,7 @@ def test_files_read_back_bitwise_equal_and_the_latency_is_charged(tmp_path):
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             names = list(files) * 4
             assert list(pool.map(read, names)) == [files[n] for n in names]
-        with pytest.raises(OSError) as e:
+        with pytest.raises(OSError, match="Read-only file system") as e:
             os.open(os.path.join(m, "a/new.bin"), os.O_WRONLY | os.O_CREAT)
         assert e.value.errno == errno.EROFS
         assert os.stat(os.path.join(m, "a/blob6.bin")).st_size == 300_001
@@ -96,7 +96,7 @@ def test_the_loader_reads_the_same_samples_through_it(tmp_path):
 def test_it_unmounts_when_the_block_fails(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "x").write_bytes(b"x")
-    with pytest.raises(KeyError), mount(tmp_path / "src", latency_ms=0) as m:
+    with pytest.raises(KeyError, match="stop"), mount(tmp_path / "src", latency_ms=0) as m:
         with open(os.path.join(m, "x"), "rb") as f:
             assert f.read() == b"x"
         raise KeyError("stop")
