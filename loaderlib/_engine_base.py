@@ -438,8 +438,8 @@ class _Run:
         A warm next epoch (NOTE [ Warm epochs ] in ``loader.py``) shares the loader's batch
         ring with the epoch still being consumed. Had it slots of its own, the ring would hold
         two epochs' worth of slots (queue, batches in production, the user's), all of them
-        written and so resident: the float RN50 benchmark's peak memory went from 206 MB
-        without warm epochs to 267 MB with them (5 batch slots of 38.5 MB against 4). Instead a
+        written and so resident (a float RN50 batch of 64 is 38.5 MB, and an epoch keeps about
+        four of them in the ring). Instead a
         warm run starts a batch only while fewer slots are leased than the most ever leased at
         once (``BatchArena.has_room``): it reuses slots already in memory, the ones the current
         epoch gives back as its last batches finish (its batches in production are done by

@@ -35,9 +35,9 @@ rule settles near what the law asks for.
 NOTE [ Reads that are work ]
 On warm local files a read is a copy out of the page cache: its time is CPU time, not
 waiting. Handing it to an IO thread then gains nothing (the copy runs on the same cores) and
-costs two thread hand-offs per sample: on the RN50 chain over 1,024 warm photos, reading ahead
-ran at 0.95x (uint8) and 0.95x (float32) reading in the decode threads (medians of 5
-interleaved rounds, 2 cores). So the adaptive depth also watches the IO threads' CPU time per
+costs two thread hand-offs per sample: ``benchmarks/storage.py``'s warm local row (RN50 uint8
+on 1,024 photos, 2 cores, 2 rounds) gives a fixed ``io_depth=64`` 0.81x of the default, which
+reads this way. So the adaptive depth also watches the IO threads' CPU time per
 read against its wall time: when more than ``INLINE_CPU_SHARE`` of a read is CPU, the stage
 stops queuing and the decode threads read their own samples again (the kernel pass reads any
 sample whose position was not queued); one batch in ``PROBE_EVERY`` is still read ahead, so
