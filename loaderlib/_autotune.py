@@ -25,7 +25,13 @@ median) up to ``max_windows`` (5) are taken and the median of all is used.
 Deciding. For the current knob the start value is measured, then a step up (doubling) is
 tried and kept while the median rate improves on the best by more than ``tolerance`` (5%);
 if not even the first step up did, the tuner goes back below the start, halving the same way;
-then the knob settles on the best value seen. The next knob starts from the rate of that best
+then the knob settles on the best value seen. Going below the start costs throughput while it
+is measured, so a knob may refuse it on evidence: a native loader's thread count goes below
+the cores only when the process used less than ``BUSY`` (85%) of a CPU per thread while the
+start was measured (the cores were shared with another process or the model's threads, and
+fewer threads may contend less); kernel threads that kept their cores busy cannot be faster
+with fewer, and on 2 cores the trial alone cost ``storage.py``'s warm local AUTOTUNE column
+a window at half speed. The next knob starts from the rate of that best
 setting (measured with every knob as it is now), so it needs no measurement of its own start.
 Every step is recorded as ``(time, knob, old, new, reason)``, the last one of each knob too
 ("kept N, settled" when the value does not change), and the reason holds the evidence: the
@@ -53,6 +59,7 @@ from __future__ import annotations
 import re
 import statistics
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -107,9 +114,14 @@ class HillClimb:
     """
 
     def __init__(self, name: str, value: int, lo: int, hi: int, tolerance: float = 0.05,
-                 max_trials: int = 4, bound: Callable[[], int] | None = None) -> None:
+                 max_trials: int = 4, bound: Callable[[], int] | None = None,
+                 below: Callable[[int, float | None], str | None] | None = None) -> None:
         self.name = name
         self.bound = bound   # the upper bound now, when it follows the run (else ``hi``)
+        # below(value, cpu_per_s): why going below the start cannot help (None: try it);
+        # cpu_per_s is the process's CPU seconds per second while the start was measured.
+        self.below = below
+        self.cpu_per_s: float | None = None   # set by the Tuner before each step
         self.value = max(lo, min(hi, int(value)))
         self.lo = lo
         self.hi = hi
@@ -119,6 +131,7 @@ class HillClimb:
         self.best: tuple[int, float] | None = None
         self.phase = "start"
         self._first = self.value
+        self._start_cpu: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -141,17 +154,30 @@ class HillClimb:
         if self.phase == "start":
             self.best = (v, rate)
             self._first = v
+            self._start_cpu = self.cpu_per_s
             if self._up(v) != v:
                 return self._try(self._up(v), "up", at)
-            return self._try(self._down(v), "down", f"{at}, the upper limit")
+            return self._go_below(f"{at}, the upper limit")
         best_v, best_rate = self.best
         vs = f"{at} vs {best_rate:.1f}/s at {best_v}"
         if rate > best_rate * (1 + self.tolerance):
             self.best = (v, rate)
             return self._try(self._up(v) if self.phase == "up" else self._down(v), self.phase, f"{vs}: better")
         if self.phase == "up" and best_v == self._first:
-            return self._try(self._down(best_v), "down", f"{vs}: no better, back to {best_v} and below")
+            return self._go_below(f"{vs}: no better, back to {best_v}")
         return self._settle(f"{vs}: no better")
+
+    def _go_below(self, why: str) -> tuple[int, str]:
+        """Try below the start, unless the evidence says it cannot be faster (NOTE [ Autotune ])."""
+        first = self._first
+        no = self.below(first, self._start_cpu) if self.below is not None and self._down(first) != first else None
+        if no is not None:
+            return self._settle(f"{why}; {no}")
+        if why.endswith(f"back to {first}"):
+            why += " and below"
+        if self.below is not None and self._start_cpu is not None:
+            why += f" (the process used {self._start_cpu:.2f} CPUs with {first}: the cores are shared)"
+        return self._try(self._down(first), "down", why)
 
     def _try(self, nxt: int, phase: str, why: str) -> tuple[int, str]:
         if nxt == self.best[0]:
@@ -171,6 +197,10 @@ class HillClimb:
 
 
 _NO_STREAM = object()
+
+#: A native loader's kernel threads count as having the cores to themselves when the process
+#: used at least this share of one CPU per thread while they were measured (NOTE [ Autotune ]).
+BUSY = 0.85
 
 
 class Tuner:
@@ -197,13 +227,20 @@ class Tuner:
         Deliveries discarded at every stream start and after every change (what the queue
         held, made before); a callable is asked each time (a loader's ``prefetch + 2``).
         After a change, at least ``window_s`` of deliveries are discarded too.
+    cpu_clock : callable, optional
+        The process's CPU seconds (``time.process_time`` by default; injected in tests): the
+        CPU used per second while a setting is measured is handed to the knob (``cpu_per_s``),
+        the evidence its ``below`` rule reads.
     """
 
     def __init__(self, knobs: list, clock: Callable[[], float] | None = None, origin: float | None = None,
                  window_s: float = 0.25, min_items: int = 4, windows: int = 3, max_windows: int = 5,
-                 spread: float = 0.25, warmup_items: int | Callable[[], int] = 4) -> None:
+                 spread: float = 0.25, warmup_items: int | Callable[[], int] = 4,
+                 cpu_clock: Callable[[], float] | None = None) -> None:
         self.knobs = knobs
         self.clock = clock or profiling_seconds
+        self.cpu_clock = cpu_clock or time.process_time
+        self._cpu_mark: tuple[float, float] | None = None   # (CPU, clock) when the setting's measurement began
         self.origin = self.clock() if origin is None else origin
         self.window_s = window_s
         self.min_items = min_items
@@ -247,12 +284,16 @@ class Tuner:
                     # time, and its first deliveries are what its queue held. The window in
                     # progress only pauses (NOTE [ Autotune ]).
                     self._last, self._skip_items = now, self._warmup()
+                    self._cpu_mark = None
                     return
             dt, self._last = now - self._last, now
             if self._skip_items > 0 or self._skip_s > 0:
                 self._skip_items -= items
                 self._skip_s -= dt
+                self._cpu_mark = None
                 return
+            if self._cpu_mark is None:
+                self._cpu_mark = (self.cpu_clock(), now)
             self._w_items += items
             self._w_s += dt
             if self._w_s < self.window_s or self._w_items < self.min_items:
@@ -273,11 +314,14 @@ class Tuner:
         self._rates = []
         climb, apply = self.knobs[self._k]
         old = climb.value
+        if self._cpu_mark is not None and now > self._cpu_mark[1]:
+            climb.cpu_per_s = (self.cpu_clock() - self._cpu_mark[0]) / (now - self._cpu_mark[1])
         new, reason = climb.step(rate, evidence)
         self.decisions.append((round(now - self.origin, 3), climb.name, old, new, reason))
         if new != old:
             apply(new)
             self._skip_items, self._skip_s = self._warmup(), self.window_s
+            self._cpu_mark = None
         if climb.settled:
             self._k += 1
             if self._k < len(self.knobs):
@@ -340,10 +384,20 @@ def attach(loader: Any, *, num_threads: bool, prefetch: bool, ram_budget: int | 
             def bound() -> int:
                 return 2 * cpus if loader._read_waiting() > READ_WAITING else cpus
 
+        below = None
+        if loader.engine == "native":
+            def below(n: int, cpu_per_s: float | None) -> str | None:
+                # Fewer kernel threads can only be faster when they do not have the cores to
+                # themselves (another process, the model's own threads): NOTE [ Autotune ].
+                if cpu_per_s is None or cpu_per_s < BUSY * n:
+                    return None
+                return (f"the process used {cpu_per_s:.2f} CPUs with {n} threads ({100 * cpu_per_s / n:.0f}%): "
+                        f"the cores are theirs, fewer threads cannot be faster")
+
         def set_threads(n: int) -> None:
             knobs.num_threads = n
 
-        pairs.append((HillClimb("num_threads", cpus, 1, max(1, hi), bound=bound), set_threads))
+        pairs.append((HillClimb("num_threads", cpus, 1, max(1, hi), bound=bound, below=below), set_threads))
     if prefetch:
         hi = 16
         if ram_budget is not None and nbytes:

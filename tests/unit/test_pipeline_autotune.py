@@ -430,3 +430,47 @@ def test_decision_times_count_from_the_pipeline_origin(clock):
     engine = pipe._engines[next(iter(pipe._engines))].loader
     assert all(d in decisions for d in engine.stats.autotune)    # the engine's own list, same times
     pipe.close()
+
+
+def _busy_rule(n, cpu_per_s):
+    """A native loader's rule: below the start only when the threads did not have their cores."""
+    from loaderlib._autotune import BUSY
+
+    return None if cpu_per_s is None or cpu_per_s < BUSY * n else f"{cpu_per_s:.2f} CPUs: the cores are theirs"
+
+
+def test_hill_climb_goes_below_the_start_only_on_evidence():
+    # at the upper limit with busy threads: settled at once, no trial at half the threads
+    busy = HillClimb("num_threads", 2, 1, 2, below=_busy_rule)
+    busy.cpu_per_s = 1.96
+    assert busy.step(100.0) == (2, "100.0/s at 2, the upper limit; 1.96 CPUs: the cores are theirs: kept 2, settled")
+    # the cores were shared (60% of a CPU per thread): the trial below goes ahead
+    shared = HillClimb("num_threads", 2, 1, 2, below=_busy_rule)
+    shared.cpu_per_s = 1.2
+    assert shared.step(100.0) == (1, "100.0/s at 2, the upper limit (the process used 1.20 CPUs with 2: the cores "
+                                     "are shared); trying 1")
+    # a step up that did not pay goes back, and not below, when the start kept its cores busy
+    up = HillClimb("num_threads", 2, 1, 4, below=_busy_rule)
+    up.cpu_per_s = 1.9
+    assert up.step(100.0)[0] == 4
+    up.cpu_per_s = 1.0   # what the trial above measured does not matter: the start's evidence does
+    value, why = up.step(101.0)
+    assert value == 2 and up.settled and why.endswith("the cores are theirs: back to 2, settled")
+
+
+def test_tuner_hands_the_knob_the_cpu_used_while_measuring(clock):
+    cpu = {"s": 0.0}
+    knobs = {"num_threads": 2}
+
+    def apply(v):
+        knobs["num_threads"] = v
+
+    def rate_of(n):
+        cpu["s"] += 1.0 / 50.0 * 1.9   # 1.9 CPUs busy for every delivery's time
+        return 50.0
+
+    h = HillClimb("num_threads", 2, 1, 2, below=_busy_rule)
+    tuner = Tuner([(h, apply)], clock=seconds(clock), window_s=1.0, min_items=4, cpu_clock=lambda: cpu["s"])
+    simulate(tuner, clock, lambda: knobs["num_threads"], rate_of, 400, until_settled=True)
+    assert tuner.settled and knobs["num_threads"] == 2
+    assert len(tuner.decisions) == 1 and "1.90 CPUs" in tuner.decisions[0][4]
