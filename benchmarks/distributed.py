@@ -17,7 +17,7 @@ gathers everything and checks, printing what it checked:
   (``LOCAL_WORLD_SIZE``, set by torchrun).
 
 The exit status is non-zero if a check fails. ``--json PATH`` writes the gathered figures
-(tests/unit/test_distributed.py launches this with a small dataset).
+(the test suite checks the same properties with its own launcher, tests/unit/_ranks.py).
 """
 
 from __future__ import annotations

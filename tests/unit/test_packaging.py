@@ -219,7 +219,7 @@ def test_the_sdist_holds_what_its_tests_need(tmp_path):
     files = tracked.stdout.splitlines()
     in_tree = {p for p in _paths_the_tests_open() if p in files or any(f.startswith(p + "/") for f in files)}
     missing = sorted(p for p in in_tree if not os.path.exists(unpacked / p))
-    assert {"tests/kernels/pool_stress.c", "benchmarks/distributed.py", "fuzz/corpus"} <= _paths_the_tests_open()
+    assert {"tests/kernels/pool_stress.c", "tests/unit/_ranks.py", "fuzz/corpus"} <= _paths_the_tests_open()
     assert not missing, f"the sdist lacks files its tests open: {missing}"
     for rel in ("notebooks", "benchmarks"):   # read by the notebook tests and the lint/packaging tests
         want = {p for p in files if p.startswith(rel + "/")}
