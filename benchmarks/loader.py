@@ -18,7 +18,8 @@ Runs side by side, each in a fresh process (so peak memory is its own):
 
 Two variants: ``float`` (RandomResizedCrop(224), flip, Normalize, CHW float32) and ``uint8``
 (RandomResizedCrop(224), flip, HWC uint8). Batch 64. Reports images/s (after the first
-batch), first-batch latency and the peak RSS of the whole process tree (workers included).
+batch), first-batch latency and the peak RSS and PSS of the whole process tree (workers
+included; PSS splits shared pages between the processes mapping them).
 
 Usage::
 
@@ -329,36 +330,45 @@ def consume(loader, images: int, t0: float, **extra) -> dict:
 # --------------------------------------------------------------------------- parent
 
 
-def _tree_rss(proc) -> int:
+def _tree_memory(proc, pss: bool) -> tuple[int, int]:
+    """(RSS, PSS) summed over ``proc`` and its descendants; PSS (``/proc/PID/smaps_rollup``:
+    shared pages split between the processes mapping them) only when ``pss``, else 0."""
     import psutil
 
-    total = 0
+    rss = ps = 0
     try:
         procs = [proc, *proc.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return 0, 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            if pss:
+                m = p.memory_full_info()
+                rss += m.rss
+                ps += m.pss
+            else:
+                rss += p.memory_info().rss
         except psutil.Error:
             pass
-    return total
+    return rss, ps
 
 
 def measure(args: list[str], python: str | None = None) -> dict:
-    """Run one configuration in a fresh process; sample its process tree's RSS."""
+    """Run one configuration in a fresh process; sample its process tree's RSS and PSS."""
     import psutil
 
     child = subprocess.Popen([python or sys.executable, os.path.abspath(__file__), "--child", *args],
                              stdout=subprocess.PIPE, text=True)
     proc = psutil.Process(child.pid)
-    peak = 0
+    peak = peak_pss = 0
     stop = threading.Event()
+    pss = hasattr(psutil.Process, "memory_full_info") and os.path.exists("/proc/self/smaps_rollup")
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, peak_pss
         while not stop.is_set():
-            peak = max(peak, _tree_rss(proc))
+            rss, ps = _tree_memory(proc, pss)
+            peak, peak_pss = max(peak, rss), max(peak_pss, ps)
             time.sleep(0.02)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -370,6 +380,7 @@ def measure(args: list[str], python: str | None = None) -> dict:
         raise RuntimeError(f"benchmark child {args} failed with exit code {child.returncode}")
     res = json.loads(out.strip().splitlines()[-1])
     res["peak_rss_mb"] = peak / 2**20
+    res["peak_pss_mb"] = peak_pss / 2**20 if pss else float("nan")
     return res
 
 
@@ -454,16 +465,16 @@ def main() -> None:
             for name, args, _cfg in rows:
                 runs[name].append(measure(args, python.get(name)))
         results = {name: {k: float(np.median([r[k] for r in rs])) for k in ("images_per_s", "first_batch_s",
-                                                                              "peak_rss_mb")}
+                                                                              "peak_rss_mb", "peak_pss_mb")}
                    for name, rs in runs.items()}
         best = {name: {"images_per_s": max(r["images_per_s"] for r in rs),
                        "first_batch_s": min(r["first_batch_s"] for r in rs)} for name, rs in runs.items()}
         print(f"{'pipeline':<20} {'config':<30} {'images/s':>9} {'(best)':>7} {'first batch':>12} {'(best)':>8} "
-              f"{'peak RSS':>9}")
+              f"{'peak RSS':>9} {'peak PSS':>9}")
         for name, _args, cfg in rows:
             r, b = results[name], best[name]
             print(f"{name:<20} {cfg:<30} {r['images_per_s']:9.0f} {b['images_per_s']:7.0f} "
-                  f"{r['first_batch_s']:10.3f} s {b['first_batch_s']:6.3f} s {r['peak_rss_mb']:6.0f} MB", flush=True)
+                  f"{r['first_batch_s']:10.3f} s {b['first_batch_s']:6.3f} s {r['peak_rss_mb']:6.0f} MB {r['peak_pss_mb']:6.0f} MB", flush=True)
         print(f"(median and best of {max(1, a.repeat)} interleaved runs; images/s per run: "
               + "; ".join(f"{name}: " + ", ".join(f"{x['images_per_s']:.0f}" for x in runs[name]) for name in runs)
               + ")")
@@ -484,6 +495,13 @@ def main() -> None:
         if have_torch:
             print(f"peak RSS: loaderlib / PyTorch DataLoader "
                   f"{results['loaderlib native']['peak_rss_mb'] / results['PyTorch DataLoader']['peak_rss_mb']:.2f}x")
+        if peers:
+            for kind in ("pss", "rss"):
+                key = f"peak_{kind}_mb"
+                light = min(peers, key=lambda n: results[n][key])
+                print(f"peak {kind.upper()}: loaderlib native {results['loaderlib native'][key]:.0f} MB / lightest peer "
+                      f"({light}, {results[light][key]:.0f} MB) {results['loaderlib native'][key] / results[light][key]:.2f}x "
+                      f"(process tree, sampled every 20 ms, median of runs)")
 
 
 if __name__ == "__main__":
