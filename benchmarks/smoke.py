@@ -105,7 +105,7 @@ RUNS: dict[str, tuple[list[str], object]] = {
     "transforms.py": (["--rounds", "1", "--copies", "1"], None),
     "verdict_check.py": (["--smoke"], None),
 }
-HELPERS = {"_latencyfs.py", "_report.py", "_synth.py", "smoke.py"}
+HELPERS = {"_latencyfs.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "smoke.py"}
 
 
 def make_folder(root: str, n: int = 192) -> None:
