@@ -28,9 +28,11 @@ Columns:
 * ``ideal`` = min(CPU ceiling, IO ceiling): the CPU ceiling is the best loaderlib column on
   the same layout's local files in the page cache (the ``local`` rows); the IO ceiling is
   what the store serves at that latency with no decoding, ``--io-conc`` Python threads
-  calling obstore: every sample's request as the row makes it (ranges or objects, the list
-  cycled to at least 2,048 requests after one warm-up request per thread), or for a cache row
-  every shard downloaded whole at once, images/s.
+  calling obstore after one warm-up request per thread: one request per sample (a byte range
+  of its shard, or its object; the list cycled to at least 2,048 requests), and for the shard
+  layouts also every shard downloaded whole at once; the faster of the two, in images/s (the
+  whole shards are the bound for a reader that coalesces neighbouring ranges). A cache row
+  shares its ranges row's IO ceiling.
 """
 
 from __future__ import annotations
@@ -111,9 +113,12 @@ def _loaderlib_dataset(spec: dict, cache_dir: str | None):
     base, so, layout = spec["base"], spec["storage_options"], spec["layout"]
     remote = {} if spec["local"] else {"storage_options": so, "cache_dir": cache_dir}
     if layout == "records":
-        return ll.RecordFileDataset(f"{base}/rec-{{00000..{spec['record_shards'] - 1:05d}}}.llrec", **remote)
+        names = [f"{base}/rec-{k:05d}.llrec" for k in range(spec["record_shards"])]
+        return ll.RecordFileDataset(names if spec["local"] else f"{base}/rec-{{00000..{len(names) - 1:05d}}}.llrec",
+                                    **remote)
     if layout == "webdataset":
-        return ll.WebDataset(f"{base}/wds-{{0..{spec['wds_shards'] - 1}}}.tar", **remote)
+        names = [f"{base}/wds-{k}.tar" for k in range(spec["wds_shards"])]
+        return ll.WebDataset(names if spec["local"] else f"{base}/wds-{{0..{len(names) - 1}}}.tar", **remote)
     names = [s[0] for s in spec["samples"]]
     labels = [s[3] for s in spec["samples"]]
     return ll.ImageListDataset(names, labels, root=base, storage_options=remote.get("storage_options"))
@@ -221,19 +226,20 @@ def run_io(spec: dict) -> dict:
     store = _store(spec)
     samples = spec["samples"]
     conc = spec["io_conc"]
+    out = {}
     with ThreadPoolExecutor(conc) as pool:
         list(pool.map(lambda s: _read(store, s), [samples[k % len(samples)] for k in range(conc)]))   # connections
-        if spec["cache"]:
-            shards = sorted({s[0] for s in samples})
-            t0 = time.perf_counter()
-            got = sum(pool.map(lambda name: len(obstore.get(store, name).bytes()), shards))
-            dt = time.perf_counter() - t0
-            return {"images_per_s": len(samples) / dt, "bytes": got, "requests": len(shards)}
         todo = [samples[k % len(samples)] for k in range(max(len(samples), MIN_IO_REQUESTS))]
         t0 = time.perf_counter()
-        got = sum(pool.map(lambda s: len(memoryview(_read(store, s))), todo))
-        dt = time.perf_counter() - t0
-    return {"images_per_s": len(todo) / dt, "bytes": got, "requests": len(todo)}
+        sum(pool.map(lambda s: len(memoryview(_read(store, s))), todo))
+        out["per_sample"] = len(todo) / (time.perf_counter() - t0)
+        if spec["layout"] != "objects":
+            shards = sorted({s[0] for s in samples})
+            t0 = time.perf_counter()
+            sum(pool.map(lambda name: len(obstore.get(store, name).bytes()), shards))
+            out["whole_shards"] = len(samples) / (time.perf_counter() - t0)
+    out["images_per_s"] = max(out.values())
+    return out
 
 
 def child(spec_path: str) -> dict:
@@ -384,11 +390,14 @@ def main(a, root: str, measure_spec) -> None:
                 if proto is not None and not cache:
                     cells += [(f"torch {w}w", spec("torch", lay, proto, rtt, cache, workers=w))
                               for w in (workers if have_torch else [])]
-                if proto is not None:
+                if proto is not None and not cache:
                     cells.append(("io ceiling", spec("io", lay, proto, rtt, cache)))
                 for col, sp in cells:
                     res = measure_spec(sp)
                     runs.setdefault((name, col), []).append(res["images_per_s"])
+                    for part in ("per_sample", "whole_shards"):
+                        if part in res:
+                            runs.setdefault((name, f"io {part.replace('_', ' ')}"), []).append(res[part])
                     print(f"  round {r + 1}: {name} / {col}: {res['images_per_s']:,.0f} img/s", flush=True)
             print(f"round {r + 1} of {a.repeat} done ({time.perf_counter() - t_run:.0f} s; load average "
                   f"{os.getloadavg()[0]:.1f})", flush=True)
@@ -405,7 +414,8 @@ def print_table(runs: dict, rows: list, workers: list[int], title: str) -> None:
     cpu = {lay: max(med[name, c] for c in ("loaderlib default", "loaderlib AUTOTUNE"))
            for name, lay, proto, _r, _c in rows if proto is None}
     print(f"\n== {title}. CPU ceiling: the best loaderlib column on the layout's local files (page cache). "
-          "IO ceiling: the store's requests alone at that latency (module docstring of benchmarks/_remote_bench.py). "
+          "IO ceiling: the store's requests alone at that latency, one per sample or whole shards, the faster "
+          "(benchmarks/_remote_bench.py says how). "
           "ideal = min(CPU ceiling, IO ceiling); a cache row is one cold epoch from the dataset's construction; "
           "PyTorch reads by ranges or objects (no cache: a cache row repeats its ranges row's figure, in brackets).\n")
     head = ["source", "loaderlib default", "AUTOTUNE"] + (["PyTorch (best)"] if workers else [])
@@ -423,7 +433,7 @@ def print_table(runs: dict, rows: list, workers: list[int], title: str) -> None:
             cells.append(f"[{t:,.0f} ({w})]" if cache else f"{t:,.0f} ({w})")
         elif workers:
             cells.append("")
-        io_c = med.get((name, "io ceiling"))
+        io_c = med.get((name.replace("cache (cold)", "ranges"), "io ceiling"))
         ideal = cpu[lay] if io_c is None else min(cpu[lay], io_c)
         cells += [f"{cpu[lay]:,.0f}", "" if io_c is None else f"{io_c:,.0f}", f"{ideal:,.0f}",
                   f"{d / ideal:.2f}", f"{auto / ideal:.2f}"]
