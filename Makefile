@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers bench-storage bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
+.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
 
@@ -143,6 +143,15 @@ bench-storage: build $(TESTS)
 	  ($(PYTHON) -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/python -m pip install -q "numpy<2.5" opencv-python-headless \
 	    psutil tensorflow-cpu==2.21.0) || echo "tensorflow could not be installed in $(PEERS_VENV): no tf.data column"; fi
 	$(BIN)/python benchmarks/storage.py --peers $(PEERS_VENV)/bin/python $(STORAGE_ARGS)
+
+# The remote rows (benchmarks/storage.py --remote): record shards, WebDataset shards and one object
+# per image over HTTP (nginx) and S3 (moto's server) at 5 and 20 ms round trip, with and without the
+# shard cache, against PyTorch's DataLoader reading the same URLs through obstore and the ideal
+# min(CPU, IO ceiling). Latency: tc netem in a network namespace where the kernel has sch_netem, else
+# a proxy that holds each request for a round trip (the output says which). STORAGE_ARGS=--quick
+# for a short run.
+bench-storage-remote: build $(TESTS)
+	$(BIN)/python benchmarks/storage.py --remote $(STORAGE_ARGS)
 
 bench-io: build $(OPENCV)
 	$(BIN)/python benchmarks/io_mechanism.py

@@ -20,21 +20,13 @@ import io
 import os
 import shutil
 import statistics
-import sys
 import tarfile
 import tempfile
 import time
 
+import _servers
 from _report import machine_summary
 from _synth import encode_jpeg, photo_like
-
-
-def _servers():
-    """nginx and moto launchers of the test suite (tests/remote/_servers.py)."""
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests.remote import _servers
-
-    return _servers
 
 
 def main() -> None:
@@ -69,9 +61,8 @@ def main() -> None:
                     info = tarfile.TarInfo(f"{i:05d}.{ext}")
                     info.size = len(data)
                     tf.addfile(info, io.BytesIO(data))
-    servers = _servers()
-    nginx = servers.NginxServer(root)
-    moto = servers.MotoServer()
+    nginx = _servers.NginxServer(root)
+    moto = _servers.MotoServer()
     cache_root = tempfile.mkdtemp(prefix="ll-remote-cache-")
     try:
         moto.upload_folder("bench", root)

@@ -25,18 +25,11 @@ import asyncio
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-
-def _servers():
-    """nginx and moto launchers of the test suite (tests/remote/_servers.py)."""
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests.remote import _servers
-
-    return _servers
+import _servers
 
 
 def _threads(fn, jobs, conc):
@@ -142,9 +135,8 @@ def main() -> None:
         for _ in range(args.ranges):
             s = rng.randrange(0, size - rlen)
             jobs.append((rng.choice(names), s, s + rlen))
-        servers = _servers()
-        nginx = servers.NginxServer(root)
-        moto = servers.MotoServer()
+        nginx = _servers.NginxServer(root)
+        moto = _servers.MotoServer()
         try:
             moto.upload_folder("bench", root)
             s3 = {"bucket": "bench", "endpoint_url": moto.endpoint_url, "key": moto.key, "secret": moto.secret}

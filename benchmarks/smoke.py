@@ -105,7 +105,13 @@ RUNS: dict[str, tuple[list[str], object]] = {
     "transforms.py": (["--rounds", "1", "--copies", "1"], None),
     "verdict_check.py": (["--smoke"], None),
 }
-HELPERS = {"_latencyfs.py", "_report.py", "_synth.py", "smoke.py"}
+# Scripts run a second time in another mode with code of its own: label -> (script, argv, check).
+MODES = {
+    "storage.py --remote": ("storage.py", ["--remote", "--data", DATA, "--rtts", "5", "--protocols", "http,s3",
+                                           "--repeat", "1", "--epochs", "1", "--torch-workers", "2", "--shards", "2",
+                                           "--io-conc", "8"], None),
+}
+HELPERS = {"_latencyfs.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "smoke.py"}
 
 
 def make_folder(root: str, n: int = 192) -> None:
@@ -136,12 +142,13 @@ def main() -> int:
         data = os.path.join(tmp, "photos")
         make_folder(data)
         env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), MPLBACKEND="Agg")
-        for script in scripts:
-            argv, check = RUNS[script]
+        jobs = [(script, script, *RUNS[script]) for script in scripts]
+        jobs += [(label, script, *rest) for label, (script, *rest) in MODES.items() if script in scripts]
+        for label, script, argv, check in jobs:
             missing = check() if callable(check) else None
             if missing:
-                skipped.append(script)
-                print(f"SKIP {script}: needs {missing}", flush=True)
+                skipped.append(label)
+                print(f"SKIP {label}: needs {missing}", flush=True)
                 continue
             exe, run_env = sys.executable, env
             if script == "check_torchvision.py":   # its own environment, loaderlib from this tree
@@ -163,12 +170,12 @@ def main() -> int:
                 rc, out = "timeout", f"{e.stdout or ''}{e.stderr or ''}"
             took = time.perf_counter() - t0
             if rc == 0:
-                print(f"ok   {script} ({took:.1f} s)", flush=True)
+                print(f"ok   {label} ({took:.1f} s)", flush=True)
             else:
-                failed.append(script)
+                failed.append(label)
                 tail = "\n".join(str(out).strip().splitlines()[-25:])
-                print(f"FAIL {script} (exit {rc}, {took:.1f} s): {' '.join(cmd[1:])}\n{tail}\n", flush=True)
-    ran = len(scripts) - len(skipped)
+                print(f"FAIL {label} (exit {rc}, {took:.1f} s): {' '.join(cmd[1:])}\n{tail}\n", flush=True)
+    ran = len(jobs) - len(skipped)
     print(f"bench-smoke: {ran - len(failed)} passed, {len(failed)} failed, {len(skipped)} skipped")
     return 1 if failed else 0
 

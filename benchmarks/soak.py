@@ -161,9 +161,9 @@ def _soak_remote(args, paths, labels, native, python) -> int:
     import shutil
     import tempfile
 
-    sys.path.insert(0, os.path.dirname(HERE))
+    from _servers import NginxServer
+
     import loaderlib as ll
-    from tests.remote._servers import NginxServer
 
     folder = tempfile.mkdtemp(prefix="ll-soak-")
     names = []

@@ -25,6 +25,12 @@ Loaders, one column each, each run in a fresh process:
   the best loaderlib column on warm local files; the IO ceiling is raw whole-file reads of the
   same files from the same storage by 256 native threads (``benchmarks/io_mechanism.c``).
 
+With ``--remote``, the rows are remote instead: the same photos over HTTP (nginx) and S3
+(moto's server) at ``--rtts`` ms round trip (``tc netem`` in a network namespace, or a delaying
+proxy where that is unavailable), as record shards, WebDataset shards and one object per image,
+with and without the shard cache, against PyTorch's DataLoader reading the same URLs through
+obstore (``benchmarks/_remote_bench.py`` says how each cell and ceiling is measured).
+
 A measurement runs ``1 + --epochs`` epochs and reports images/s over the last ``--epochs``: the
 first is warm-up (process and worker start, first touch). Each epoch is timed from ``iter()``
 to its last batch. Rounds are interleaved (every cell once per round) and medians reported.
@@ -34,6 +40,8 @@ Usage::
     python benchmarks/storage.py                     # 1,024 photos; 0, 1, 4, 16 ms; 3 rounds
     python benchmarks/storage.py --quick             # 512 photos; 0 and 4 ms; one round
     python benchmarks/storage.py --latencies 4,16 --repeat 5 --images 2048
+    python benchmarks/storage.py --remote            # HTTP and S3 at 5 and 20 ms round trip; 3 rounds
+    python benchmarks/storage.py --remote --quick    # 256 photos, HTTP at 5 ms, PyTorch with 16 workers
 """
 
 from __future__ import annotations
@@ -137,6 +145,11 @@ def run_tfdata(root: str, epochs: int, cold: list[str] | None) -> dict:
 
 
 def child(argv: list[str]) -> None:
+    if argv[0] == "remote":
+        import _remote_bench
+
+        print(json.dumps(_remote_bench.child(argv[1])))
+        return
     kind, root, epochs, cold, arg, depth = argv
     cold_paths = image_files(root)[0] if cold == "1" else None
     io_depth = None if depth == "-" else int(depth)
@@ -159,6 +172,21 @@ def measure(kind: str, root: str, epochs: int, cold: bool, arg: str = "-", io_de
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} {arg} on {root} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure_remote(spec: dict, timeout: float = 1800) -> dict:
+    """One remote cell (``_remote_bench.child``) in a fresh process."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(spec, f)
+        f.flush()
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "remote", f.name],
+                             capture_output=True, text=True, check=False, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{spec['kind']} on {spec['base']} ({spec['layout']}) failed (exit {out.returncode}):\n"
+                           f"{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -222,13 +250,33 @@ def main() -> None:
     p.add_argument("--no-cold", action="store_true", help="leave out the cold local disk row")
     p.add_argument("--quick", action="store_true",
                    help="a short run: 512 photos, 0 and 4 ms, PyTorch with 16 workers, io_depth 64, one round")
+    remote = p.add_argument_group("remote rows (--remote)")
+    remote.add_argument("--remote", action="store_true",
+                        help="HTTP and S3 rows instead of the local ones (benchmarks/_remote_bench.py)")
+    remote.add_argument("--rtts", default="5,20", help="round trips added to every request, ms")
+    remote.add_argument("--protocols", default="http,s3", help="http (nginx) and/or s3 (moto's server)")
+    remote.add_argument("--layouts", default="records,webdataset,objects",
+                        help="record shards, WebDataset shards, one object per image")
+    remote.add_argument("--shards", type=int, default=8, help="record and WebDataset shards")
+    remote.add_argument("--net", choices=("auto", "netem", "proxy"), default="auto",
+                        help="how latency is added: netem in a network namespace, else (auto) or always (proxy) "
+                             "a proxy holding each request for a round trip")
+    remote.add_argument("--io-conc", type=int, default=256, help="threads of the remote IO ceiling")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         child(a.child)
         return
-    if a.quick:
+    if a.quick and a.remote:
+        a.images, a.rtts, a.protocols, a.torch_workers, a.repeat = 256, "5", "http", "16", 1
+    elif a.quick:
         a.images, a.latencies, a.torch_workers, a.io_depths, a.repeat = 512, "0,4", "16", "64", 1
+    if a.remote:
+        import _remote_bench
+
+        root = a.data or make_dataset(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
+        _remote_bench.main(a, root, measure_remote)
+        return
 
     import io_mechanism
     from _latencyfs import mount

@@ -42,7 +42,7 @@ __all__ = ["ObjectInfo", "RemoteStore", "expand_urls", "open_store", "read_objec
 # saves) and uses get_ranges_async only to fan one call out over several objects.
 
 # NOTE [ Faults the library handles ]
-# Checked with tests/remote/_servers.py's fault proxy in front of nginx: obstore retries
+# Checked with benchmarks/_servers.py's fault proxy in front of nginx: obstore retries
 # 5xx and 429 with exponential backoff up to max_retries, reconnects after a reset, re-reads
 # a body cut short by a closed connection (Content-Length not met), and abandons a request
 # that stalls after `timeout` and retries it. It does not see a well-formed response whose

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.remote._servers import FaultProxy, MotoServer, NginxServer
+from benchmarks._servers import FaultProxy, MotoServer, NginxServer
 
 BUCKET = "lldata"
 

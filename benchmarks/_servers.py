@@ -1,15 +1,21 @@
-"""Loopback servers for the remote-storage tests and benchmarks: nginx serving a folder,
-moto's standalone S3 server, and a fault-injecting HTTP proxy.
+"""Servers for the remote-storage tests and benchmarks: nginx serving a folder, moto's
+standalone S3 server, a fault-injecting HTTP proxy, and the two ways the storage benchmark adds
+network latency (a network namespace whose veth links ``tc netem`` delays, or a proxy that holds
+each request for a round trip).
 
-Each server is started on 127.0.0.1 by the code that needs it and stopped by ``close()``.
-A server that cannot start raises ``RuntimeError`` with the reason (its log), so a test
-that depends on it fails saying why instead of being skipped.
+Each server is started on 127.0.0.1 (or in a namespace, for the benchmark) by the code that
+needs it and stopped by ``close()``. A server that cannot start raises ``RuntimeError`` with
+the reason (its log), so a test that depends on it fails saying why instead of being skipped.
+The tests import it as ``benchmarks._servers``, the benchmarks as ``_servers`` (CONTRIBUTING.md
+says why it lives here).
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -61,9 +67,12 @@ class NginxServer:
     ETags (both on by default for static files).
 
     It runs as root with ``user root;`` so its worker can read pytest's 0700 tmp folders.
+    ``host`` is the address it listens on, ``reach`` the one its ``url`` names (``host`` when
+    not given), and ``prefix`` a command it runs under (the benchmark's ``ip netns exec NAME``).
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
+                 reach: str | None = None) -> None:
         exe = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.path.exists(p)),
                                             None)
         if exe is None:
@@ -90,7 +99,7 @@ http {{
   keepalive_timeout 60s;
   default_type application/octet-stream;
   server {{
-    listen 127.0.0.1:{self.port};
+    listen {host}:{self.port};
     root {self.root};
   }}
 }}
@@ -99,9 +108,9 @@ http {{
         with open(cfg, "w") as f:
             f.write(conf)
         with open(log, "ab") as err:
-            self.proc = subprocess.Popen([exe, "-p", self.dir, "-e", log, "-c", cfg],
+            self.proc = subprocess.Popen([*prefix, exe, "-p", self.dir, "-e", log, "-c", cfg],
                                          stdout=subprocess.DEVNULL, stderr=err)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{reach or host}:{self.port}"
         _wait_http(self.url + "/", self.proc, log, "nginx")
 
     def close(self) -> None:
@@ -119,14 +128,15 @@ class MotoServer:
     """moto's standalone S3 server (``moto[server]``) on 127.0.0.1.
 
     ``endpoint_url``, ``key`` and ``secret`` are what clients pass (moto accepts any
-    credentials); ``client()`` returns a boto3 S3 client for setting buckets up.
+    credentials); ``client()`` returns a boto3 S3 client for setting buckets up. ``host``,
+    ``prefix`` and ``reach`` as for :class:`NginxServer`.
     """
 
     key = "testing-key"
     secret = "testing-secret"
     region = "us-east-1"
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", prefix: tuple[str, ...] = (), reach: str | None = None) -> None:
         try:
             import moto  # noqa: F401
         except ImportError as e:
@@ -136,9 +146,9 @@ class MotoServer:
         log = os.path.join(self.dir, "moto.log")
         self.port = free_port()
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+            self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "moto.server", "-H", host, "-p",
                                           str(self.port)], stdout=out, stderr=subprocess.STDOUT)
-        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.endpoint_url = f"http://{reach or host}:{self.port}"
         _wait_http(self.endpoint_url + "/moto-api/", self.proc, log, "moto_server")
 
     @property
@@ -315,3 +325,194 @@ class FaultProxy:
         self.released.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+# ------------------------------------------------------------------ added latency (benchmarks)
+
+def _run(cmd: list[str]) -> None:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {(out.stderr or out.stdout).strip() or f'exit {out.returncode}'}")
+
+
+class NetemNetwork:
+    """A network namespace joined to this one by one veth pair per round trip, each pair's two
+    ends delayed by ``tc netem`` (half the round trip each way, so a packet and its answer pay
+    it once), with uniform jitter of ``rtt x jitter`` per packet, packet order kept
+    (``rate 10gbit``: netem then never sends a packet before the one queued ahead of it).
+
+    Servers started with ``prefix`` run in the namespace and listen on ``0.0.0.0``;
+    ``host(rtt)`` is the address that reaches them through the link of that round trip.
+    Needs root and ``ip``/``tc`` (iproute2) and the kernel's ``sch_netem``; a step that fails
+    raises ``RuntimeError`` with its command and message, after undoing the others.
+    """
+
+    def __init__(self, rtts_ms: list[float], jitter: float = 0.0) -> None:
+        pid = os.getpid()
+        self.name = f"llnet{pid}"
+        self.prefix = ("ip", "netns", "exec", self.name)
+        self.commands: list[str] = []
+        self._hosts: dict[float, str] = {}
+        third = pid % 250
+        _run(["ip", "netns", "add", self.name])
+        try:
+            _run([*self.prefix, "ip", "link", "set", "lo", "up"])
+            for k, rtt in enumerate(rtts_ms):
+                outer, inner = f"llv{pid}o{k}", f"llv{pid}i{k}"
+                near, far = f"10.213.{third}.{4 * k + 1}", f"10.213.{third}.{4 * k + 2}"
+                half, spread = rtt / 2, rtt / 2 * jitter
+                netem = ["netem", "delay", f"{half:g}ms"] + ([f"{spread:g}ms"] if spread > 0 else [])
+                netem += ["rate", "10gbit", "limit", "100000"]
+                _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner, "netns", self.name])
+                _run(["ip", "addr", "add", f"{near}/30", "dev", outer])
+                _run(["ip", "link", "set", outer, "up"])
+                _run([*self.prefix, "ip", "addr", "add", f"{far}/30", "dev", inner])
+                _run([*self.prefix, "ip", "link", "set", inner, "up"])
+                _run(["tc", "qdisc", "add", "dev", outer, "root", *netem])
+                _run([*self.prefix, "tc", "qdisc", "add", "dev", inner, "root", *netem])
+                self.commands.append(f"tc qdisc add dev <veth end> root {' '.join(netem)}  (both ends; {rtt:g} ms)")
+                self._hosts[rtt] = far
+        except BaseException:
+            self.close()
+            raise
+
+    def host(self, rtt_ms: float) -> str:
+        """The servers' address through the link that adds ``rtt_ms``."""
+        return self._hosts[rtt_ms]
+
+    def close(self) -> None:
+        """Delete the namespace (and so its veth pairs); stop the servers in it first."""
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
+
+
+class DelayProxy:
+    """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream`` that holds every request for one
+    round trip, ``rtt_ms x uniform[1 - jitter, 1 + jitter]``, before forwarding it: each
+    request pays the delay once, whatever its size; opening a connection pays nothing (a real
+    network charges it a round trip too, once per pooled connection), and the bytes flow at
+    loopback speed (no bandwidth-delay limit). The stand-in for :class:`NetemNetwork` where
+    namespaces or netem are unavailable.
+
+    asyncio on a thread of its own: many connections at once, each kept alive with one upstream
+    connection of its own; bodies are relayed as they arrive (Content-Length, chunked, or until
+    the upstream closes). ``requests`` counts the requests forwarded.
+    """
+
+    def __init__(self, upstream: str, rtt_ms: float, jitter: float = 0.0, seed: int = 0) -> None:
+        assert upstream.startswith("http://")
+        host, _, port = upstream[len("http://"):].rstrip("/").partition(":")
+        self.upstream = (host, int(port or 80))
+        self.rtt = rtt_ms / 1000.0
+        self.jitter = jitter
+        self.requests = 0
+        self._rng = random.Random(seed)
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._server = None
+
+        async def start():
+            self._server = await asyncio.start_server(self._client, "127.0.0.1", 0, backlog=1024)
+            ready.set()
+
+        def run():
+            self._loop.run_until_complete(start())
+            self._loop.run_forever()
+
+        self.thread = threading.Thread(target=run, name="delay-proxy", daemon=True)
+        self.thread.start()
+        if not ready.wait(START_TIMEOUT):
+            raise RuntimeError("the delay proxy did not start")
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _delay(self) -> float:
+        return self.rtt * self._rng.uniform(1 - self.jitter, 1 + self.jitter)
+
+    @staticmethod
+    def _headers(head: bytes) -> dict[str, str]:
+        out = {}
+        for line in head.split(b"\r\n")[1:]:
+            name, sep, value = line.partition(b":")
+            if sep:
+                out[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+        return out
+
+    @staticmethod
+    async def _relay(reader, writer, n: int) -> None:
+        while n > 0:
+            chunk = await reader.read(min(n, 1 << 18))
+            if not chunk:
+                raise ConnectionError("upstream closed inside a body")
+            writer.write(chunk)
+            n -= len(chunk)
+            await writer.drain()
+
+    async def _relay_chunked(self, reader, writer) -> None:
+        while True:
+            line = await reader.readuntil(b"\r\n")
+            writer.write(line)
+            size = int(line.split(b";")[0].strip(), 16)
+            if size == 0:
+                while True:                       # trailers, up to the empty line
+                    line = await reader.readuntil(b"\r\n")
+                    writer.write(line)
+                    if line == b"\r\n":
+                        await writer.drain()
+                        return
+            await self._relay(reader, writer, size + 2)
+
+    async def _client(self, reader, writer) -> None:
+        up_r = up_w = None
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                req = self._headers(head)
+                if "chunked" in req.get("transfer-encoding", "").lower():
+                    return                        # not needed by the benchmark's clients
+                body = await reader.readexactly(int(req.get("content-length") or 0))
+                await asyncio.sleep(self._delay())
+                if up_w is None:
+                    up_r, up_w = await asyncio.open_connection(*self.upstream)
+                up_w.write(head + body)
+                await up_w.drain()
+                self.requests += 1
+                resp_head = await up_r.readuntil(b"\r\n\r\n")
+                writer.write(resp_head)
+                status = int(resp_head.split(b" ", 2)[1])
+                resp = self._headers(resp_head)
+                if head.startswith(b"HEAD ") or status in (204, 304) or 100 <= status < 200:
+                    pass
+                elif "content-length" in resp:
+                    await self._relay(up_r, writer, int(resp["content-length"]))
+                elif "chunked" in resp.get("transfer-encoding", "").lower():
+                    await self._relay_chunked(up_r, writer)
+                else:                             # delimited by the upstream closing
+                    while chunk := await up_r.read(1 << 18):
+                        writer.write(chunk)
+                        await writer.drain()
+                    return
+                await writer.drain()
+                if "close" in (req.get("connection", "") + resp.get("connection", "")).lower():
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            return
+        finally:
+            for w in (writer, up_w):
+                if w is not None:
+                    w.close()
+
+    def close(self) -> None:
+        async def stop():
+            self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self.thread.join(10)
+        self._loop.close()
