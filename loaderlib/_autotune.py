@@ -371,7 +371,7 @@ def observe_batch(tuner: Tuner, batch: Any, stream: int) -> None:
     check = getattr(tuner, "batch_check", None)
     if check is not None:
         tuner.batch_check = None
-        from ._pipeline_spec import leaves
+        from ._pipeline.spec import leaves
 
         try:
             nbytes = sum(getattr(x, "nbytes", 0) for x in leaves(batch))

@@ -18,7 +18,7 @@ native engine, built by a private ``DataLoader`` whose runs take the pipeline's 
 objects, the same arena, the same kernels and keyed randomness, no second implementation.
 A map step holding a Python callable moves the head to the threads engine (its calls run on
 the loader's Python pool). Every step after the head runs as a Python node
-(NOTE [ Pipeline nodes ] in ``_pipeline_ops.py``). ``explain()`` lists both parts.
+(NOTE [ Pipeline nodes ] in ``_pipeline/ops.py``). ``explain()`` lists both parts.
 
 NOTE [ Pipeline resume ]
 ``state_dict()`` records the iteration number and how many elements the user took. A
@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _pipeline_ops as ops
-from ._pipeline_engine import (
+from ._pipeline import ops
+from ._pipeline.engine import (
     _EMPTY,
     COUNT_KEEPING,
     _decodes,
@@ -55,7 +55,7 @@ from ._pipeline_engine import (
     _top_head,
     _warm_caller,
 )
-from ._pipeline_spec import TensorSpec, batch_spec, map_structure, relax, spec_of, unbatch_spec
+from ._pipeline.spec import TensorSpec, batch_spec, map_structure, relax, spec_of, unbatch_spec
 
 __all__ = ["Pipeline", "PipelineIterator", "TensorSpec"]
 
@@ -370,7 +370,7 @@ class Pipeline:
         ``path=None`` keeps them in memory (within ``ram_budget``); a path stores them in
         memory-mapped files (``path + ".llcache"``), written atomically and reused across runs
         until the upstream steps or the source files change (NOTE [ Pipeline cache ] in
-        ``_cache.py``). Cache decoded images before the random crop: later passes then run the
+        ``_pipeline/cache.py``). Cache decoded images before the random crop: later passes then run the
         crop fused on the native engine from the cached pixels, at full crop quality.
 
         ``max_side`` stores uint8 HWC images reduced so their longer side is at most
@@ -519,10 +519,10 @@ class Pipeline:
 
     def _cached_head(self, ctx: ops.Context, k: int) -> tuple[ops.Node | None, int]:
         """The steps after cache step ``k`` (0-based) on the engine, over the cached pixels
-        once the cache of decoded images is complete (NOTE [ Cached pixels ] in ``_cache.py``),
+        once the cache of decoded images is complete (NOTE [ Cached pixels ] in ``_pipeline/cache.py``),
         and while a cache right after an image source is not, over the source's images
         decoded into it as the pass goes (NOTE [ Filling through the engine ])."""
-        from ._cache import CachedImages, CacheFill
+        from ._pipeline.cache import CachedImages, CacheFill
 
         store = self._cache_store(k + 1, self._steps[k])
         label = f"step {k + 1} .cache()"
@@ -644,7 +644,7 @@ class Pipeline:
         if kind == "prefetch":
             return ops.Prefetch(up, label, self._knob(k, label, "prefetch", step.args[0]))
         if kind == "cache":
-            from ._cache import CacheNode
+            from ._pipeline.cache import CacheNode
 
             store = self._cache_store(k, step)
             return CacheNode(up, label, store)
@@ -672,7 +672,7 @@ class Pipeline:
 
     def _cache_store(self, k: int, step: Step) -> Any:
         """The store of cache step ``k``, kept by this pipeline across iterations."""
-        from ._cache import CacheStore
+        from ._pipeline.cache import CacheStore
 
         with self._lock:
             store = self._caches.get(k)
@@ -686,7 +686,7 @@ class Pipeline:
 
     def _open_nested(self, iteration: int) -> Iterator:
         """Elements of one pass of this pipeline inside another (flat_map, interleave, zip,
-        concatenate), as iteration ``iteration`` (``_pipeline_ops.nested_key``)."""
+        concatenate), as iteration ``iteration`` (``nested_key`` in ``_pipeline/ops.py``)."""
         return self._build(iteration).open()
 
     # -- iteration and state ---------------------------------------------------------

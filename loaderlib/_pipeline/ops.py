@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._pipeline_spec import map_structure
+from .spec import map_structure
 
 _BLOCK = 1024   # shuffle draws this many uniforms at a time (the sequence does not depend on it)
 
@@ -93,7 +93,7 @@ def _fused(fn: Any) -> Any:
     key = id(fn)
     hit = cache.get(key)
     if hit is None or hit[0] is not fn:
-        from ._chain import compile_chain
+        from .._chain import compile_chain
 
         try:
             plan = compile_chain(fn)
@@ -125,7 +125,7 @@ def transform_image(fn: Any, img: Any, ctx: Context, ordinal: int) -> Any:
 def apply_map(fn: Any, el: Any, ctx: Context, ordinal: int) -> Any:
     """``map``'s call: a loaderlib transform applies to the image of an ``(image, ...)``
     element with keyed randomness (NOTE [ Pipeline nodes ]); anything else gets the components."""
-    from . import transforms as T
+    from .. import transforms as T
 
     if isinstance(fn, T.Transform):
         if isinstance(el, tuple):
@@ -167,7 +167,7 @@ class Map(Unary):
             close(it)
 
     def _parallel(self) -> Iterator:
-        from ._engine_local import _DaemonThreadPool
+        from .._engine_local import _DaemonThreadPool
 
         knob = self.parallel
         pool = _DaemonThreadPool(max(1, knob.limit))
@@ -231,7 +231,7 @@ def nested_key(ctx: Context, ordinal: int) -> int:
 
 
 def _as_iterator(obj: Any, label: str, ctx: Context, ordinal: int) -> Iterator:
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     if isinstance(obj, Pipeline):
         return obj._open_nested(nested_key(ctx, ordinal))

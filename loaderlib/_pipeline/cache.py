@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _pipeline_ops as ops
-from ._pipeline_spec import leaves, map_structure
-from ._source import NativeSource, SourceKind
-from .datasets import Dataset
+from .._source import NativeSource, SourceKind
+from ..datasets import Dataset
+from . import ops
+from .spec import leaves, map_structure
 
 __all__ = ["CacheFill", "CacheNode", "CacheStore", "CachedImages"]
 
@@ -61,7 +61,7 @@ def reduce_image(x: Any, max_side: int) -> Any:
     h, w = x.shape[:2]
     if max(h, w) <= max_side:
         return x
-    from .transforms import _resize
+    from ..transforms import _resize
 
     s = max_side / max(h, w)
     return _resize(np.ascontiguousarray(x), max(1, round(h * s)), max(1, round(w * s)), "area", False)
@@ -566,8 +566,8 @@ class CachedImages(Dataset):
             self.store.writing = False
 
     def _decode(self, indices: list, num_threads: int) -> list:
-        from .decoding import decode_batch
-        from .errors import DecodeError
+        from ..decoding import decode_batch
+        from ..errors import DecodeError
 
         src = self.upstream
         idx = [int(i) for i in indices]

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _pipeline_ops as ops
-from ._pipeline_spec import TensorSpec, leaves, map_structure, spec_of
-from ._source import NativeSource, SourceKind, native_source_of
-from .datasets import Dataset
+from .._source import NativeSource, SourceKind, native_source_of
+from ..datasets import Dataset
+from . import ops
+from .spec import TensorSpec, leaves, map_structure, spec_of
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
 #: Steps that keep the element count (a resume can skip inside the engine stage below them).
 COUNT_KEEPING = (ops.Map, ops.Prefetch)
@@ -69,8 +69,8 @@ class _Source:
         return [self.kind, self.what, n]
 
     def spec(self) -> Any:
-        from .datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
-        from .records import RecordFileDataset
+        from ..datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
+        from ..records import RecordFileDataset
 
         ds = self.dataset
         image = TensorSpec((None, None, 3), np.uint8)
@@ -208,8 +208,8 @@ class _Engine:
     kernel plan and Python pool are reused)."""
 
     def __init__(self, base: Any, maps: list, labels: list, batch: int | None, opts: dict, seed: int) -> None:
-        from . import transforms as T
-        from .loader import DataLoader
+        from .. import transforms as T
+        from ..loader import DataLoader
 
         self.base = base
         self.maps = maps
@@ -275,7 +275,7 @@ class _Engine:
             w[2].close()
 
     def run(self, order: Any, iteration: int, delivered: int, position: int) -> Any:
-        from ._engine_base import LoaderIterator, RunState
+        from .._engine_base import LoaderIterator, RunState
 
         ld = self.loader
         if self.keyed:
@@ -311,7 +311,7 @@ class _Head(ops.Node):
         if self.engine.keyed:
             # The loader sees one Python dataset (_Keyed): name the maps it applies instead, each
             # by its step and qualified name (NOTE [ Naming Python steps ] in loader.py).
-            from . import transforms as T
+            from .. import transforms as T
 
             maps = list(zip(self.engine.labels, self.engine.maps))
             py = [label for label, fn in maps if not isinstance(fn, T.Transform)]
@@ -359,7 +359,7 @@ class _Head(ops.Node):
     def segments(self) -> Iterator[tuple[Any, bool]]:
         """The pass as ``(EpochOrder, last)`` segments of whole batches; a segment's tail that
         fills no batch is carried into the next one, so batches cross chunk boundaries."""
-        from .sampler import EpochOrder
+        from ..sampler import EpochOrder
 
         b = self.engine.batch_size
         empty = np.zeros(0, np.int64)
