@@ -1,7 +1,7 @@
 """Element specs of a Pipeline: shapes, dtypes and nested structure, known before the first element.
 
-A spec is a nest (tuple, list or dict) of :class:`TensorSpec` leaves, like tf.data's
-``element_spec``. ``None`` in a shape is a dimension that is not known before the data is
+A spec is a nest (tuple, list, dict or namedtuple: the containers of ``_tree.py``) of
+:class:`TensorSpec` leaves, like tf.data's ``element_spec``. ``None`` in a shape is a dimension that is not known before the data is
 read (an image's height and width, the size of a batch that may come out short).
 """
 
@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TensorSpec", "batch_spec", "leaves", "map_structure", "relax", "spec_of", "unbatch_spec"]
+from .. import transforms as T
+from .._tree import tree_map
+from . import ops
+from .plan import PipelineLike, Step, step_kwargs, step_label
+
+__all__ = ["TensorSpec", "batch_spec", "relax", "spec_of", "step_spec", "unbatch_spec"]
 
 
 @dataclass(frozen=True)
@@ -49,46 +54,6 @@ class TensorSpec:
         return f"TensorSpec(shape=({dims}), dtype={self.dtype.name})"
 
 
-def _is_leaf(x: Any) -> bool:
-    return not isinstance(x, (tuple, list, dict))
-
-
-def map_structure(fn: Callable[..., Any], *nests: Any) -> Any:
-    """Apply ``fn`` to the leaves of nests of the same structure (tuples, lists, dicts)."""
-    first = nests[0]
-    if isinstance(first, dict):
-        keys = list(first)
-        for n in nests[1:]:
-            if not isinstance(n, dict) or list(n) != keys:
-                raise ValueError(f"structures differ: a dict with keys {keys} vs {_kind(n)}")
-        return {k: map_structure(fn, *(n[k] for n in nests)) for k in keys}
-    if isinstance(first, (tuple, list)):
-        for n in nests[1:]:
-            if type(n) is not type(first) or len(n) != len(first):
-                raise ValueError(f"structures differ: {_kind(first)} vs {_kind(n)}")
-        out = [map_structure(fn, *parts) for parts in zip(*nests)]
-        return tuple(out) if isinstance(first, tuple) else out
-    for n in nests[1:]:
-        if not _is_leaf(n):
-            raise ValueError(f"structures differ: a single value vs {_kind(n)}")
-    return fn(*nests)
-
-
-def _kind(x: Any) -> str:
-    if isinstance(x, dict):
-        return f"a dict with keys {list(x)}"
-    if isinstance(x, (tuple, list)):
-        return f"a {type(x).__name__} of {len(x)}"
-    return "a single value"
-
-
-def leaves(nest: Any) -> list:
-    """The leaves of a nest, depth first (dicts in key order)."""
-    out: list = []
-    map_structure(out.append, nest)
-    return out
-
-
 def spec_of(value: Any) -> Any:
     """The spec of one element (a nest of arrays and Python values)."""
 
@@ -110,7 +75,7 @@ def spec_of(value: Any) -> Any:
                 pass
         return TensorSpec((), object)
 
-    return map_structure(leaf, value)
+    return tree_map(leaf, value)
 
 
 def relax(a: Any, b: Any, what: str = "") -> Any:
@@ -119,7 +84,9 @@ def relax(a: Any, b: Any, what: str = "") -> Any:
     Raises ValueError when the structures, ranks or dtypes differ (``what`` prefixes the message).
     """
 
-    def leaf(x: TensorSpec, y: TensorSpec) -> TensorSpec:
+    def leaf(x: TensorSpec, y: Any) -> TensorSpec:
+        if not isinstance(y, TensorSpec):
+            raise ValueError(f"{what}structures differ: a single value vs {type(y).__name__}")
         if x.dtype != y.dtype:
             raise ValueError(f"{what}dtypes differ: {x.dtype.name} vs {y.dtype.name}")
         if len(x.shape) != len(y.shape):
@@ -127,7 +94,7 @@ def relax(a: Any, b: Any, what: str = "") -> Any:
         return TensorSpec(tuple(p if p == q else None for p, q in zip(x.shape, y.shape)), x.dtype)
 
     try:
-        return map_structure(leaf, a, b)
+        return tree_map(leaf, a, b)
     except ValueError as e:
         msg = str(e)
         raise ValueError(msg if msg.startswith(what) else f"{what}{msg}") from None
@@ -135,7 +102,7 @@ def relax(a: Any, b: Any, what: str = "") -> Any:
 
 def batch_spec(spec: Any, n: int | None) -> Any:
     """The spec of a batch of elements of ``spec`` (``n`` None: a batch may be short)."""
-    return map_structure(lambda s: TensorSpec((n, *s.shape), s.dtype), spec)
+    return tree_map(lambda s: TensorSpec((n, *s.shape), s.dtype), spec)
 
 
 def unbatch_spec(spec: Any) -> Any:
@@ -146,4 +113,105 @@ def unbatch_spec(spec: Any) -> Any:
             raise ValueError(f"cannot unbatch a scalar component ({s!r}): every component needs a leading dimension")
         return TensorSpec(s.shape[1:], s.dtype)
 
-    return map_structure(leaf, spec)
+    return tree_map(leaf, spec)
+
+
+# --------------------------------------------------------------------------- each step's spec
+
+
+def _image_spec(s: TensorSpec, label: str) -> Any:
+    if len(s.shape) != 3:
+        raise ValueError(f"{label}: a loaderlib transform needs an HWC image, the element's image component is {s!r}")
+    h, w, c = s.shape
+    return T.ImageSpec(h, w, c, s.dtype, "HWC")
+
+
+def _from_image_spec(spec: Any) -> TensorSpec:
+    if spec.layout == "CHW":
+        return TensorSpec((spec.channels, spec.height, spec.width), spec.dtype)
+    return TensorSpec((spec.height, spec.width, spec.channels), spec.dtype)
+
+
+def _traced(pipe: PipelineLike, k: int, fn: Callable | None, label: str) -> Any:
+    """The spec of ``fn``'s output on the first element of steps ``1..k-1`` (ranks and dtypes)."""
+    if pipe._src.one_shot:
+        # A one-shot iterator has one pass: only its first element can be peeked (and kept).
+        if k > 1:
+            raise ValueError(f"{label}: cannot trace the element spec through earlier steps of a one-shot iterator "
+                             "(pass output_spec=, or a re-iterable source)")
+        first = pipe._src.first()
+    else:
+        up = pipe._upstream(k - 1)
+        it = iter(up._open_nested(0))
+        try:
+            first = next(it, ops.EMPTY)
+        finally:
+            ops.close(it)
+            up.close()
+    if first is ops.EMPTY:
+        raise ValueError(f"{label}: cannot trace the element spec, the input is empty (pass output_spec=)")
+    try:
+        out = ops.apply_map(fn, first, ops.Context(pipe.seed, 0), 0) if fn is not None else first
+    except Exception as e:
+        raise ValueError(f"{label}: tracing the function on the first element failed: {type(e).__name__}: {e}") from e
+    if isinstance(out, PipelineLike):
+        return out.element_spec
+    return tree_map(lambda s: TensorSpec((None,) * len(s.shape), s.dtype), spec_of(out))
+
+
+def step_spec(pipe: PipelineLike, k: int, step: Step, spec: Any) -> Any:
+    """The element spec after step ``k`` (1-based) of ``pipe``, whose input has ``spec``;
+    ValueError naming the step when it cannot be computed."""
+    label = step_label(k, step)
+    kw = step_kwargs(step)
+    kind = step.kind
+    if kind == "map":
+        if kw.get("output_spec") is not None:
+            return kw["output_spec"]
+        fn = step.fn
+        if isinstance(fn, T.Transform) and not (isinstance(fn, T.Compose) and any(
+                not isinstance(t, T.Transform) for t in fn.steps)):
+            img = spec[0] if isinstance(spec, tuple) else spec
+            if not isinstance(img, TensorSpec):
+                raise ValueError(f"{label}: a loaderlib transform needs an image component, the element is {spec!r}")
+            try:
+                out = _from_image_spec(fn.plan(_image_spec(img, label)))
+            except (TypeError, ValueError) as e:
+                msg = str(e)
+                raise ValueError(msg if msg.startswith(label) else f"{label}: {msg}") from None
+            return (out, *spec[1:]) if isinstance(spec, tuple) else out
+        return _traced(pipe, k, fn, label)
+    if kind in ("flat_map", "interleave"):
+        return _traced(pipe, k, step.fn, label)
+    if kind in ("filter", "shuffle", "repeat", "take", "skip", "prefetch"):
+        return spec
+    if kind == "cache":
+        if kw.get("max_side") is not None:
+            return tree_map(lambda s: TensorSpec((None, None, s.shape[2]), s.dtype)
+                            if len(s.shape) == 3 and s.dtype == np.uint8 else s, spec)
+        return spec
+    if kind == "batch":
+        return batch_spec(spec, step.args[0] if kw.get("drop_remainder") else None)
+    if kind == "padded_batch":
+        shapes = kw.get("padded_shapes")
+        if shapes is not None:
+            def leaf(s: TensorSpec, shape: Any) -> TensorSpec:
+                shape = shape.dims if shape.dims is not None else (None,) * len(s.shape)
+                if len(shape) != len(s.shape):
+                    raise ValueError(f"{label}: padded shape {shape} does not match the component {s!r}")
+                return TensorSpec(tuple(None if d is None or d < 0 else d for d in shape), s.dtype)
+
+            try:
+                spec = tree_map(leaf, spec, ops.as_leaves(shapes, spec))
+            except (ValueError, TypeError, KeyError, IndexError) as e:
+                msg = str(e)
+                raise ValueError(msg if msg.startswith(label) else f"{label}: {msg}") from None
+        return batch_spec(spec, step.args[0] if kw.get("drop_remainder") else None)
+    if kind == "unbatch":
+        try:
+            return unbatch_spec(spec)
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
+    if kind == "concatenate":
+        return relax(spec, step.args[0].element_spec, f"{label}: the element specs are not compatible: ")
+    raise ValueError(f"{label}: unknown step")  # pragma: no cover
