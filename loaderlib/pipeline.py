@@ -727,6 +727,8 @@ class Pipeline:
     def dashboard(self, **kwargs: Any) -> Any:
         """A live bottleneck dashboard for this pipeline's engine stage, with the tuner's
         decisions (Jupyter; see :class:`loaderlib.profiling.Dashboard`, which takes ``kwargs``)."""
+        # Lazy: loaderlib.profiling imports ipywidgets and matplotlib, which `import loaderlib`
+        # never needs (and profiling reads the core, not the reverse).
         from .profiling import Dashboard
 
         return Dashboard(self, **kwargs)
