@@ -36,7 +36,6 @@ TOPICS = [
     ("loaderlib/_engine", "Engines"),
     ("loaderlib/_pipeline", "Pipeline"),
     ("loaderlib/pipeline", "Pipeline"),
-    ("loaderlib/_cache", "Pipeline"),
     ("loaderlib/_autotune", "Autotuning"),
     ("loaderlib/records", "Formats and storage"),
     ("loaderlib/recordio", "Formats and storage"),

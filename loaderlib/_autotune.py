@@ -63,7 +63,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import stats
 from ._source import SourceKind
+from ._threads import default_num_threads
+from ._tree import tree_leaves
 
 __all__ = ["AUTOTUNE", "HillClimb", "Tuner", "attach", "parse_bytes"]
 
@@ -99,8 +102,6 @@ def parse_bytes(value: int | str) -> int:
 def profiling_seconds() -> float:
     """The profiling clock in seconds (``loaderlib.stats.clock_ns``; looked up at each call so a
     test's clock reaches the tuner too)."""
-    from . import stats
-
     return stats.clock_ns() / 1e9
 
 
@@ -363,8 +364,6 @@ def attach(loader: Any, *, num_threads: bool, prefetch: bool, ram_budget: int | 
     :func:`observe_batch`, each epoch's run a stream of its own) and records its decisions
     (``loader.stats.autotune``), timed from ``origin`` (default: now, the loader's creation).
     """
-    from ._threads import default_num_threads
-
     knobs = loader._knobs
     cpus = max(1, default_num_threads())
     nbytes = batch_nbytes(loader)
@@ -425,20 +424,19 @@ def observe_batch(tuner: Tuner, batch: Any, stream: int) -> None:
     check = getattr(tuner, "batch_check", None)
     if check is not None:
         tuner.batch_check = None
-        from ._pipeline_spec import leaves
-
         try:
-            nbytes = sum(getattr(x, "nbytes", 0) for x in leaves(batch))
+            nbytes = sum(getattr(x, "nbytes", 0) for x in tree_leaves(batch))
         except ValueError:
             nbytes = 0
         check_budget(check[0], nbytes, f"this loader (batch_size={check[1]})")
     tuner.observe(1, stream)
 
 
-def tune_knob(owner: Any, knob: Any, label: str, kind: str = "num_parallel_calls") -> Tuner:
-    """Tune a pipeline node's knob (``num_parallel_calls`` of a map, a prefetch depth); its
-    decisions are timed from the pipeline's origin (``owner._tune_origin``)."""
-    opts = getattr(owner, "_options", {})
+def tune_knob(knob: Any, label: str, kind: str = "num_parallel_calls", *, clock: Callable[[], float] | None = None,
+              origin: float | None = None) -> Tuner:
+    """Tune a pipeline node's knob (``num_parallel_calls`` of a map, a prefetch depth) on
+    ``clock``, its decisions timed from ``origin`` (the pipeline's; the caller keeps the tuner
+    in its ``_tuners`` list, which :func:`decisions_of` reads)."""
     lo, hi = (1, max(1, knob.limit)) if kind == "num_parallel_calls" else (1, knob.limit)
 
     def apply(n: int) -> None:
@@ -446,10 +444,8 @@ def tune_knob(owner: Any, knob: Any, label: str, kind: str = "num_parallel_calls
 
     climb = HillClimb(f"{label} {kind}", knob.value, lo, hi)
     # A map keeps 2 * value calls in flight, a prefetch step value elements ready: made before.
-    tuner = Tuner([(climb, apply)], clock=opts.get("autotune_clock"), origin=getattr(owner, "_tune_origin", None),
-                  warmup_items=lambda: 2 * knob.value + 1)
+    tuner = Tuner([(climb, apply)], clock=clock, origin=origin, warmup_items=lambda: 2 * knob.value + 1)
     knob.observe = tuner.observe
-    owner.__dict__.setdefault("_tuners", []).append(tuner)
     return tuner
 
 

@@ -152,7 +152,7 @@ class NativeSource:
             return plan.run_records_into(fds, offs, sizes, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
                                          timings=timings, sources=[self.source(i) for i in idx.tolist()], wait=wait,
                                          positions=positions, reader=reader)
-        if kind is SourceKind.PIXELS:   # NOTE [ Cached pixels ] in _cache.py
+        if kind is SourceKind.PIXELS:   # NOTE [ Cached pixels ] in _pipeline/cache.py
             data = self.data_index(idx).tolist()
             return plan.run_pixels_into(self.dataset.images(data, num_threads), out, idx, seed=seed, epoch=epoch,
                                         num_threads=num_threads, timings=timings, wait=wait)

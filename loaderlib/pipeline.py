@@ -18,7 +18,7 @@ native engine, built by a private ``DataLoader`` whose runs take the pipeline's 
 objects, the same arena, the same kernels and keyed randomness, no second implementation.
 A map step holding a Python callable moves the head to the threads engine (its calls run on
 the loader's Python pool). Every step after the head runs as a Python node
-(NOTE [ Pipeline nodes ] in ``_pipeline_ops.py``). ``explain()`` lists both parts.
+(NOTE [ Pipeline nodes ] in ``_pipeline/ops.py``). ``explain()`` lists both parts.
 
 NOTE [ Pipeline resume ]
 ``state_dict()`` records the iteration number and how many elements the user took. A
@@ -34,85 +34,43 @@ script resumes without knowing the seed; a pipeline given a seed refuses a diffe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import _pipeline_ops as ops
-from ._pipeline_engine import (
-    _EMPTY,
-    COUNT_KEEPING,
-    _decodes,
-    _Engine,
-    _Head,
-    _Source,
-    _top_head,
-    _warm_caller,
+from ._autotune import AUTOTUNE, attach, decisions_of, profiling_seconds, tune_knob
+from ._checks import check_int
+from ._pipeline import ops
+from ._pipeline.cache import CachedImages, CacheFill, CacheNode, CacheStore
+from ._pipeline.engine import COUNT_KEEPING, _decodes, _Engine, _Head, _Source, _top_head, _warm_caller
+from ._pipeline.options import PipelineOptions
+from ._pipeline.plan import (
+    INDEX_STEPS,
+    Step,
+    check_parallel,
+    draws_random,
+    plan_digest,
+    step_kwargs,
+    step_label,
+    steps_key,
 )
-from ._pipeline_spec import TensorSpec, batch_spec, map_structure, relax, spec_of, unbatch_spec
+from ._pipeline.spec import TensorSpec, step_spec
+from ._threads import default_num_threads
+from .datasets import ArrayDataset, ImageFolderDataset
+from .errors import StateError
+from .records import RecordFileDataset
+from .sampler import draw_seed
 
 __all__ = ["Pipeline", "PipelineIterator", "TensorSpec"]
 
 #: Version of the dict :meth:`Pipeline.state_dict` returns.
 STATE_VERSION = 1
-
-_INDEX_STEPS = ("shuffle", "repeat", "take", "skip")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of a pipeline's plan (configuration only)."""
-
-    kind: str
-    fn: Any = None
-    args: tuple = ()
-
-    def describe(self) -> str:
-        from .loader import _describe
-
-        parts = [] if self.fn is None else [_describe(self.fn)]
-        parts += [_arg(a) for a in self.args]
-        return f".{self.kind}({', '.join(parts)})"
-
-
-def _arg(a: Any) -> str:
-    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str):
-        return f"{a[0]}={a[1]!r}"
-    return repr(a)
-
-
-def _label(k: int, step: Step) -> str:
-    return f"step {k} {step.describe()}"
-
-
-def _kwargs(step: Step) -> dict:
-    return {a[0]: a[1] for a in step.args if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str)}
-
-
-# --------------------------------------------------------------------------- options
-
-
-class _Knob:
-    """A live setting read by the nodes while they run (``value``), tunable by AUTOTUNE."""
-
-    def __init__(self, value: int, limit: int, observe: Callable | None = None) -> None:
-        self.value = value
-        self.limit = limit
-        self.observe = observe
-
-
-def _check_count(value: Any, name: str, minimum: int = 0, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -139,23 +97,22 @@ class Pipeline:
     >>> for images, labels in pipe: ...                          # doctest: +SKIP
     """
 
-    def __init__(self, source: _Source, steps: tuple = (), options: dict | None = None) -> None:
-        from ._autotune import profiling_seconds
-        from .sampler import draw_seed
-
+    def __init__(self, source: _Source, steps: tuple = (), options: PipelineOptions | None = None) -> None:
         self._src = source
         self._steps = tuple(steps)
-        self._options = dict(options) if options else {}
-        if self._options.get("seed") is None:
-            self._options["seed"] = draw_seed()
-            self._options["seed_drawn"] = True   # a resumed state may replace it (NOTE [ Pipeline resume ])
+        options = options if options is not None else PipelineOptions()
+        if options.seed is None:
+            # A resumed state may replace a drawn seed (NOTE [ Pipeline resume ]).
+            options = dataclasses.replace(options, seed=draw_seed(), seed_drawn=True)
+        self._options = options
         # Every AUTOTUNE decision of this pipeline is timed from here (NOTE [ Autotune ]).
-        self._tune_origin = (self._options.get("autotune_clock") or profiling_seconds)()
+        self._tune_origin = (options.autotune_clock or profiling_seconds)()
+        self._tuners: list = []
         self._iteration = 0
         self._resume: dict | None = None
         self._current: Any = None
         self._last: PipelineIterator | None = None
-        self._spec: Any = _EMPTY
+        self._spec: Any = ops.EMPTY
         self._engines: dict = {}
         self._caches: dict = {}
         self._step_knobs: dict = {}
@@ -168,8 +125,6 @@ class Pipeline:
         """Elements ``(HWC uint8 RGB image, int64 label)`` of an image folder (``root/class/img``),
         as :class:`~loaderlib.ImageFolderDataset` (an object-store prefix too, with
         ``storage_options``)."""
-        from .datasets import ImageFolderDataset
-
         ds = ImageFolderDataset(root, extensions, storage_options=storage_options)
         return cls(_Source("folder", ds, what=repr(ds)))
 
@@ -180,8 +135,6 @@ class Pipeline:
         """Elements ``(image, label)`` of record files written by :func:`~loaderlib.write_records`
         (one file, a list or a glob; URLs too, with the options of
         :class:`~loaderlib.RecordFileDataset`)."""
-        from .records import RecordFileDataset
-
         ds = RecordFileDataset(paths, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         return cls(_Source("records", ds, what=repr(ds)))
 
@@ -189,8 +142,6 @@ class Pipeline:
     def from_arrays(cls, *arrays: np.ndarray) -> Pipeline:
         """Elements are the rows of the arrays (one array: the row; several: a tuple of rows),
         as tf.data's ``from_tensor_slices``."""
-        from .datasets import ArrayDataset
-
         if not arrays:
             raise ValueError("from_arrays needs at least one array")
         arrs = [np.asarray(a) for a in arrays]
@@ -268,7 +219,7 @@ class Pipeline:
         """
         if not callable(fn):
             raise TypeError(f"map takes a callable, got {type(fn).__name__}")
-        _check_parallel(num_parallel_calls)
+        check_parallel(num_parallel_calls)
         args: tuple = ()
         if num_parallel_calls is not None:
             args += (("num_parallel_calls", num_parallel_calls),)
@@ -293,16 +244,16 @@ class Pipeline:
         and give ``block_length`` elements each in turn."""
         if not callable(fn):
             raise TypeError(f"interleave takes a callable, got {type(fn).__name__}")
-        _check_count(cycle_length, "cycle_length", 1)
-        _check_count(block_length, "block_length", 1)
+        check_int(cycle_length, "cycle_length", minimum=1)
+        check_int(block_length, "block_length", minimum=1)
         return self._then(Step("interleave", fn, (int(cycle_length), ("block_length", int(block_length)))))
 
     def shuffle(self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True) -> Pipeline:
         """tf.data's buffered shuffle: each element comes from a buffer of ``buffer_size``
         upcoming elements (a buffer at least the data's size gives a uniform permutation);
         a new order every iteration unless ``reshuffle_each_iteration=False``."""
-        _check_count(buffer_size, "buffer_size", 1)
-        _check_count(seed, "seed", 0, allow_none=True)
+        check_int(buffer_size, "buffer_size", minimum=1)
+        check_int(seed, "seed", minimum=0, allow_none=True)
         args: tuple = (int(buffer_size),)
         if seed is not None:
             args += (("seed", int(seed)),)
@@ -313,25 +264,25 @@ class Pipeline:
     def repeat(self, count: int | None = None) -> Pipeline:
         """Pass over the input ``count`` times (None or -1: for ever)."""
         if count is not None and count != -1:
-            _check_count(count, "count", 0)
+            check_int(count, "count", minimum=0)
         return self._then(Step("repeat", None, () if count in (None, -1) else (int(count),)))
 
     def take(self, count: int) -> Pipeline:
         """The first ``count`` elements (-1: all)."""
         if count != -1:
-            _check_count(count, "count", 0)
+            check_int(count, "count", minimum=0)
         return self._then(Step("take", None, (int(count),)))
 
     def skip(self, count: int) -> Pipeline:
         """All but the first ``count`` elements (-1: none)."""
         if count != -1:
-            _check_count(count, "count", 0)
+            check_int(count, "count", minimum=0)
         return self._then(Step("skip", None, (int(count),)))
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> Pipeline:
         """Stack ``batch_size`` consecutive elements component-wise; the last batch may be
         short unless ``drop_remainder``."""
-        _check_count(batch_size, "batch_size", 1)
+        check_int(batch_size, "batch_size", minimum=1)
         args: tuple = (int(batch_size),)
         if drop_remainder:
             args += (("drop_remainder", True),)
@@ -342,7 +293,7 @@ class Pipeline:
         """Like :meth:`batch`, padding every component at the end of each axis to
         ``padded_shapes`` (per component; None or -1 dimensions: the batch's largest) with
         ``padding_values`` (per component or one scalar; default 0)."""
-        _check_count(batch_size, "batch_size", 1)
+        check_int(batch_size, "batch_size", minimum=1)
         args: tuple = (int(batch_size),)
         if padded_shapes is not None:
             args += (("padded_shapes", padded_shapes),)
@@ -358,10 +309,8 @@ class Pipeline:
 
     def prefetch(self, buffer_size: int) -> Pipeline:
         """Keep ``buffer_size`` elements ready on a background thread (``AUTOTUNE``: tuned)."""
-        from ._autotune import AUTOTUNE
-
         if buffer_size != AUTOTUNE:
-            _check_count(buffer_size, "buffer_size", 1)
+            check_int(buffer_size, "buffer_size", minimum=1)
         return self._then(Step("prefetch", None, (int(buffer_size),)))
 
     def cache(self, path: str | os.PathLike | None = None, *, max_side: int | None = None) -> Pipeline:
@@ -370,7 +319,7 @@ class Pipeline:
         ``path=None`` keeps them in memory (within ``ram_budget``); a path stores them in
         memory-mapped files (``path + ".llcache"``), written atomically and reused across runs
         until the upstream steps or the source files change (NOTE [ Pipeline cache ] in
-        ``_cache.py``). Cache decoded images before the random crop: later passes then run the
+        ``_pipeline/cache.py``). Cache decoded images before the random crop: later passes then run the
         crop fused on the native engine from the cached pixels, at full crop quality.
 
         ``max_side`` stores uint8 HWC images reduced so their longer side is at most
@@ -383,7 +332,7 @@ class Pipeline:
         if path is not None:
             args += (os.fspath(path),)
         if max_side is not None:
-            _check_count(max_side, "max_side", 8)
+            check_int(max_side, "max_side", minimum=8)
             args += (("max_side", int(max_side)),)
         return self._then(Step("cache", None, args))
 
@@ -425,36 +374,17 @@ class Pipeline:
             0 reads inside the decode threads; unset or ``AUTOTUNE``: adapts to the measured
             read latency (NOTE [ Read-ahead depth ] in ``_readahead.py``).
         """
-        from ._autotune import AUTOTUNE, parse_bytes
-
-        opts = dict(self._options)
+        given = {"seed": seed, "num_threads": num_threads, "prefetch": prefetch, "ram_budget": ram_budget,
+                 "num_workers": num_workers, "autotune_clock": autotune_clock, "io_depth": io_depth}
+        changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if seed is not None:
-            opts["seed"] = _check_count(seed, "seed", 0)
-            opts.pop("seed_drawn", None)
-        if num_threads is not None:
-            if num_threads != AUTOTUNE:
-                _check_count(num_threads, "num_threads", 0)
-            opts["num_threads"] = int(num_threads)
-        if prefetch is not None:
-            if prefetch != AUTOTUNE:
-                _check_count(prefetch, "prefetch", 1)
-            opts["prefetch"] = int(prefetch)
-        if ram_budget is not None:
-            opts["ram_budget"] = parse_bytes(ram_budget)
-        if num_workers is not None:
-            opts["num_workers"] = _check_count(num_workers, "num_workers", 0)
-        if autotune_clock is not None:
-            opts["autotune_clock"] = autotune_clock
-        if io_depth is not None:
-            if io_depth != AUTOTUNE:
-                _check_count(io_depth, "io_depth", 0)
-            opts["io_depth"] = int(io_depth)
-        return Pipeline(self._src, self._steps, opts)
+            changes["seed_drawn"] = False
+        return Pipeline(self._src, self._steps, dataclasses.replace(self._options, **changes))
 
     # -- properties ------------------------------------------------------------------
     @property
     def seed(self) -> int:
-        return int(self._options["seed"])
+        return int(self._options.seed)
 
     @property
     def element_spec(self) -> Any:
@@ -466,26 +396,21 @@ class Pipeline:
         dtypes; dimensions None). Raises ValueError naming the step whose spec fails.
         """
         with self._lock:
-            if self._spec is _EMPTY:
+            if self._spec is ops.EMPTY:
                 self._spec = self._compute_spec()
             return self._spec
 
     def _compute_spec(self) -> Any:
         spec = self._src.spec()
         for k, step in enumerate(self._steps, 1):
-            spec = _step_spec(self, k, step, spec)
+            spec = step_spec(self, k, step, spec)
         return spec
 
     def _fingerprint(self, upto: int | None = None) -> list:
         """What identifies the elements of steps ``1..upto``: the source's data, the steps and,
         when a step draws random numbers (or may: Python code), the seed."""
-        from . import transforms as T
-
         steps = self._steps if upto is None else self._steps[:upto]
-        random = any(s.kind == "shuffle" or (s.fn is not None and not (isinstance(s.fn, T.Transform)
-                                                                        and not s.fn.random)) for s in steps)
-        return [self._src.fingerprint(), self.seed if random else None,
-                [[s.kind, _fn_key(s.fn), [_arg_key(a) for a in s.args]] for s in steps]]
+        return [self._src.fingerprint(), self.seed if draws_random(steps) else None, steps_key(steps)]
 
     # -- compilation -----------------------------------------------------------------
     def _build(self, iteration: int, skip: int = 0) -> ops.Node:
@@ -519,11 +444,9 @@ class Pipeline:
 
     def _cached_head(self, ctx: ops.Context, k: int) -> tuple[ops.Node | None, int]:
         """The steps after cache step ``k`` (0-based) on the engine, over the cached pixels
-        once the cache of decoded images is complete (NOTE [ Cached pixels ] in ``_cache.py``),
+        once the cache of decoded images is complete (NOTE [ Cached pixels ] in ``_pipeline/cache.py``),
         and while a cache right after an image source is not, over the source's images
         decoded into it as the pass goes (NOTE [ Filling through the engine ])."""
-        from ._cache import CachedImages, CacheFill
-
         store = self._cache_store(k + 1, self._steps[k])
         label = f"step {k + 1} .cache()"
         if store.ready():
@@ -553,46 +476,41 @@ class Pipeline:
         """The engine stage over ``base()`` for steps ``start..`` (0-based; NOTE [ Pipeline compilation ])."""
         steps = self._steps
         h = start
-        while h < len(steps) and steps[h].kind in (*_INDEX_STEPS, "map"):
+        while h < len(steps) and steps[h].kind in (*INDEX_STEPS, "map"):
             h += 1
         batch = None
         drop = False
         if h < len(steps) and steps[h].kind == "batch":
             batch = steps[h].args[0]
-            drop = bool(_kwargs(steps[h]).get("drop_remainder", False))
+            drop = bool(step_kwargs(steps[h]).get("drop_remainder", False))
             h += 1
         maps = [s for s in steps[start:h] if s.kind == "map"]
         if not maps and batch is None and not (start == 0 and _decodes(self._src.dataset)):
             return None, start   # nothing for an engine to do (an image source still decodes in parallel)
-        index = [(k, s) for k, s in enumerate(steps[start:h], start + 1) if s.kind in _INDEX_STEPS]
-        opts = dict(self._options)
-        par = [_kwargs(s).get("num_parallel_calls") for s in maps]
+        index = [(k, s) for k, s in enumerate(steps[start:h], start + 1) if s.kind in INDEX_STEPS]
+        opts = self._options
+        par = [step_kwargs(s).get("num_parallel_calls") for s in maps]
         par = [p for p in par if p is not None]
-        if opts.get("num_threads") is None and par:
-            opts["num_threads"] = max(par)
+        if opts.num_threads is None and par:
+            opts = dataclasses.replace(opts, num_threads=max(par))
         absorbed = None
         if h < len(steps) and steps[h].kind == "prefetch":
             # The engine's own prefetch queue is that step (no second queue behind it).
-            absorbed = _label(h + 1, steps[h])
-            if opts.get("prefetch") is None:
-                opts["prefetch"] = steps[h].args[0]
+            absorbed = step_label(h + 1, steps[h])
+            if opts.prefetch is None:
+                opts = dataclasses.replace(opts, prefetch=steps[h].args[0])
             h += 1
-        from ._autotune import AUTOTUNE
-
-        tuned = {k: opts[k] for k in ("num_threads", "prefetch") if opts.get(k) == AUTOTUNE}
-        for k in tuned:
-            opts[k] = None
+        tuned = {k for k in ("num_threads", "prefetch") if getattr(opts, k) == AUTOTUNE}
+        opts = dataclasses.replace(opts, **dict.fromkeys(tuned))   # the tuner sets them
         key = (start, h)
         with self._lock:
             engine = self._engines.get(key)
             if engine is None:
-                labels = [_label(k, s) for k, s in enumerate(steps[start:h], start + 1) if s.kind == "map"]
+                labels = [step_label(k, s) for k, s in enumerate(steps[start:h], start + 1) if s.kind == "map"]
                 engine = self._engines[key] = _Engine(base(), [s.fn for s in maps], labels, batch, opts, self.seed)
                 if tuned:
-                    from ._autotune import attach
-
                     attach(engine.loader, num_threads=("num_threads" in tuned), prefetch=("prefetch" in tuned),
-                           ram_budget=self._options.get("ram_budget"), clock=self._options.get("autotune_clock"),
+                           ram_budget=opts.ram_budget, clock=opts.autotune_clock,
                            origin=self._tune_origin)
         n = engine.n
 
@@ -602,16 +520,16 @@ class Pipeline:
                 node = self._node(node, k, s, ctx)
             return node
 
-        rows = [_label(k, s) for k, s in index]
-        last = _label(h, steps[h - 1])
+        rows = [step_label(k, s) for k, s in index]
+        last = step_label(h, steps[h - 1])
         head = _Head(engine, index_nodes if index else None, n, ctx.iteration, drop, f"{what} to {last}", rows,
                      absorbed)
         return head, h
 
     def _node(self, up: ops.Node, k: int, step: Step, ctx: ops.Context) -> ops.Node:
 
-        label = _label(k, step)
-        kw = _kwargs(step)
+        label = step_label(k, step)
+        kw = step_kwargs(step)
         kind = step.kind
         if kind == "map":
             par = kw.get("num_parallel_calls")
@@ -644,50 +562,48 @@ class Pipeline:
         if kind == "prefetch":
             return ops.Prefetch(up, label, self._knob(k, label, "prefetch", step.args[0]))
         if kind == "cache":
-            from ._cache import CacheNode
-
             store = self._cache_store(k, step)
             return CacheNode(up, label, store)
         if kind == "concatenate":
             return ops.Concatenate(up, label, step.args[0], ctx)
         raise ValueError(f"{label}: unknown step")  # pragma: no cover
 
-    def _knob(self, k: int, label: str, kind: str, value: int) -> _Knob:
+    def _knob(self, k: int, label: str, kind: str, value: int) -> ops.Knob:
         """Step ``k``'s live setting, kept across iterations (an AUTOTUNE tuner keeps tuning it)."""
-        from ._autotune import AUTOTUNE, tune_knob
-        from ._threads import default_num_threads
-
         with self._lock:
             knob = self._step_knobs.get(k)
             if knob is None:
                 if kind == "prefetch":
-                    knob = _Knob(2 if value == AUTOTUNE else int(value), 64)
+                    knob = ops.Knob(2 if value == AUTOTUNE else int(value), 64)
                 else:
                     cpus = max(1, default_num_threads())
-                    knob = _Knob(cpus if value == AUTOTUNE else int(value), max(cpus, int(value)))
+                    knob = ops.Knob(cpus if value == AUTOTUNE else int(value), max(cpus, int(value)))
                 if value == AUTOTUNE:
-                    tune_knob(self, knob, label, kind=kind)
+                    self._tuners.append(tune_knob(knob, label, kind=kind, clock=self._options.autotune_clock,
+                                                  origin=self._tune_origin))
                 self._step_knobs[k] = knob
             return knob
 
     def _cache_store(self, k: int, step: Step) -> Any:
         """The store of cache step ``k``, kept by this pipeline across iterations."""
-        from ._cache import CacheStore
-
         with self._lock:
             store = self._caches.get(k)
             if store is None:
                 path = step.args[0] if step.args and isinstance(step.args[0], str) else None
-                store = self._caches[k] = CacheStore(path, max_side=_kwargs(step).get("max_side"),
+                store = self._caches[k] = CacheStore(path, max_side=step_kwargs(step).get("max_side"),
                                                      fingerprint=json.dumps(self._fingerprint(k - 1)),
-                                                     ram_budget=self._options.get("ram_budget"),
-                                                     label=_label(k, step))
+                                                     ram_budget=self._options.ram_budget,
+                                                     label=step_label(k, step))
             return store
 
     def _open_nested(self, iteration: int) -> Iterator:
         """Elements of one pass of this pipeline inside another (flat_map, interleave, zip,
-        concatenate), as iteration ``iteration`` (``_pipeline_ops.nested_key``)."""
+        concatenate), as iteration ``iteration`` (``ops.nested_key`` in ``_pipeline/ops.py``)."""
         return self._build(iteration).open()
+
+    def _upstream(self, k: int) -> Pipeline:
+        """This pipeline's source and options with its first ``k`` steps only."""
+        return Pipeline(self._src, self._steps[:k], self._options)
 
     # -- iteration and state ---------------------------------------------------------
     def __iter__(self) -> PipelineIterator:
@@ -740,7 +656,7 @@ class Pipeline:
                 e, k = it.iteration, it.delivered
             else:
                 e, k = self._iteration, 0
-            return {"version": STATE_VERSION, "seed": self.seed, "plan": _plan_digest(self), "iteration": int(e),
+            return {"version": STATE_VERSION, "seed": self.seed, "plan": plan_digest(self._src.kind, self._src.what, self._steps), "iteration": int(e),
                     "delivered": int(k)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -751,20 +667,18 @@ class Pipeline:
         StateError
             The state is from another version, seed or plan.
         """
-        from .errors import StateError
-
         if not isinstance(state, dict):
             raise StateError(f"a pipeline state is a dict, got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
             raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
         seed = state.get("seed")
-        adopt = seed != self.seed and self._options.get("seed_drawn", False)
+        adopt = seed != self.seed and self._options.seed_drawn
         if adopt and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise StateError(f"the state's 'seed' must be a non-negative integer, got {seed!r}")
         if seed != self.seed and not adopt:
             raise StateError(f"the state is for seed {seed!r}, this pipeline was given seed {self.seed} "
                              "(with_options(seed=...)); a pipeline whose seed was drawn takes the state's")
-        if state.get("plan") != _plan_digest(self):
+        if state.get("plan") != plan_digest(self._src.kind, self._src.what, self._steps):
             raise StateError("the state is for another pipeline (its steps or source differ)")
         for key in ("iteration", "delivered"):
             if not isinstance(state.get(key), int) or state[key] < 0:
@@ -774,7 +688,7 @@ class Pipeline:
             if adopt:
                 # This pipeline drew its seed: it takes the saved run's, as DataLoader does
                 # (_adopt_seed). Engines were made with the old seed, so they are made again.
-                self._options["seed"] = int(seed)
+                self._options = dataclasses.replace(self._options, seed=int(seed))
                 engines, self._engines = list(self._engines.values()), {}
             self._resume = json.loads(json.dumps(state))
         for e in engines:
@@ -813,6 +727,8 @@ class Pipeline:
     def dashboard(self, **kwargs: Any) -> Any:
         """A live bottleneck dashboard for this pipeline's engine stage, with the tuner's
         decisions (Jupyter; see :class:`loaderlib.profiling.Dashboard`, which takes ``kwargs``)."""
+        # Lazy: loaderlib.profiling imports ipywidgets and matplotlib, which `import loaderlib`
+        # never needs (and profiling reads the core, not the reverse).
         from .profiling import Dashboard
 
         return Dashboard(self, **kwargs)
@@ -827,8 +743,6 @@ class Pipeline:
         pipeline object was made (by its last step or ``with_options``), read on the clock
         ``AUTOTUNE`` uses: the profiling clock (``loaderlib.stats.clock_ns``, the clock of
         ``Stats.started_s``) unless ``autotune_clock`` was given (NOTE [ Autotune ])."""
-        from ._autotune import decisions_of
-
         engines = list(self._engines.values())
         return {"engine": engines[0].loader.stats if engines else None,
                 "autotune": decisions_of(self, *(e.loader for e in engines)), "cache": self.cache_info()}
@@ -901,152 +815,3 @@ class PipelineIterator:
             ops.close(self._it)
         except Exception:  # noqa: BLE001, S110
             pass
-
-
-# --------------------------------------------------------------------------- specs
-
-
-def _check_parallel(n: Any) -> None:
-    from ._autotune import AUTOTUNE
-
-    if n is None or n == AUTOTUNE:
-        return
-    _check_count(n, "num_parallel_calls", 1)
-
-
-def _fn_key(fn: Any) -> str:
-    if fn is None:
-        return ""
-    from . import transforms as T
-
-    if isinstance(fn, T.Transform):
-        return repr(fn)
-    mod = getattr(fn, "__module__", "") or ""
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    code = getattr(fn, "__code__", None)
-    digest = ""
-    if code is not None:
-        import hashlib
-
-        digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
-    return f"{mod}.{name}:{digest}"
-
-
-def _arg_key(a: Any) -> Any:
-    if isinstance(a, Pipeline):
-        return a._fingerprint()
-    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str):
-        return [a[0], _arg_key(a[1])]
-    try:
-        json.dumps(a)
-        return a
-    except TypeError:
-        return repr(a)
-
-
-def _plan_digest(pipe: Pipeline) -> str:
-    import hashlib
-
-    steps = [[s.kind, _fn_key(s.fn), [_arg_key(a) if not isinstance(a, Pipeline) else "pipeline" for a in s.args]]
-             for s in pipe._steps]
-    return hashlib.sha256(json.dumps([pipe._src.kind, pipe._src.what, steps], default=repr).encode()).hexdigest()[:16]
-
-
-def _image_spec(s: TensorSpec, label: str) -> Any:
-    from . import transforms as T
-
-    if len(s.shape) != 3:
-        raise ValueError(f"{label}: a loaderlib transform needs an HWC image, the element's image component is {s!r}")
-    h, w, c = s.shape
-    return T.ImageSpec(h, w, c, s.dtype, "HWC")
-
-
-def _from_image_spec(spec: Any) -> TensorSpec:
-    if spec.layout == "CHW":
-        return TensorSpec((spec.channels, spec.height, spec.width), spec.dtype)
-    return TensorSpec((spec.height, spec.width, spec.channels), spec.dtype)
-
-
-def _traced(pipe: Pipeline, k: int, fn: Callable, label: str) -> Any:
-    """The spec of ``fn``'s output on the first element of steps ``1..k-1`` (ranks and dtypes)."""
-    if pipe._src.one_shot:
-        # A one-shot iterator has one pass: only its first element can be peeked (and kept).
-        if k > 1:
-            raise ValueError(f"{label}: cannot trace the element spec through earlier steps of a one-shot iterator "
-                             "(pass output_spec=, or a re-iterable source)")
-        first = pipe._src.first()
-    else:
-        up = Pipeline(pipe._src, pipe._steps[:k - 1], pipe._options)
-        it = iter(up._build(0).open())
-        try:
-            first = next(it, _EMPTY)
-        finally:
-            ops.close(it)
-            up.close()
-    if first is _EMPTY:
-        raise ValueError(f"{label}: cannot trace the element spec, the input is empty (pass output_spec=)")
-    try:
-        out = ops.apply_map(fn, first, ops.Context(pipe.seed, 0), 0) if fn is not None else first
-    except Exception as e:
-        raise ValueError(f"{label}: tracing the function on the first element failed: {type(e).__name__}: {e}") from e
-    if isinstance(out, Pipeline):
-        return out.element_spec
-    return map_structure(lambda s: TensorSpec((None,) * len(s.shape), s.dtype), spec_of(out))
-
-
-def _step_spec(pipe: Pipeline, k: int, step: Step, spec: Any) -> Any:
-    from . import transforms as T
-
-    label = _label(k, step)
-    kw = _kwargs(step)
-    kind = step.kind
-    if kind == "map":
-        if kw.get("output_spec") is not None:
-            return kw["output_spec"]
-        fn = step.fn
-        if isinstance(fn, T.Transform) and not (isinstance(fn, T.Compose) and any(
-                not isinstance(t, T.Transform) for t in fn.steps)):
-            img = spec[0] if isinstance(spec, tuple) else spec
-            if not isinstance(img, TensorSpec):
-                raise ValueError(f"{label}: a loaderlib transform needs an image component, the element is {spec!r}")
-            try:
-                out = _from_image_spec(fn.plan(_image_spec(img, label)))
-            except (TypeError, ValueError) as e:
-                msg = str(e)
-                raise ValueError(msg if msg.startswith(label) else f"{label}: {msg}") from None
-            return (out, *spec[1:]) if isinstance(spec, tuple) else out
-        return _traced(pipe, k, fn, label)
-    if kind in ("flat_map", "interleave"):
-        return _traced(pipe, k, step.fn, label)
-    if kind in ("filter", "shuffle", "repeat", "take", "skip", "prefetch"):
-        return spec
-    if kind == "cache":
-        if kw.get("max_side") is not None:
-            return map_structure(lambda s: TensorSpec((None, None, s.shape[2]), s.dtype)
-                                 if len(s.shape) == 3 and s.dtype == np.uint8 else s, spec)
-        return spec
-    if kind == "batch":
-        return batch_spec(spec, step.args[0] if kw.get("drop_remainder") else None)
-    if kind == "padded_batch":
-        shapes = kw.get("padded_shapes")
-        if shapes is not None:
-            def leaf(s: TensorSpec, shape: Any) -> TensorSpec:
-                shape = shape.dims if shape.dims is not None else (None,) * len(s.shape)
-                if len(shape) != len(s.shape):
-                    raise ValueError(f"{label}: padded shape {shape} does not match the component {s!r}")
-                return TensorSpec(tuple(None if d is None or d < 0 else d for d in shape), s.dtype)
-
-            try:
-                spec = map_structure(leaf, spec, ops._as_leaves(shapes, spec))
-            except (ValueError, TypeError, KeyError, IndexError) as e:
-                msg = str(e)
-                raise ValueError(msg if msg.startswith(label) else f"{label}: {msg}") from None
-        return batch_spec(spec, step.args[0] if kw.get("drop_remainder") else None)
-    if kind == "unbatch":
-        try:
-            return unbatch_spec(spec)
-        except ValueError as e:
-            raise ValueError(f"{label}: {e}") from None
-    if kind == "concatenate":
-        return relax(spec, step.args[0].element_spec, f"{label}: the element specs are not compatible: ")
-    raise ValueError(f"{label}: unknown step")  # pragma: no cover

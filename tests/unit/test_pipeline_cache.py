@@ -195,7 +195,7 @@ def test_cached_images_run_fused_on_the_native_engine(folder, tmp_path, on_disk)
 
 
 # --------------------------------------------------------------------------- the filling pass
-# NOTE [ Filling through the engine ] in loaderlib/_cache.py
+# NOTE [ Filling through the engine ] in loaderlib/_pipeline/cache.py
 
 
 @pytest.fixture
@@ -251,7 +251,8 @@ def test_filling_epoch_equals_the_uncached_pipeline(photos, tmp_path, threads, o
 
 def test_filling_runs_batches_through_the_engine(photos, monkeypatch):
     """The filling pass decodes each batch in one call and never indexes the dataset per element."""
-    from loaderlib import _cache, datasets
+    from loaderlib import datasets
+    from loaderlib._pipeline import cache as _cache
 
     calls = []
     decode = _cache.CachedImages._decode

@@ -16,6 +16,7 @@ import pytest
 
 import loaderlib as ll
 from loaderlib.errors import StateError
+from loaderlib.pipeline import TensorSpec
 
 SEED = 7
 
@@ -270,13 +271,19 @@ def test_runtime_error_names_the_step():
 
 def test_bad_arguments():
     p = source("arrays")
-    with pytest.raises(ValueError, match="buffer_size must be an integer >= 1"):
+    with pytest.raises(ValueError, match="buffer_size must be a positive integer, got 0"):
         p.shuffle(0)
-    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
         p.batch(0)
+    with pytest.raises(ValueError, match="count must be a non-negative integer, got -2"):
+        p.take(-2)
+    with pytest.raises(ValueError, match="max_side must be an integer >= 8, got 4"):
+        p.cache(max_side=4)
+    with pytest.raises(ValueError, match="num_parallel_calls must be a positive integer, got 0"):
+        p.map(abs, num_parallel_calls=0)
     with pytest.raises(TypeError, match="map takes a callable"):
         p.map(3)
-    with pytest.raises(ValueError, match="cycle_length must be an integer >= 1"):
+    with pytest.raises(ValueError, match="cycle_length must be a positive integer, got 0"):
         p.interleave(lambda x: p, 0)
     with pytest.raises(TypeError, match="flat_map.*must return a Pipeline"):
         list(p.flat_map(lambda x: 5))
@@ -366,3 +373,41 @@ def test_state_errors():
         given.load_state_dict({**given.state_dict(), "seed": 4})
     with pytest.raises(StateError, match="version"):
         p.load_state_dict({**p.state_dict(), "version": 99})
+
+
+def test_with_options_makes_a_new_frozen_options_object():
+    import dataclasses
+
+    from loaderlib._pipeline.options import PipelineOptions
+
+    p = source("arrays")
+    q = p.with_options(seed=5, num_threads=ll.AUTOTUNE, ram_budget="2MB", io_depth=0)
+    assert isinstance(q._options, PipelineOptions) and q._options is not p._options
+    assert (q.seed, q._options.num_threads, q._options.ram_budget, q._options.io_depth) == (5, ll.AUTOTUNE, 2_000_000, 0)
+    assert not q._options.seed_drawn and p.seed == SEED
+    assert q.with_options(prefetch=3)._options.ram_budget == 2_000_000   # the other options are kept
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'seed'"):
+        q._options.seed = 1
+    with pytest.raises(ValueError, match="prefetch must be a positive integer, got 0"):
+        p.with_options(prefetch=0)
+    with pytest.raises(ValueError, match="seed must be a non-negative integer, got -1"):
+        p.with_options(seed=-1)
+    with pytest.raises(ValueError, match="num_workers must be a non-negative integer, got 1.5"):
+        p.with_options(num_workers=1.5)
+    with pytest.raises(ValueError, match="ram_budget must be bytes"):
+        p.with_options(ram_budget="lots")
+    assert ll.Pipeline.from_arrays(np.arange(3))._options.seed_drawn
+
+
+def test_namedtuple_elements_keep_their_type_through_map_and_batch():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "x y")
+    pipe = ll.Pipeline.from_iterable(lambda: (Pair(np.full(2, i), i) for i in range(4))).batch(2)
+    batches = list(pipe)
+    assert [type(b) for b in batches] == [Pair, Pair]
+    np.testing.assert_array_equal(batches[1].x, [[2, 2], [3, 3]])
+    np.testing.assert_array_equal(batches[0].y, [0, 1])
+    assert type(pipe.element_spec) is Pair and pipe.element_spec.y == TensorSpec((None,), np.int64)
+    rows = list(pipe.unbatch())
+    assert [type(r) for r in rows] == [Pair] * 4 and [int(r.y) for r in rows] == [0, 1, 2, 3]

@@ -21,9 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from ._pipeline_spec import map_structure
+from .. import transforms as T
+from .._chain import compile_chain
+from .._engine_local import _DaemonThreadPool
+from .._tree import is_namedtuple, tree_leaves, tree_map
+from .plan import PipelineLike
 
 _BLOCK = 1024   # shuffle draws this many uniforms at a time (the sequence does not depend on it)
+
+#: "No element": an empty input's first element.
+EMPTY = object()
 
 
 def annotate(exc: BaseException, label: str) -> BaseException:
@@ -41,6 +48,16 @@ def close(it: Any) -> None:
     c = getattr(it, "close", None)
     if c is not None:
         c()
+
+
+class Knob:
+    """A live setting read by the nodes while they run (``value``), tunable by AUTOTUNE
+    (``observe``: the tuner's hook, called per element delivered)."""
+
+    def __init__(self, value: int, limit: int, observe: Callable | None = None) -> None:
+        self.value = value
+        self.limit = limit
+        self.observe = observe
 
 
 class Context:
@@ -93,8 +110,6 @@ def _fused(fn: Any) -> Any:
     key = id(fn)
     hit = cache.get(key)
     if hit is None or hit[0] is not fn:
-        from ._chain import compile_chain
-
         try:
             plan = compile_chain(fn)
         except (TypeError, ValueError):
@@ -125,8 +140,6 @@ def transform_image(fn: Any, img: Any, ctx: Context, ordinal: int) -> Any:
 def apply_map(fn: Any, el: Any, ctx: Context, ordinal: int) -> Any:
     """``map``'s call: a loaderlib transform applies to the image of an ``(image, ...)``
     element with keyed randomness (NOTE [ Pipeline nodes ]); anything else gets the components."""
-    from . import transforms as T
-
     if isinstance(fn, T.Transform):
         if isinstance(el, tuple):
             return (transform_image(fn, el[0], ctx, ordinal), *el[1:])
@@ -137,11 +150,11 @@ def apply_map(fn: Any, el: Any, ctx: Context, ordinal: int) -> Any:
 class Map(Unary):
     """``map(fn, num_parallel_calls)``: order kept; parallel calls run on a thread pool."""
 
-    def __init__(self, up: Node, label: str, fn: Any, ctx: Context, parallel: Any) -> None:
+    def __init__(self, up: Node, label: str, fn: Any, ctx: Context, parallel: Knob | None) -> None:
         super().__init__(up, label)
         self.fn = fn
         self.ctx = ctx
-        self.parallel = parallel   # None: in the consuming thread; else an object with .value
+        self.parallel = parallel   # None: in the consuming thread
 
     def what(self) -> str:
         if self.parallel is None:
@@ -167,8 +180,6 @@ class Map(Unary):
             close(it)
 
     def _parallel(self) -> Iterator:
-        from ._engine_local import _DaemonThreadPool
-
         knob = self.parallel
         pool = _DaemonThreadPool(max(1, knob.limit))
         stream = object()   # this pass, for an AUTOTUNE tuner (NOTE [ Autotune ])
@@ -231,9 +242,7 @@ def nested_key(ctx: Context, ordinal: int) -> int:
 
 
 def _as_iterator(obj: Any, label: str, ctx: Context, ordinal: int) -> Iterator:
-    from .pipeline import Pipeline
-
-    if isinstance(obj, Pipeline):
+    if isinstance(obj, PipelineLike):
         return obj._open_nested(nested_key(ctx, ordinal))
     try:
         return iter(obj)
@@ -443,7 +452,7 @@ class Skip(Unary):
 def stack(elements: list, label: str) -> Any:
     """A batch of elements: each component stacked on a new leading axis."""
     try:
-        return map_structure(lambda *xs: np.stack([np.asarray(x) for x in xs]), *elements)
+        return tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *elements)
     except ValueError as e:
         raise ValueError(f"{label}: cannot stack the elements of a batch ({e}); use padded_batch for "
                          "components whose shapes differ") from None
@@ -475,24 +484,26 @@ def pad_stack(elements: list, shapes: Any, values: Any, label: str) -> Any:
         return out
 
     struct = elements[0]
-    shapes = map_structure(lambda _: _Shape(None), struct) if shapes is None else _as_leaves(shapes, struct)
+    shapes = tree_map(lambda _: _Shape(None), struct) if shapes is None else as_leaves(shapes, struct)
     if values is None or not isinstance(values, (tuple, list, dict)):
-        values = map_structure(lambda _, v=values: v, struct)
-    return map_structure(leaf, shapes, values, *elements)
+        values = tree_map(lambda _, v=values: v, struct)
+    return tree_map(leaf, shapes, values, *elements)
 
 
-def _as_leaves(shapes: Any, struct: Any) -> Any:
-    """Shapes given per component; a bare shape (a tuple of ints) for a single component."""
-    if not isinstance(struct, (tuple, list, dict)):
-        return _Shape(shapes)
-    if isinstance(struct, dict):
-        return {k: _as_leaves(shapes[k], struct[k]) for k in struct}
-    out = [_as_leaves(s, c) for s, c in zip(shapes, struct)]
-    return tuple(out) if isinstance(struct, tuple) else out
+def as_leaves(shapes: Any, struct: Any) -> Any:
+    """Shapes given per component of ``struct`` (its containers, as ``_tree.py`` defines
+    them), one :class:`_Shape` leaf each; a bare shape (a tuple of ints) for a single component."""
+    t = type(struct)
+    if t is dict:
+        return {k: as_leaves(shapes[k], struct[k]) for k in struct}
+    if t is tuple or t is list or is_namedtuple(struct):
+        out = [as_leaves(s, c) for s, c in zip(shapes, struct)]
+        return t(out) if t is tuple or t is list else t(*out)
+    return _Shape(shapes)
 
 
 class _Shape:
-    """A padded shape carried as one leaf through map_structure (None: the batch's largest)."""
+    """A padded shape carried as one leaf through ``tree_map`` (None: the batch's largest)."""
 
     def __init__(self, shape: Any) -> None:
         self.dims = None if shape is None else tuple(shape)
@@ -534,27 +545,21 @@ class Unbatch(Unary):
         it = self.up.open()
         try:
             for el in it:
-                parts = [np.asarray(x) for x in _flat(el)]
+                parts = [np.asarray(x) for x in tree_leaves(el)]
                 n = {p.shape[0] if p.ndim else -1 for p in parts}
                 if len(n) != 1 or -1 in n:
                     raise ValueError(f"{self.label}: every component needs the same leading dimension to unbatch, "
                                      f"got {sorted(p.shape for p in parts)}")
                 for k in range(n.pop()):
-                    yield map_structure(lambda x, k=k: x[k], el)
+                    yield tree_map(lambda x, k=k: x[k], el)
         finally:
             close(it)
-
-
-def _flat(el: Any) -> list:
-    out: list = []
-    map_structure(out.append, el)
-    return out
 
 
 class Prefetch(Unary):
     """A background thread keeps up to ``depth.value`` elements ready (order kept)."""
 
-    def __init__(self, up: Node, label: str, depth: Any) -> None:
+    def __init__(self, up: Node, label: str, depth: Knob) -> None:
         super().__init__(up, label)
         self.depth = depth
 
@@ -615,7 +620,7 @@ class Prefetch(Unary):
 
 
 class Concatenate(Unary):
-    def __init__(self, up: Node, label: str, other: Any, ctx: Context) -> None:
+    def __init__(self, up: Node, label: str, other: PipelineLike, ctx: Context) -> None:
         super().__init__(up, label)
         self.other = other
         self.ctx = ctx
@@ -643,7 +648,7 @@ class Zip(Node):
 
     label = "source Pipeline.zip"
 
-    def __init__(self, parts: list, structure: Any, ctx: Context) -> None:
+    def __init__(self, parts: list[PipelineLike], structure: Any, ctx: Context) -> None:
         self.parts = parts
         self.structure = structure   # "tuple" or the dict keys
         self.ctx = ctx

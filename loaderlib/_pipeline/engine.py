@@ -3,22 +3,28 @@ head, and the head node (NOTE [ Pipeline compilation ] in ``pipeline.py``)."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from . import _pipeline_ops as ops
-from ._pipeline_spec import TensorSpec, leaves, map_structure, spec_of
-from ._source import NativeSource, SourceKind, native_source_of
-from .datasets import Dataset
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
+from .. import transforms as T
+from .._engine_base import LoaderIterator, RunState
+from .._source import NativeSource, SourceKind, native_source_of
+from .._tree import tree_leaves, tree_map
+from ..datasets import ArrayDataset, Dataset, ImageFolderDataset, ImageListDataset
+from ..loader import DataLoader
+from ..records import RecordFileDataset
+from ..sampler import EpochOrder
+from . import ops
+from .options import PipelineOptions
+from .plan import PipelineLike
+from .spec import TensorSpec, spec_of
 
 #: Steps that keep the element count (a resume can skip inside the engine stage below them).
 COUNT_KEEPING = (ops.Map, ops.Prefetch)
@@ -31,7 +37,7 @@ class _Source:
     native = False
 
     def __init__(self, kind: str, dataset: Any = None, *, make: Callable | None = None, what: str = "",
-                 parts: Sequence[Pipeline] | None = None, keys: Any = None) -> None:
+                 parts: Sequence[PipelineLike] | None = None, keys: Any = None) -> None:
         self.kind = kind
         self.dataset = dataset
         self.make = make
@@ -45,8 +51,6 @@ class _Source:
 
     def fingerprint(self) -> Any:
         """What identifies the source's data (files with sizes and mtimes; array digests)."""
-        import hashlib
-
         ds = self.dataset
         if self.kind == "zip":
             return ["zip", [p._fingerprint() for p in self.parts]]
@@ -69,9 +73,6 @@ class _Source:
         return [self.kind, self.what, n]
 
     def spec(self) -> Any:
-        from .datasets import ArrayDataset, ImageFolderDataset, ImageListDataset
-        from .records import RecordFileDataset
-
         ds = self.dataset
         image = TensorSpec((None, None, 3), np.uint8)
         if self.kind == "zip":
@@ -85,21 +86,21 @@ class _Source:
             specs = [TensorSpec(a.shape[1:], a.dtype) for a in ds.arrays]
             return specs[0] if len(specs) == 1 else tuple(specs)
         first = self.first()
-        if first is _EMPTY:
+        if first is ops.EMPTY:
             raise ValueError(f"source {self.what}: the element spec cannot be traced from an empty source")
         return spec_of(first)
 
     def first(self) -> Any:
         """The first element (traced once; a one-shot iterator keeps it for its first pass)."""
         if self.indexable:
-            return self.dataset[0] if len(self.dataset) else _EMPTY
+            return self.dataset[0] if len(self.dataset) else ops.EMPTY
         with self._lock:
             if self._peeked is None:
                 it = self.make()
                 try:
                     self._peeked = [next(it), it]
                 except StopIteration:
-                    self._peeked = [_EMPTY, None]
+                    self._peeked = [ops.EMPTY, None]
             return self._peeked[0]
 
     def node(self, ctx: ops.Context) -> ops.Node:
@@ -115,7 +116,7 @@ class _Source:
             peeked, self._peeked = self._peeked, None
         if peeked is not None and peeked[1] is not None and self.one_shot:
             return itertools.chain([peeked[0]], peeked[1])
-        if peeked is not None and peeked[0] is _EMPTY and self.one_shot:
+        if peeked is not None and peeked[0] is ops.EMPTY and self.one_shot:
             return iter(())
         return self.make()
 
@@ -123,8 +124,6 @@ class _Source:
     def one_shot(self) -> bool:
         return self.kind == "iterable" and self.dataset is not None and iter(self.dataset) is self.dataset
 
-
-_EMPTY = object()
 
 
 def _decodes(ds: Any) -> bool:
@@ -207,18 +206,16 @@ class _Engine:
     """The private DataLoader that runs a pipeline's head, kept across iterations (its arena,
     kernel plan and Python pool are reused)."""
 
-    def __init__(self, base: Any, maps: list, labels: list, batch: int | None, opts: dict, seed: int) -> None:
-        from . import transforms as T
-        from .loader import DataLoader
-
+    def __init__(self, base: Any, maps: list, labels: list, batch: int | None, opts: PipelineOptions,
+                 seed: int) -> None:
         self.base = base
         self.maps = maps
         self.labels = labels
         self.n = len(base)
         self.unbatch = batch is None
         self.batch_size = batch if batch is not None else 64
-        kw = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.get("num_threads"),
-              "prefetch": opts.get("prefetch"), "timeout": None, "io_depth": opts.get("io_depth")}
+        kw = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.num_threads,
+              "prefetch": opts.prefetch, "timeout": None, "io_depth": opts.io_depth}
         self.keyed = True
         self._warm: tuple | None = None
         loader = None
@@ -239,7 +236,7 @@ class _Engine:
                     loader.close()
                     loader = None
         if loader is None:
-            workers = int(opts.get("num_workers") or 0)
+            workers = int(opts.num_workers or 0)
             if workers and any(getattr(m, "random", False) for m in maps):
                 bad = next(lab for m, lab in zip(maps, labels) if getattr(m, "random", False))
                 raise ValueError(f"{bad}: a random loaderlib transform cannot run in worker processes here (its "
@@ -275,8 +272,6 @@ class _Engine:
             w[2].close()
 
     def run(self, order: Any, iteration: int, delivered: int, position: int) -> Any:
-        from ._engine_base import LoaderIterator, RunState
-
         ld = self.loader
         if self.keyed:
             ld.dataset = _Keyed(self.base, self.maps, ld.seed, iteration, self.labels)
@@ -311,8 +306,6 @@ class _Head(ops.Node):
         if self.engine.keyed:
             # The loader sees one Python dataset (_Keyed): name the maps it applies instead, each
             # by its step and qualified name (NOTE [ Naming Python steps ] in loader.py).
-            from . import transforms as T
-
             maps = list(zip(self.engine.labels, self.engine.maps))
             py = [label for label, fn in maps if not isinstance(fn, T.Transform)]
             tail = reason.split("; ", 1)[1] if "; " in reason else ""
@@ -359,8 +352,6 @@ class _Head(ops.Node):
     def segments(self) -> Iterator[tuple[Any, bool]]:
         """The pass as ``(EpochOrder, last)`` segments of whole batches; a segment's tail that
         fills no batch is carried into the next one, so batches cross chunk boundaries."""
-        from .sampler import EpochOrder
-
         b = self.engine.batch_size
         empty = np.zeros(0, np.int64)
         carry = empty
@@ -425,7 +416,7 @@ def _top_head(node: ops.Node) -> _Head | None:
     return node if isinstance(node, _Head) else None
 
 
-def _warm_caller(pipe: Pipeline, iteration: int) -> Callable[[], None]:
+def _warm_caller(pipe: PipelineLike, iteration: int) -> Callable[[], None]:
     ref = weakref.ref(pipe)
 
     def call() -> None:
@@ -437,9 +428,9 @@ def _warm_caller(pipe: Pipeline, iteration: int) -> Callable[[], None]:
 
 
 def _rows(batch: Any) -> list:
-    parts = leaves(batch)
+    parts = tree_leaves(batch)
     n = len(parts[0])
-    return [map_structure(lambda x, k=k: x[k], batch) for k in range(n)]
+    return [tree_map(lambda x, k=k: x[k], batch) for k in range(n)]
 
 
 class _IndexSource(ops.Node):

@@ -42,10 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from . import _pipeline_ops as ops
-from ._pipeline_spec import leaves, map_structure
-from ._source import NativeSource, SourceKind
-from .datasets import Dataset
+from .._source import NativeSource, SourceKind
+from .._tree import is_namedtuple, tree_leaves, tree_map
+from ..datasets import Dataset
+from ..decoding import decode_batch
+from ..errors import DecodeError
+from ..transforms import _resize
+from . import ops
 
 __all__ = ["CacheFill", "CacheNode", "CacheStore", "CachedImages"]
 
@@ -61,8 +64,6 @@ def reduce_image(x: Any, max_side: int) -> Any:
     h, w = x.shape[:2]
     if max(h, w) <= max_side:
         return x
-    from .transforms import _resize
-
     s = max_side / max(h, w)
     return _resize(np.ascontiguousarray(x), max(1, round(h * s)), max(1, round(w * s)), "area", False)
 
@@ -82,22 +83,22 @@ def _freeze(x: Any) -> Any:
 
 
 def _nbytes(el: Any) -> int:
-    return sum(x.nbytes if isinstance(x, np.ndarray) else 8 for x in leaves(el))
+    return sum(x.nbytes if isinstance(x, np.ndarray) else 8 for x in tree_leaves(el))
 
 
 def _treedef(el: Any) -> Any:
-    counter = iter(range(1 << 30))
-    if isinstance(el, dict):
-        return {"d": [[k, _sub(v, counter)] for k, v in el.items()]}
-    return _sub(el, counter)
+    """The structure of ``el`` as JSON, its leaves numbered in ``tree_leaves`` order (the
+    containers of ``_tree.py``; a namedtuple is stored as a tuple)."""
+    return _sub(el, iter(range(1 << 30)))
 
 
 def _sub(el: Any, counter: Iterator) -> Any:
-    if isinstance(el, dict):
+    t = type(el)
+    if t is dict:
         return {"d": [[k, _sub(v, counter)] for k, v in el.items()]}
-    if isinstance(el, tuple):
+    if t is tuple or is_namedtuple(el):
         return {"t": [_sub(v, counter) for v in el]}
-    if isinstance(el, list):
+    if t is list:
         return {"l": [_sub(v, counter) for v in el]}
     return {"x": next(counter)}
 
@@ -200,7 +201,7 @@ class CacheStore:
 
     # -- writing ---------------------------------------------------------------------
     def prepare(self, el: Any) -> Any:
-        return el if self.max_side is None else map_structure(lambda x: reduce_image(x, self.max_side), el)
+        return el if self.max_side is None else tree_map(lambda x: reduce_image(x, self.max_side), el)
 
     def writer(self, n: int | None = None) -> _MemoryWriter | _DiskWriter:
         """A writer for one pass (``n``: the element count, when elements may come in any order)."""
@@ -249,7 +250,7 @@ class _MemoryWriter:
         caller hands them over: ``owned``); returns what is kept (``el`` once over budget)."""
         if self.items is None:
             return el
-        kept = map_structure(_freeze if owned else _copy, el)
+        kept = tree_map(_freeze if owned else _copy, el)
         self.nbytes += _nbytes(kept)
         budget = self.store.ram_budget
         if budget is not None and self.nbytes > budget:
@@ -300,7 +301,7 @@ class _DiskWriter:
         return self.put(self.count, el)
 
     def put(self, i: int, el: Any, owned: bool = False) -> Any:
-        parts = leaves(el)
+        parts = tree_leaves(el)
         arrays = []
         for x in parts:
             a = np.asarray(x)
@@ -566,9 +567,6 @@ class CachedImages(Dataset):
             self.store.writing = False
 
     def _decode(self, indices: list, num_threads: int) -> list:
-        from .decoding import decode_batch
-        from .errors import DecodeError
-
         src = self.upstream
         idx = [int(i) for i in indices]
         res = decode_batch([src.read(i) for i in idx], num_threads=max(1, min(num_threads, len(idx))),
