@@ -164,7 +164,7 @@ class _Numbered(Dataset):
 
 class _Keyed:
     """A map-style dataset with the head's maps applied, for the threads engine: item ``v``
-    is source sample ``v % n`` (NOTE [ Virtual indices ] in ``_engine_local.py``) and each
+    is source sample ``v % n`` (NOTE [ Virtual indices ] in ``_source.py``) and each
     loaderlib transform's randomness is keyed by ``(seed, iteration, v)``."""
 
     def __init__(self, base: Any, maps: list, seed: int, iteration: int, labels: list) -> None:
@@ -275,7 +275,7 @@ class _Engine:
             w[2].close()
 
     def run(self, order: Any, iteration: int, delivered: int, position: int) -> Any:
-        from ._engine_base import LoaderIterator, RunState
+        from ._engines.base import LoaderIterator, RunState
 
         ld = self.loader
         if self.keyed:

@@ -167,7 +167,7 @@ class Map(Unary):
             close(it)
 
     def _parallel(self) -> Iterator:
-        from ._engine_local import _DaemonThreadPool
+        from ._engines.threads import _DaemonThreadPool
 
         knob = self.parallel
         pool = _DaemonThreadPool(max(1, knob.limit))

@@ -41,16 +41,37 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
-from .sampler import EpochOrder
+from .._recorder import Recorder
+from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
+from ..sampler import EpochOrder
+
+if TYPE_CHECKING:
+    from .._readahead import ReadAhead
 
 _clock = time.perf_counter_ns
 _log = logging.getLogger("loaderlib")
+
+
+class _Stopped(Exception):
+    """The iterator was closed while a batch was being produced."""
+
+
+def annotate(exc: BaseException, index: int, source: str | None, engine: str) -> BaseException:
+    """Attach the sample index and source to an exception raised by user code."""
+    where = f"sample {index}" + (f" ({source!r})" if source else "")
+    try:
+        exc.sample_index = index  # type: ignore[attr-defined]
+        exc.sample_source = source  # type: ignore[attr-defined]
+        exc.add_note(f"loaderlib: raised while loading {where} in the {engine} engine")
+    except (AttributeError, TypeError):
+        pass
+    return exc
 
 
 def batch_wall(start: int, previous_end: int, end: int) -> int:
@@ -84,9 +105,9 @@ class Producer:
     """The interface every engine implements (NOTE [ Engine stages ])."""
 
     lookahead = 1
-    reader: Any = None   # the run's read-ahead stage, if it has one (NOTE [ Read-ahead ])
+    reader: ReadAhead | None = None   # the run's read-ahead stage, if it has one (NOTE [ Read-ahead ])
 
-    def __init__(self, *, state: RunState, recorder: Any, on_error: str) -> None:
+    def __init__(self, *, state: RunState, recorder: Recorder, on_error: str) -> None:
         self.state = state
         self.rec = recorder
         self.on_error = on_error
@@ -244,7 +265,7 @@ class HeldRecorder:
     after that epoch is started.
     """
 
-    def __init__(self, recorder: Any) -> None:
+    def __init__(self, recorder: Recorder) -> None:
         self._rec = recorder
         self._held: list = []
         self._live = False
@@ -288,7 +309,7 @@ class _Failure:
 class _BatchQueue:
     """A FIFO whose capacity (``knobs.prefetch``) may change while it is in use."""
 
-    def __init__(self, knobs: _Knobs, recorder: Any) -> None:
+    def __init__(self, knobs: _Knobs, recorder: Recorder) -> None:
         self._knobs = knobs
         self._rec = recorder
         self._cond = threading.Condition()
@@ -362,8 +383,8 @@ class _Run:
     """One pass over the data: its state, its producer, and (unless synchronous) the prefetch
     queue and driver thread (see NOTE [ Iterator state ])."""
 
-    def __init__(self, *, state: RunState, producer: Any, knobs: _Knobs, recorder: Any, timeout: float | None,
-                 threaded: bool = True) -> None:
+    def __init__(self, *, state: RunState, producer: Producer, knobs: _Knobs, recorder: Recorder,
+                 timeout: float | None, threaded: bool = True) -> None:
         self.state = state
         self.producer = producer
         self.knobs = knobs
@@ -375,8 +396,8 @@ class _Run:
         self.closed = False
         self.joined = False
         self.interrupted = False   # closed by a timeout or Ctrl-C: never wait for user code
-        self.on_start: Any = None  # called once, on the producing thread, before the first batch
-        self.room: Any = None      # NOTE [ Warm slots ]: whether a batch slot is free (None: always)
+        self.on_start: Callable[[], None] | None = None  # called once, on the producing thread, first
+        self.room: Callable[[], bool] | None = None      # NOTE [ Warm slots ]: a batch slot is free (None: always)
         self.failed = False        # ended by an error (the loader then drops a warm next epoch)
         self.serial = next(_RUN_SERIALS)   # tells the AUTOTUNE tuner a new stream began (NOTE [ Autotune ])
 
@@ -593,7 +614,7 @@ class LoaderIterator:
                     exc = item = None
         run.state.delivered_batch(item.end)
         if run.knobs.tuner is not None:
-            from ._autotune import observe_batch
+            from .._autotune import observe_batch
 
             observe_batch(run.knobs.tuner, item.batch, run.serial)
         if self._owner is not None and run.state.exhausted:
