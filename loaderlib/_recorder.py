@@ -306,9 +306,10 @@ class StageRecorder:
             self._batch_log.append((now, n, tuple(stage)))
             self._wall_ns += wall_ns
             b = self._bin(self._index(now - 1))  # a batch ending on a bin's edge belongs to the bin it ends
-            b.samples += n
-            b.batches += 1
-            b.threads = threads
+            if b is not None:   # None only after a jump longer than the series (an event stamped later)
+                b.samples += n
+                b.batches += 1
+                b.threads = threads
             if n > 0:
                 if rows is None:
                     self._push_rows(np.array([stage], dtype=np.float64) / n)
@@ -473,10 +474,10 @@ class StageRecorder:
                 self._q_capacity = int(c)
                 self._q_sum += int(a)
                 self._q_n += 1
-                b = self._bin(self._index(t - 1))
-                if b is not None:
-                    b.q_sum += int(a)
-                    b.q_n += 1
+                qb = self._bin(self._index(t - 1))
+                if qb is not None:
+                    qb.q_sum += int(a)
+                    qb.q_n += 1
 
     def _push_rows(self, rows: np.ndarray) -> None:
         w = self._window

@@ -37,22 +37,22 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import sys
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from .._autotune import Tuner
+from .._readahead import ReadAhead
 from .._recorder import Recorder
 from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
 from ..sampler import EpochOrder
-
-if TYPE_CHECKING:
-    from .._readahead import ReadAhead
 
 _clock = time.perf_counter_ns
 _log = logging.getLogger("loaderlib")
@@ -68,7 +68,8 @@ def annotate(exc: BaseException, index: int, source: str | None, engine: str) ->
     try:
         exc.sample_index = index  # type: ignore[attr-defined]
         exc.sample_source = source  # type: ignore[attr-defined]
-        exc.add_note(f"loaderlib: raised while loading {where} in the {engine} engine")
+        if sys.version_info >= (3, 11):   # add_note is new in 3.11
+            exc.add_note(f"loaderlib: raised while loading {where} in the {engine} engine")
     except (AttributeError, TypeError):
         pass
     return exc
@@ -102,7 +103,11 @@ class Produced:
 
 
 class Producer:
-    """The interface every engine implements (NOTE [ Engine stages ])."""
+    """The interface every engine implements (NOTE [ Engine stages ]).
+
+    A handle (what ``submit`` returns and ``finish``/``cancel`` take) belongs to the producer
+    that made it; the run only keeps it in order, so its type is each producer's own.
+    """
 
     lookahead = 1
     reader: ReadAhead | None = None   # the run's read-ahead stage, if it has one (NOTE [ Read-ahead ])
@@ -243,7 +248,7 @@ class _Knobs:
         self.read_hint: dict = {}  # the adaptive read-ahead's state, carried from epoch to epoch
         self._prefetch = prefetch
         self._queues: weakref.WeakSet = weakref.WeakSet()
-        self.tuner: Any = None   # AUTOTUNE: observes delivered batches (NOTE [ Autotune ])
+        self.tuner: Tuner | None = None   # AUTOTUNE: observes delivered batches (NOTE [ Autotune ])
 
     @property
     def prefetch(self) -> int:
@@ -330,8 +335,9 @@ class _BatchQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: Any, force: bool = False) -> bool:
-        """Append ``item``, waiting while the queue is full; False if the queue was closed."""
+    def put(self, item: object, force: bool = False) -> bool:
+        """Append ``item`` (a :class:`Produced`, a ``_Failure`` or ``_END``), waiting while the
+        queue is full; False if the queue was closed."""
         t0 = 0
         with self._cond:
             while not force and not self._closed and len(self._items) >= max(1, self._knobs.prefetch):
@@ -407,7 +413,8 @@ class _Run:
 
     def start(self) -> None:
         if self.queue is not None:
-            self.thread = threading.Thread(target=_drive, args=(self,), name="loaderlib-driver", daemon=True)
+            self.thread = threading.Thread(target=_drive, args=(self, self.queue), name="loaderlib-driver",
+                                           daemon=True)
             self.thread.start()
 
     def step(self) -> Produced | None:
@@ -469,9 +476,9 @@ class _Run:
 
         Waits until a slot is free, the run goes live, or it stops; False when it stopped.
         """
-        st = self.state
+        st, room = self.state, self.room
         while not st.live.is_set() and not st.stop.is_set():
-            if self.room():
+            if room is None or room():
                 return True
             st.live.wait(0.005)
         return not st.stop.is_set()
@@ -508,18 +515,18 @@ class _Run:
                 self.producer.close(wait=True)
 
 
-def _drive(run: _Run) -> None:
-    """Driver thread body: produce batches in order and queue them."""
+def _drive(run: _Run, queue: _BatchQueue) -> None:
+    """Driver thread body: produce ``run``'s batches in order and put them on its ``queue``."""
     try:
         while not run.state.stop.is_set():
             out = run.step()
             if out is None:
                 break
-            if not run.queue.put(out):
+            if not queue.put(out):
                 break
-        run.queue.put(_END, force=True)
+        queue.put(_END, force=True)
     except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
-        run.queue.put(_Failure(e), force=True)
+        queue.put(_Failure(e), force=True)
     finally:
         run.cancel_pending()
 

@@ -8,7 +8,7 @@ into them; any other function is called as it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,8 +18,12 @@ from ..arena import BatchArena, BatchLayout
 from ..batchify import Pad, Stack, Tuple, default_batchify_fn
 from .base import _clock
 
+# A planned collation: the batch's arrays as (shape, dtype) parts, and the function that
+# writes the samples into views of them and returns the batch.
+Plan = tuple[list, Callable[[Iterator[np.ndarray]], Any]]
 
-def plan_collate(fn: Any, samples: Sequence[Any]) -> tuple[list, Callable] | None:
+
+def plan_collate(fn: Any, samples: Sequence[Any]) -> Plan | None:
     """Plan collating ``samples`` with ``fn`` into arena memory.
 
     Returns ``(parts, build)``: the batch's arrays as ``(shape, dtype)`` parts, and
@@ -30,13 +34,7 @@ def plan_collate(fn: Any, samples: Sequence[Any]) -> tuple[list, Callable] | Non
     if fn is None or fn is default_batchify_fn:
         first = samples[0]
         if isinstance(first, (tuple, list)):
-            n = len(first)
-            if any(not isinstance(s, (tuple, list)) or len(s) != n for s in samples):
-                return None
-            subs = [plan_collate(None, [s[k] for s in samples]) for k in range(n)]
-            if any(p is None for p in subs):
-                return None
-            return [part for p in subs for part in p[0]], lambda views: tuple(p[1](views) for p in subs)
+            return _plan_columns([None] * len(first), samples)
         if isinstance(first, (np.ndarray, np.generic, int, float)) and not isinstance(first, bool):
             fn = Stack()
         else:
@@ -50,20 +48,28 @@ def plan_collate(fn: Any, samples: Sequence[Any]) -> tuple[list, Callable] | Non
             return None
         return [(shape, dtype)], lambda views: fn.collate_into(samples, next(views))
     if isinstance(fn, Tuple):
-        n = len(fn.fns)
-        if any(not isinstance(s, (tuple, list)) or len(s) != n for s in samples):
-            return None
-        subs = [plan_collate(f, [s[k] for s in samples]) for k, f in enumerate(fn.fns)]
-        if any(p is None for p in subs):
-            return None
-        return [part for p in subs for part in p[0]], lambda views: tuple(p[1](views) for p in subs)
+        return _plan_columns(fn.fns, samples)
     return None
+
+
+def _plan_columns(fns: Sequence[Any], samples: Sequence[Any]) -> Plan | None:
+    """Plan a batch of tuples column by column, column ``k`` with ``fns[k]`` (None: the default)."""
+    n = len(fns)
+    if any(not isinstance(s, (tuple, list)) or len(s) != n for s in samples):
+        return None
+    subs: list[Plan] = []
+    for k, f in enumerate(fns):
+        sub = plan_collate(f, [s[k] for s in samples])
+        if sub is None:
+            return None
+        subs.append(sub)
+    return [part for p in subs for part in p[0]], lambda views: tuple(p[1](views) for p in subs)
 
 
 def collate(fn: Any, samples: list, arena: BatchArena | None) -> Any:
     """``fn(samples)``, written into an arena slot when :func:`plan_collate` can plan it."""
     planned = plan_collate(fn, samples) if arena is not None else None
-    if planned is None:
+    if planned is None or arena is None:
         return (fn or default_batchify_fn)(samples)
     parts, build = planned
     _lease, views = arena.acquire(BatchLayout.of(parts))

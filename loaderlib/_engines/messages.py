@@ -90,7 +90,7 @@ class Failed(NamedTuple):
     """Task ``task_id`` raised (a sample with ``on_error="raise"``, or the whole task)."""
 
     task_id: int
-    index: int | None       # the failing sample, None when the whole task failed
+    sample: int | None      # the failing sample's index, None when the whole task failed
     source: str | None      # its file or record key
     text: str
     traceback: str

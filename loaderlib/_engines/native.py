@@ -7,8 +7,9 @@ the native prefix of a chain whose tail is Python (``threads.HybridProducer``).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -77,8 +78,11 @@ class NativeProducer(Producer):
         self.knobs = knobs
         self._layouts: dict[int, BatchLayout] = {}
         self._prev_end = 0            # NOTE [ Batch wall time ]
+        self._arrays: Sequence[np.ndarray] = src.arrays or ()   # SourceKind.ARRAYS
+        # np.take's mode for stream indices (the source returns one of np.take's modes).
+        self._take_mode = cast(Literal["raise", "wrap", "clip"], src.take_mode)
         if src.kind is SourceKind.ARRAYS:
-            parts = [((batch_size, *a.shape[1:]), a.dtype) for a in src.arrays]
+            parts = [((batch_size, *a.shape[1:]), a.dtype) for a in self._arrays]
         else:
             parts = [((batch_size, *plan.sample_shape), plan.dtype)]
             if src.labels is not None:
@@ -106,8 +110,8 @@ class NativeProducer(Producer):
         idx = task.indices
         t0 = _clock()
         _lease, views = self.arena.acquire(self._layout(idx.size))
-        for a, v in zip(self.src.arrays, views):
-            np.take(a, idx, axis=0, out=v, mode=self.src.take_mode)
+        for a, v in zip(self._arrays, views):
+            np.take(a, idx, axis=0, out=v, mode=self._take_mode)
         if self.rec.enabled:
             dt = _clock() - t0
             self.rec.batch_done(idx.size, {"collate": dt}, dt, 1)
@@ -174,7 +178,7 @@ class NativeProducer(Producer):
         recording = self.rec.enabled and b.timings is not None
         images = views[0]
         stage = np.zeros(3, np.int64)
-        per_sample = []
+        per_sample: list[np.ndarray] = []
         final: list[np.ndarray] = []
         filled = 0
         todo = b.idx
@@ -191,7 +195,7 @@ class NativeProducer(Producer):
                 st = self.src.run(self.plan, todo, images[filled:filled + k], seed=seed, epoch=epoch,
                                   num_threads=min(nthreads, k), timings=tim, reader=self.reader,
                                   positions=np.arange(todo_start, todo_start + k, dtype=np.int64))
-            if recording:
+            if recording and tim is not None:
                 stage += tim.sum(axis=0)
                 per_sample.append(tim)
             for j, why in getattr(st, "warnings", {}).items():
@@ -208,7 +212,8 @@ class NativeProducer(Producer):
                 if self.on_error == "raise":
                     raise native_error(self.src, st, bad[0], todo)
                 for j in bad.tolist():
-                    self.skipped(todo[j], self.src.source(todo[j]), native_error(self.src, st, j, todo).reason)
+                    err = native_error(self.src, st, j, todo)   # a DecodeError or RemoteReadError
+                    self.skipped(todo[j], self.src.source(todo[j]), getattr(err, "reason", str(err)))
                 good = np.flatnonzero(ok)
                 if good.size:
                     # Rare path (failures only): move the good samples up, closing the gaps.
@@ -242,10 +247,11 @@ class NativeProducer(Producer):
         t_col = _clock()
         if self.src.labels is not None:
             lab = views[1][:filled]
-            np.take(self.src.labels, sel, axis=0, out=lab, mode=self.src.take_mode)
+            np.take(self.src.labels, sel, axis=0, out=lab, mode=self._take_mode)
             out.append(lab)
         now = _clock()
-        stages, rows = {}, None
+        stages: dict[str, int] = {}
+        rows: np.ndarray | None = None
         if recording:
             stages = {"read": int(stage[0]), "decode": int(stage[1]), "transform": int(stage[2]),
                       "collate": now - t_col}

@@ -50,6 +50,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from .._iterable import IterableRunState
 from .._recorder import Recorder
 from .._tree import tree_map
 from ..arena import BatchArena, BatchLayout, HostRegistrar
@@ -117,7 +118,7 @@ class _ShmBlock:
             os.close(fd)
         resource_tracker.register("/" + name, "shared_memory")
         self.name = name
-        self.buf = memoryview(self._map)
+        self.buf: memoryview | None = memoryview(self._map)   # None once released
         self._unlinked = False
         self._registered: tuple[HostRegistrar, int] | None = None
         if registrar is not None:
@@ -134,6 +135,8 @@ class _ShmBlock:
     @property
     def address(self) -> int:
         """Where the block is mapped in this process."""
+        if self.buf is None:
+            raise ValueError(f"shared-memory block {self.name} was released")
         return int(np.frombuffer(self.buf, np.uint8).ctypes.data)
 
     def unlink(self) -> None:
@@ -590,9 +593,11 @@ class ProcessesProducer(Producer):
         return (f"worker {wid} was still on batch {number} and was killed; the next epoch starts a fresh one in "
                 "its place")
 
-    def _result(self, task: Task, tid: int, wid: int) -> tuple[Any, int]:
-        what = f"batch {task.number} of epoch {self.state.epoch}"
-        self._waiting = (tid, wid, task.number)
+    def _result(self, number: int, indices: np.ndarray | None, tid: int, wid: int) -> tuple[Any, int]:
+        """Batch ``number``'s result from task ``tid`` and its sample count; ``indices`` None for an
+        iterable's batch (as many items as arrived: the count is -1)."""
+        what = f"batch {number} of epoch {self.state.epoch}"
+        self._waiting = (tid, wid, number)
         try:
             msg, lease = self.pool.recv(wid, tid, self.timeout, what, self.state.stop)
         finally:
@@ -606,18 +611,16 @@ class ProcessesProducer(Producer):
                     exc = None
             if exc is None:
                 exc = LoaderError(f"{msg.text} (in worker {wid})")
-            if msg.index is not None:
-                annotate(exc, msg.index, msg.source, "processes")
-            try:
+            if msg.sample is not None:
+                annotate(exc, msg.sample, msg.source, "processes")
+            if sys.version_info >= (3, 11):   # add_note is new in 3.11
                 exc.add_note(f"worker {wid} traceback:\n{msg.traceback}")
-            except AttributeError:
-                pass
             raise exc
         needed = msg.needed
         if needed > self.pool.slot_bytes:
             # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.
             self.pool.slot_bytes = max(needed, self.pool.slot_bytes + self.pool.slot_bytes // 2)
-        if isinstance(task.indices, int):   # an iterable's batch: as many items as arrived
+        if indices is None:
             return (None if msg.structure is None else self._delivered(msg.structure, lease, needed)), -1
         self._stage_ns[0] += msg.python_ns
         self._stage_ns[1] += msg.collate_ns
@@ -625,7 +628,7 @@ class ProcessesProducer(Producer):
             self.skipped(i, src, reason)
         if msg.structure is None:
             return None, 0
-        return self._delivered(msg.structure, lease, needed), len(task.indices) - len(msg.failures)
+        return self._delivered(msg.structure, lease, needed), len(indices) - len(msg.failures)
 
     def _delivered(self, structure: Any, lease: Any, needed: int) -> Any:
         batch = _decode(structure, np.frombuffer(lease, np.uint8))
@@ -638,7 +641,7 @@ class ProcessesProducer(Producer):
     def finish(self, handle: tuple) -> Produced | None:
         task, tid, wid, t0 = handle
         self._stage_ns = [0, 0]
-        batch, n = self._result(task, tid, wid)
+        batch, n = self._result(task.number, task.indices, tid, wid)
         want = task.target
         end = task.start + task.indices.size
         if self.on_error == "skip" and n < want:
@@ -652,7 +655,7 @@ class ProcessesProducer(Producer):
                     break
                 end = start + more.size
                 t2, w2 = self.pool.submit(more, key=(self.state.seed, self.state.epoch))
-                extra, m = self._result(Task(task.number, more, more.size, start), t2, w2)
+                extra, m = self._result(task.number, more, t2, w2)
                 if extra is not None:
                     batch = extra if batch is None else _concat(batch, extra)
                     n += m
@@ -672,6 +675,8 @@ class IterableProcessesProducer(ProcessesProducer):
     makes whole batches; batch ``k`` comes from worker ``k mod num_workers``, skipping workers
     whose share has ended, so the order is deterministic (NOTE [ Iterable shards ])."""
 
+    state: IterableRunState
+
     def __init__(self, *, rank: int, world_size: int, pad: bool, batch_size: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         n = len(self.pool.workers)
@@ -690,8 +695,8 @@ class IterableProcessesProducer(ProcessesProducer):
             self._next_worker += 1
         wid = self._next_worker % n
         self._next_worker += 1
-        tid, wid = self.pool.submit(self.batch_size, wid=wid)
-        return Task(task.number, self.batch_size, task.target, task.start), tid, wid, _clock()
+        tid, wid = self.pool.submit(self.batch_size, wid=wid)   # a count: the worker's next items
+        return task, tid, wid, _clock()
 
     def finish(self, handle: tuple) -> Produced | None:
         task, tid, wid, _t0 = handle
@@ -699,7 +704,7 @@ class IterableProcessesProducer(ProcessesProducer):
         if tid is None:
             st.ended = True
             return None
-        batch, _ = self._result(task, tid, wid)
+        batch, _ = self._result(task.number, None, tid, wid)
         size = _batch_len(batch) if batch is not None else 0
         if size < self.batch_size:
             self._ended.add(wid)

@@ -441,11 +441,7 @@ class HybridProducer(Producer):
         self.batchify_fn = batchify_fn
         self.arena = arena
         self.pool = pool
-
-    @property
-    def reader(self) -> ReadAhead | None:
-        """The native prefix's read-ahead stage."""
-        return self.native.reader
+        self.reader = native.reader   # the native prefix's read-ahead stage
 
     def _tail(self, item: Any, index: int) -> tuple[Any, int]:
         t0 = _clock()

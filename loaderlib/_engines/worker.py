@@ -231,8 +231,8 @@ class NativePrefix:
         return python_tail(item, self.suffix, self.position, self.others, seed, epoch, i)
 
 
-def _failed(task_id: int, e: BaseException, index: int | None = None, source: str | None = None) -> Failed:
-    return Failed(task_id, index, source, f"{type(e).__name__}: {e}", "".join(traceback.format_exception(e)),
+def _failed(task_id: int, e: BaseException, sample: int | None = None, source: str | None = None) -> Failed:
+    return Failed(task_id, sample, source, f"{type(e).__name__}: {e}", "".join(traceback.format_exception(e)),
                   _exc_payload(e))
 
 
@@ -324,8 +324,8 @@ def _run(conn: Connection) -> None:
                     break
                 failures.append((i, src, f"{type(e).__name__}: {e}"))
         if failed is not None:
-            i, src, e = failed
-            _send(conn, _failed(task_id, e, i, src))
+            i, src, err = failed
+            _send(conn, _failed(task_id, err, i, src))
             continue
         t1 = time.perf_counter_ns()
         if not samples:
