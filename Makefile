@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
+.PHONY: all install build test test-fast typecheck bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
 
@@ -67,6 +67,11 @@ test: build $(TESTS)
 
 test-fast: build $(TESTS)
 	$(BIN)/python -m pytest -q tests -m "not slow and not timing"
+
+# mypy (pinned in requirements-test.txt) on the modules listed in pyproject.toml's [tool.mypy]
+# files; tests/unit/test_typecheck.py runs the same check in `make test`.
+typecheck: $(TESTS)
+	$(BIN)/python -m mypy
 
 # The main job: the harness on the embedded demo dataset (PyTorch's DataLoader joins the
 # table when torch is in the venv, e.g. after `make test`).

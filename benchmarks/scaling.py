@@ -94,8 +94,8 @@ def model_child(root: str, variant: str) -> None:
     from loader import rn50_chain
 
     import loaderlib as ll
-    from loaderlib import _engine_base
     from loaderlib._chain import compile_chain
+    from loaderlib._engines import base as engine_base
 
     chain = rn50_chain(variant)
     ds = ll.ImageFolderDataset(root)
@@ -103,7 +103,7 @@ def model_child(root: str, variant: str) -> None:
     items = [int(x) for epoch in item_ns(plan, list(ds.paths), 1, 2) for x in epoch]
     plan.close()
     driver = {"cpu": 0.0}
-    step = _engine_base._Run.step
+    step = engine_base._Run.step
 
     def timed_step(run):   # the driver thread's CPU: its Python work (waiting costs none)
         t0 = time.thread_time()
@@ -112,7 +112,7 @@ def model_child(root: str, variant: str) -> None:
         finally:
             driver["cpu"] += time.thread_time() - t0
 
-    _engine_base._Run.step = timed_step
+    engine_base._Run.step = timed_step
     loader = ll.DataLoader(ds.transform_first(chain), batch_size=64, seed=0, num_threads=1, last_batch="discard")
     for _ in loader:
         pass
@@ -122,7 +122,7 @@ def model_child(root: str, variant: str) -> None:
         for _x, _y in loader:
             n += 1
     consumer = time.thread_time() - c0
-    _engine_base._Run.step = step
+    engine_base._Run.step = step
     print(json.dumps({"items": items, "serial_ns": (driver["cpu"] + consumer) / n * 1e9}))
 
 

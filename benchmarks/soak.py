@@ -51,15 +51,15 @@ def _track_shm() -> None:
     /dev/shm is shared by every process on the machine: counting its files would count
     other programs' segments (a test suite running beside this script, say). A segment this
     process leaked is one it created that is still in /dev/shm or still mapped here."""
-    from loaderlib import _engine_procs
+    from loaderlib._engines import processes
 
-    init = _engine_procs._ShmBlock.__init__
+    init = processes._ShmBlock.__init__
 
     def tracked(self, nbytes: int, *args, **kwargs) -> None:
         init(self, nbytes, *args, **kwargs)
         _CREATED.add(self.name)
 
-    _engine_procs._ShmBlock.__init__ = tracked
+    processes._ShmBlock.__init__ = tracked
 
 
 def _counts() -> tuple[int, int, int, int]:

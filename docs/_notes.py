@@ -33,7 +33,7 @@ TOPICS = [
     ("pyx/include", "Kernels"),
     ("pyx", "Kernels"),
     ("loaderlib/transforms", "Transforms"),
-    ("loaderlib/_engine", "Engines"),
+    ("loaderlib/_engines", "Engines"),
     ("loaderlib/_pipeline", "Pipeline"),
     ("loaderlib/pipeline", "Pipeline"),
     ("loaderlib/_autotune", "Autotuning"),

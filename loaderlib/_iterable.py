@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ._engine_base import Produced, Producer, RunState, Task, _clock
+from ._engines.base import Produced, Producer, RunState, Task, _clock
 from .errors import StateError
 
 __all__ = ["IterableProducer", "IterableRunState", "RankStride", "default_rank", "is_iterable_dataset",
@@ -180,7 +180,7 @@ class IterableProducer(Producer):
         self._stateful = is_stateful(dataset)
 
     def finish(self, task: Task) -> Produced | None:
-        from ._engine_local import collate_recorded
+        from ._engines.collate import collate_recorded
 
         st = self.state
         if self._it is None:

@@ -28,7 +28,7 @@ the one function ``stats.busy_fraction``.
 
 Each batch's stage time is spread over its wall time (``wall_ns`` ends when ``batch_done``
 is called) into the time bins. A batch built while the previous one was still in flight
-(NOTE [ Batch wall time ] in ``_engine_base.py``) did part of its work before its own wall
+(NOTE [ Batch wall time ] in ``_engines/base.py``) did part of its work before its own wall
 time began, so a bin can receive more stage time than the pool had in it; the excess is
 moved back into the latest earlier bins that have room, which is where that work was done.
 So no bin, and no window cut from bins, is ever busier than 100% of its threads. Thread
@@ -52,6 +52,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 
@@ -62,6 +63,26 @@ __all__ = ["STAGES", "StageRecorder", "Stats"]
 
 _NSTAGES = len(STAGES)
 _STAGE_INDEX = {name: i for i, name in enumerate(STAGES)}
+
+class Recorder(Protocol):
+    """What an engine calls on its recorder while it runs: a :class:`StageRecorder`, or a front
+    that holds a warm run's records (``_engines.base.HeldRecorder``). Each call is cheap when
+    ``enabled`` is false, and the engines skip reading clocks then (NOTE [ Recorder threading ])."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def batch_done(self, n_samples: int, stage_ns: Mapping[str, int], wall_ns: int, threads: int,
+                   per_sample_ns: np.ndarray | None = None) -> None: ...
+
+    def consumer_waited(self, ns: int) -> None: ...
+
+    def producer_blocked(self, ns: int) -> None: ...
+
+    def queue_depth(self, depth: int, capacity: int) -> None: ...
+
+    def extract(self, counters: dict) -> None: ...
+
 
 # Event kinds folded in under the batch lock (see NOTE [ Recorder threading ]).
 _EV_WAIT = 0
@@ -285,9 +306,10 @@ class StageRecorder:
             self._batch_log.append((now, n, tuple(stage)))
             self._wall_ns += wall_ns
             b = self._bin(self._index(now - 1))  # a batch ending on a bin's edge belongs to the bin it ends
-            b.samples += n
-            b.batches += 1
-            b.threads = threads
+            if b is not None:   # None only after a jump longer than the series (an event stamped later)
+                b.samples += n
+                b.batches += 1
+                b.threads = threads
             if n > 0:
                 if rows is None:
                     self._push_rows(np.array([stage], dtype=np.float64) / n)
@@ -452,10 +474,10 @@ class StageRecorder:
                 self._q_capacity = int(c)
                 self._q_sum += int(a)
                 self._q_n += 1
-                b = self._bin(self._index(t - 1))
-                if b is not None:
-                    b.q_sum += int(a)
-                    b.q_n += 1
+                qb = self._bin(self._index(t - 1))
+                if qb is not None:
+                    qb.q_sum += int(a)
+                    qb.q_n += 1
 
     def _push_rows(self, rows: np.ndarray) -> None:
         w = self._window

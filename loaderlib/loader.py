@@ -1,6 +1,6 @@
 """The DataLoader: picks an engine for a dataset, transform chain and batchify function.
 
-Engines (how each one runs: NOTE [ Engine stages ] in ``_engine_base.py``):
+Engines (how each one runs: NOTE [ Engine stages ] in ``_engines/base.py``):
 
 * ``native``: the dataset's bytes, every transform and collation run in nogil kernels, one
   parallel pass per batch, straight into an arena slot. Zero Python per sample.
@@ -30,14 +30,9 @@ import numpy as np
 from . import _threads
 from . import transforms as T
 from ._chain import compile_chain
-from ._engine_base import HeldRecorder, LoaderIterator, RunState, _Knobs, _Run
-from ._engine_local import (
-    HybridProducer,
-    NativeProducer,
-    PythonPool,
-    ThreadsProducer,
-    kernel_threads,
-)
+from ._engines.base import HeldRecorder, LoaderIterator, RunState, _Knobs, _Run
+from ._engines.native import NativeProducer, kernel_threads
+from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
 from ._iterable import (
     IterableProducer,
     IterableRunState,
@@ -1138,7 +1133,7 @@ class DataLoader:
     def _new_run(self, state: RunState, warm: bool = False) -> _Run:
         recorder = HeldRecorder(self.recorder) if warm else self.recorder
         if warm:
-            state.live.clear()   # NOTE [ Warm slots ] in _engine_base.py
+            state.live.clear()   # NOTE [ Warm slots ] in _engines/base.py
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)
@@ -1313,7 +1308,7 @@ class DataLoader:
                                    pool=self._python_pool(), io_depth=self._knobs.io_depth,
                                    batch_size=self._batch_size, timeout=self.timeout,
                                    read_budget=self._read_budget(), read_hint=self._knobs.read_hint, **common)
-        from ._engine_procs import NativePrefix, ProcessesProducer, WorkerPool
+        from ._engines.processes import NativePrefix, ProcessesProducer, WorkerPool
 
         if self._workers is None or self._workers.closed:
             prefix = None
@@ -1327,7 +1322,7 @@ class DataLoader:
         else:
             self._workers.revive()   # a worker that died or timed out gets a fresh process
         if self._iterable:
-            from ._engine_procs import IterableProcessesProducer
+            from ._engines.processes import IterableProcessesProducer
 
             return IterableProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs,
                                              max_in_flight=self.max_in_flight, rank=self.rank,

@@ -14,7 +14,7 @@ sample indices: the head's stream of indices is computed by the same operators t
 path uses, but on integers, and the DataLoader engine then loads exactly those samples. So
 ``map`` with loaderlib transforms on a folder or record files runs fused into decode on the
 native engine, built by a private ``DataLoader`` whose runs take the pipeline's index stream
-(one :class:`~loaderlib._engine_base.RunState` per segment of the stream): the same engine
+(one :class:`~loaderlib._engines.base.RunState` per segment of the stream): the same engine
 objects, the same arena, the same kernels and keyed randomness, no second implementation.
 A map step holding a Python callable moves the head to the threads engine (its calls run on
 the loader's Python pool). Every step after the head runs as a Python node

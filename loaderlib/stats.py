@@ -528,7 +528,7 @@ class Stats:
         """The stage with the most thread time, or None when nothing was recorded."""
         if not any(self.stage_total_s.values()):
             return None
-        return max(self.stage_total_s, key=self.stage_total_s.get)
+        return max(self.stage_total_s, key=lambda k: self.stage_total_s[k])
 
     @property
     def consumer_wait_fraction(self) -> float:

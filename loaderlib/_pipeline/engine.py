@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import transforms as T
-from .._engine_base import LoaderIterator, RunState
+from .._engines.base import LoaderIterator, RunState
 from .._source import NativeSource, SourceKind, native_source_of
 from .._tree import tree_leaves, tree_map
 from ..datasets import ArrayDataset, Dataset, ImageFolderDataset, ImageListDataset
@@ -163,7 +163,7 @@ class _Numbered(Dataset):
 
 class _Keyed:
     """A map-style dataset with the head's maps applied, for the threads engine: item ``v``
-    is source sample ``v % n`` (NOTE [ Virtual indices ] in ``_engine_local.py``) and each
+    is source sample ``v % n`` (NOTE [ Virtual indices ] in ``_source.py``) and each
     loaderlib transform's randomness is keyed by ``(seed, iteration, v)``."""
 
     def __init__(self, base: Any, maps: list, seed: int, iteration: int, labels: list) -> None:

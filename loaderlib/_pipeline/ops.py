@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import transforms as T
 from .._chain import compile_chain
-from .._engine_local import _DaemonThreadPool
+from .._engines.threads import _DaemonThreadPool
 from .._tree import is_namedtuple, tree_leaves, tree_map
 from .plan import PipelineLike
 

@@ -12,7 +12,7 @@ def test_leases_in_garbage_cycles_are_collected_safely():
         import gc
         import numpy as np
         from loaderlib.arena import BatchArena
-        from loaderlib._engine_procs import _ShmBlock
+        from loaderlib._engines.processes import _ShmBlock
 
         def garbage(allocator):
             arena = BatchArena(2, allocator=allocator)

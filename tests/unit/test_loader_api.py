@@ -196,7 +196,7 @@ def test_stopped_run_cannot_restart_the_python_pool():
     # The race behind a pool thread that outlived Ctrl-C: the interrupted run's driver, not
     # joined, asked for the executor after the loader had closed the pool and so started a
     # new one that nobody closed (NOTE [ No pool after close ]).
-    from loaderlib._engine_local import PythonPool, _Stopped
+    from loaderlib._engines.threads import PythonPool, _Stopped
     from loaderlib.loader import _Knobs
 
     before = set(threading.enumerate())

@@ -12,7 +12,7 @@ import pytest
 
 import loaderlib as ll
 from loaderlib import DataLoader
-from loaderlib._engine_procs import shm_prefix
+from loaderlib._engines.processes import shm_prefix
 from loaderlib.datasets import ArrayDataset
 
 

@@ -104,7 +104,7 @@ def test_test_requirements_are_all_used():
     used = set(_imports("tests")) | set(_imports("benchmarks"))
     import_name = {"pillow": "PIL", "opencv-python-headless": "cv2"}
     for dist in extras["test"]:
-        if dist == "ruff":   # run as a program by tests/unit/test_lint.py
+        if dist in ("ruff", "mypy"):   # run as programs by tests/unit/test_lint.py and test_typecheck.py
             continue
         assert import_name.get(dist, dist) in used or dist == "ipykernel" and "nbclient" in used, dist
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import loaderlib as ll
-from loaderlib._engine_procs import shm_prefix
+from loaderlib._engines.processes import shm_prefix
 from loaderlib.datasets import ArrayDataset
 
 torch = pytest.importorskip("torch")

@@ -17,7 +17,7 @@ import pytest
 
 import loaderlib as ll
 from loaderlib import DataLoader
-from loaderlib._engine_procs import shm_prefix
+from loaderlib._engines.processes import shm_prefix
 from loaderlib.datasets import ArrayDataset
 
 
@@ -166,7 +166,7 @@ class _FakeWorker:
 
 
 def _fake_pool(policy, loads):
-    from loaderlib._engine_procs import WorkerPool
+    from loaderlib._engines.processes import WorkerPool
 
     pool = WorkerPool.__new__(WorkerPool)   # the policy alone, without processes
     pool.load_balance = policy

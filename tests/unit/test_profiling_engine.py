@@ -123,7 +123,7 @@ def test_seconds_mode_on_native_leaves_no_threads(root):
 
 
 def test_batch_wall_does_not_count_overlap_twice():
-    from loaderlib._engine_base import batch_wall
+    from loaderlib._engines.base import batch_wall
 
     assert batch_wall(start=0, previous_end=0, end=10) == 10
     assert batch_wall(start=0, previous_end=6, end=10) == 4   # in flight beside the previous batch

@@ -37,20 +37,42 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import sys
 import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
-from .sampler import EpochOrder
+from .._autotune import Tuner
+from .._readahead import ReadAhead
+from .._recorder import Recorder
+from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
+from ..sampler import EpochOrder
 
 _clock = time.perf_counter_ns
 _log = logging.getLogger("loaderlib")
+
+
+class _Stopped(Exception):
+    """The iterator was closed while a batch was being produced."""
+
+
+def annotate(exc: BaseException, index: int, source: str | None, engine: str) -> BaseException:
+    """Attach the sample index and source to an exception raised by user code."""
+    where = f"sample {index}" + (f" ({source!r})" if source else "")
+    try:
+        exc.sample_index = index  # type: ignore[attr-defined]
+        exc.sample_source = source  # type: ignore[attr-defined]
+        if sys.version_info >= (3, 11):   # add_note is new in 3.11
+            exc.add_note(f"loaderlib: raised while loading {where} in the {engine} engine")
+    except (AttributeError, TypeError):
+        pass
+    return exc
 
 
 def batch_wall(start: int, previous_end: int, end: int) -> int:
@@ -81,12 +103,16 @@ class Produced:
 
 
 class Producer:
-    """The interface every engine implements (NOTE [ Engine stages ])."""
+    """The interface every engine implements (NOTE [ Engine stages ]).
+
+    A handle (what ``submit`` returns and ``finish``/``cancel`` take) belongs to the producer
+    that made it; the run only keeps it in order, so its type is each producer's own.
+    """
 
     lookahead = 1
-    reader: Any = None   # the run's read-ahead stage, if it has one (NOTE [ Read-ahead ])
+    reader: ReadAhead | None = None   # the run's read-ahead stage, if it has one (NOTE [ Read-ahead ])
 
-    def __init__(self, *, state: RunState, recorder: Any, on_error: str) -> None:
+    def __init__(self, *, state: RunState, recorder: Recorder, on_error: str) -> None:
         self.state = state
         self.rec = recorder
         self.on_error = on_error
@@ -222,7 +248,7 @@ class _Knobs:
         self.read_hint: dict = {}  # the adaptive read-ahead's state, carried from epoch to epoch
         self._prefetch = prefetch
         self._queues: weakref.WeakSet = weakref.WeakSet()
-        self.tuner: Any = None   # AUTOTUNE: observes delivered batches (NOTE [ Autotune ])
+        self.tuner: Tuner | None = None   # AUTOTUNE: observes delivered batches (NOTE [ Autotune ])
 
     @property
     def prefetch(self) -> int:
@@ -244,7 +270,7 @@ class HeldRecorder:
     after that epoch is started.
     """
 
-    def __init__(self, recorder: Any) -> None:
+    def __init__(self, recorder: Recorder) -> None:
         self._rec = recorder
         self._held: list = []
         self._live = False
@@ -288,7 +314,7 @@ class _Failure:
 class _BatchQueue:
     """A FIFO whose capacity (``knobs.prefetch``) may change while it is in use."""
 
-    def __init__(self, knobs: _Knobs, recorder: Any) -> None:
+    def __init__(self, knobs: _Knobs, recorder: Recorder) -> None:
         self._knobs = knobs
         self._rec = recorder
         self._cond = threading.Condition()
@@ -309,8 +335,9 @@ class _BatchQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: Any, force: bool = False) -> bool:
-        """Append ``item``, waiting while the queue is full; False if the queue was closed."""
+    def put(self, item: object, force: bool = False) -> bool:
+        """Append ``item`` (a :class:`Produced`, a ``_Failure`` or ``_END``), waiting while the
+        queue is full; False if the queue was closed."""
         t0 = 0
         with self._cond:
             while not force and not self._closed and len(self._items) >= max(1, self._knobs.prefetch):
@@ -362,8 +389,8 @@ class _Run:
     """One pass over the data: its state, its producer, and (unless synchronous) the prefetch
     queue and driver thread (see NOTE [ Iterator state ])."""
 
-    def __init__(self, *, state: RunState, producer: Any, knobs: _Knobs, recorder: Any, timeout: float | None,
-                 threaded: bool = True) -> None:
+    def __init__(self, *, state: RunState, producer: Producer, knobs: _Knobs, recorder: Recorder,
+                 timeout: float | None, threaded: bool = True) -> None:
         self.state = state
         self.producer = producer
         self.knobs = knobs
@@ -375,8 +402,8 @@ class _Run:
         self.closed = False
         self.joined = False
         self.interrupted = False   # closed by a timeout or Ctrl-C: never wait for user code
-        self.on_start: Any = None  # called once, on the producing thread, before the first batch
-        self.room: Any = None      # NOTE [ Warm slots ]: whether a batch slot is free (None: always)
+        self.on_start: Callable[[], None] | None = None  # called once, on the producing thread, first
+        self.room: Callable[[], bool] | None = None      # NOTE [ Warm slots ]: a batch slot is free (None: always)
         self.failed = False        # ended by an error (the loader then drops a warm next epoch)
         self.serial = next(_RUN_SERIALS)   # tells the AUTOTUNE tuner a new stream began (NOTE [ Autotune ])
 
@@ -386,7 +413,8 @@ class _Run:
 
     def start(self) -> None:
         if self.queue is not None:
-            self.thread = threading.Thread(target=_drive, args=(self,), name="loaderlib-driver", daemon=True)
+            self.thread = threading.Thread(target=_drive, args=(self, self.queue), name="loaderlib-driver",
+                                           daemon=True)
             self.thread.start()
 
     def step(self) -> Produced | None:
@@ -448,9 +476,9 @@ class _Run:
 
         Waits until a slot is free, the run goes live, or it stops; False when it stopped.
         """
-        st = self.state
+        st, room = self.state, self.room
         while not st.live.is_set() and not st.stop.is_set():
-            if self.room():
+            if room is None or room():
                 return True
             st.live.wait(0.005)
         return not st.stop.is_set()
@@ -487,18 +515,18 @@ class _Run:
                 self.producer.close(wait=True)
 
 
-def _drive(run: _Run) -> None:
-    """Driver thread body: produce batches in order and queue them."""
+def _drive(run: _Run, queue: _BatchQueue) -> None:
+    """Driver thread body: produce ``run``'s batches in order and put them on its ``queue``."""
     try:
         while not run.state.stop.is_set():
             out = run.step()
             if out is None:
                 break
-            if not run.queue.put(out):
+            if not queue.put(out):
                 break
-        run.queue.put(_END, force=True)
+        queue.put(_END, force=True)
     except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
-        run.queue.put(_Failure(e), force=True)
+        queue.put(_Failure(e), force=True)
     finally:
         run.cancel_pending()
 
@@ -593,7 +621,7 @@ class LoaderIterator:
                     exc = item = None
         run.state.delivered_batch(item.end)
         if run.knobs.tuner is not None:
-            from ._autotune import observe_batch
+            from .._autotune import observe_batch
 
             observe_batch(run.knobs.tuner, item.batch, run.serial)
         if self._owner is not None and run.state.exhausted:

@@ -1,8 +1,9 @@
 """The processes engine: persistent worker processes writing into shared-memory slots.
 
 NOTE [ Worker processes ]
-Workers are fresh interpreters (``python -c 'from loaderlib._engine_worker import main; main()'``), started with
-``subprocess`` and talking over one socket each, never forked: a fork would inherit a
+Workers are fresh interpreters (``python -c 'from loaderlib._engines.worker import main; main()'``), started
+with ``subprocess`` and talking over one socket each (one message type per message,
+``messages.py``), never forked: a fork would inherit a
 libgomp thread pool that hangs in the child (NOTE [ OpenMP after fork ]), and
 multiprocessing's spawn/forkserver re-import the user's ``__main__`` in every child, which
 runs unguarded scripts twice and fails for notebooks. The dataset, batchify function and
@@ -46,21 +47,40 @@ from multiprocessing import Pipe, resource_tracker
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
-from ._engine_base import Produced, Producer, RunState, Task, _clock, batch_wall
-from ._engine_local import _Stopped, annotate
-from ._engine_worker import NativePrefix, _Ref, _ShardsRef, _slot_array
-from ._tree import tree_map
-from .arena import BatchArena, BatchLayout, HostRegistrar
-from .batchify import Shards
-from .errors import LoaderError, LoaderTimeoutError, WorkerError
+from .._iterable import IterableRunState
+from .._recorder import Recorder
+from .._tree import tree_map
+from ..arena import BatchArena, BatchLayout, HostRegistrar
+from ..batchify import Shards
+from ..errors import LoaderError, LoaderTimeoutError, WorkerError
+from .base import Produced, Producer, RunState, Task, _clock, _Knobs, _Stopped, annotate, batch_wall
+from .messages import (
+    ArrayRef,
+    Cancel,
+    Cancelled,
+    Done,
+    Failed,
+    FromWorker,
+    Init,
+    InitError,
+    IterStart,
+    Ready,
+    ShardsRef,
+    Stop,
+    ToWorker,
+    Work,
+    slot_array,
+)
+from .worker import NativePrefix
 
 _DEFAULT_SLOT = 1 << 20
 _SHM_DIR = "/dev/shm/"
 # Run by import, not with ``-m``: under ``-m`` the worker module would be ``__main__`` and
 # the classes it pickles could not be found by the loader.
-_WORKER_MAIN = "from loaderlib._engine_worker import main; main()"
+_WORKER_MAIN = "from loaderlib._engines.worker import main; main()"
 
 
 def shm_prefix(pid: int | None = None) -> str:
@@ -98,7 +118,7 @@ class _ShmBlock:
             os.close(fd)
         resource_tracker.register("/" + name, "shared_memory")
         self.name = name
-        self.buf = memoryview(self._map)
+        self.buf: memoryview | None = memoryview(self._map)   # None once released
         self._unlinked = False
         self._registered: tuple[HostRegistrar, int] | None = None
         if registrar is not None:
@@ -115,6 +135,8 @@ class _ShmBlock:
     @property
     def address(self) -> int:
         """Where the block is mapped in this process."""
+        if self.buf is None:
+            raise ValueError(f"shared-memory block {self.name} was released")
         return int(np.frombuffer(self.buf, np.uint8).ctypes.data)
 
     def unlink(self) -> None:
@@ -150,6 +172,14 @@ class _ShmBlock:
             pass
 
 
+def _send(conn: Any, msg: ToWorker) -> None:
+    conn.send_bytes(pickle.dumps(msg))
+
+
+def _recv(conn: Any) -> FromWorker:
+    return pickle.loads(conn.recv_bytes())
+
+
 def _exit_status(code: int | None) -> str:
     if code is None:
         return "still running"
@@ -178,8 +208,7 @@ class _Worker:
         self.wid = wid
         self.ready = False
         self.dead: str | None = None
-        cwd = os.getcwd()
-        parent.send_bytes(pickle.dumps(("init", [cwd, *paths], wid, payload, num_workers, seed)))
+        _send(parent, Init([os.getcwd(), *paths], wid, payload, num_workers, seed))
 
     def alive(self) -> bool:
         return self.dead is None and self.proc.poll() is None
@@ -195,8 +224,6 @@ class WorkerPool:
     def __init__(self, num_workers: int, dataset: Any, batchify_fn: Any, worker_init_fn: Any, on_error: str,
                  seed: int, load_balance: str = "round_robin", prefix: NativePrefix | None = None,
                  registrar: HostRegistrar | None = None) -> None:
-        import cloudpickle
-
         try:
             payload = cloudpickle.dumps((dataset, batchify_fn, worker_init_fn, on_error, prefix))
         except Exception as e:
@@ -214,7 +241,7 @@ class WorkerPool:
         self.arena = BatchArena(0, allocator=self._new_block)
         self.slot_bytes = _DEFAULT_SLOT
         self.inflight: dict[int, tuple] = {}   # task id -> (lease, worker id)
-        self.ready: dict[int, tuple] = {}      # task id -> (message, lease) for whoever asks
+        self.ready: dict[int, tuple[Done | Failed, Any]] = {}   # task id -> (message, lease) for whoever asks
         self.abandoned: set[int] = set()       # tasks whose results nobody will ask for
         self.load = [0] * num_workers          # tasks in flight per worker
         self.sent = [0] * num_workers          # tasks sent per worker, ever (load-balance checks)
@@ -256,7 +283,7 @@ class WorkerPool:
             for w in self.workers:
                 try:
                     while w.alive() and w.conn.poll(0):
-                        self._route(w, pickle.loads(w.conn.recv_bytes()))
+                        self._route(w, _recv(w.conn))
                 except (EOFError, OSError, ConnectionResetError, WorkerError):
                     pass   # the run that waits for this worker reports it
             k = min(range(n), key=lambda i: (self.load[i], i))
@@ -270,11 +297,12 @@ class WorkerPool:
         with self._lock:
             for w in self.workers:
                 try:
-                    w.conn.send_bytes(pickle.dumps(("iter_start", rank, world_size, pad)))
+                    _send(w.conn, IterStart(rank, world_size, pad))
                 except (BrokenPipeError, ConnectionResetError, OSError):
                     pass  # reported by recv with the worker's exit status
 
-    def submit(self, indices: Any, wid: int | None = None, key: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    def submit(self, indices: np.ndarray | int, wid: int | None = None,
+               key: tuple[int, int] = (0, 0)) -> tuple[int, int]:
         """Send a batch (sample indices, or for an iterable dataset the number of items to
         take) to worker ``wid`` (None: by the load-balance policy). ``key`` is the run's
         ``(seed, epoch)``, the key of the native prefix's randomness."""
@@ -287,7 +315,7 @@ class WorkerPool:
             self.load[w.wid] += 1
             self.sent[w.wid] += 1
             try:
-                w.conn.send_bytes(pickle.dumps(("task", tid, indices, block.name, lease.nbytes, *key)))
+                _send(w.conn, Work(tid, indices, block.name, lease.nbytes, *key))
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # reported by recv with the worker's exit status
             return tid, w.wid
@@ -298,7 +326,7 @@ class WorkerPool:
 
         def collect(x: Any) -> Any:
             a = x.batch if isinstance(x, Shards) else x
-            if _slot_array(a):
+            if slot_array(a):
                 leaves.append(a)
             return x
 
@@ -309,7 +337,7 @@ class WorkerPool:
 
         def place(x: Any) -> Any:
             a = x.batch if isinstance(x, Shards) else x
-            if not _slot_array(a):
+            if not slot_array(a):
                 return x
             dst = next(slots)
             dst[...] = a
@@ -349,28 +377,27 @@ class WorkerPool:
         with self._lock:
             self._hung(self.workers[wid])
 
-    def _route(self, w: _Worker, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "ready":
+    def _route(self, w: _Worker, msg: FromWorker) -> None:
+        if isinstance(msg, Ready):
             w.ready = True
             return
-        if kind == "init_error":
-            _, text, tb, _payload = msg
+        if isinstance(msg, InitError):
             w.dead = "failed to start"
             self._reclaim(w)
             raise WorkerError(f"loaderlib worker {w.wid} could not load the dataset / batchify function: "
-                              f"{text}\n{tb}")
-        mid = msg[1]
+                              f"{msg.text}\n{msg.traceback}")
+        mid = msg.task_id
         entry = self.inflight.pop(mid, None)
         if entry is not None:
             self.load[entry[1]] = max(0, self.load[entry[1]] - 1)
         lease = entry[0] if entry else None
         if mid in self.abandoned:
             self.abandoned.discard(mid)   # its slot is free again now
-        elif kind != "cancelled":
+        elif not isinstance(msg, Cancelled):
             self.ready[mid] = (msg, lease)
 
-    def recv(self, wid: int, tid: int, timeout: float | None, what: str, stop: Any = None) -> tuple:
+    def recv(self, wid: int, tid: int, timeout: float | None, what: str,
+             stop: threading.Event | None = None) -> tuple[Done | Failed, Any]:
         """The result message of task ``tid`` (routing other tasks' results on the way)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -400,7 +427,7 @@ class WorkerPool:
                 try:
                     if not w.conn.poll(0):
                         continue   # another thread took it
-                    msg = pickle.loads(w.conn.recv_bytes())
+                    msg = _recv(w.conn)
                 except (EOFError, OSError, ConnectionResetError):
                     raise self._fail(w, what) from None
                 self._route(w, msg)
@@ -414,7 +441,7 @@ class WorkerPool:
             self.abandoned.add(tid)
             w = self.workers[self.inflight[tid][1]]
             try:
-                w.conn.send_bytes(pickle.dumps(("cancel", tid)))
+                _send(w.conn, Cancel(tid))
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass
 
@@ -438,7 +465,7 @@ class WorkerPool:
                     w = self.workers[k]
                     try:
                         while w.conn.poll(0):
-                            self._route(w, pickle.loads(w.conn.recv_bytes()))
+                            self._route(w, _recv(w.conn))
                     except (EOFError, OSError, ConnectionResetError):
                         self._fail(w, "an abandoned batch")
                     except WorkerError:
@@ -457,7 +484,7 @@ class WorkerPool:
             self.closed = True
         for w in self.workers:
             try:
-                w.conn.send_bytes(pickle.dumps(("stop",)))
+                _send(w.conn, Stop())
             except Exception:  # noqa: BLE001, S110
                 pass
         t_end = time.monotonic() + 2.0
@@ -487,7 +514,7 @@ class WorkerPool:
             pass
 
 
-def _view(ref: _Ref, whole: np.ndarray) -> np.ndarray:
+def _view(ref: ArrayRef, whole: np.ndarray) -> np.ndarray:
     n = int(np.prod(ref.shape, dtype=np.int64)) * np.dtype(ref.dtype).itemsize
     return whole[ref.offset:ref.offset + n].view(np.dtype(ref.dtype)).reshape(ref.shape)
 
@@ -498,9 +525,9 @@ def _decode(structure: Any, whole: np.ndarray) -> Any:
     # NOTE: no closure that refers to itself here: that cycle would keep ``whole`` (and so
     # the slot) alive until the garbage collector runs.
     def leaf(x: Any) -> Any:
-        if isinstance(x, _Ref):
+        if isinstance(x, ArrayRef):
             return _view(x, whole)
-        if isinstance(x, _ShardsRef):
+        if isinstance(x, ShardsRef):
             return Shards(_view(x.batch, whole), x.num_shards)
         return x
 
@@ -525,7 +552,7 @@ def _concat(a: Any, b: Any) -> Any:
 class ProcessesProducer(Producer):
     """Batches loaded by the loader's worker pool (see NOTE [ Worker processes ])."""
 
-    def __init__(self, *, pool: WorkerPool, timeout: float | None, knobs: Any, recorder: Any, on_error: str,
+    def __init__(self, *, pool: WorkerPool, timeout: float | None, knobs: _Knobs, recorder: Recorder, on_error: str,
                  state: RunState, max_in_flight: int) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.pool = pool
@@ -566,43 +593,42 @@ class ProcessesProducer(Producer):
         return (f"worker {wid} was still on batch {number} and was killed; the next epoch starts a fresh one in "
                 "its place")
 
-    def _result(self, task: Task, tid: int, wid: int) -> tuple[Any, int]:
-        what = f"batch {task.number} of epoch {self.state.epoch}"
-        self._waiting = (tid, wid, task.number)
+    def _result(self, number: int, indices: np.ndarray | None, tid: int, wid: int) -> tuple[Any, int]:
+        """Batch ``number``'s result from task ``tid`` and its sample count; ``indices`` None for an
+        iterable's batch (as many items as arrived: the count is -1)."""
+        what = f"batch {number} of epoch {self.state.epoch}"
+        self._waiting = (tid, wid, number)
         try:
             msg, lease = self.pool.recv(wid, tid, self.timeout, what, self.state.stop)
         finally:
             self._waiting = None
-        if msg[0] == "error":
-            _, _, index, source, text, tb, payload = msg
-            exc = None
-            if payload is not None:
+        if isinstance(msg, Failed):
+            exc: BaseException | None = None
+            if msg.payload is not None:
                 try:
-                    exc = pickle.loads(payload)
+                    exc = pickle.loads(msg.payload)
                 except Exception:  # noqa: BLE001
                     exc = None
             if exc is None:
-                exc = LoaderError(f"{text} (in worker {wid})")
-            if index is not None:
-                annotate(exc, index, source, "processes")
-            try:
-                exc.add_note(f"worker {wid} traceback:\n{tb}")
-            except AttributeError:
-                pass
+                exc = LoaderError(f"{msg.text} (in worker {wid})")
+            if msg.sample is not None:
+                annotate(exc, msg.sample, msg.source, "processes")
+            if sys.version_info >= (3, 11):   # add_note is new in 3.11
+                exc.add_note(f"worker {wid} traceback:\n{msg.traceback}")
             raise exc
-        _, _, structure, failures, needed, python_ns, collate_ns = msg
+        needed = msg.needed
         if needed > self.pool.slot_bytes:
             # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.
             self.pool.slot_bytes = max(needed, self.pool.slot_bytes + self.pool.slot_bytes // 2)
-        if isinstance(task.indices, int):   # an iterable's batch: as many items as arrived
-            return (None if structure is None else self._delivered(structure, lease, needed)), -1
-        self._stage_ns[0] += python_ns
-        self._stage_ns[1] += collate_ns
-        for i, src, reason in failures:
+        if indices is None:
+            return (None if msg.structure is None else self._delivered(msg.structure, lease, needed)), -1
+        self._stage_ns[0] += msg.python_ns
+        self._stage_ns[1] += msg.collate_ns
+        for i, src, reason in msg.failures:
             self.skipped(i, src, reason)
-        if structure is None:
+        if msg.structure is None:
             return None, 0
-        return self._delivered(structure, lease, needed), len(task.indices) - len(failures)
+        return self._delivered(msg.structure, lease, needed), len(indices) - len(msg.failures)
 
     def _delivered(self, structure: Any, lease: Any, needed: int) -> Any:
         batch = _decode(structure, np.frombuffer(lease, np.uint8))
@@ -615,7 +641,7 @@ class ProcessesProducer(Producer):
     def finish(self, handle: tuple) -> Produced | None:
         task, tid, wid, t0 = handle
         self._stage_ns = [0, 0]
-        batch, n = self._result(task, tid, wid)
+        batch, n = self._result(task.number, task.indices, tid, wid)
         want = task.target
         end = task.start + task.indices.size
         if self.on_error == "skip" and n < want:
@@ -629,7 +655,7 @@ class ProcessesProducer(Producer):
                     break
                 end = start + more.size
                 t2, w2 = self.pool.submit(more, key=(self.state.seed, self.state.epoch))
-                extra, m = self._result(Task(task.number, more, more.size, start), t2, w2)
+                extra, m = self._result(task.number, more, t2, w2)
                 if extra is not None:
                     batch = extra if batch is None else _concat(batch, extra)
                     n += m
@@ -649,6 +675,8 @@ class IterableProcessesProducer(ProcessesProducer):
     makes whole batches; batch ``k`` comes from worker ``k mod num_workers``, skipping workers
     whose share has ended, so the order is deterministic (NOTE [ Iterable shards ])."""
 
+    state: IterableRunState
+
     def __init__(self, *, rank: int, world_size: int, pad: bool, batch_size: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         n = len(self.pool.workers)
@@ -667,8 +695,8 @@ class IterableProcessesProducer(ProcessesProducer):
             self._next_worker += 1
         wid = self._next_worker % n
         self._next_worker += 1
-        tid, wid = self.pool.submit(self.batch_size, wid=wid)
-        return Task(task.number, self.batch_size, task.target, task.start), tid, wid, _clock()
+        tid, wid = self.pool.submit(self.batch_size, wid=wid)   # a count: the worker's next items
+        return task, tid, wid, _clock()
 
     def finish(self, handle: tuple) -> Produced | None:
         task, tid, wid, _t0 = handle
@@ -676,7 +704,7 @@ class IterableProcessesProducer(ProcessesProducer):
         if tid is None:
             st.ended = True
             return None
-        batch, _ = self._result(task, tid, wid)
+        batch, _ = self._result(task.number, None, tid, wid)
         size = _batch_len(batch) if batch is not None else 0
         if size < self.batch_size:
             self._ended.add(wid)

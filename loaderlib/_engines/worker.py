@@ -1,10 +1,10 @@
 """Body of a loaderlib worker process (``main()`` with the socket's file descriptor as argument).
 
-The process talks to its loader over one socket (``multiprocessing.connection`` framing).
-It receives the dataset, batchify function and init function serialised with cloudpickle
-(so lambdas, local functions and classes defined in a notebook work), then loads batches
-and writes them straight into the shared-memory slot each task names.
-See NOTE [ Worker processes ] in ``_engine_procs.py``.
+The process talks to its loader over one socket (``multiprocessing.connection`` framing),
+one message type per message (``messages.py``). It receives the dataset, batchify function
+and init function serialised with cloudpickle (so lambdas, local functions and classes
+defined in a notebook work), then loads batches and writes them straight into the
+shared-memory slot each task names. See NOTE [ Worker processes ] in ``processes.py``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,42 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from collections import OrderedDict
+from multiprocessing.connection import Connection
 from typing import Any
 
+import cloudpickle
 import numpy as np
+
+from .._chain import compile_chain
+from .._iterable import RankStride
+from .._readahead import ReadAhead
+from .._source import NativeSource, SourceKind, native_error
+from .._tree import tree_map
+from .._worker_info import WorkerInfo, set_process_info, worker_seed
+from ..arena import BatchLayout
+from ..batchify import Shards, default_batchify_fn
+from ..errors import DecodeWarning
+from .collate import plan_collate
+from .messages import (
+    ArrayRef,
+    Cancel,
+    Cancelled,
+    Done,
+    Failed,
+    FromWorker,
+    Init,
+    InitError,
+    IterStart,
+    Ready,
+    ShardsRef,
+    Stop,
+    ToWorker,
+    Work,
+    slot_array,
+)
+from .threads import python_tail
 
 ALIGN = 64
 _MAX_MAPS = 32
@@ -57,33 +89,6 @@ class _Maps:
         return m
 
 
-class _Ref:
-    """An array placed in the slot: offset, shape, dtype."""
-
-    __slots__ = ("dtype", "offset", "shape")
-
-    def __init__(self, offset: int, shape: tuple, dtype: str) -> None:
-        self.offset, self.shape, self.dtype = offset, shape, dtype
-
-    def __reduce__(self):
-        return (_Ref, (self.offset, self.shape, self.dtype))
-
-
-class _ShardsRef:
-    __slots__ = ("batch", "num_shards")
-
-    def __init__(self, batch: Any, num_shards: int) -> None:
-        self.batch, self.num_shards = batch, num_shards
-
-    def __reduce__(self):
-        return (_ShardsRef, (self.batch, self.num_shards))
-
-
-def _slot_array(x: Any) -> bool:
-    """Whether a batch leaf travels in the shared-memory slot (other leaves are pickled)."""
-    return isinstance(x, np.ndarray) and x.dtype != object and x.dtype.fields is None
-
-
 class _Encoder:
     """Replace arrays in a batch by references into the slot, copying those not already there."""
 
@@ -95,13 +100,10 @@ class _Encoder:
         self.needed = cursor
 
     def encode(self, obj: Any) -> Any:
-        from ._tree import tree_map
-        from .batchify import Shards
-
         def leaf(x: Any) -> Any:
             if isinstance(x, Shards):
-                return _ShardsRef(self._array(x.batch), len(x))
-            if _slot_array(x):
+                return ShardsRef(self._array(x.batch), len(x))
+            if slot_array(x):
                 return self._array(x)
             return x
 
@@ -110,7 +112,7 @@ class _Encoder:
     def _array(self, a: np.ndarray) -> Any:
         addr = a.ctypes.data
         if a.flags.c_contiguous and self.base <= addr and addr + a.nbytes <= self.base + self.size:
-            return _Ref(addr - self.base, a.shape, a.dtype.str)
+            return ArrayRef(addr - self.base, a.shape, a.dtype.str)
         off = _align(self.cursor)
         self.needed = max(self.needed, off + a.nbytes)
         if off + a.nbytes > self.size:
@@ -119,22 +121,22 @@ class _Encoder:
         dst = self.whole[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
         dst[...] = a
         self.cursor = off + a.nbytes
-        return _Ref(off, a.shape, a.dtype.str)
+        return ArrayRef(off, a.shape, a.dtype.str)
 
 
-def _send(conn: Any, msg: tuple) -> None:
+def _send(conn: Connection, msg: FromWorker) -> None:
     try:
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001
-        import cloudpickle
-
         data = cloudpickle.dumps(msg)
     conn.send_bytes(data)
 
 
-def _exc_payload(e: BaseException) -> bytes | None:
-    import cloudpickle
+def _recv(conn: Connection) -> ToWorker:
+    return pickle.loads(conn.recv_bytes())
 
+
+def _exc_payload(e: BaseException) -> bytes | None:
     try:
         data = cloudpickle.dumps(e)
         pickle.loads(data)
@@ -154,9 +156,9 @@ class NativePrefix:
     before the next task starts.
     """
 
-    def __init__(self, *, src: Any, chain: Any, suffix: Any, position: int, others: list,
+    def __init__(self, *, src: NativeSource, chain: Any, suffix: Any, position: int, others: list,
                  io_depth: int | None = None, timeout: float | None = None) -> None:
-        self.src = src              # _source.NativeSource
+        self.src = src
         self.chain = chain          # transforms.Compose of the native prefix
         self.suffix = suffix        # transforms.Compose of the Python tail, or None
         self.position = position    # transform position of the tail's first step
@@ -166,7 +168,7 @@ class NativePrefix:
         self._plan: Any = None
         self._buf: np.ndarray | None = None
         self._run: tuple = ()
-        self._reader: Any = None
+        self._reader: ReadAhead | None = None
         self._pos = 0
 
     def __getstate__(self) -> dict:
@@ -179,8 +181,6 @@ class NativePrefix:
 
     def run(self, indices: np.ndarray, seed: int, epoch: int) -> None:
         """Decode and transform ``indices`` natively; :meth:`item` then gives each sample."""
-        from ._chain import compile_chain
-
         if self._plan is None:
             self._plan = compile_chain(self.chain)
         plan, n = self._plan, indices.size
@@ -194,7 +194,7 @@ class NativePrefix:
             reader.adapt(1)
         self._run = (indices, out, st, seed, epoch)
 
-    def _read_ahead(self, indices: np.ndarray) -> tuple[Any, np.ndarray | None]:
+    def _read_ahead(self, indices: np.ndarray) -> tuple[ReadAhead | None, np.ndarray | None]:
         """The read-ahead stage of this worker and the task's positions (None, None: none).
 
         NOTE [ Read-ahead in workers ]
@@ -204,9 +204,6 @@ class NativePrefix:
         task's reads at once on its IO threads, ``io_depth`` in flight (adaptive by default),
         and the thread decodes them as they arrive. Positions are the worker's own count of
         samples, so they only ever increase."""
-        from ._readahead import ReadAhead
-        from ._source import SourceKind
-
         if self.src.kind not in (SourceKind.FILES, SourceKind.SHARDS) or self.io_depth == 0 or not indices.size:
             return None, None
         n = indices.size
@@ -221,18 +218,12 @@ class NativePrefix:
     def item(self, j: int) -> Any:
         """Sample ``j`` of the last :meth:`run`: its native output through the Python tail.
         Raises the sample's DecodeError when the native prefix failed on it."""
-        from ._engine_local import python_tail
-        from ._source import native_error
-        from .errors import DecodeWarning
-
         indices, out, st, seed, epoch = self._run
         i = int(indices[j])
         if not st.ok[j]:
             raise native_error(self.src, st, j, indices)
         why = getattr(st, "warnings", {}).get(j)
         if why is not None:
-            import warnings
-
             warnings.warn(f"sample {i} {self.src.source(i)!r} decoded from corrupt data ({why}); pass "
                           "Decode(strict=True) to refuse such images", DecodeWarning, stacklevel=2)
         labels = self.src.labels
@@ -240,86 +231,83 @@ class NativePrefix:
         return python_tail(item, self.suffix, self.position, self.others, seed, epoch, i)
 
 
-def _run(conn: Any) -> None:
-    import cloudpickle
+def _failed(task_id: int, e: BaseException, sample: int | None = None, source: str | None = None) -> Failed:
+    return Failed(task_id, sample, source, f"{type(e).__name__}: {e}", "".join(traceback.format_exception(e)),
+                  _exc_payload(e))
 
-    from ._engine_local import plan_collate
-    from ._iterable import RankStride
-    from ._worker_info import WorkerInfo, set_process_info, worker_seed
-    from .arena import BatchLayout
-    from .batchify import default_batchify_fn
 
-    msg = pickle.loads(conn.recv_bytes())
-    assert msg[0] == "init"
-    _, paths, worker_id, payload, num_workers, seed = msg
-    for p in reversed(paths):
+def _run(conn: Connection) -> None:
+    init = _recv(conn)
+    assert isinstance(init, Init)
+    for p in reversed(init.paths):
         if p not in sys.path:
             sys.path.insert(0, p)
+    worker_id, num_workers = init.worker_id, init.num_workers
     try:
-        dataset, batchify_fn, init_fn, on_error, prefix = cloudpickle.loads(payload)
+        dataset, batchify_fn, init_fn, on_error, prefix = cloudpickle.loads(init.payload)
         # NOTE [ Worker info ]: set before worker_init_fn runs, for the whole process.
-        set_process_info(WorkerInfo(worker_id, num_workers, worker_seed(seed, worker_id), dataset))
+        set_process_info(WorkerInfo(worker_id, num_workers, worker_seed(init.seed, worker_id), dataset))
         if init_fn is not None:
             init_fn(worker_id)
     except BaseException as e:  # noqa: BLE001
-        _send(conn, ("init_error", f"{type(e).__name__}: {e}", traceback.format_exc(), _exc_payload(e)))
+        _send(conn, InitError(f"{type(e).__name__}: {e}", traceback.format_exc(), _exc_payload(e)))
         return
-    _send(conn, ("ready", os.getpid()))
+    _send(conn, Ready(os.getpid()))
     maps = _Maps()
     src_of = prefix.source if prefix is not None else getattr(dataset, "source", None)
-    pending: collections.deque = collections.deque()
-    cancelled: set = set()
+    pending: collections.deque[Work | IterStart] = collections.deque()
+    cancelled: set[int] = set()
     own: Any = iter(())   # this worker's items of an iterable dataset's epoch
 
-    def take(msg: tuple) -> bool:
-        if msg[0] == "stop":
+    def take(msg: ToWorker) -> bool:
+        if isinstance(msg, Stop):
             return False
-        if msg[0] == "cancel":
-            cancelled.add(msg[1])
-        else:
+        if isinstance(msg, Cancel):
+            cancelled.add(msg.task_id)
+        elif isinstance(msg, (Work, IterStart)):
             pending.append(msg)
         return True
 
     while True:
         # Read everything that has arrived before starting a task, so a task cancelled
         # while it waited in the socket is skipped (NOTE [ Worker processes ]).
-        if not pending and not take(pickle.loads(conn.recv_bytes())):
+        if not pending and not take(_recv(conn)):
             return
         while conn.poll(0):
-            if not take(pickle.loads(conn.recv_bytes())):
+            if not take(_recv(conn)):
                 return
         if not pending:
             continue
         msg = pending.popleft()
-        if msg[0] == "iter_start":
+        if isinstance(msg, IterStart):
             # An iterable dataset's epoch: this worker's share of this rank's share of the
             # stream (NOTE [ Iterable shards ]).
-            _, rank, world, pad = msg
-            stream = iter(RankStride(iter(dataset), rank, world, pad))
+            stream = iter(RankStride(iter(dataset), msg.rank, msg.world_size, msg.pad))
             own = itertools.islice(stream, worker_id, None, num_workers)
             continue
-        _, task_id, indices, shm_name, shm_size, seed, epoch = msg
+        task_id, shm_name, shm_size = msg.task_id, msg.shm_name, msg.shm_size
         if task_id in cancelled:
             cancelled.discard(task_id)
-            _send(conn, ("cancelled", task_id))
+            _send(conn, Cancelled(task_id))
             continue
-        samples, failures = [], []
+        samples: list = []
+        failures: list = []
         failed = None
         t0 = time.perf_counter_ns()
-        if isinstance(indices, int):   # a batch of the iterable: the next ``indices`` items
+        if isinstance(msg.indices, int):   # a batch of the iterable: the next ``indices`` items
             try:
-                samples = list(itertools.islice(own, indices))
+                samples = list(itertools.islice(own, msg.indices))
             except Exception as e:  # noqa: BLE001 - the iterator itself failed: reported, never skipped
-                _send(conn, ("error", task_id, None, None, f"{type(e).__name__}: {e}",
-                             "".join(traceback.format_exception(e)), _exc_payload(e)))
+                _send(conn, _failed(task_id, e))
                 continue
             indices = np.zeros(0, np.int64)
+        else:
+            indices = msg.indices
         if prefix is not None and indices.size:
             try:
-                prefix.run(indices, seed, epoch)
+                prefix.run(indices, msg.seed, msg.epoch)
             except Exception as e:  # noqa: BLE001 - a failure of the whole call (not of one sample)
-                _send(conn, ("error", task_id, None, None, f"{type(e).__name__}: {e}",
-                             "".join(traceback.format_exception(e)), _exc_payload(e)))
+                _send(conn, _failed(task_id, e))
                 continue
         for j, i in enumerate(indices.tolist()):
             try:
@@ -336,13 +324,12 @@ def _run(conn: Any) -> None:
                     break
                 failures.append((i, src, f"{type(e).__name__}: {e}"))
         if failed is not None:
-            i, src, e = failed
-            _send(conn, ("error", task_id, i, src, f"{type(e).__name__}: {e}",
-                         "".join(traceback.format_exception(e)), _exc_payload(e)))
+            i, src, err = failed
+            _send(conn, _failed(task_id, err, i, src))
             continue
         t1 = time.perf_counter_ns()
         if not samples:
-            _send(conn, ("done", task_id, None, failures, 0, t1 - t0, 0))
+            _send(conn, Done(task_id, None, failures, 0, t1 - t0, 0))
             continue
         try:
             whole = np.frombuffer(maps.get(shm_name, shm_size), np.uint8, count=shm_size)
@@ -363,15 +350,12 @@ def _run(conn: Any) -> None:
             structure = enc.encode(batch)
             del whole, batch
         except Exception as e:  # noqa: BLE001
-            _send(conn, ("error", task_id, None, None, f"{type(e).__name__}: {e}",
-                         "".join(traceback.format_exception(e)), _exc_payload(e)))
+            _send(conn, _failed(task_id, e))
             continue
-        _send(conn, ("done", task_id, structure, failures, enc.needed, t1 - t0, time.perf_counter_ns() - t1))
+        _send(conn, Done(task_id, structure, failures, enc.needed, t1 - t0, time.perf_counter_ns() - t1))
 
 
 def main(argv: list[str] | None = None) -> None:
-    from multiprocessing.connection import Connection
-
     argv = sys.argv[1:] if argv is None else argv
     # Ctrl-C reaches the whole process group: the loader decides what happens (it stops its
     # iterator and closes the workers), so a worker must not die half-way through a batch.

@@ -1,0 +1,262 @@
+"""The native engine: one nogil kernel pass per batch, straight into an arena slot.
+
+Follows NOTE [ Engine stages ] in ``base.py``. The threads engine runs the same producer as
+the native prefix of a chain whose tail is Python (``threads.HybridProducer``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import numpy as np
+
+from .. import _threads
+from .._readahead import ReadAhead
+from .._recorder import Recorder
+from .._source import NativeSource, SourceKind, native_error
+from ..arena import BatchArena, BatchLayout
+from ..batchify import finish_native
+from ..errors import DecodeWarning
+from .base import Produced, Producer, RunState, Task, _clock, _Knobs, batch_wall
+
+
+def kernel_threads(knobs: _Knobs) -> int:
+    """Threads a kernel call uses now (``num_threads=0``: the calling thread alone)."""
+    n = knobs.num_threads
+    return 1 if n == 0 else _threads.resolve_num_threads(n)
+
+
+
+@dataclass
+class _NativeBatch:
+    """A native batch in flight: its slot, its queued kernel pass and what finishing needs."""
+
+    idx: np.ndarray
+    target: int
+    end: int
+    views: list
+    timings: np.ndarray | None
+    pending: Any            # PendingBatch (None when nothing was queued)
+    threads: int
+    t_start: int
+    number: int | None      # the batch's number in the epoch (None: nothing is planned past it)
+
+
+class NativeProducer(Producer):
+    """One kernel job per batch straight into an arena slot; labels gathered with ``take``.
+
+    ``submit`` queues the batch on the plan's kernel threads and ``finish`` waits for it, so
+    with ``lookahead = 2`` the next batch is queued while this one runs and the threads go
+    from one to the next without a pause (NOTE [ One queue across batches ] in
+    ``pyx/include/ll_pool.h``). Owns its compiled plan (and so the plan's threads, decoders
+    and scratch buffers) for the run; nothing is lent out or handed back.
+    """
+
+    lookahead = 2
+
+    def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, state: RunState, arena: BatchArena,
+                 knobs: _Knobs, recorder: Recorder, on_error: str, batch_size: int, timeout: float | None = None,
+                 read_budget: int | None = None) -> None:
+        super().__init__(state=state, recorder=recorder, on_error=on_error)
+        self.src = src
+        self.plan = plan
+        # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
+        self.reader: ReadAhead | None = None
+        depth = getattr(knobs, "io_depth", None)
+        if plan is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS) and depth != 0:
+            self.reader = ReadAhead(src, state.order.stream, io_depth=depth, batch_size=batch_size,
+                                    lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
+                                    start=state.cursor, hint=getattr(knobs, "read_hint", None))
+            # The first reads go out now: a warm next epoch (NOTE [ Warm slots ]) waits for a batch
+            # slot before its first batch, but its reads need none, so they cross the boundary.
+            self.reader.top_up(state.cursor)
+        self.shards = shards          # per output part: num_shards (None: plain array) or a Pad
+        self.arena = arena
+        self.knobs = knobs
+        self._layouts: dict[int, BatchLayout] = {}
+        self._prev_end = 0            # NOTE [ Batch wall time ]
+        self._arrays: Sequence[np.ndarray] = src.arrays or ()   # SourceKind.ARRAYS
+        # np.take's mode for stream indices (the source returns one of np.take's modes).
+        self._take_mode = cast(Literal["raise", "wrap", "clip"], src.take_mode)
+        if src.kind is SourceKind.ARRAYS:
+            parts = [((batch_size, *a.shape[1:]), a.dtype) for a in self._arrays]
+        else:
+            parts = [((batch_size, *plan.sample_shape), plan.dtype)]
+            if src.labels is not None:
+                parts.append(((batch_size, *src.labels.shape[1:]), src.labels.dtype))
+        self._part_specs = [(shape[1:], dtype) for shape, dtype in parts]
+        # The whole ring now: mapping a slot costs microseconds, its pages are faulted in by
+        # the first batch written to it (NOTE [ Large slots come from mmap ]).
+        arena.reserve(self._layout(batch_size))
+
+    def _layout(self, n: int) -> BatchLayout:
+        lay = self._layouts.get(n)
+        if lay is None:
+            lay = self._layouts[n] = BatchLayout.of([((n, *s), d) for s, d in self._part_specs])
+        return lay
+
+    def close(self, wait: bool = True) -> None:
+        if self.reader is not None:
+            self.reader.close()   # queued reads dropped; a read in progress ends on its own
+        if wait:
+            plan, self.plan = self.plan, None
+            if plan is not None:
+                plan.close()   # its kernel threads stop now (no batch of this run is queued)
+
+    def _finish_arrays(self, task: Task) -> Produced:
+        idx = task.indices
+        t0 = _clock()
+        _lease, views = self.arena.acquire(self._layout(idx.size))
+        for a, v in zip(self._arrays, views):
+            np.take(a, idx, axis=0, out=v, mode=self._take_mode)
+        if self.rec.enabled:
+            dt = _clock() - t0
+            self.rec.batch_done(idx.size, {"collate": dt}, dt, 1)
+        return Produced(self._structure(views), task.start + idx.size, idx.size, task.target)
+
+    def _structure(self, views: list) -> Any:
+        out = [finish_native(v, k) for v, k in zip(views, self.shards)]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def submit(self, task: Task) -> Any:
+        if self.src.kind is SourceKind.ARRAYS:
+            return task
+        return self.start(task.indices, task.target, task.start + task.indices.size, task.number)
+
+    def cancel(self, handle: Any) -> None:
+        if isinstance(handle, _NativeBatch) and handle.pending is not None:
+            handle.pending.wait()   # its slot goes back only once the kernels are done with it
+
+    def finish(self, handle: Any) -> Produced | None:
+        if self.src.kind is SourceKind.ARRAYS:
+            return self._finish_arrays(handle)
+        res = self.complete(handle)
+        if res is None:
+            return None
+        out, _sel, stages, rows, nthreads, wall, end = res
+        if self.rec.enabled:
+            self.rec.batch_done(len(out[0]), stages, wall, nthreads, rows)
+        return Produced(self._structure(out), end, len(out[0]), handle.target)
+
+    def produce(self, idx: np.ndarray, n: int, end: int) -> tuple | None:
+        """Run the plan for ``idx`` into a slot and wait: :meth:`start` then :meth:`complete`."""
+        return self.complete(self.start(idx, n, end))
+
+    def start(self, idx: np.ndarray, n: int, end: int, number: int | None = None) -> _NativeBatch:
+        """Lease a slot for ``n`` samples and queue the kernel pass of ``idx`` into it. ``end``
+        is the stream position after ``idx``; ``number`` the batch's number in the epoch when
+        later batches may already be planned."""
+        nthreads = kernel_threads(self.knobs)
+        t_start = _clock()
+        _lease, views = self.arena.acquire(self._layout(n))
+        k = idx.size
+        tim = np.zeros((k, 3), np.int64) if self.rec.enabled else None
+        st_run = self.state
+        pending = None
+        if k:
+            reader = self.reader
+            if reader is not None:
+                reader.top_up(end - k)
+            pending = self.src.run(self.plan, idx, views[0][:k], seed=st_run.seed, epoch=st_run.epoch,
+                                   num_threads=min(nthreads, k), timings=tim, wait=False,
+                                   positions=np.arange(end - k, end, dtype=np.int64), reader=reader)
+        return _NativeBatch(idx, n, end, views, tim, pending, nthreads, t_start, number)
+
+    def complete(self, b: _NativeBatch) -> tuple | None:
+        """Wait for a started batch; with on_error="skip", fill it up to its target from the
+        stream (NOTE [ The epoch is one stream ]).
+
+        Returns ``(arrays, indices, stage_ns, per_sample_ns, threads, wall_ns, end)`` or None
+        when no sample could be loaded; ``arrays`` are the images (and labels) views and
+        ``end`` the stream position after the last sample used or skipped.
+        """
+        n, end, views, nthreads = b.target, b.end, b.views, b.threads
+        # A batch started before recording was switched on has no timings: it is not recorded.
+        recording = self.rec.enabled and b.timings is not None
+        images = views[0]
+        stage = np.zeros(3, np.int64)
+        per_sample: list[np.ndarray] = []
+        final: list[np.ndarray] = []
+        filled = 0
+        todo = b.idx
+        st_run = self.state
+        seed, epoch = st_run.seed, st_run.epoch
+        first, tim = b.pending, b.timings
+        todo_start = end - todo.size
+        while todo.size:
+            k = todo.size
+            if first is not None:
+                st, first = first.result(), None
+            else:   # a fill after failures (rare): run it and wait
+                tim = np.zeros((k, 3), np.int64) if recording else None
+                st = self.src.run(self.plan, todo, images[filled:filled + k], seed=seed, epoch=epoch,
+                                  num_threads=min(nthreads, k), timings=tim, reader=self.reader,
+                                  positions=np.arange(todo_start, todo_start + k, dtype=np.int64))
+            if recording and tim is not None:
+                stage += tim.sum(axis=0)
+                per_sample.append(tim)
+            for j, why in getattr(st, "warnings", {}).items():
+                # Decoded, but libjpeg had to recover from corrupt data (e.g. a truncated file).
+                warnings.warn(f"sample {int(todo[j])} {self.src.source(todo[j])!r} decoded from corrupt data "
+                              f"({why}); pass Decode(strict=True) to refuse such images", DecodeWarning,
+                              stacklevel=2)
+            ok = np.asarray(st.ok, dtype=bool)
+            if ok.all():
+                final.append(todo)
+                filled += k
+            else:
+                bad = np.flatnonzero(~ok)
+                if self.on_error == "raise":
+                    raise native_error(self.src, st, bad[0], todo)
+                for j in bad.tolist():
+                    err = native_error(self.src, st, j, todo)   # a DecodeError or RemoteReadError
+                    self.skipped(todo[j], self.src.source(todo[j]), getattr(err, "reason", str(err)))
+                good = np.flatnonzero(ok)
+                if good.size:
+                    # Rare path (failures only): move the good samples up, closing the gaps.
+                    block = images[filled:filled + k]
+                    block[:good.size] = block[good]
+                final.append(todo[good])
+                filled += good.size
+            need = n - filled
+            if need > 0 and self.on_error == "skip":
+                if b.number is not None:
+                    # The fill is the next samples of the stream (NOTE [ The epoch is one
+                    # stream ]); the batch queued behind this one was planned with them, so it
+                    # is void and planned again after the fill (the driver cancels it).
+                    st_run.replan_from(end, b.number + 1)
+                    b.number = None
+                todo, start = st_run.take(need)
+                end = start + todo.size
+                todo_start = start
+            else:
+                todo = todo[:0]
+        reader = self.reader
+        if reader is not None:
+            reader.adapt(nthreads)
+            reader.top_up()
+            if recording:
+                self.rec.extract(reader.counters())
+        if filled == 0:
+            return None
+        sel = np.concatenate(final) if len(final) > 1 else final[0]
+        out = [images[:filled]]
+        t_col = _clock()
+        if self.src.labels is not None:
+            lab = views[1][:filled]
+            np.take(self.src.labels, sel, axis=0, out=lab, mode=self._take_mode)
+            out.append(lab)
+        now = _clock()
+        stages: dict[str, int] = {}
+        rows: np.ndarray | None = None
+        if recording:
+            stages = {"read": int(stage[0]), "decode": int(stage[1]), "transform": int(stage[2]),
+                      "collate": now - t_col}
+            rows = np.concatenate(per_sample)[:filled] if per_sample else None
+        wall = batch_wall(b.t_start, self._prev_end, now)
+        self._prev_end = now
+        return out, sel, stages, rows, nthreads, wall, end
+
