@@ -240,8 +240,8 @@ def extensions() -> list:
 
 
 setup(
-    packages=["loaderlib", "loaderlib._ext", "loaderlib._remote", "loaderlib.integrations", "loaderlib.profiling",
-              "loaderlib.transforms"],
+    packages=["loaderlib", "loaderlib._ext", "loaderlib._loader", "loaderlib._remote", "loaderlib.integrations",
+              "loaderlib.profiling", "loaderlib.transforms"],
     package_dir={"loaderlib.profiling": "profiling"},
     package_data={"loaderlib": ["_data/*.jpg", "_data/NOTICE", "py.typed"]},
     include_package_data=False,  # exactly the files above: no .pyx/.c/.h next to the modules

@@ -74,7 +74,7 @@ class Step:
     args: tuple = ()
 
     def describe(self) -> str:
-        from .loader import _describe
+        from ._loader.analysis import _describe
 
         parts = [] if self.fn is None else [_describe(self.fn)]
         parts += [_arg(a) for a in self.args]
