@@ -39,9 +39,9 @@ from ._loader.options import check_options
 from ._loader.output import (
     BatchTransformStep,
     TorchStep,
-    _bfloat16_first,
     _pin_device,
     _pin_usable,
+    bfloat16_first,
     to_torch,  # noqa: F401 - public: loaderlib.loader.to_torch
 )
 from ._loader.state import (
@@ -597,7 +597,7 @@ class DataLoader:
         if self.batch_transform is not None:
             post += (BatchTransformStep(self.batch_transform),)
         if self.output == "torch":
-            post += (TorchStep(_bfloat16_first(self.dataset)),)
+            post += (TorchStep(self._bfloat16_first()),)
         it = LoaderIterator(run, self, post)
         self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         if self._last_state is not None:
@@ -885,6 +885,10 @@ class DataLoader:
         """With ``pin_memory``, the processes engine's shared-memory slots are registered with
         CUDA once, when made (NOTE [ Registering shared-memory slots ] in arena.py)."""
         return HostRegistrar(self._pin_target()) if self.pin_memory else None
+
+    def _bfloat16_first(self) -> bool:
+        """Whether the batch's first field holds bfloat16 bits (NOTE [ bfloat16 as uint16 bits ])."""
+        return bfloat16_first(self.dataset)
 
 
 #: ``output="torch"`` iterators are :class:`LoaderIterator` objects whose last post-step turns

@@ -73,7 +73,7 @@ def to_torch(batch: Any, bfloat16_first: bool = False) -> Any:
     return tree_map(lambda x: _torch_leaf(x, bfloat16_first), batch)
 
 
-def _bfloat16_first(dataset: Any) -> bool:
+def bfloat16_first(dataset: Any) -> bool:
     """Whether the batch's first field holds bfloat16 bits (NOTE [ bfloat16 as uint16 bits ])."""
     _, layers = _unwrap(dataset)
     name = None
