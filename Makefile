@@ -57,8 +57,12 @@ $(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements
 
 install: $(BASE)
 
-# Rebuild the extensions in place whenever a .pyx/.pxd/.h changed (a no-op otherwise).
+# Rebuild the extensions in place whenever a .pyx/.pxd/.h changed (a no-op otherwise). What was
+# built from a pyx/_<name>.pyx that is gone (a renamed extension: its module and generated C) is
+# removed, so it can be neither imported nor read as source.
 build: $(BASE)
+	@for f in loaderlib/_ext/_*.so pyx/_*.c; do [ -e "$$f" ] || continue; name=$$(basename "$$f"); \
+	  name=$${name%%.*}; [ -f "pyx/$$name.pyx" ] || { echo "removing $$f (no pyx/$$name.pyx)"; rm -f "$$f"; }; done
 	$(BIN)/python setup.py -q build_ext --inplace -j $$(nproc 2>/dev/null || echo 2)
 
 test: build $(TESTS)

@@ -44,6 +44,7 @@ TOPICS = [
     ("loaderlib/datasets", "Formats and storage"),
     ("loaderlib/decoding", "Decoding"),
     ("loaderlib/loader", "The DataLoader"),
+    ("loaderlib/_loader", "The DataLoader"),
     ("loaderlib", "Core"),
     ("profiling", "Profiling"),
     ("fuzz", "Build, tests and fuzzing"),

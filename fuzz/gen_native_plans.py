@@ -10,8 +10,8 @@ actually build, not with field values of its own invention: an ``ll_plan`` that
 ``compile_chain`` would never produce can fail in ways no user can reach, and a hand-written
 copy of the op and augmentation encodings would drift from ``loaderlib/transforms/``. So
 each chain below is compiled by ``loaderlib._chain.compile_chain`` itself, the arguments it
-hands to ``_pipeline.CompiledChain`` are recorded, and they are written out field by field
-the way ``CompiledChain.__cinit__`` (pyx/_pipeline.pyx) fills the struct: ops, decode
+hands to ``_chain.CompiledChain`` are recorded, and they are written out field by field
+the way ``CompiledChain.__cinit__`` (pyx/_chain.pyx) fills the struct: ops, decode
 options, the lookup table in the slot for its dtype, the augmentation and erasing ops.
 The chains together reach every geometric op, every output dtype and layout, every
 interpolation, DCT scaling on and off, the fast decode, both strictness levels and every
@@ -28,7 +28,7 @@ import numpy as np
 
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
-from loaderlib._ext import _pipeline
+from loaderlib._ext import _chain
 
 _NORM = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 #: max_pixels of the chains (NOTE [ Fuzzing pixel budget ] in fuzz/native_fuzz.c).
@@ -73,25 +73,25 @@ CHAINS = [
 
 def _compiled_chain_args(ops, mode, channels, dct_scaling, strict, max_pixels, dtype, chw, lut, out_h, out_w,
                          augs=None, erases=None, fast=False) -> dict:
-    """``_pipeline.CompiledChain``'s arguments by name (its signature, restated to bind them)."""
+    """``_chain.CompiledChain``'s arguments by name (its signature, restated to bind them)."""
     return dict(inspect.getcallargs(_compiled_chain_args, ops, mode, channels, dct_scaling, strict, max_pixels,
                                     dtype, chw, lut, out_h, out_w, augs, erases, fast))
 
 
 def record(chain: T.Compose) -> dict:
-    """The arguments ``compile_chain(chain)`` passes to ``_pipeline.CompiledChain``."""
+    """The arguments ``compile_chain(chain)`` passes to ``_chain.CompiledChain``."""
     calls = []
-    real = _pipeline.CompiledChain
+    real = _chain.CompiledChain
 
     def recorder(*args, **kwargs):
         calls.append(_compiled_chain_args(*args, **kwargs))
         return real(*args, **kwargs)
 
-    _pipeline.CompiledChain = recorder
+    _chain.CompiledChain = recorder
     try:
         plan = compile_chain(chain)
     finally:
-        _pipeline.CompiledChain = real
+        _chain.CompiledChain = real
     if plan is None or len(calls) != 1:
         raise SystemExit(f"gen_native_plans: {chain} does not compile to one native plan")
     return calls[0]
@@ -133,9 +133,9 @@ def plan_c(a: dict) -> str:
     lut = a["lut"]
     if lut is not None:
         flat = np.ascontiguousarray(lut).reshape(-1)
-        if a["dtype"] == _pipeline.DTYPE_FLOAT32:
+        if a["dtype"] == _chain.DTYPE_FLOAT32:
             f.append(".lutf = " + _list(_num(v) for v in flat.astype(np.float32).tolist()))
-        elif a["dtype"] == _pipeline.DTYPE_UINT16:
+        elif a["dtype"] == _chain.DTYPE_UINT16:
             f.append(".lut16 = " + _list(str(int(v)) for v in flat.view(np.uint16).tolist()))
         else:
             f.append(".lut8 = " + _list(str(int(v)) for v in flat.astype(np.uint8).tolist()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import _threads
-from ._ext import _jpeg, _pipeline
+from ._ext import _chain, _jpeg
 
 
 def build_info() -> dict:
@@ -24,6 +24,6 @@ def build_info() -> dict:
         results are bitwise equal at every level).
     """
     facts = dict(_jpeg.build_facts())
-    facts["kernels_simd"] = _pipeline.simd_level()
+    facts["kernels_simd"] = _chain.simd_level()
     facts["max_threads"] = _threads.default_num_threads() if facts["openmp"] else 1
     return facts

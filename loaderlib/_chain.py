@@ -1,6 +1,6 @@
 """Compile a transform chain into one fused native pass per sample, and run it on batches.
 
-This module owns ``loaderlib._ext._pipeline``. :func:`compile_chain` turns a chain of
+This module owns ``loaderlib._ext._chain``. :func:`compile_chain` turns a chain of
 :mod:`loaderlib.transforms` into a :class:`NativePlan` (or None when a step is a Python
 callable, or the order of the steps cannot be fused). A plan's ``run_*_into`` methods
 run one parallel pass over a batch, without the GIL: per sample, read the bytes, decode
@@ -31,7 +31,7 @@ import numpy as np
 
 from . import _threads
 from . import transforms as T
-from ._ext import _pipeline
+from ._ext import _chain
 from ._ext._jpeg import Status
 from .datasets import _read_file
 from .decoding import decode as _decode_image
@@ -136,10 +136,10 @@ class NativePlan:
         self._chain = None
         if self.sample_shape is not None:
             max_px = 0 if decode.max_pixels is None else int(decode.max_pixels)
-            self._chain = _pipeline.CompiledChain(
+            self._chain = _chain.CompiledChain(
                 ops, mode_code(decode.mode), decode.channels, bool(decode.dct_scaling), strict_level(decode.strict), max_px,
-                _pipeline.DTYPE_FLOAT32 if self.dtype == np.float32 else
-                _pipeline.DTYPE_UINT16 if self.dtype.itemsize == 2 else _pipeline.DTYPE_UINT8, chw, lut,
+                _chain.DTYPE_FLOAT32 if self.dtype == np.float32 else
+                _chain.DTYPE_UINT16 if self.dtype.itemsize == 2 else _chain.DTYPE_UINT8, chw, lut,
                 int(spec.height), int(spec.width), augs=augs or [], erases=erases or [], fast=bool(decode.fast))
 
     def describe(self) -> list[str]:
@@ -184,7 +184,7 @@ class NativePlan:
             ``out``, ``timings`` and the inputs belong to the kernels until then.
         """
         bufs = list(buffers)
-        return self._run(_pipeline.SOURCE_BUFFERS, bufs, -1, None, out, indices, seed, epoch, num_threads, timings,
+        return self._run(_chain.SOURCE_BUFFERS, bufs, -1, None, out, indices, seed, epoch, num_threads, timings,
                          sources, lambda i: bufs[i], wait=wait)
 
     def run_files_into(self, paths: Sequence[Any], out: np.ndarray, indices: Any, *, seed: int, epoch: int,
@@ -200,7 +200,7 @@ class NativePlan:
         same."""
         names = [os.fspath(p) for p in paths]
         enc = [os.fsencode(p) for p in names]
-        return self._run(_pipeline.SOURCE_FILES, enc, -1, None, out, indices, seed, epoch, num_threads, timings,
+        return self._run(_chain.SOURCE_FILES, enc, -1, None, out, indices, seed, epoch, num_threads, timings,
                          [os.fsdecode(p) for p in names], lambda i: _read_file(names[i]), wait=wait,
                          positions=positions, reader=reader)
 
@@ -221,11 +221,11 @@ class NativePlan:
             fds = np.ascontiguousarray(fd, dtype=np.int32)
             if fds.shape != (len(szs),):
                 raise ValueError(f"{fds.shape[0] if fds.ndim else 0} descriptors for {len(szs)} records")
-            return self._run(_pipeline.SOURCE_RECORDS, szs, -1, offs, out, indices, seed, epoch, num_threads, timings,
+            return self._run(_chain.SOURCE_RECORDS, szs, -1, offs, out, indices, seed, epoch, num_threads, timings,
                              sources, lambda i: os.pread(int(fds[i]), szs[i], int(offs[i])), fds=fds, wait=wait,
                              positions=positions, reader=reader)
         fdn = fd if isinstance(fd, int) else fd.fileno()
-        return self._run(_pipeline.SOURCE_RECORDS, szs, fdn, offs, out, indices, seed, epoch, num_threads, timings,
+        return self._run(_chain.SOURCE_RECORDS, szs, fdn, offs, out, indices, seed, epoch, num_threads, timings,
                          sources, lambda i: os.pread(fdn, szs[i], int(offs[i])), wait=wait, positions=positions,
                          reader=reader)
 
@@ -256,7 +256,7 @@ class NativePlan:
                 res.errors[i] = DecodeError.from_status(int(res.status[i]), why, int(idx[i]), src)
             return res
 
-        return self._run(_pipeline.SOURCE_PIXELS, imgs, -1, dims, out, indices, seed, epoch, num_threads, timings,
+        return self._run(_chain.SOURCE_PIXELS, imgs, -1, dims, out, indices, seed, epoch, num_threads, timings,
                          sources, lambda i: imgs[i], wait=wait, after=name_wrong)
 
     def close(self) -> None:
@@ -303,7 +303,7 @@ class NativePlan:
             pos = np.ascontiguousarray(positions, dtype=np.int64)
             if pos.shape != (n,):
                 raise ValueError(f"positions must have shape ({n},), got {pos.shape}")
-        handle = _pipeline.start_into(self._chain, self._team_for(nthreads), kind, items, fd, offsets, out, idx,
+        handle = _chain.start_into(self._chain, self._team_for(nthreads), kind, items, fd, offsets, out, idx,
                                       seed_u, epoch_u, nthreads, timings, status, msgs, fds, native_reader, pos,
                                       timeout)
 
@@ -332,7 +332,7 @@ class NativePlan:
         with self._lock:
             team = self._team
             if team is None or team.size < nthreads or not team.usable:
-                team = self._team = _pipeline.Team(nthreads)
+                team = self._team = _chain.Team(nthreads)
             return team
 
     def _fallback(self, i: int, fetch, out: np.ndarray, idx: np.ndarray, seed: int, epoch: int,
@@ -423,7 +423,7 @@ def compile_chain(transform: Any) -> NativePlan | None:
                 return None
             if isinstance(t, T.RandomResizedCrop):
                 h, w = t.hw
-                ops.append((_pipeline.OP_RRC, pos, h, w, T._interp(t.interpolation), int(t.antialias),
+                ops.append((_chain.OP_RRC, pos, h, w, T._interp(t.interpolation), int(t.antialias),
                             float(t.scale[0]), float(t.scale[1]), float(t.ratio[0]), float(t.ratio[1]), 0.0))
                 stage += 1
                 where = ("box drawn from the JPEG header, only that region decoded" if stage == 1 else
@@ -437,17 +437,17 @@ def compile_chain(transform: Any) -> NativePlan | None:
                 else:
                     h, w = T._pair(t.size, "size")
                     what = f"{h}x{w}"
-                ops.append((_pipeline.OP_RESIZE, pos, h, w, T._interp(t.interpolation), int(t.antialias),
+                ops.append((_chain.OP_RESIZE, pos, h, w, T._interp(t.interpolation), int(t.antialias),
                             0.0, 0.0, 0.0, 0.0, 0.0))
                 stage += 1
                 desc.append(f"resize {what} ({_describe_interp(t)})" +
                             ("" if stage == 1 else f": stage {stage}, resamples the previous stage's image"))
             elif isinstance(t, T.CenterCrop):
                 h, w = T._pair(t.size, "size")
-                ops.append((_pipeline.OP_CENTER_CROP, pos, h, w, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0))
+                ops.append((_chain.OP_CENTER_CROP, pos, h, w, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0))
                 desc.append(f"center crop {h}x{w}")
             else:
-                ops.append((_pipeline.OP_HFLIP, pos, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, float(t.p)))
+                ops.append((_chain.OP_HFLIP, pos, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, float(t.p)))
                 desc.append(f"random horizontal flip (p={t.p:g}), folded into the resampling taps")
         elif isinstance(t, _POINTWISE):
             tail.append(t)
@@ -457,7 +457,7 @@ def compile_chain(transform: Any) -> NativePlan | None:
             chw = True
         else:  # pragma: no cover - every Transform subclass is handled above
             return None
-    if len(ops) > _pipeline.MAX_OPS:
+    if len(ops) > _chain.MAX_OPS:
         return None
     try:
         spec = chain.plan(T.ImageSpec(encoded=True))
@@ -495,7 +495,7 @@ def compile_chain(transform: Any) -> NativePlan | None:
         return None
     if erases and dtype not in (np.float32, np.uint8):
         return None
-    resamples = any(o[0] in (_pipeline.OP_RRC, _pipeline.OP_RESIZE) for o in ops)
+    resamples = any(o[0] in (_chain.OP_RRC, _chain.OP_RESIZE) for o in ops)
     idct = "IFAST, merged upsampling (fast=True)" if decode.fast else "ISLOW"
     first = (f"decode JPEG (libjpeg-turbo, {idct}): only the source region the output needs"
              + (", at the smallest DCT scale 1/2, 1/4 or 1/8 that keeps the output resolution"

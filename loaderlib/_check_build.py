@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 
-EXTENSIONS = ("_arena", "_jpeg", "_pipeline", "_transform")
+EXTENSIONS = ("_arena", "_jpeg", "_chain", "_transform")   # _chain cimports _jpeg: it comes after it
 
 
 def _advice(package_dir: str) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
 from ._tree import tree_map
 
 __all__ = ["DeviceLoader", "to_device"]
@@ -349,8 +350,7 @@ class DeviceLoader:
     """A loader whose batches arrive on a device (made by :func:`to_device`)."""
 
     def __init__(self, loader: Any, device: Any, prefetch: int = 2, *, _backend: Any = None) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
-            raise ValueError(f"to_device: prefetch must be a positive integer, got {prefetch!r}")
+        check_int(prefetch, "prefetch", minimum=1)
         self.loader = loader
         self.device = device
         self.prefetch = int(prefetch)

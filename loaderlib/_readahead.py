@@ -1,6 +1,6 @@
 """The read-ahead stage's policy: what to queue, how many reads in flight, how much memory.
 
-The native half (``loaderlib._ext._pipeline.Reader``; NOTE [ Read-ahead ] in
+The native half (``loaderlib._ext._chain.Reader``; NOTE [ Read-ahead ] in
 ``pyx/include/ll_readahead.h``) reads; this module decides.
 
 NOTE [ Read-ahead depth ]
@@ -62,13 +62,13 @@ from typing import Any
 
 import numpy as np
 
-from ._ext import _pipeline
+from ._ext import _chain
 from ._source import NativeSource, SourceKind
 
 __all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth"]
 
 #: Reads in flight at most (the native thread cap).
-MAX_DEPTH = int(_pipeline.MAX_IO_THREADS)
+MAX_DEPTH = int(_chain.MAX_IO_THREADS)
 #: The adaptive depth's first value, before anything was measured.
 START_DEPTH = 16
 #: The adaptive depth never goes below this while reading ahead: a read in flight costs one
@@ -166,7 +166,7 @@ class ReadAhead:
         most = self.fixed if self.fixed is not None else MAX_DEPTH
         self.hint = hint if hint is not None else {}
         start_depth = self.fixed or int(self.hint.get("depth", START_DEPTH))
-        self.native = _pipeline.Reader(self.held + 2 * most, start_depth)
+        self.native = _chain.Reader(self.held + 2 * most, start_depth)
         self.depth = start_depth
         self.next = int(start)        # next stream position to queue
         self.largest = 0              # largest sample seen, bytes (the memory bound's unit)

@@ -57,6 +57,7 @@ from typing import Protocol
 import numpy as np
 
 from . import stats as _stats
+from ._checks import check_int
 from .stats import STAGES, ExtractStats, Stats, busy_fraction
 
 __all__ = ["STAGES", "StageRecorder", "Stats"]
@@ -158,9 +159,10 @@ class StageRecorder:
         series_interval: float = 0.5,
         series_len: int = 1200,
     ) -> None:
-        if sample_window < 1 or series_len < 1 or not series_interval > 0:
-            raise ValueError("sample_window and series_len must be >= 1 and series_interval > 0, got "
-                             f"{sample_window}, {series_len}, {series_interval}")
+        check_int(sample_window, "sample_window", minimum=1)
+        check_int(series_len, "series_len", minimum=1)
+        if not series_interval > 0:
+            raise ValueError(f"series_interval must be > 0, got {series_interval!r}")
         self._enabled = bool(enabled)
         self._lock = threading.Lock()
         self._events: collections.deque = collections.deque()

@@ -14,6 +14,8 @@ import os
 import threading
 import warnings
 
+from ._checks import check_int
+
 _lock = threading.Lock()
 _parallel_used = False      # this process has run an OpenMP region with > 1 thread
 _forked_child = False       # we are a child forked after such a region
@@ -108,9 +110,7 @@ def resolve_num_threads(num_threads: int | None) -> int:
     if num_threads is None:
         n = default_num_threads()
     else:
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-            raise ValueError(f"num_threads must be a positive integer or None, got {num_threads!r}")
-        n = num_threads
+        n = check_int(num_threads, "num_threads", minimum=1)
     if _forked_child:
         if n > 1 and not _warned:
             _warned = True

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = ["Pad", "Shards", "Stack", "Tuple", "default_batchify_fn"]
 
 
@@ -50,11 +52,7 @@ def _fields(samples: Sequence[Any], n: int, who: str) -> list[list]:
 
 
 def _check_shards(num_shards: Any) -> int | None:
-    if num_shards is None:
-        return None
-    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
-        raise ValueError(f"num_shards must be a positive integer or None, got {num_shards!r}")
-    return int(num_shards)
+    return check_int(num_shards, "num_shards", minimum=1, allow_none=True)
 
 
 class Shards(list):

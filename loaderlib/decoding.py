@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import _threads
+from ._checks import check_int
 from ._ext import _jpeg
 from ._ext._jpeg import Status
 from .errors import DecodeError, DecodeWarning
@@ -523,9 +524,7 @@ def decode_batch(
                 raise ValueError(f"crop has {len(crop)} entries for {n} buffers")
             for i, c in enumerate(crop):
                 crops[i] = _crop_row(c, "crop" if _single else f"crop[{i}]")
-    max_px = 0 if max_pixels is None else int(max_pixels)
-    if max_px < 0:
-        raise ValueError("max_pixels must be positive or None")
+    max_px = check_int(max_pixels, "max_pixels", allow_none=True) or 0
     nthreads = 1 if _single else min(_threads.resolve_num_threads(num_threads), max(n, 1))
 
     status, msgs = status_tables(n)

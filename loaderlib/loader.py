@@ -17,53 +17,46 @@ Engines (how each one runs: NOTE [ Engine stages ] in ``_engines/base.py``):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import _threads
-from . import transforms as T
+from ._autotune import attach, batch_nbytes
 from ._chain import compile_chain
+from ._checks import check_int
 from ._engines.base import HeldRecorder, LoaderIterator, RunState, _Knobs, _Run
 from ._engines.native import NativeProducer, kernel_threads
 from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
-from ._iterable import (
-    IterableProducer,
-    IterableRunState,
-    cannot_resume,
-    default_rank,
-    is_iterable_dataset,
-    is_stateful,
-    resume_source,
+from ._iterable import IterableProducer, IterableRunState, resume_source
+from ._loader.analysis import _analyze, _iterable_analysis
+from ._loader.options import check_options
+from ._loader.output import (
+    BatchTransformStep,
+    TorchStep,
+    _pin_device,
+    _pin_usable,
+    bfloat16_first,
+    to_torch,  # noqa: F401 - public: loaderlib.loader.to_torch
 )
-from ._source import NativeSource, SourceKind, native_source_of
-from ._tree import tree_map
+from ._loader.state import (
+    STATE_VERSION,  # noqa: F401 - what state_dict()'s "version" is
+    check_state,
+    next_order,
+    resumed_order,
+    state_between,
+    state_of,
+)
+from ._recorder import StageRecorder
+from ._source import SourceKind
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, HostRegistrar, pinned_allocator
-from .batchify import Pad, Stack, Tuple, default_batchify_fn
-from .datasets import (
-    ArrayDataset,
-    SimpleDataset,
-    TupleDataset,
-    _TransformDataset,
-)
-from .errors import StateError
-from .sampler import (
-    LAST_BATCH_MODES,
-    BatchSampler,
-    EpochOrder,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    ShardedSampler,
-    draw_seed,
-)
+from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
 
 __all__ = ["DataLoader", "LoaderIterator", "TorchLoaderIterator"]
 
@@ -71,321 +64,7 @@ ENGINES = ("native", "threads", "processes")
 
 
 def _make_recorder(enabled: bool) -> Any:
-    from ._recorder import StageRecorder
-
     return StageRecorder(enabled=enabled)
-
-
-@dataclass
-class _Analysis:
-    engine: str
-    reason: str
-    stages: list = field(default_factory=list)     # (stage, "native"/"python", detail)
-    native_source: NativeSource | None = None
-    chain: Any = None                              # the transform spec handed to compile_chain
-    shards: tuple | None = ()
-    hybrid: dict | None = None                     # threads engine after a native prefix
-    plan: Any = None                               # the compiled plan (lent to the first iterator)
-
-
-# NOTE [ Naming Python steps ]
-# explain() names every step the engine cannot fuse by its qualified name (module.qualname for
-# functions, lambdas included; the repr otherwise) wherever it stands: first in the chain (no
-# native prefix at all), after a native prefix, in a .transform(fn) layer, or as the batchify
-# function; and each reason says which step made the engine leave the kernels.
-def _describe(fn: Any) -> str:
-    """A step's name for explain(): its qualified name for functions (never cut), else its repr
-    (long reprs are shortened in the middle, so both ends stay readable)."""
-    name = getattr(fn, "__qualname__", None)
-    if name is not None and callable(fn) and not isinstance(fn, type):
-        module = getattr(fn, "__module__", None)
-        full = f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
-        code = getattr(fn, "__code__", None)
-        if "<lambda>" in name and code is not None:   # where it was written: lambdas share one name
-            full += f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
-        return full
-    r = repr(fn)
-    return r if len(r) <= 120 else r[:70] + " ... " + r[-45:]
-
-
-def _unwrap(dataset: Any) -> tuple[Any, list]:
-    """Peel transform layers: (base dataset, [(is_first, fn), ...] innermost first)."""
-    layers: list = []
-    ds = dataset
-    while isinstance(ds, _TransformDataset):
-        layers.append((ds.first, ds.fn))
-        ds = ds.base
-    layers.reverse()
-    return ds, layers
-
-
-def _steps(fns: list) -> list:
-    from . import transforms as T
-
-    out: list = []
-    for fn in fns:
-        out.extend(fn.steps if isinstance(fn, T.Compose) else [fn])
-    return out
-
-
-def _native_prefix(steps: list) -> tuple[int, Any]:
-    """Longest prefix of ``steps`` that compiles to a plan with a fixed sample shape."""
-    from . import transforms as T
-
-    for k in range(len(steps), 0, -1):
-        head = steps[:k]
-        if not all(isinstance(t, T.Transform) for t in head):
-            continue
-        try:
-            plan = compile_chain(T.Compose(head))
-        except (TypeError, ValueError):
-            continue
-        if plan is not None and plan.sample_shape is not None:
-            return k, plan
-    return 0, None
-
-
-def _is_native_batchify(fn: Any, nparts: int) -> tuple | None:
-    """Per output part, num_shards (Stack) or the Pad (NOTE [ Native Pad ]) if ``fn`` collates
-    natively, else None."""
-    if fn is None or fn is default_batchify_fn:
-        return (None,) * nparts
-    if isinstance(fn, (Stack, Pad)) and fn.dtype is None and nparts == 1:
-        return (fn.num_shards if isinstance(fn, Stack) else fn,)
-    if isinstance(fn, Tuple) and len(fn.fns) == nparts:
-        out = []
-        for f in fn.fns:
-            if f is default_batchify_fn:
-                out.append(None)
-            elif isinstance(f, Stack) and f.dtype is None:
-                out.append(f.num_shards)
-            elif isinstance(f, Pad) and f.dtype is None:
-                out.append(f)
-            else:
-                return None
-        return tuple(out)
-    return None
-
-
-def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
-    stages: list = []
-    base, layers = _unwrap(dataset)
-    nfirst = 0
-    while nfirst < len(layers) and layers[nfirst][0]:
-        nfirst += 1
-    firsts = [fn for _, fn in layers[:nfirst]]
-    others = [fn for _, fn in layers[nfirst:]]
-    ordered = all(not first for first, _ in layers[nfirst:])   # transform_first layers innermost
-    fallback = "processes" if num_workers > 0 else "threads"
-    why_py: list[str] = []
-    src: NativeSource | None = None
-    nparts = 0
-
-    src = native_source_of(base)
-    if src is not None and src.kind is SourceKind.ARRAYS and layers:
-        src = None   # a Python transform of array rows: gathered and transformed from Python
-    if src is not None:
-        stages.append(("read", "native", src.stage))
-        nparts = src.parts
-    else:
-        what = getattr(base, "python_read", None)
-        if what:
-            stages.append(("read", "python", what))
-            why_py.append(what)
-        else:
-            stages.append(("read", "python", f"{type(base).__name__}: dataset[i] is Python code"))
-            why_py.append(f"the dataset ({type(base).__name__}) is indexed from Python")
-
-    hybrid = None
-    plan_spec = None
-    plan = None
-    if src is not None and src.kind is not SourceKind.ARRAYS:
-        steps = _steps(firsts) if ordered else []
-        k, plan = _native_prefix(steps) if ordered else (0, None)
-        if plan is None:
-            from . import transforms as T
-
-            chain = _steps(firsts)
-            stages.append(("decode", "python", "dataset[i] decodes each sample, called from Python"))
-            for fn in chain:   # every step by name, wherever it stands (NOTE [ Naming Python steps ])
-                native = isinstance(fn, T.Transform)
-                stages.append(("transform", "native" if native else "python",
-                               f"{_describe(fn)} (per sample, " + ("a kernel called from Python)" if native
-                                                                    else "Python code)")))
-            for fn in others:
-                stages.append(("transform", "python", f".transform({_describe(fn)}) on whole samples"))
-            py = [_describe(fn) for fn in chain if not isinstance(fn, T.Transform)]
-            if not ordered:
-                why_py.append(".transform(fn) layers sit below transform_first ones")
-            elif chain and not isinstance(chain[0], T.Transform):
-                why_py.append(f"the chain starts with a Python step ({py[0]}): the native engine fuses a leading run "
-                              "of loaderlib transforms that ends in a fixed size, and none comes before it")
-            else:
-                why_py.append("no leading run of loaderlib transforms gives a fixed output size (add a crop or "
-                              "Resize((h, w)))" + (f"; the chain holds Python steps ({', '.join(py)})" if py else ""))
-            if others:
-                why_py.append(".transform(fn) applies a Python function to whole samples")
-        else:
-            for step in plan.describe():
-                stages.append(("decode+transform", "native", step))
-            from . import transforms as T
-
-            suffix = steps[k:]
-            if suffix:
-                for fn in suffix:
-                    stages.append(("transform", "python", f"{_describe(fn)} (per sample)"))
-                bad = next((fn for fn in suffix if not isinstance(fn, T.Transform)), None)
-                why_py.append(f"the chain holds a Python step ({_describe(bad)})" if bad is not None else
-                              f"the chain's steps from {_describe(suffix[0])} on cannot be fused")
-            for fn in others:
-                stages.append(("transform", "python", f".transform({_describe(fn)}) on whole samples"))
-            if others:
-                why_py.append(".transform(fn) applies a Python function to whole samples")
-            plan_spec = T.Compose(steps[:k])
-            hybrid = {
-                "suffix": T.Compose(suffix) if suffix else None,
-                "position": sum(1 for t in steps[:k] if not isinstance(t, T.Decode)),
-                "others": others,
-            }
-    elif src is None:
-        for fn in firsts + others:
-            stages.append(("transform", "python", _describe(fn)))
-
-    shards = None
-    if src is not None and not why_py:
-        shards = _is_native_batchify(batchify_fn, nparts)
-    if src is not None and not why_py and shards is not None:
-        stages.append(("collate", "native", "into a pre-planned arena slot (labels with numpy take)"))
-    else:
-        plain = batchify_fn in (None, default_batchify_fn) or isinstance(batchify_fn, (Stack, Pad, Tuple))
-        name = "default (Stack per field)" if batchify_fn in (None, default_batchify_fn) else _describe(batchify_fn)
-        if plain:
-            stages.append(("collate", "native", f"{name}, into arena slots when shapes allow"))
-        else:
-            # A user function is called on the list of samples and its result handed over as it
-            # returns it (engines' collate(): only Stack/Pad/Tuple are planned into slots).
-            what = (f"{name}: Python code called on each batch's list of samples; its result is handed over "
-                    "as returned (not an arena slot)")
-            stages.append(("collate", "python", what))
-        if src is not None and not why_py:
-            why_py.append(f"the batchify function {name} is Python code (loaderlib collates natively only the "
-                          "default, Stack, Pad and a Tuple of those)" if not plain else
-                          f"the batchify function {name} cannot collate this dataset's fields natively")
-
-    if src is not None and not why_py:
-        reason = "every stage runs in native kernels (zero Python per sample)"
-        if num_workers > 0:
-            reason += (f"; no worker process is needed, so num_workers={num_workers} sets the kernel thread count "
-                       "(num_threads overrides it)")
-        return _Analysis("native", reason, stages, src, plan_spec, shards, None, plan)
-    reason = "; ".join(why_py)
-    if fallback == "processes" and hybrid is not None:
-        # NOTE [ Native prefix in workers ]: each worker runs the fused native prefix on its
-        # batch in one kernel call (read, DCT-scaled or cropped decode, resize) with the run's
-        # (seed, epoch) keys, and only the Python tail per sample, so a worker pays what the
-        # native engine pays for decode + crop and the samples equal the threads engine's.
-        reason += (f"; num_workers={num_workers}: each worker process runs the native steps in the kernels and "
-                   "the Python steps after them")
-        worker = [(st, "worker" if kind == "native" and st != "collate" else kind, d) for st, kind, d in stages
-                  if st != "collate"]
-        worker.append(("collate", "worker", "batchify in the worker, into a shared-memory slot when shapes allow"))
-        return _Analysis(fallback, reason, worker, src, plan_spec, None, hybrid, plan)
-    if fallback == "processes":
-        reason += f"; num_workers={num_workers}: Python steps run in worker processes"
-        # In a worker every sample goes through dataset[i]: say so instead of listing fused steps.
-        what = (f"dataset[i] per sample in {num_workers} worker processes (loaderlib's decoder and "
-                "transforms called one sample at a time)")
-        worker = [("load", "worker", what)]
-        worker += [(st, "python", d) for st, kind, d in stages if kind == "python" and st != "collate"]
-        worker.append(("collate", "worker", "batchify in the worker, into a shared-memory slot when shapes allow"))
-        return _Analysis(fallback, reason, worker)
-    if hybrid is not None:
-        reason += "; native steps run in the kernels, the Python steps after them on a thread pool"
-        return _Analysis(fallback, reason, stages, src, plan_spec, None, hybrid, plan)
-    reason += "; Python steps run on a thread pool (set num_workers > 0 for processes)"
-    return _Analysis(fallback, reason, stages)
-
-
-def _single_array(d: Any) -> np.ndarray | None:
-    """The array behind a one-array ArrayDataset or a bare array (items are its rows)."""
-    if isinstance(d, np.ndarray) and d.ndim >= 1 and d.dtype != object:
-        return d
-    if type(d) is ArrayDataset and len(d.arrays) == 1 and isinstance(d.arrays[0], np.ndarray) \
-            and d.arrays[0].dtype != object:
-        return d.arrays[0]
-    return None
-
-
-def _as_dataset(dataset: Any) -> Any:
-    if is_iterable_dataset(dataset):
-        return dataset   # consumed lazily (NOTE [ Iterable shards ])
-    if isinstance(dataset, np.ndarray) and dataset.ndim >= 1 and dataset.dtype != object:
-        return ArrayDataset(dataset)   # runs natively: rows gathered with take
-    if isinstance(dataset, TupleDataset):
-        arrays = [_single_array(d) for d in dataset.datasets]
-        if all(a is not None for a in arrays):
-            return ArrayDataset(*arrays)   # the same items, gathered natively
-    if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
-        return dataset
-    if hasattr(dataset, "__iter__"):
-        return SimpleDataset(list(dataset))
-    raise TypeError(f"dataset must have __len__ and __getitem__ (or be iterable), got {type(dataset).__name__}")
-
-
-#: Version of the dict :meth:`DataLoader.state_dict` returns; bumped when its meaning changes.
-STATE_VERSION = 1
-
-_MP_CONTEXTS = (None, "spawn", "forkserver")
-_LOAD_BALANCE = ("round_robin", "least_loaded")
-
-
-def _positive_int(value: Any, name: str, *, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _seed_from_generator(generator: Any) -> int:
-    """A 63-bit seed drawn from a ``torch.Generator`` or ``numpy.random.Generator``."""
-    if isinstance(generator, np.random.Generator):
-        return int(generator.integers(0, 1 << 63, dtype=np.int64))
-    if type(generator).__module__.startswith("torch") and hasattr(generator, "initial_seed"):
-        import torch
-
-        # What torch's RandomSampler does with a generator: draw a seed from it.
-        return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & ((1 << 63) - 1)
-    raise ValueError(f"generator must be a torch.Generator or numpy.random.Generator, got {type(generator).__name__}")
-
-
-def _mp_context_name(ctx: Any) -> str | None:
-    if ctx is None or isinstance(ctx, str):
-        name = ctx
-    elif hasattr(ctx, "get_start_method"):
-        name = ctx.get_start_method()
-    else:
-        raise ValueError(f"multiprocessing_context must be a start method name or a multiprocessing context, "
-                         f"got {ctx!r}")
-    if name not in _MP_CONTEXTS:
-        raise ValueError(f"multiprocessing_context={name!r} cannot be honoured: loaderlib workers are always fresh "
-                         "interpreters (like 'spawn'); 'fork' would inherit an OpenMP pool that hangs "
-                         "(use 'spawn', 'forkserver' or None)")
-    return name
-
-
-def _iterable_analysis(dataset: Any, rank: int, world_size: int, num_workers: int) -> _Analysis:
-    if num_workers > 0:
-        what = (f"{type(dataset).__name__}: each of {num_workers} worker processes iterates its own copy and keeps "
-                f"one item of every {num_workers} (of this rank's share)")
-        stages = [("read", "worker", what), ("collate", "worker", "batchify in the worker, into shared memory")]
-        return _Analysis("processes", f"an iterable dataset is read by {num_workers} worker processes; batch k "
-                                      f"comes from worker k mod {num_workers}", stages)
-    what = f"{type(dataset).__name__}: items pulled from one iterator as each batch is made"
-    if world_size > 1:
-        what += f"; rank {rank} keeps one item of every {world_size} (NOTE [ Iterable shards ])"
-    stages = [("read", "python", what), ("collate", "native", "into arena slots when shapes allow")]
-    return _Analysis("threads", "an iterable dataset is read lazily, in order, by the producing thread", stages)
 
 
 class DataLoader:
@@ -536,170 +215,78 @@ class DataLoader:
                  profile: bool = False, batch_transform: Any = None,
                  ram_budget: int | str | None = None, output: str | None = None,
                  io_depth: int | None = None) -> None:
-        from ._autotune import AUTOTUNE, parse_bytes
-
-        if batch_transform is not None and not isinstance(batch_transform, T.BatchTransform):
-            raise TypeError("batch_transform must be a loaderlib.transforms MixUp, CutMix or RandomChoice of them, "
-                            f"got {type(batch_transform).__name__}")
-        self.batch_transform = batch_transform
-        tune_threads = num_threads is not None and not isinstance(num_threads, bool) and num_threads == AUTOTUNE
-        tune_prefetch = prefetch is not None and not isinstance(prefetch, bool) and prefetch == AUTOTUNE
-        num_threads = None if tune_threads else num_threads
-        prefetch = None if tune_prefetch else prefetch
-        self._tune_io = io_depth is not None and not isinstance(io_depth, bool) and io_depth == AUTOTUNE
-        if self._tune_io:
-            io_depth = None   # the adaptive depth is the tuner (NOTE [ Read-ahead depth ])
-        elif io_depth is not None and (isinstance(io_depth, bool) or not isinstance(io_depth, (int, np.integer))
-                                       or io_depth < 0):
-            raise ValueError(f"io_depth must be a non-negative integer (reads in flight; 0 reads inside the "
-                             f"decode threads), None (adapt) or ll.AUTOTUNE, got {io_depth!r}")
-        self.ram_budget = None if ram_budget is None else parse_bytes(ram_budget)
-        self.dataset = _as_dataset(dataset)
-        self._iterable = is_iterable_dataset(self.dataset)
+        o = check_options(dataset, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn, num_threads,
+                          num_workers, prefetch, pin_memory, timeout, seed, worker_init_fn, on_error,
+                          drop_last=drop_last, collate_fn=collate_fn, persistent_workers=persistent_workers,
+                          prefetch_factor=prefetch_factor, generator=generator,
+                          multiprocessing_context=multiprocessing_context, in_order=in_order,
+                          pin_memory_device=pin_memory_device, load_balance=load_balance,
+                          max_in_flight=max_in_flight, rank=rank, world_size=world_size, max_skipped=max_skipped,
+                          profile=profile, batch_transform=batch_transform, ram_budget=ram_budget, output=output,
+                          io_depth=io_depth)
+        self.batch_transform = o.batch_transform
+        self._tune_io = o.tune_io
+        self.ram_budget = o.ram_budget
+        self.dataset = o.dataset
+        self._iterable = o.iterable
         if self._iterable:
-            self._check_iterable(batch_size, shuffle, sampler, batch_sampler, num_workers, rank, world_size)
-            n = 0
-        elif rank is not None or world_size is not None:
-            raise ValueError("rank and world_size shard iterable datasets; a map-style dataset is sharded by "
-                             "sampler=ShardedSampler(world_size, rank)")
-        else:
-            n = len(self.dataset)
-        # -- argument conflicts, PyTorch aliases ---------------------------------------
-        if collate_fn is not None:
-            if batchify_fn is not None and batchify_fn is not collate_fn:
-                raise ValueError("batchify_fn and collate_fn are the same argument: pass only one")
-            batchify_fn = collate_fn
-        if drop_last is not None:
-            implied = "discard" if drop_last else "keep"
-            if last_batch is not None and last_batch != implied:
-                raise ValueError(f"drop_last={drop_last} conflicts with last_batch={last_batch!r}: pass only one")
-            last_batch = implied
-        if last_batch is not None and last_batch not in LAST_BATCH_MODES:
-            raise ValueError(f"last_batch must be one of {LAST_BATCH_MODES}, got {last_batch!r}")
-        if batch_sampler is not None:
-            clash = [name for name, bad in (("batch_size", batch_size is not None), ("shuffle", bool(shuffle)),
-                                            ("sampler", sampler is not None),
-                                            ("last_batch/drop_last", last_batch is not None)) if bad]
-            if clash:
-                raise ValueError(f"batch_sampler gives whole batches; it conflicts with {', '.join(clash)}")
-        elif batch_size is None:
-            raise ValueError("batch_size is required unless batch_sampler is given")
-        if sampler is not None and shuffle:
-            raise ValueError("shuffle=True conflicts with sampler: the sampler decides the order")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if batch_size is not None:
-            _positive_int(batch_size, "batch_size")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or timeout < 0):
-            raise ValueError(f"timeout must be a non-negative number of seconds (0 or None: wait forever), "
-                             f"got {timeout!r}")
-        if max_skipped is not None:
-            ok = (isinstance(max_skipped, (int, np.integer)) and not isinstance(max_skipped, bool)
-                  and max_skipped >= 0) or (isinstance(max_skipped, float) and 0 < max_skipped < 1)
-            if not ok:
-                raise ValueError(f"max_skipped must be a count (int >= 0) or a fraction of the epoch (0 < float < "
-                                 f"1), got {max_skipped!r}")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
-        if num_threads == 0 and not isinstance(num_threads, bool):
-            if num_workers > 0:
-                raise ValueError(f"num_threads=0 runs everything in the calling thread; it conflicts with "
-                                 f"num_workers={num_workers}")
-        elif num_threads is not None:
-            _threads.resolve_num_threads(num_threads)  # validates
-        _positive_int(prefetch, "prefetch")
-        _positive_int(prefetch_factor, "prefetch_factor")
-        if prefetch is not None and prefetch_factor is not None:
-            raise ValueError("prefetch and prefetch_factor both set the prefetch depth: pass only one")
-        if batchify_fn is not None and not callable(batchify_fn):
-            raise TypeError(f"batchify_fn must be callable, got {batchify_fn!r}")
-        if generator is not None and seed is not None:
-            raise ValueError("seed and generator both seed the loader: pass only one")
-        if not isinstance(persistent_workers, bool):
-            raise ValueError(f"persistent_workers must be a bool, got {persistent_workers!r}")  # noqa: TRY004
-        if not isinstance(in_order, bool):
-            raise ValueError(f"in_order must be a bool, got {in_order!r}")  # noqa: TRY004
-        if pin_memory_device and not pin_memory:
-            raise ValueError(f"pin_memory_device={pin_memory_device!r} needs pin_memory=True")
-        if load_balance not in _LOAD_BALANCE:
-            raise ValueError(f"load_balance must be one of {_LOAD_BALANCE}, got {load_balance!r}")
-        _positive_int(max_in_flight, "max_in_flight")
-        self.multiprocessing_context = _mp_context_name(multiprocessing_context)
-        self.output = _output_kind(output, self.dataset)
-        if pin_memory_device:
-            _pin_device(pin_memory_device)   # validates the spelling before anything runs
-
-        self.seed = (_seed_from_generator(generator) if generator is not None
-                     else draw_seed() if seed is None else int(seed))
-        self._seed_given = seed is not None or generator is not None
-        self.on_error = on_error
-        self.max_skipped = max_skipped
-        self.timeout = timeout if timeout else None
-        self.num_workers = num_workers
-        self.worker_init_fn = worker_init_fn
-        self.batchify_fn = batchify_fn
-        self.persistent_workers = persistent_workers
-        self.in_order = in_order
-        self.load_balance = load_balance
-        self.prefetch_factor = prefetch_factor
-        self.max_in_flight = max_in_flight if max_in_flight is not None else (prefetch_factor or 2) * max(1, num_workers)
-        self.pin_memory = bool(pin_memory)
-        self.pin_memory_device = pin_memory_device
+            self.rank, self.world_size = o.rank, o.world_size
+        n = 0 if self._iterable else len(self.dataset)
+        self.multiprocessing_context = o.multiprocessing_context
+        self.output = o.output
+        self.seed = o.seed
+        self._seed_given = o.seed_given
+        self.on_error = o.on_error
+        self.max_skipped = o.max_skipped
+        self.timeout = o.timeout if o.timeout else None
+        self.num_workers = num_workers = o.num_workers
+        self.worker_init_fn = o.worker_init_fn
+        self.batchify_fn = o.batchify_fn
+        self.persistent_workers = o.persistent_workers
+        self.in_order = o.in_order
+        self.load_balance = o.load_balance
+        self.prefetch_factor = prefetch_factor = o.prefetch_factor
+        self.max_in_flight = (o.max_in_flight if o.max_in_flight is not None
+                              else (prefetch_factor or 2) * max(1, num_workers))
+        self.pin_memory = o.pin_memory
+        self.pin_memory_device = o.pin_memory_device
         self._own_sampler = False
+        sampler, batch_sampler, last_batch = o.sampler, o.batch_sampler, o.last_batch
         if self._iterable:
-            self._batch_size = int(batch_size)
+            self._batch_size = o.batch_size
             self._batch_sampler = None
         elif batch_sampler is not None:
             self._batch_sampler = batch_sampler
             bs = getattr(batch_sampler, "batch_size", None)
             self._batch_size = int(bs) if bs else max((len(b) for b in batch_sampler), default=1)
         else:
-            self._batch_size = int(batch_size)
+            self._batch_size = o.batch_size
             self._own_sampler = sampler is None
             if sampler is None:
-                sampler = RandomSampler(n, seed=self.seed) if shuffle else SequentialSampler(n)
+                sampler = RandomSampler(n, seed=self.seed) if o.shuffle else SequentialSampler(n)
             elif isinstance(sampler, ShardedSampler) and sampler._length is None:
                 sampler._length = n   # bound in place: the caller's set_epoch keeps acting on it
             self._batch_sampler = BatchSampler(sampler, self._batch_size, last_batch or "keep")
         self._last_batch = (last_batch or "keep") if self._iterable else getattr(self._batch_sampler, "last_batch",
                                                                                 "keep")
         self._analysis = (_iterable_analysis(self.dataset, self.rank, self.world_size, num_workers)
-                          if self._iterable else _analyze(self.dataset, batchify_fn, num_workers))
+                          if self._iterable else _analyze(self.dataset, self.batchify_fn, num_workers))
+        num_threads, prefetch = o.num_threads, o.prefetch
         if num_threads is None and num_workers > 0 and self._analysis.engine == "native":
             num_threads = num_workers   # explain() says so
         depth = prefetch if prefetch is not None else (
             prefetch_factor * max(1, num_workers) if prefetch_factor is not None else max(2, 2 * num_workers))
-        self._knobs = _Knobs(num_threads, depth, None if io_depth is None else int(io_depth))
-        self.recorder = _make_recorder(profile)
+        self._knobs = _Knobs(num_threads, depth, o.io_depth)
+        self.recorder = _make_recorder(o.profile)
         self._errors: list = []
         self._init_runtime()
-        if self.pin_memory:
-            self._check_pin()
+        if self.pin_memory and not _pin_usable(self.pin_memory_device):
+            self.pin_memory = False
+            self.pin_memory_device = ""
         self._tuner = None
-        if tune_threads or tune_prefetch or self.ram_budget is not None:
-            from ._autotune import attach
-
+        if o.tune_threads or o.tune_prefetch or self.ram_budget is not None:
             # NOTE [ Autotune ]: with a budget alone nothing is tuned, but one batch must fit.
-            attach(self, num_threads=tune_threads, prefetch=tune_prefetch, ram_budget=self.ram_budget)
-
-    def _check_iterable(self, batch_size: Any, shuffle: bool, sampler: Any, batch_sampler: Any, num_workers: int,
-                        rank: int | None, world_size: int | None) -> None:
-        clash = [name for name, bad in (("shuffle", bool(shuffle)), ("sampler", sampler is not None),
-                                        ("batch_sampler", batch_sampler is not None)) if bad]
-        if clash:
-            raise ValueError(f"an iterable dataset decides its own order; it conflicts with {', '.join(clash)}")
-        if batch_size is None:
-            raise ValueError("batch_size is required for an iterable dataset")
-        r, w = default_rank()
-        self.rank = r if rank is None else rank
-        self.world_size = w if world_size is None else world_size
-        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"world_size must be a positive integer, got {self.world_size!r}")
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank!r}")
+            attach(self, num_threads=o.tune_threads, prefetch=o.tune_prefetch, ram_budget=self.ram_budget)
 
     def _init_runtime(self) -> None:
         """Fields that belong to this process only (rebuilt after unpickling)."""
@@ -735,9 +322,7 @@ class DataLoader:
 
     @prefetch.setter
     def prefetch(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"prefetch must be a positive integer, got {value!r}")
-        self._knobs.prefetch = value
+        self._knobs.prefetch = check_int(value, "prefetch", minimum=1)
 
     @property
     def batch_size(self) -> int:
@@ -763,8 +348,6 @@ class DataLoader:
         """Per-stage timings of the current or last epoch (the recorder's snapshot); with
         ``AUTOTUNE``, ``stats.autotune`` lists the tuner's decisions, timed in seconds since the
         loader was created (on the profiling clock, as ``stats.started_s``)."""
-        import dataclasses
-
         snap = self.recorder.snapshot()
         tuner = getattr(self, "_tuner", None)
         if tuner is not None and tuner.decisions:
@@ -925,8 +508,7 @@ class DataLoader:
 
         Setting the epoch a loaded state is in keeps that state's mid-epoch position.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        epoch = check_int(epoch, "epoch")
         with self._lock:
             if self._resume is not None and int(self._resume["epoch"]) != int(epoch):
                 self._resume = None
@@ -936,54 +518,9 @@ class DataLoader:
                 target.set_epoch(int(epoch))
             self._epoch = int(epoch)
 
-    def _header(self) -> dict:
-        s = self.sampler
-        if self._iterable:
-            return {"version": STATE_VERSION, "dataset_length": None, "seed": int(self.seed),
-                    "batch_size": self._batch_size, "last_batch": self._last_batch, "sampler": "iterable",
-                    "rank": self.rank, "world_size": self.world_size}
-        return {"version": STATE_VERSION, "dataset_length": len(self.dataset), "seed": int(self.seed),
-                "batch_size": self._batch_size, "last_batch": self._last_batch,
-                "sampler": type(s).__name__ if s is not None else type(self._batch_sampler).__name__}
-
     def _state_of(self, state: Any) -> dict:
         """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
-        if self._iterable and (self.num_workers > 0 or not is_stateful(self.dataset)):
-            raise cannot_resume(self.dataset, self.num_workers)
-        run = state.state_dict()
-        if self._iterable:
-            if run.pop("finished"):
-                return self._state_between(state.epoch + 1)
-            return {**self._header(), **run}
-        s = self._pure_sampler()
-        if run.pop("finished"):
-            return self._state_between(state.epoch + 1, state.order.carry_out)
-        d = {**self._header(), **run}
-        if s is not None:
-            d["sampler_state"] = s.state_dict()
-        else:
-            # Not a pure function of the epoch: the rest of the epoch travels explicitly.
-            order = state.order
-            d["stream"] = order.stream[state.position:].tolist()
-            d["targets"] = list(order.targets[state.delivered:])
-        return d
-
-    def _state_between(self, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
-        if self._iterable:
-            if self.num_workers > 0 or not is_stateful(self.dataset):
-                raise cannot_resume(self.dataset, self.num_workers)
-            return {**self._header(), "epoch": int(self._epoch if epoch is None else epoch), "delivered": 0,
-                    "position": 0, "carry": [], "order_key": {}, "source_state": self.dataset.state_dict()}
-        s = self._pure_sampler()
-        bsamp = self._batch_sampler
-        if carry is None:
-            carry = bsamp._carry if isinstance(bsamp, BatchSampler) else np.zeros(0, np.int64)
-        d = {**self._header(), "epoch": int(self.epoch if epoch is None else epoch), "delivered": 0, "position": 0,
-             "carry": np.asarray(carry, np.int64).tolist(), "order_key": s.order_key() if s is not None else {}}
-        if s is not None:
-            d["sampler_state"] = s.state_dict()
-            d["sampler_state"]["epoch"] = d["epoch"]
-        return d
+        return state_of(self, state)
 
     def state_dict(self) -> dict:
         """The position in the data as plain JSON (never pickle).
@@ -1000,7 +537,7 @@ class DataLoader:
             if it is not None and not it._run.closed:
                 return self._state_of(it._run.state)
             last = self._last_state
-            return self._state_of(last) if last is not None else self._state_between()
+            return self._state_of(last) if last is not None else state_between(self)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from :meth:`state_dict`) at the next ``iter()``.
@@ -1011,28 +548,8 @@ class DataLoader:
             The state is from another version, dataset length, seed, batch size,
             ``last_batch`` mode or sampler; the message says which.
         """
-        if not isinstance(state, dict):
-            raise StateError(f"a loader state is a dict, got {type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
-        mine = self._header()
-        for key, what in (("dataset_length", "dataset length"), ("seed", "seed"), ("batch_size", "batch size"),
-                          ("last_batch", "last_batch mode"), ("sampler", "sampler"), ("rank", "rank"),
-                          ("world_size", "world size")):
-            if key == "seed" and state.get(key) != mine[key] and not self._seed_given and state.get(key) is not None:
-                continue   # this loader drew its seed: it takes the saved run's (adopted below)
-            if key in mine and state.get(key) != mine[key]:
-                raise StateError(f"the state is for {what} {state.get(key)!r}, this loader has {mine[key]!r}")
-        for key in ("epoch", "delivered", "position", "carry"):
-            if key not in state:
-                raise StateError(f"the state has no {key!r} entry")
+        check_state(self, state)
         s = self._pure_sampler()
-        if self._iterable:
-            if state.get("source_state") is not None and not is_stateful(self.dataset):
-                raise StateError(f"the state holds an iterable's position, but {type(self.dataset).__name__} "
-                                 "has no load_state_dict()")
-        elif s is None and "stream" not in state and (state["delivered"] or state["position"]):
-            raise StateError("a mid-epoch state of a sampler that is not a loaderlib Sampler needs its 'stream'")
         with self._lock:
             self._drop_warm()
             if int(state["seed"]) != self.seed:
@@ -1051,38 +568,6 @@ class DataLoader:
             self._pool.seed = seed
 
     # -- iteration --------------------------------------------------------------------
-    def _next_order(self) -> EpochOrder:
-        """The next epoch's order; moves the sampler (and the rollover carry) on."""
-        bsamp = self._batch_sampler
-        if isinstance(bsamp, BatchSampler):
-            if self._pure_sampler() is not None:
-                return bsamp.next_epoch()
-            e = self._epoch
-            self._epoch += 1
-            return bsamp.next_epoch(e)
-        e = self._epoch
-        self._epoch += 1
-        if hasattr(bsamp, "set_epoch"):
-            bsamp.set_epoch(e)
-        batches = [np.asarray(list(b), dtype=np.int64).reshape(-1) for b in bsamp]
-        stream = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-        empty = np.zeros(0, np.int64)
-        return EpochOrder(e, stream, [b.size for b in batches], False, empty, empty, {})
-
-    def _resumed_order(self, d: dict) -> tuple[EpochOrder, int, int]:
-        bsamp = self._batch_sampler
-        epoch = int(d["epoch"])
-        if "stream" in d:
-            empty = np.zeros(0, np.int64)
-            order = EpochOrder(epoch, np.asarray(d["stream"], np.int64), [int(t) for t in d["targets"]],
-                               self._last_batch == "discard", empty, empty, {})
-            self._epoch = epoch + 1
-            return order, 0, 0
-        order = bsamp.plan_epoch(epoch, key=d.get("order_key") or None, carry=np.asarray(d["carry"], np.int64))
-        bsamp._carry = order.carry_out
-        bsamp.sampler.set_epoch(epoch + 1)
-        return order, int(d["delivered"]), int(d["position"])
-
     def __iter__(self) -> LoaderIterator:
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
@@ -1096,19 +581,24 @@ class DataLoader:
                 run = self._iterable_run(resume)
             else:
                 if resume is not None:
-                    order, delivered, position = self._resumed_order(resume)
+                    order, delivered, position, epoch = resumed_order(self._batch_sampler, resume,
+                                                                      self._last_batch == "discard")
+                    self._epoch = self._epoch if epoch is None else epoch
                 else:
-                    order, delivered, position = self._next_order(), 0, 0
+                    order, self._epoch = next_order(self._batch_sampler, self._pure_sampler() is not None,
+                                                    self._epoch)
+                    delivered = position = 0
                 run = self._take_warm(order) if resume is None else None
                 if run is None:
                     run = self._new_run(RunState(order, self.seed, delivered=delivered, position=position))
         if isinstance(run.recorder, HeldRecorder):
             run.recorder.release()
+        post: tuple = ()
+        if self.batch_transform is not None:
+            post += (BatchTransformStep(self.batch_transform),)
         if self.output == "torch":
-            cls = TorchLoaderIterator if self.batch_transform is None else _TorchBatchTransformIterator
-        else:
-            cls = LoaderIterator if self.batch_transform is None else _BatchTransformIterator
-        it = cls(run, self)
+            post += (TorchStep(self._bfloat16_first()),)
+        it = LoaderIterator(run, self, post)
         self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         if self._last_state is not None:
             self._errors.extend(self._last_state.skipped)
@@ -1264,8 +754,6 @@ class DataLoader:
         a budget."""
         if self.ram_budget is None:
             return None
-        from ._autotune import batch_nbytes
-
         per_batch = batch_nbytes(self) or 0
         slots = self._arena_ring.num_slots if self._arena_ring is not None else 0
         return max(self.ram_budget // 8, self.ram_budget - slots * per_batch)
@@ -1387,33 +875,6 @@ class DataLoader:
         self._init_runtime()
         self.load_state_dict(saved)
 
-    def _check_pin(self) -> None:
-        # NOTE [ pin_memory without CUDA ]: pinned memory only speeds up copies to a GPU, so on a
-        # machine without one there is nothing to honour: like PyTorch's DataLoader, warn (once per
-        # loader, naming the keyword) and load into ordinary memory, so a script written for GPU
-        # nodes runs unchanged on a CPU laptop or CI. What cannot be honoured where CUDA exists (a
-        # device index it does not have, a device that is not CUDA) still raises.
-        try:
-            import torch
-
-            cuda = torch.cuda.is_available()
-        except ImportError:
-            cuda = False
-        if not cuda:
-            keyword = "pin_memory=True" + (f", pin_memory_device={self.pin_memory_device!r}"
-                                           if self.pin_memory_device else "")
-            warnings.warn(f"{keyword}: no CUDA device (or no torch with CUDA) here, so batches are loaded into "
-                          "ordinary, unpinned memory (pinned memory only speeds up copies to a GPU)",
-                          UserWarning, stacklevel=3)
-            self.pin_memory = False
-            self.pin_memory_device = ""
-            return
-        if self.pin_memory_device:
-            dev = _pin_device(self.pin_memory_device)
-            if dev.index is not None and dev.index >= torch.cuda.device_count():
-                raise ValueError(f"pin_memory_device={self.pin_memory_device!r}: this machine has "
-                                 f"{torch.cuda.device_count()} CUDA device(s)")
-
     def _pinned_allocator(self) -> Callable[[int], Any] | None:
         """With ``pin_memory``, arena slots are page-locked once, when allocated (NOTE [ Pinned
         slots ] in arena.py), so pinning costs nothing per batch."""
@@ -1431,111 +892,9 @@ class DataLoader:
 
     def _bfloat16_first(self) -> bool:
         """Whether the batch's first field holds bfloat16 bits (NOTE [ bfloat16 as uint16 bits ])."""
-        from . import transforms as T
-
-        _, layers = _unwrap(self.dataset)
-        name = None
-        for first, fn in layers:
-            if not first and not isinstance(fn, T.Transform):
-                continue
-            for t in _steps([fn]):
-                if isinstance(t, (T.Normalize, T.Cast)):
-                    name = t.dtype
-        return name == "bfloat16"
+        return bfloat16_first(self.dataset)
 
 
-# NOTE [ Batch output ]
-# output="torch" converts at the last moment, in the consumer's thread: every numpy leaf of
-# the batch becomes ``torch.from_numpy(leaf)``, which shares the slot's memory and keeps the
-# numpy view (and so the slot's lease, NOTE [ Slot leases ]) alive for as long as the tensor
-# lives. Nothing is copied and the engines stay framework-free. A torch Dataset gets tensors
-# back without asking: its samples were tensors, and PyTorch code expects tensors.
-
-
-def _output_kind(output: str | None, dataset: Any) -> str:
-    if output is None:
-        base = _unwrap(dataset)[0]
-        base = getattr(base, "_data", base)   # SimpleDataset wraps plain sequences
-        torch_ds = any(c.__name__ in ("Dataset", "IterableDataset") and c.__module__.startswith("torch")
-                       for c in type(base).__mro__)
-        return "torch" if torch_ds else "numpy"
-    if output not in ("numpy", "torch"):
-        raise ValueError(f"output must be 'numpy' or 'torch', got {output!r}")
-    if output == "torch":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise ValueError("output='torch' needs PyTorch (pip install torch)") from None
-    return output
-
-
-def _pin_device(spelling: str) -> Any:
-    """``pin_memory_device`` as a torch.device; only CUDA devices can be pinned for."""
-    try:
-        import torch
-
-        dev = torch.device(spelling)
-    except ImportError:
-        return None  # nothing to pin for without torch: _check_pin warns and loads unpinned
-    except (RuntimeError, TypeError):
-        raise ValueError(f"pin_memory_device={spelling!r} is not a device (e.g. 'cuda' or 'cuda:1')") from None
-    if dev.type != "cuda":
-        raise ValueError(f"pin_memory_device={spelling!r}: slots can be pinned for CUDA devices only ('cuda', "
-                         "'cuda:N')")
-    return dev
-
-
-def _torch_leaf(x: Any, bf16: bool) -> Any:
-    import torch
-
-    if not isinstance(x, np.ndarray):
-        return x
-    if any(s < 0 for s in x.strides):
-        x = np.ascontiguousarray(x)   # torch rejects negative strides (a user batchify's view)
-    t = torch.from_numpy(x)
-    return t.view(torch.bfloat16) if bf16 and x.dtype == np.uint16 else t
-
-
-def to_torch(batch: Any, bfloat16_first: bool = False) -> Any:
-    """A batch's numpy leaves as torch tensors sharing their memory (NOTE [ Batch output ])."""
-    if isinstance(batch, (tuple, list)) and batch and type(batch) in (tuple, list):
-        return type(batch)(tree_map(lambda x, k=k: _torch_leaf(x, bfloat16_first and k == 0), b)
-                           for k, b in enumerate(batch))
-    return tree_map(lambda x: _torch_leaf(x, bfloat16_first), batch)
-
-
-class TorchLoaderIterator(LoaderIterator):
-    """A :class:`LoaderIterator` whose batches are torch tensors (``output="torch"``)."""
-
-    def __init__(self, run: Any, owner: Any = None) -> None:
-        super().__init__(run, owner)
-        self._bf16 = owner._bfloat16_first() if owner is not None else False
-
-    def __next__(self) -> Any:
-        return to_torch(super().__next__(), self._bf16)
-
-
-class _BatchTransformIterator(LoaderIterator):
-    """A LoaderIterator that applies the loader's ``batch_transform`` to each delivered batch
-    with the key (seed, epoch, index of the batch in the epoch)."""
-
-    def __next__(self) -> Any:
-        batch = super().__next__()
-        st = self._run.state
-        op = self._owner.batch_transform
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise TypeError(f"batch_transform {type(op).__name__} needs (images, labels) batches, got "
-                            f"{type(batch).__name__}")
-        images, soft = op(batch[0], batch[1], seed=self._owner.seed, epoch=st.epoch, batch_index=st.delivered - 1)
-        return type(batch)((images, soft)) if isinstance(batch, tuple) else [images, soft]
-
-
-class _TorchBatchTransformIterator(_BatchTransformIterator):
-    """The loader's ``batch_transform`` on each batch, then torch tensors (``output="torch"``)."""
-
-    def __init__(self, run: Any, owner: Any = None) -> None:
-        super().__init__(run, owner)
-        self._bf16 = owner._bfloat16_first() if owner is not None else False
-
-    def __next__(self) -> Any:
-        return to_torch(super().__next__(), self._bf16)
+#: ``output="torch"`` iterators are :class:`LoaderIterator` objects whose last post-step turns
+#: each batch into torch tensors; the name stays for code written against it.
+TorchLoaderIterator = LoaderIterator

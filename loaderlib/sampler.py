@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = [
     "LAST_BATCH_MODES",
     "BatchSampler",
@@ -35,9 +37,7 @@ LAST_BATCH_MODES = ("keep", "discard", "rollover")
 
 
 def _check_length(length: Any, what: str = "length") -> int:
-    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {length!r}")
-    return int(length)
+    return check_int(length, what)
 
 
 def draw_seed() -> int:
@@ -270,9 +270,7 @@ class ShardShuffleSampler(Sampler):
     def __init__(self, shard_sizes: Sequence[int], buffer_size: int = 1024, seed: int | None = None) -> None:
         super().__init__()
         self.shard_sizes = [_check_length(n, "a shard size") for n in shard_sizes]
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, (int, np.integer)) or buffer_size < 1:
-            raise ValueError(f"buffer_size must be a positive integer, got {buffer_size!r}")
-        self.buffer_size = int(buffer_size)
+        self.buffer_size = check_int(buffer_size, "buffer_size", minimum=1)
         self.seed = draw_seed() if seed is None else int(seed)
         self._starts = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
 
@@ -329,12 +327,8 @@ class ShardedSampler(Sampler):
     def __init__(self, num_shards: int, shard_id: int, length: int | None = None, *,
                  shuffle: bool = False, seed: int | None = None, drop_last: bool = False) -> None:
         super().__init__()
-        if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
-            raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
-        if not isinstance(shard_id, (int, np.integer)) or not 0 <= shard_id < num_shards:
-            raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id!r}")
-        self.num_shards = int(num_shards)
-        self.shard_id = int(shard_id)
+        self.num_shards = check_int(num_shards, "num_shards", minimum=1)
+        self.shard_id = check_int(shard_id, "shard_id", maximum=self.num_shards - 1)
         self.shuffle = bool(shuffle)
         self.seed = 0 if seed is None else int(seed)
         self.drop_last = bool(drop_last)
@@ -423,8 +417,7 @@ class BatchSampler:
     """
 
     def __init__(self, sampler: Any, batch_size: int, last_batch: str = "keep") -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_int(batch_size, "batch_size", minimum=1)
         if last_batch not in LAST_BATCH_MODES:
             raise ValueError(f"last_batch must be one of {LAST_BATCH_MODES}, got {last_batch!r}")
         self.sampler = sampler

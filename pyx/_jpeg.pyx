@@ -97,7 +97,7 @@ cdef class Workers:
 
     Created before a parallel region and reused across calls; NOT thread-safe: one caller
     (one ``prange`` team) at a time. Declared in loaderlib/_ext/_jpeg.pxd, so that
-    ``_pipeline.run_into`` takes it typed.
+    ``_chain.run_into`` takes it typed.
     """
 
     def __cinit__(self, int size):
@@ -134,7 +134,7 @@ cdef class Inputs:
     """Borrowed pointers into a list of buffer-protocol objects (no copy).
 
     Holds the buffers until released, so the memory stays valid while kernels run
-    without the GIL. Declared in loaderlib/_ext/_jpeg.pxd (``_pipeline.run_into`` uses it).
+    without the GIL. Declared in loaderlib/_ext/_jpeg.pxd (``_chain.run_into`` uses it).
     """
 
     def __cinit__(self, list bufs):

@@ -2,7 +2,7 @@
 """Single-image transform kernels (owner: the loaderlib/transforms/ package).
 
 The same fixed-point resampling and counter-based randomness the fused executor
-(_pipeline.pyx) uses, exposed for one image at a time so that a transform called on a
+(_chain.pyx) uses, exposed for one image at a time so that a transform called on a
 numpy image computes what the fused chain computes.
 """
 

@@ -1,5 +1,5 @@
 # Per-sample augmentations (include/ll_augment.h): op descriptions, parameter sampling and
-# the uint8 kernels. Extern declarations only; cimported by _transform.pyx and _pipeline.pyx.
+# the uint8 kernels. Extern declarations only; cimported by _transform.pyx and _chain.pyx.
 
 from libc.stdint cimport uint8_t, uint64_t
 

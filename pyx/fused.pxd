@@ -1,6 +1,6 @@
 # The fused transform executor's C helpers (include/ll_rng.h, ll_resize.h, ll_read.h,
 # ll_chain.h): counter-based randomness, fixed-point resampling, POSIX reads and the
-# per-sample chain. Extern declarations only; cimported by _transform.pyx and _pipeline.pyx.
+# per-sample chain. Extern declarations only; cimported by _transform.pyx and _chain.pyx.
 
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 

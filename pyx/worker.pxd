@@ -1,5 +1,5 @@
 # The one per-thread pool entry (include/ll_worker.h) and the growable buffer it holds
-# (include/ll_common.h). Extern declarations only; cimported by _jpeg.pyx, _pipeline.pyx
+# (include/ll_common.h). Extern declarations only; cimported by _jpeg.pyx, _chain.pyx
 # and fused.pxd. See NOTE [ One per-thread pool ].
 
 from jpeglib cimport ll_jpeg_dec

@@ -536,11 +536,14 @@ class LoaderIterator:
 
     ``state_dict()`` describes the position after the last batch it returned; the iterator
     pickles through that state (unpickling gives a fresh iterator of an equal loader that
-    continues there).
+    continues there). ``post`` holds the loader's steps for each delivered batch, applied in
+    order as ``batch = step(batch, run_state)`` (its ``batch_transform``, then the torch
+    conversion of ``output="torch"``).
     """
 
-    def __init__(self, run: _Run, owner: Any = None) -> None:
+    def __init__(self, run: _Run, owner: Any = None, post: tuple = ()) -> None:
         self._run = run
+        self._post = post
         # ``for b in DataLoader(...)`` drops the loader at once: the iterator keeps it (and its
         # worker processes) alive. The loader refers back only weakly, so there is no cycle.
         self._owner = owner
@@ -626,7 +629,10 @@ class LoaderIterator:
             observe_batch(run.knobs.tuner, item.batch, run.serial)
         if self._owner is not None and run.state.exhausted:
             self._owner._epoch_nearly_done(run)
-        return item.batch
+        batch = item.batch
+        for step in self._post:
+            batch = step(batch, run.state)
+        return batch
 
     def _swap(self, run: _Run) -> None:
         """Continue on ``run`` (``loader.flush()``): the old run is stopped and joined."""

@@ -148,7 +148,7 @@ def _exc_payload(e: BaseException) -> bytes | None:
 class NativePrefix:
     """The fused native head of a chain and its Python tail, run inside a worker process.
 
-    NOTE [ Native prefix in workers ] (``loader.py``): a task's samples are read, decoded and
+    NOTE [ Native prefix in workers ] (``_loader/analysis.py``): a task's samples are read, decoded and
     transformed by the native prefix in one kernel call on this process's one thread, keyed by
     the run's ``(seed, epoch)`` exactly as the native engine keys them; the Python tail then
     runs per sample with the same keyed randomness the threads engine gives it. The output

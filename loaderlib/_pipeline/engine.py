@@ -305,7 +305,7 @@ class _Head(ops.Node):
         stages = [(f"  {stage}", kind, detail) for stage, kind, detail in a.stages]
         if self.engine.keyed:
             # The loader sees one Python dataset (_Keyed): name the maps it applies instead, each
-            # by its step and qualified name (NOTE [ Naming Python steps ] in loader.py).
+            # by its step and qualified name (NOTE [ Naming Python steps ] in _loader/analysis.py).
             maps = list(zip(self.engine.labels, self.engine.maps))
             py = [label for label, fn in maps if not isinstance(fn, T.Transform)]
             tail = reason.split("; ", 1)[1] if "; " in reason else ""

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from .. import transforms as T
 from .._autotune import AUTOTUNE
 from .._checks import check_int
-from ..loader import _describe
+from .._loader.analysis import _describe
 
 __all__ = ["INDEX_STEPS", "PipelineLike", "Step", "check_parallel", "draws_random", "fn_key", "plan_digest", "step_kwargs", "step_label",
            "steps_key"]

@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import transforms as T
 from .._chain import compile_chain
+from .._checks import check_int
 from ..arena import BatchArena, BatchLayout
 from ..errors import LoaderError
 
@@ -89,9 +90,7 @@ class MapBatches:
             raise ValueError(f"map_batches_fn needs a chain of loaderlib transforms with a fixed output size that "
                              f"runs natively (e.g. Resize + CenterCrop + Normalize), got {transform!r}; run Python "
                              "steps in a second map_batches")
-        if isinstance(num_threads, bool) or (num_threads is not None and (not isinstance(num_threads, int)
-                                                                          or num_threads < 1)):
-            raise ValueError(f"num_threads must be a positive integer or None, got {num_threads!r}")
+        check_int(num_threads, "num_threads", minimum=1, allow_none=True)
         self.transform = chain
         self.bytes_column = bytes_column
         self.image_column = image_column
@@ -218,8 +217,7 @@ class RayShardLoader:
 
     def __init__(self, iterator: Any, batch_size: int, columns: tuple = ("image", "label"), *,
                  drop_last: bool = False, output: str = "numpy", prefetch: int = 2) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_int(batch_size, "batch_size", minimum=1)
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', got {output!r}")
         self.iterator = iterator
@@ -249,6 +247,5 @@ def streaming_loaders(dataset: Any, num_trainers: int, batch_size: int, **kwargs
     ``equal=True`` gives every trainer the same number of rows (a trainer that ran out first
     would block a collective). Keyword arguments go to :class:`RayShardLoader`.
     """
-    if isinstance(num_trainers, bool) or not isinstance(num_trainers, int) or num_trainers < 1:
-        raise ValueError(f"num_trainers must be a positive integer, got {num_trainers!r}")
+    check_int(num_trainers, "num_trainers", minimum=1)
     return [RayShardLoader(it, batch_size, **kwargs) for it in dataset.streaming_split(num_trainers, equal=True)]

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from .._checks import check_int
 from .._ext import _transform
 from ._base import _Augment, _policy_fill
 
@@ -27,8 +26,7 @@ class TrivialAugmentWide(_Augment):
     _kind = _transform.AUG_TRIVIAL
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_magnitude_bins, (int, np.integer)) or self.num_magnitude_bins < 2:
-            raise ValueError(f"num_magnitude_bins must be an int >= 2, got {self.num_magnitude_bins!r}")
+        check_int(self.num_magnitude_bins, "num_magnitude_bins", minimum=2)
         _policy_fill(self.fill, self.interpolation)
 
     def _config(self) -> tuple[tuple, tuple]:
@@ -51,12 +49,9 @@ class RandAugment(_Augment):
     _kind = _transform.AUG_RANDAUG
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_ops, (int, np.integer)) or not 0 <= self.num_ops <= 19:
-            raise ValueError(f"num_ops must be an int in [0, 19], got {self.num_ops!r}")
-        if not isinstance(self.num_magnitude_bins, (int, np.integer)) or self.num_magnitude_bins < 2:
-            raise ValueError(f"num_magnitude_bins must be an int >= 2, got {self.num_magnitude_bins!r}")
-        if not isinstance(self.magnitude, (int, np.integer)) or not 0 <= self.magnitude < self.num_magnitude_bins:
-            raise ValueError(f"magnitude must be an int in [0, num_magnitude_bins), got {self.magnitude!r}")
+        check_int(self.num_ops, "num_ops", maximum=19)
+        check_int(self.num_magnitude_bins, "num_magnitude_bins", minimum=2)
+        check_int(self.magnitude, "magnitude", maximum=self.num_magnitude_bins - 1)
         _policy_fill(self.fill, self.interpolation)
 
     def _config(self) -> tuple[tuple, tuple]:

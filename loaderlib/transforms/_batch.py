@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_int
 from ._base import _number
 from ._rng import _fresh_seed, _Rng
 
@@ -132,8 +133,7 @@ class BatchTransform:
 def _check_mix(alpha: Any, num_classes: Any) -> None:
     if not _number(alpha) or not float(alpha) > 0:
         raise ValueError(f"alpha must be a positive number, got {alpha!r}")
-    if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
-        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    check_int(num_classes, "num_classes", minimum=1)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@
  *   ``depth`` reads are in flight whatever the number of kernel threads. The threads block
  *   every signal and wait on a condition variable when idle; threads above ``depth`` (the
  *   depth was lowered) park until it is raised again.
- * - A batch queued on the kernel team (``_pipeline.start_into``) first attaches its items to
+ * - A batch queued on the kernel team (``_chain.start_into``) first attaches its items to
  *   their slots (``ll_reader_attach``): items whose bytes have arrived are ready at once;
  *   the others are ready when their read completes. The kernel threads claim a batch's
  *   items *in the order their bytes arrived* (``ll_rwait_next``), so a thread never waits on

@@ -1,7 +1,7 @@
 /* The one per-thread pool entry of every kernel: a libjpeg decoder and growable scratch.
  *
  * NOTE [ One per-thread pool ]
- * Every parallel kernel (the plain decoder in _jpeg.pyx, the fused chain in _pipeline.pyx)
+ * Every parallel kernel (the plain decoder in _jpeg.pyx, the fused chain in _chain.pyx)
  * runs with an array of these, one per OpenMP thread id, owned by one Python object
  * (``loaderlib._ext._jpeg.Workers``) that is created before the parallel region and freed
  * in its ``__dealloc__``. A decoder is created once per entry and reused for every image;

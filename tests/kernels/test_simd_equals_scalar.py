@@ -41,8 +41,8 @@ CODE = textwrap.dedent("""
             x, _ = next(iter(ll.DataLoader(ds, batch_size=1, seed=k, num_threads=1)))
             outs.append(x[0].copy())
     np.savez(sys.argv[1], *outs)
-    from loaderlib._ext import _pipeline
-    print(_pipeline.simd_level())
+    from loaderlib._ext import _chain
+    print(_chain.simd_level())
 """)
 
 
@@ -96,8 +96,8 @@ AUG_CODE = textwrap.dedent("""
         x, _ = next(iter(loader))
         outs.append(x.copy())
     np.savez(sys.argv[1], *outs)
-    from loaderlib._ext import _pipeline
-    print(_pipeline.simd_level())
+    from loaderlib._ext import _chain
+    print(_chain.simd_level())
 """)
 
 
@@ -114,9 +114,9 @@ def _run(path, level, nt_stores=False, code=CODE):
 
 
 def test_simd_and_scalar_passes_agree_bitwise(tmp_path):
-    from loaderlib._ext import _pipeline
+    from loaderlib._ext import _chain
 
-    best = _pipeline.simd_level()
+    best = _chain.simd_level()
     levels = {"avx512": ["avx512", "avx2", "sse2", "scalar"], "avx2": ["avx2", "sse2", "scalar"],
               "sse2": ["sse2", "scalar"]}.get(best, ["scalar"])
     runs = {lv: _run(tmp_path / f"{lv}.npz", lv) for lv in levels}
@@ -134,9 +134,9 @@ def test_simd_and_scalar_passes_agree_bitwise(tmp_path):
 
 
 def test_augmentation_twins_agree_bitwise(tmp_path):
-    from loaderlib._ext import _pipeline
+    from loaderlib._ext import _chain
 
-    best = _pipeline.simd_level()
+    best = _chain.simd_level()
     levels = {"avx512": ["avx512", "avx2", "sse2", "scalar"], "avx2": ["avx2", "sse2", "scalar"],
               "sse2": ["sse2", "scalar"]}.get(best, ["scalar"])
     runs = {lv: _run(tmp_path / f"aug-{lv}.npz", lv, code=AUG_CODE) for lv in levels}
@@ -155,6 +155,6 @@ def test_augmentation_twins_agree_bitwise(tmp_path):
 def test_no_simd_switch_means_scalar():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LOADERLIB_NO_SIMD": "1"}
     env.pop("LOADERLIB_SIMD", None)
-    r = subprocess.run([sys.executable, "-c", "from loaderlib._ext import _pipeline; print(_pipeline.simd_level())"],
+    r = subprocess.run([sys.executable, "-c", "from loaderlib._ext import _chain; print(_chain.simd_level())"],
                        env=env, capture_output=True, text=True, timeout=120, check=False)
     assert r.stdout.strip() == "scalar", r.stderr

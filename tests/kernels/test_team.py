@@ -17,7 +17,7 @@ import pytest
 from benchmarks._synth import encode_jpeg
 from loaderlib import transforms as T
 from loaderlib._chain import PendingBatch, compile_chain
-from loaderlib._ext import _pipeline
+from loaderlib._ext import _chain
 from loaderlib.decoding import status_tables
 from tests.conftest import make_photo
 
@@ -30,14 +30,14 @@ def jpegs() -> list[bytes]:
     return [encode_jpeg(make_photo(w, h, seed=k), 90, ("420", "444")[k % 2]) for k, (w, h) in enumerate(sizes)] * 4
 
 
-def _chain():
+def _make_plan():
     return compile_chain(T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.Normalize(MEAN, STD),
                                     T.ToCHW()]))
 
 
 def _one_by_one(jpegs, epochs):
     """The reference: every item alone, one thread, one call each."""
-    plan = _chain()
+    plan = _make_plan()
     ref = []
     for e in range(epochs):
         out = np.empty((len(jpegs), *plan.sample_shape), plan.dtype)
@@ -51,7 +51,7 @@ def _one_by_one(jpegs, epochs):
 @pytest.mark.parametrize("threads", [1, 2, 5])
 def test_queued_batches_equal_one_item_at_a_time(jpegs, threads):
     ref = _one_by_one(jpegs, 3)
-    plan = _chain()
+    plan = _make_plan()
     outs, pend = [], []
     for e in range(3):   # three batches queued before the first is waited for
         out = np.full((len(jpegs), *plan.sample_shape), 7, plan.dtype)
@@ -67,7 +67,7 @@ def test_queued_batches_equal_one_item_at_a_time(jpegs, threads):
 
 
 def test_a_dropped_pending_batch_is_waited_for(jpegs):
-    plan = _chain()
+    plan = _make_plan()
     ref = _one_by_one(jpegs, 1)[0]
     out = np.full((len(jpegs), *plan.sample_shape), 7, plan.dtype)
     p = plan.run_buffers_into([bytes(b) for b in jpegs], out, np.arange(len(jpegs)), seed=3, epoch=0, num_threads=2,
@@ -78,7 +78,7 @@ def test_a_dropped_pending_batch_is_waited_for(jpegs):
 
 
 def test_thread_limit_per_batch_and_a_larger_team_later(jpegs):
-    plan = _chain()
+    plan = _make_plan()
     ref = _one_by_one(jpegs, 1)[0]
     for threads in (2, 1, 4, 3):
         out = np.full((len(jpegs), *plan.sample_shape), 7, plan.dtype)
@@ -157,20 +157,20 @@ def test_kernel_threads_are_joined_on_close_and_collection():
 
 def test_team_misuse_is_refused(jpegs):
     with pytest.raises(ValueError, match="at least one thread"):
-        _pipeline.Team(0)
-    plan = _chain()
-    team = _pipeline.Team(2)
+        _chain.Team(0)
+    plan = _make_plan()
+    team = _chain.Team(2)
     n = 2
     status, msgs = status_tables(n)
     out = np.empty((n, *plan.sample_shape), plan.dtype)
     with pytest.raises(ValueError, match="team smaller than num_threads"):
-        _pipeline.start_into(plan._chain, team, _pipeline.SOURCE_BUFFERS, jpegs[:n], -1, None, out,
+        _chain.start_into(plan._chain, team, _chain.SOURCE_BUFFERS, jpegs[:n], -1, None, out,
                              np.arange(n, dtype=np.int64), 0, 0, 3, None, status, msgs)
 
 
 @pytest.mark.skipif(sys.platform == "win32" or not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_starts_its_own_threads(jpegs):
-    plan = _chain()
+    plan = _make_plan()
     ref = _one_by_one(jpegs, 1)[0]
     out = np.empty((len(jpegs), *plan.sample_shape), plan.dtype)
     plan.run_buffers_into(jpegs, out, np.arange(len(jpegs)), seed=3, epoch=0, num_threads=2)

@@ -309,7 +309,7 @@ def test_random_choice_uses_both_and_respects_p():
 def test_batch_transform_bad_input():
     with pytest.raises(ValueError, match="alpha must be a positive"):
         T.MixUp(0.0, 10)
-    with pytest.raises(ValueError, match="num_classes must be a positive int"):
+    with pytest.raises(ValueError, match="num_classes must be a positive integer"):
         T.CutMix(1.0, 0)
     with pytest.raises(TypeError, match="MixUp / CutMix"):
         T.RandomChoice([T.ColorJitter(0.1)])
@@ -377,10 +377,10 @@ def test_loader_batch_transform_deterministic_threads_and_resume(tmp_path):
     (lambda: T.GaussianBlur((3, 5, 7)), TypeError, "sequence of 2 ints"),
     (lambda: T.GaussianBlur(3, 0), ValueError, "must be positive"),
     (lambda: T.GaussianBlur(3, (2.0, 1.0)), ValueError, r"\(min, max\)"),
-    (lambda: T.TrivialAugmentWide(num_magnitude_bins=1), ValueError, "num_magnitude_bins"),
+    (lambda: T.TrivialAugmentWide(num_magnitude_bins=1), ValueError, "num_magnitude_bins must be an integer >= 2, got 1"),
     (lambda: T.TrivialAugmentWide(interpolation="bicubic"), ValueError, "interpolation must be one of"),
-    (lambda: T.RandAugment(magnitude=31), ValueError, "magnitude must be an int"),
-    (lambda: T.RandAugment(num_ops=-1), ValueError, "num_ops must be an int"),
+    (lambda: T.RandAugment(magnitude=31), ValueError, "magnitude must be a non-negative integer <= 30, got 31"),
+    (lambda: T.RandAugment(num_ops=-1), ValueError, "num_ops must be a non-negative integer, got -1"),
     (lambda: T.RandAugment(fill="red"), TypeError, "fill must be a number"),
     (lambda: T.AutoAugment("cifar10"), ValueError, "policy='imagenet'"),
     (lambda: T.RandomCrop(0), ValueError, "size must be positive"),

@@ -260,9 +260,9 @@ def test_a_file_larger_than_the_sample_limit_is_refused_by_both_readers(tmp_path
     # NOTE [ One sample's file size limit ]: a sparse file costs no disk, yet declares 1 GiB + 1.
     from loaderlib import datasets as D
     from loaderlib import transforms as T
-    from loaderlib._ext import _pipeline
+    from loaderlib._ext import _chain
 
-    assert D.MAX_FILE_BYTES == _pipeline.MAX_FILE_BYTES == 1 << 30
+    assert D.MAX_FILE_BYTES == _chain.MAX_FILE_BYTES == 1 << 30
     big = tmp_path / "huge.jpg"
     with open(big, "wb") as f:
         f.truncate(D.MAX_FILE_BYTES + 1)

@@ -13,7 +13,7 @@ import pytest
 import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
-from loaderlib._ext import _pipeline
+from loaderlib._ext import _chain
 from loaderlib._readahead import MAX_DEPTH, MIN_DEPTH, ReadAhead, choose_depth
 from loaderlib._source import NativeSource, SourceKind
 from loaderlib.errors import DecodeError
@@ -269,7 +269,7 @@ def test_no_io_threads_left_after_abandoned_iterators(folder):
 
 
 def test_reader_refuses_bad_ranges():
-    r = _pipeline.Reader(4, 1)
+    r = _chain.Reader(4, 1)
     with pytest.raises(ValueError, match="out of range"):
         r.queue_ranges(np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.int64),
                        np.full(1, -1, np.int64))

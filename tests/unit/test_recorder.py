@@ -189,7 +189,7 @@ def test_bad_input_raises():
         rec.batch_done(2, {"read": 1}, 1, 1, per_sample_ns=np.zeros((2, 6)))
     with pytest.raises(ValueError, match="unknown stage"):
         rec.python_gil("model", True)
-    with pytest.raises(ValueError, match="sample_window and series_len must be >= 1"):
+    with pytest.raises(ValueError, match="sample_window must be a positive integer, got 0"):
         StageRecorder(sample_window=0)
     assert rec.snapshot().samples == 0  # nothing half-recorded
 

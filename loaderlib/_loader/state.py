@@ -1,0 +1,127 @@
+"""Saving and restoring a loader's position: the state dict (NOTE [ Iterator state ]) and the
+epoch order a fresh or resumed epoch runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._iterable import cannot_resume, is_stateful
+from ..errors import StateError
+from ..sampler import BatchSampler, EpochOrder
+
+#: Version of the dict :meth:`DataLoader.state_dict` returns; bumped when its meaning changes.
+STATE_VERSION = 1
+
+
+def header(ld: Any) -> dict:
+    """What a state must match to be loaded: version, dataset length, seed, batch size,
+    last_batch mode, sampler (and rank and world size for an iterable)."""
+    s = ld.sampler
+    if ld._iterable:
+        return {"version": STATE_VERSION, "dataset_length": None, "seed": int(ld.seed),
+                "batch_size": ld._batch_size, "last_batch": ld._last_batch, "sampler": "iterable",
+                "rank": ld.rank, "world_size": ld.world_size}
+    return {"version": STATE_VERSION, "dataset_length": len(ld.dataset), "seed": int(ld.seed),
+            "batch_size": ld._batch_size, "last_batch": ld._last_batch,
+            "sampler": type(s).__name__ if s is not None else type(ld._batch_sampler).__name__}
+
+
+def state_of(ld: Any, state: Any) -> dict:
+    """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
+    if ld._iterable and (ld.num_workers > 0 or not is_stateful(ld.dataset)):
+        raise cannot_resume(ld.dataset, ld.num_workers)
+    run = state.state_dict()
+    if ld._iterable:
+        if run.pop("finished"):
+            return state_between(ld, state.epoch + 1)
+        return {**header(ld), **run}
+    s = ld._pure_sampler()
+    if run.pop("finished"):
+        return state_between(ld, state.epoch + 1, state.order.carry_out)
+    d = {**header(ld), **run}
+    if s is not None:
+        d["sampler_state"] = s.state_dict()
+    else:
+        # Not a pure function of the epoch: the rest of the epoch travels explicitly.
+        order = state.order
+        d["stream"] = order.stream[state.position:].tolist()
+        d["targets"] = list(order.targets[state.delivered:])
+    return d
+
+
+def state_between(ld: Any, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
+    """The loader state at the start of ``epoch`` (default: the next one)."""
+    if ld._iterable:
+        if ld.num_workers > 0 or not is_stateful(ld.dataset):
+            raise cannot_resume(ld.dataset, ld.num_workers)
+        return {**header(ld), "epoch": int(ld._epoch if epoch is None else epoch), "delivered": 0,
+                "position": 0, "carry": [], "order_key": {}, "source_state": ld.dataset.state_dict()}
+    s = ld._pure_sampler()
+    bsamp = ld._batch_sampler
+    if carry is None:
+        carry = bsamp._carry if isinstance(bsamp, BatchSampler) else np.zeros(0, np.int64)
+    d = {**header(ld), "epoch": int(ld.epoch if epoch is None else epoch), "delivered": 0, "position": 0,
+         "carry": np.asarray(carry, np.int64).tolist(), "order_key": s.order_key() if s is not None else {}}
+    if s is not None:
+        d["sampler_state"] = s.state_dict()
+        d["sampler_state"]["epoch"] = d["epoch"]
+    return d
+
+
+def check_state(ld: Any, state: Any) -> None:
+    """Raise StateError unless ``state`` can continue loader ``ld`` (NOTE [ Iterator state ])."""
+    if not isinstance(state, dict):
+        raise StateError(f"a loader state is a dict, got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
+    mine = header(ld)
+    for key, what in (("dataset_length", "dataset length"), ("seed", "seed"), ("batch_size", "batch size"),
+                      ("last_batch", "last_batch mode"), ("sampler", "sampler"), ("rank", "rank"),
+                      ("world_size", "world size")):
+        if key == "seed" and state.get(key) != mine[key] and not ld._seed_given and state.get(key) is not None:
+            continue   # this loader drew its seed: it takes the saved run's (adopted below)
+        if key in mine and state.get(key) != mine[key]:
+            raise StateError(f"the state is for {what} {state.get(key)!r}, this loader has {mine[key]!r}")
+    for key in ("epoch", "delivered", "position", "carry"):
+        if key not in state:
+            raise StateError(f"the state has no {key!r} entry")
+    s = ld._pure_sampler()
+    if ld._iterable:
+        if state.get("source_state") is not None and not is_stateful(ld.dataset):
+            raise StateError(f"the state holds an iterable's position, but {type(ld.dataset).__name__} "
+                             "has no load_state_dict()")
+    elif s is None and "stream" not in state and (state["delivered"] or state["position"]):
+        raise StateError("a mid-epoch state of a sampler that is not a loaderlib Sampler needs its 'stream'")
+
+
+def next_order(bsamp: Any, pure: bool, epoch: int) -> tuple[EpochOrder, int]:
+    """The next epoch's order from batch sampler ``bsamp``, and the loader's epoch counter
+    after it (``epoch`` counts the epochs of a sampler that is not ``pure``, a loaderlib
+    Sampler that knows its epoch); moves the sampler (and the rollover carry) on."""
+    if isinstance(bsamp, BatchSampler):
+        if pure:
+            return bsamp.next_epoch(), epoch
+        return bsamp.next_epoch(epoch), epoch + 1
+    if hasattr(bsamp, "set_epoch"):
+        bsamp.set_epoch(epoch)
+    batches = [np.asarray(list(b), dtype=np.int64).reshape(-1) for b in bsamp]
+    stream = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+    empty = np.zeros(0, np.int64)
+    return EpochOrder(epoch, stream, [b.size for b in batches], False, empty, empty, {}), epoch + 1
+
+
+def resumed_order(bsamp: Any, d: dict, drop_short: bool) -> tuple[EpochOrder, int, int, int | None]:
+    """The order, delivered batches and position a loaded state ``d`` continues with, and the
+    loader's epoch counter after it (None: unchanged)."""
+    epoch = int(d["epoch"])
+    if "stream" in d:
+        empty = np.zeros(0, np.int64)
+        order = EpochOrder(epoch, np.asarray(d["stream"], np.int64), [int(t) for t in d["targets"]],
+                           drop_short, empty, empty, {})
+        return order, 0, 0, epoch + 1
+    order = bsamp.plan_epoch(epoch, key=d.get("order_key") or None, carry=np.asarray(d["carry"], np.int64))
+    bsamp._carry = order.carry_out
+    bsamp.sampler.set_epoch(epoch + 1)
+    return order, int(d["delivered"]), int(d["position"]), None
