@@ -796,7 +796,7 @@ class DataLoader:
                                    pool=self._python_pool(), io_depth=self._knobs.io_depth,
                                    batch_size=self._batch_size, timeout=self.timeout,
                                    read_budget=self._read_budget(), read_hint=self._knobs.read_hint, **common)
-        from ._engines.processes import NativePrefix, ProcessesProducer, WorkerPool
+        from ._engines.processes import NativePrefix, ProcessesProducer, WorkerPool  # lazy: cloudpickle
 
         if self._workers is None or self._workers.closed:
             prefix = None
