@@ -158,7 +158,10 @@ class NativeSource:
                                         num_threads=num_threads, timings=timings, wait=wait)
         if kind is SourceKind.BUFFERS:
             data = self.data_index(idx).tolist()
-            return plan.run_buffers_into(self.dataset.buffers(data), out, idx, seed=seed, epoch=epoch,
+            # NOTE [ Remote read-ahead ] in _remote/readahead.py: bytes read ahead by position.
+            bufs = (reader.buffers(positions, data) if reader is not None and positions is not None
+                    else self.dataset.buffers(data))
+            return plan.run_buffers_into(bufs, out, idx, seed=seed, epoch=epoch,
                                          num_threads=num_threads, timings=timings,
                                          sources=[self.dataset.source(i) for i in data], wait=wait)
         raise ValueError(f"no kernel reader for a {kind.name} source")

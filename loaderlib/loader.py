@@ -784,7 +784,7 @@ class DataLoader:
         parts = {"batch slots": int(ring.stats["capacity_bytes"]) if ring is not None else 0, "read-ahead": 0}
         for run in (self._warm, self._current_run()):
             if run is not None and not run.closed and run.producer.reader is not None:
-                parts["read-ahead"] += int(run.producer.reader.native.buffer_bytes())
+                parts["read-ahead"] += int(run.producer.reader.buffer_bytes())
         return parts
 
     def _current_run(self) -> _Run | None:
@@ -881,13 +881,18 @@ class DataLoader:
         this loader has none (not files or byte ranges, or a Python engine)."""
         a = self._analysis
         src = a.native_source
-        if src is None or src.kind not in (SourceKind.FILES, SourceKind.SHARDS) or a.plan is None:
+        # A store's samples are read ahead too (NOTE [ Remote read-ahead ] in _remote/readahead.py).
+        remote = src is not None and src.kind is SourceKind.BUFFERS and getattr(src.dataset, "_remote", None) is not None
+        if src is None or (src.kind not in (SourceKind.FILES, SourceKind.SHARDS) and not remote) or a.plan is None:
             return None
         if a.engine == "processes":
             return None
         depth = self._knobs.io_depth
         if depth == 0:
-            return "off (io_depth=0): each decode thread reads its own samples"
+            return ("off (io_depth=0): each batch's requests go out when the batch is produced" if remote else
+                    "off (io_depth=0): each decode thread reads its own samples")
+        if remote and self._current_run() is None:
+            return "read-ahead from the store: requests issued ahead in the sampler's order by Python threads"
         run = self._current_run()
         reader = run.producer.reader if run is not None else None
         if reader is not None:

@@ -12,8 +12,10 @@ A dataset whose files are URLs reads them one of two ways.
   shard's first read waits for its copy; WebDataset shards are indexed from their copies, so
   they open once all have arrived.
 - Without: small files (indexes) are fetched whole into memory, and samples are read by
-  byte range from the store into buffers for the kernels' BUFFERS path; the ranges of one
-  batch go out in one call, concurrently (NOTE [ Protocol library ] in ``store.py``).
+  byte range from the store into buffers for the kernels' BUFFERS path, ahead of the
+  batches in the sampler's order, ``io_depth`` requests at once (NOTE [ Remote read-ahead ]
+  in ``readahead.py``); with ``io_depth=0`` the ranges of one batch go out in one call,
+  concurrently, when the batch is produced (NOTE [ Protocol library ] in ``store.py``).
 Either way the bytes handed to the decoder are the file's bytes, so outputs equal those of
 the same files read locally.
 """
@@ -151,6 +153,15 @@ class RemoteFiles:
                     if len(memoryview(b)):
                         self._failures.pop(i, None)
         return out
+
+    def note_failure(self, index: int, error: RemoteReadError | None) -> None:
+        """Keep (or with None, forget) the read error of sample ``index``, read ahead
+        (NOTE [ Remote read-ahead ] in ``readahead.py``)."""
+        with self._lock:
+            if error is None:
+                self._failures.pop(int(index), None)
+            else:
+                self._failures[int(index)] = error.with_index(int(index))
 
     def failure(self, index: int) -> RemoteReadError | None:
         """The read error of sample ``index`` in its last batch, if it failed."""
