@@ -14,7 +14,8 @@ import loaderlib as ll
 from loaderlib._remote.readahead import GAIN, MIN_DEPTH, RemoteReadAhead
 from loaderlib._source import NativeSource, SourceKind
 from loaderlib.errors import RemoteReadError
-from tests.remote.test_datasets import N, _base, _batches, _faulty_list, _loader, _make, _same, ds_root  # noqa: F401 - the fixture
+from tests.remote.conftest import N
+from tests.remote.test_datasets import _base, _batches, _faulty_list, _loader, _make, _same
 
 
 @pytest.mark.parametrize("engine", ["native", "threads"])
