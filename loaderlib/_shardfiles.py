@@ -53,6 +53,16 @@ class ShardFiles:
         return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
                                  self.sizes[idx], idx.tolist(), record=True)
 
+    def plan_epoch(self, indices: np.ndarray) -> None:
+        """With the shard cache: download the shards in the order ``indices`` (the run's
+        samples, in the order they will be read) first needs them (NOTE [ Epoch order to the
+        dataset ] in ``_source.py``)."""
+        remote: Any = getattr(self, "_remote", None)
+        urls = getattr(self, "urls", None)
+        if remote is None or not remote.cached or not urls or len(urls) < 2 or not len(indices):
+            return
+        remote.prefetch([urls[s] for s in first_uses(self.shard_of[np.asarray(indices, np.int64)])])
+
     def read_failure(self, idx: int) -> Exception | None:
         """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
         remote: Any = getattr(self, "_remote", None)
@@ -76,3 +86,12 @@ class ShardFiles:
             self.close()
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
+
+
+def first_uses(shards: np.ndarray) -> list[int]:
+    """The distinct values of ``shards`` in the order of their first appearance."""
+    shards = np.asarray(shards, np.int64)
+    if not shards.size:
+        return []
+    _, first = np.unique(shards, return_index=True)
+    return shards[np.sort(first)].tolist()

@@ -47,7 +47,7 @@ from ._iterable import (
     is_stateful,
     resume_source,
 )
-from ._source import NativeSource, SourceKind, native_source_of
+from ._source import NativeSource, SourceKind, announce_order, native_source_of
 from ._tree import tree_map
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, HostRegistrar, pinned_allocator
@@ -1144,6 +1144,7 @@ class DataLoader:
         recorder = HeldRecorder(self.recorder) if warm else self.recorder
         if warm:
             state.live.clear()   # NOTE [ Warm slots ] in _engine_base.py
+        announce_order(self._analysis.native_source, state.order.stream, state.cursor)   # NOTE [ Epoch order to the dataset ]
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)

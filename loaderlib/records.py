@@ -386,11 +386,12 @@ class RecordFileDataset(ShardFiles, Dataset):
         pairs = [record_paths(p) for p in _expand(paths, self._remote)]
         self.urls = [d for d, _ in pairs] if self._remote is not None else None
         if self._remote is not None and self._remote.cached:
-            # The indexes now; the data shards download in the background, in shard order, and
-            # a shard's first read waits for its copy (fileno), so reading starts before the
-            # last shard arrives. Header and size come from the store meanwhile.
+            # The indexes now; the data shards download in the background in the order a run
+            # first needs them (plan_epoch, NOTE [ Epoch order to the dataset ] in _source.py),
+            # and a shard's first read waits for its copy (fileno), so reading starts before
+            # the last shard arrives. Header and size come from the store meanwhile.
             local_index = self._remote.local([i for _, i in pairs])
-            self.paths = self._remote.prefetch([d for d, _ in pairs])
+            self.paths = [self._remote.cache.path_of(d) for d, _ in pairs]
             self.index_paths = local_index
             shards = [_open_shard(d, i, self._remote) for (d, _), i in zip(pairs, local_index)]
         else:

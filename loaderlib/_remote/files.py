@@ -3,8 +3,9 @@ ranges read from the store.
 
 NOTE [ Remote datasets: cache or ranges ]
 A dataset whose files are URLs reads them one of two ways.
-- With ``cache_dir``: every file goes through the :class:`ShardCache` (downloaded in the
-  dataset's shard order by background threads, published atomically, shared by the node's
+- With ``cache_dir``: every file goes through the :class:`ShardCache` (downloaded by
+  background threads in the order a run first needs them, NOTE [ Epoch order to the
+  dataset ] in ``_source.py``, published atomically, shared by the node's
   processes) and the dataset then reads the local copies exactly as local files, so the
   kernels' SHARDS path (``pread`` inside the pass, read-ahead included) is unchanged. The
   dataset holds a lease on each copy while it is open, so none is evicted under it. Record

@@ -245,3 +245,40 @@ def test_prefetch_never_waits_on_a_held_shard(proxy, served, tmp_path):
     assert cache.wait_idle(30), "the prefetch is stuck behind a reader's lease"
     box[0].release()
     cache.close()
+
+
+def test_cache_downloads_shards_in_the_order_the_sampler_first_needs_them(ds_root, nginx, tmp_path, monkeypatch):
+    # NOTE [ Epoch order to the dataset ]: the shard list handed to the cache is the order of
+    # first use on a shuffled epoch, computed here in plain Python from the sampler.
+    import loaderlib as ll
+    from loaderlib import transforms as T
+    from loaderlib._remote.shard_cache import ShardCache
+    from loaderlib.sampler import RandomSampler
+
+    asked: list[list[str]] = []
+    real = ShardCache.prefetch
+
+    def recording(self, urls):
+        asked.append(list(urls))
+        return real(self, urls)
+
+    monkeypatch.setattr(ShardCache, "prefetch", recording)
+    url = f"{nginx.url}/ds/rec/part-{{00000..{len(os.listdir(os.path.join(ds_root, 'rec'))) // 2 - 1:05d}}}.llrec"
+    ds = ll.RecordFileDataset(url, cache_dir=str(tmp_path / "c"), storage_options=FAST)
+    data = lambda: [a for a in asked if any(u.endswith(".llrec") for u in a)]   # noqa: E731 - the indexes go first
+    assert len(ds.urls) >= 3 and data() == []     # no shard downloads before a run says its order
+    sampler = RandomSampler(len(ds), seed=11)
+    order = sampler.order(0)
+    want = []
+    for i in order.tolist():
+        s = int(ds.shard_of[i])
+        if s not in want:
+            want.append(s)
+    assert want != sorted(want)                   # the shuffle changes the order
+    loader = ll.DataLoader(ds.transform_first(T.Compose([T.CenterCrop(16), T.ToCHW()])), batch_size=4,
+                           sampler=sampler, num_threads=2, timeout=60)
+    n = sum(len(b[1]) for b in loader)
+    assert n == len(ds)
+    assert data()[0] == [ds.urls[s] for s in want]
+    loader.close()
+    ds.close()
