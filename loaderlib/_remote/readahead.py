@@ -9,9 +9,12 @@ the kernels wait for the network between batches. Here the reads run ahead inste
 stream's order (the sampler's), like local files in the native stage (NOTE [ Read-ahead ] in
 ``pyx/include/ll_readahead.h``):
 
-- ``depth`` Python threads call the dataset's ``read(i)`` (obstore's blocking calls, which
-  release the GIL for the whole request: NOTE [ Protocol library ] in ``store.py``); each
-  takes the next queued stream position, so the reads go out in order, ``depth`` at once.
+- Python threads take the next queued stream positions, in calls of at most a batch
+  (``min(batch_size, depth)`` samples, ``depth / that`` calls at once, so ``depth`` requests
+  in flight), and read each call with the dataset's ``buffers`` (the batch read: ranges of
+  one object coalesce into few requests, objects go concurrently; NOTE [ Protocol library ]
+  in ``store.py``). Per-sample requests were slower: on moto's S3 server, record ranges one
+  request per sample ran at 148 img/s where the batch calls ran at 357 (below).
 - The bytes wait in a slot per position until the batch that holds the sample is produced:
   the native engine's BUFFERS pass and the threads engine's ``item_from_bytes`` take them by
   position (waiting if they have not arrived, at most half the loader's timeout, as the
@@ -93,7 +96,7 @@ class RemoteReadAhead:
     Parameters
     ----------
     src : NativeSource
-        A BUFFERS source whose dataset has ``read(i)`` (one sample's bytes from the store).
+        A BUFFERS source whose dataset reads samples with ``buffers(indices)`` (the batch read).
     stream : numpy.ndarray
         The run's stream of sample indices.
     io_depth : int or None
@@ -117,7 +120,8 @@ class RemoteReadAhead:
         self.dataset = src.dataset
         self.stream = stream
         self.fixed = None if io_depth is None else max(1, min(int(io_depth), MAX_DEPTH))
-        self.held = max(1, int(batch_size)) * max(1, int(lookahead))
+        self.batch_size = max(1, int(batch_size))
+        self.held = self.batch_size * max(1, int(lookahead))
         self.budget = int(budget_bytes) if budget_bytes else DEFAULT_BYTES
         self.timeout = float(timeout) / 2 if timeout else 0.0
         self._clock = clock
@@ -147,8 +151,14 @@ class RemoteReadAhead:
         self._spawn()
 
     # -- the reading threads -----------------------------------------------------------
+    def _calls(self) -> tuple[int, int]:
+        """(samples per call, calls in flight) for the depth: ``depth`` requests at once, in
+        calls of at most a batch (NOTE [ Remote read-ahead ])."""
+        chunk = max(1, min(self.batch_size, self.depth))
+        return chunk, max(1, -(-self.depth // chunk))
+
     def _spawn(self) -> None:
-        while len(self._threads) < self.depth:
+        while len(self._threads) < self._calls()[1]:
             t = threading.Thread(target=self._run, args=(len(self._threads),), daemon=True,
                                  name=f"loaderlib-remote-read-{len(self._threads)}")
             self._threads.append(t)
@@ -156,42 +166,54 @@ class RemoteReadAhead:
 
     def _run(self, k: int) -> None:
         data_index = self.src.data_index
-        read = self.dataset.read
         while True:
             with self._lock:
-                while not self._stopped and (not self._queue or k >= self.depth):
+                while not self._stopped and (not self._queue or k >= self._calls()[1]):
                     self._work.wait()
                 if self._stopped:
                     return
-                pos, t_queued = self._queue.popleft()
-                slot = self._slots.get(pos)
-                if slot is None:   # dropped (a later start)
+                chunk = self._calls()[0]
+                got = []
+                while self._queue and len(got) < chunk:
+                    pos, t_queued = self._queue.popleft()
+                    slot = self._slots.get(pos)
+                    if slot is not None:   # None: dropped (a later start)
+                        got.append((slot, t_queued))
+                if not got:
                     continue
-                self._c["reading"] += 1
+                self._c["reading"] += len(got)
             t0 = self._clock()
             c0 = time.thread_time_ns()
-            data, error = None, None
+            idx = data_index(np.asarray([slot.index for slot, _ in got], np.int64)).tolist()
+            bufs, error = None, None
             try:
-                data = read(int(data_index(np.asarray([slot.index]))[0]))
-            except Exception as e:  # noqa: BLE001 - kept in the slot and reported with its sample
+                # One call per chunk: ranges of one object coalesce, objects go concurrently,
+                # a failed sample is an empty buffer with its error kept (as the batch read).
+                bufs = self.dataset.buffers(idx)
+            except Exception as e:  # noqa: BLE001 - kept in the slots and reported with their samples
                 error = e
             dt = self._clock() - t0
             cpu = time.thread_time_ns() - c0
+            remote = getattr(self.dataset, "_remote", None)
             with self._lock:
                 c = self._c
-                c["reading"] -= 1
-                c["reads"] += 1
-                c["lat_ns"] += dt
-                c["cpu_ns"] += min(cpu, dt)
-                c["queue_ns"] += max(0, t0 - t_queued)
-                self._hist[_bin(dt)] += 1
-                if error is not None:
-                    c["failures"] += 1
-                else:
-                    n = len(memoryview(data))
-                    c["bytes"] += n
-                    self.largest = max(self.largest, n)
-                slot.data, slot.error, slot.done = data, error, True
+                c["reading"] -= len(got)
+                for j, (slot, t_queued) in enumerate(got):
+                    c["reads"] += 1
+                    c["lat_ns"] += dt
+                    c["cpu_ns"] += min(cpu, dt) // len(got)
+                    c["queue_ns"] += max(0, t0 - t_queued)
+                    self._hist[_bin(dt)] += 1
+                    data, err = (bufs[j], None) if bufs is not None else (None, error)
+                    if err is None and not len(memoryview(data)) and remote is not None:
+                        err = remote.failure(idx[j])
+                    if err is not None:
+                        c["failures"] += 1
+                    else:
+                        n = len(memoryview(data))
+                        c["bytes"] += n
+                        self.largest = max(self.largest, n)
+                    slot.data, slot.error, slot.done = data, err, True
                 self._arrived.notify_all()
 
     # -- queueing ------------------------------------------------------------------------

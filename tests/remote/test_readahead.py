@@ -101,6 +101,9 @@ class _Fake:
     def read(self, i):
         return b"x" * 10
 
+    def buffers(self, idx):
+        return [b"x" * 10 for _ in idx]
+
     def source(self, i):
         return f"fake:{i}"
 
