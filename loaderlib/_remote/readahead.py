@@ -36,8 +36,16 @@ stream's order (the sampler's), like local files in the native stage (NOTE [ Rea
 - The counters have the native stage's names, so ``Stats.extract`` and the verdict's storage
   evidence read them unchanged.
 
-Measured with ``benchmarks/remote_loader.py --io-depths`` (see docs/object-stores.md for the
-command and figures).
+Measured with ``python benchmarks/remote_loader.py --images 256 --rounds 3 --epochs 2
+--io-depths 0,default`` (2 shared cores, loaded by a test run at the same time, so the figures
+swing by a third between identical rows; img/s epoch 1 / epoch 2, io_depth=0 then default):
+S3 (moto) record ranges 401 / 379 and 444 / 545; S3 one object per image 194 / 252 and
+201 / 180; HTTP record ranges 623 / 1,130 and 568 / 734; HTTP one object per image 713 / 1,007
+and 843 / 901. An earlier version that sent one request per sample ran S3 record ranges at
+119 / 148 against 197 / 357 per batch (same command with ``0,default,16``), hence the calls
+of a batch. At 4 batches an epoch the adaptive rule has barely one turn, so these rows compare
+the start (one batch-sized call ahead) with the per-batch reads; a quiet machine and longer
+runs are still to be measured.
 """
 
 from __future__ import annotations
@@ -343,6 +351,7 @@ class RemoteReadAhead:
         if self._trial is not None:
             before, before_rate = self._trial
             self._trial = None
+            self.hint["remote_depth"] = self.depth if rate >= GAIN * before_rate else before
             if rate < GAIN * before_rate:
                 self._ceiling = (before, PROBE_TURNS)
                 self.set_depth(before, f"raising to {self.depth} read {rate:.0f} samples/s, not more than "
@@ -364,7 +373,10 @@ class RemoteReadAhead:
         want = max(MIN_DEPTH, min(want, MAX_DEPTH))
         if want > self.depth:
             self._trial = (self.depth, rate)
-        elif want < self.depth:
+            self.set_depth(want, why)
+            self.hint["remote_depth"] = self._trial[0]   # the next run starts from a raise that paid
+            return
+        if want < self.depth:
             want = max(want, (self.depth + want) // 2)   # lower by halves
         if want != self.depth:
             self.set_depth(want, why)
