@@ -131,11 +131,14 @@ def test_resume_from_state_dict_is_exact(ds_root, nginx, moto, tmp_path, server,
     _same(head + _batches(second), reference)
 
 
-def test_cached_shards_are_local_files_read_natively(ds_root, nginx, tmp_path):
+def test_cached_shards_are_slices_of_local_copies(ds_root, nginx, tmp_path):
+    # NOTE [ Shards held by a dataset ]: the kernels get slices of the mapped copies.
     ds = ll.WebDataset(f"{nginx.url}/ds/wds/train-{{0000..0002}}.tar", storage_options=FAST,
                        cache_dir=tmp_path, cache_limit="1GB")
     assert all(p.startswith(str(tmp_path)) for p in ds.paths)
-    assert ds.native_source().kind.name == "SHARDS"
+    assert ds.native_source().kind.name == "BUFFERS"
+    local = ll.WebDataset(os.path.join(ds_root, "wds", "train-*.tar"))
+    assert [bytes(b) for b in ds.buffers([0, 9, 23])] == [local.read(i) for i in (0, 9, 23)]
     assert ds.source(9) == f"{nginx.url}/ds/wds/train-0001.tar:s0009.jpg"
     ranges = ll.WebDataset(f"{nginx.url}/ds/wds/train-{{0000..0002}}.tar", storage_options=FAST)
     assert ranges.native_source().kind.name == "BUFFERS"
@@ -232,7 +235,7 @@ def test_cached_records_read_before_the_last_shard_arrives(ds_root, proxy, tmp_p
     ds = ll.RecordFileDataset(f"{proxy.url}/ds/rec/part-{{00000..00002}}.llrec", cache_dir=str(tmp_path),
                               storage_options={**FAST, "timeout": 3.0})
     local = ll.RecordFileDataset(os.path.join(ds_root, "rec", "part-*.llrec"))
-    assert ds.native_source().kind.name == "SHARDS" and ds.shard_of[0] == 0
+    assert ds.native_source().kind.name == "BUFFERS" and ds.shard_of[0] == 0
     assert ds.read(0) == local.read(0)
     assert not os.path.exists(ds.paths[2])
     proxy.released.set()
