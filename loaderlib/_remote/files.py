@@ -98,7 +98,7 @@ class RemoteFiles:
 
     def _init_pool(self) -> None:
         self._open: collections.OrderedDict[str, tuple[Lease, Any]] = collections.OrderedDict()
-        self._opening: dict[str, threading.Lock] = {}
+        self._opening = threading.Lock()    # one shard opens at a time: the leases stay bounded
         self._order: dict[str, int] = {}
         self._urls: list[str] = []
         self._largest = 0
@@ -178,9 +178,8 @@ class RemoteFiles:
             if got is not None:
                 self._open.move_to_end(url)
                 return got[1]
-            opening = self._opening.setdefault(url, threading.Lock())
         cache = self.cache
-        with opening:
+        with self._opening:
             with self._lock:
                 got = self._open.get(url)
                 if got is not None:

@@ -290,3 +290,88 @@ def test_cache_downloads_shards_in_the_order_the_sampler_first_needs_them(ds_roo
     assert seen[0] == wanted[0] and seen == [u for u in wanted if u in seen]
     loader.close()
     ds.close()
+
+
+@pytest.fixture(scope="module")
+def six_shards(ds_root, served):
+    """Six record shards of four JPEGs each under served/six (the local reference beside them)."""
+    import loaderlib as ll
+
+    root = os.path.join(served, "six")
+    if not os.path.isdir(root):
+        src = ll.RecordFileDataset(os.path.join(ds_root, "rec", "part-*.llrec"), raw=True)
+        items = [src[i] for i in range(len(src))]
+        os.makedirs(root)
+        for k in range(6):
+            part = items[4 * k:4 * k + 4]
+            ll.write_records(os.path.join(root, f"s-{k:05d}"), [b for b, _ in part], [lab for _, lab in part])
+    sizes = [os.path.getsize(os.path.join(root, f"s-{k:05d}.llrec")) for k in range(6)]
+    return root, sizes
+
+
+def _data_bytes(folder) -> int:
+    # Published shards and downloads under way: everything but sidecars and lock files.
+    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+               if not n.endswith((".json", ".lock")) and os.path.isfile(os.path.join(folder, n)))
+
+
+@pytest.mark.parametrize("engine", ["native", "threads"])
+def test_cache_smaller_than_the_dataset_stays_within_its_limit(six_shards, nginx, tmp_path, engine):
+    # NOTE [ Shards held by a dataset ]: a limit of about two shards over six, a shuffled
+    # sampler revisiting shards over two epochs; every batch equals the local files', the
+    # cache never holds more than its limit, and shards were evicted (and read again).
+    import numpy as np
+
+    import loaderlib as ll
+    from loaderlib import transforms as T
+    from loaderlib.sampler import ShardShuffleSampler
+
+    root, sizes = six_shards
+    limit = 2 * max(sizes) + 100
+    assert limit < sum(sizes) / 2
+    cache_dir = tmp_path / "cache"
+    remote = ll.RecordFileDataset(f"{nginx.url}/six/s-{{00000..00005}}.llrec", storage_options=FAST,
+                                  cache_dir=str(cache_dir), cache_limit=limit)
+    local = ll.RecordFileDataset(os.path.join(root, "s-*.llrec"))
+
+    def loader(ds):
+        chain = [T.RandomResizedCrop(24), T.ToCHW()]
+        if engine == "threads":
+            chain.append(lambda x: x + 1)
+        sampler = ShardShuffleSampler(ds.shard_sizes, buffer_size=3, seed=5)
+        out = ll.DataLoader(ds.transform_first(T.Compose(chain)), batch_size=3, sampler=sampler, seed=2,
+                            num_threads=2, timeout=60)
+        assert out.engine == engine
+        return out
+
+    want, got = [], []
+    ref, run = loader(local), loader(remote)
+    cache = remote._remote.cache
+    for epoch in range(2):
+        ref.set_epoch(epoch)
+        run.set_epoch(epoch)
+        want += [tuple(np.array(a) for a in b) for b in ref]
+        for b in run:
+            got.append(tuple(np.array(a) for a in b))
+            assert cache.used() <= limit and _data_bytes(cache_dir) <= limit
+    run.close()
+    ref.close()
+    assert len(got) == len(want)
+    for x, y in zip(got, want):
+        for u, v in zip(x, y):
+            np.testing.assert_array_equal(u, v)
+    assert cache.evictions >= 4                          # six shards through room for two, twice
+    assert remote._remote.opened > len(sizes)            # shards read again after a release
+    remote.close()
+    assert not [n for n in os.listdir(cache_dir) if ".part-" in n]
+
+
+def test_a_shard_larger_than_the_limit_is_an_error(six_shards, nginx, tmp_path):
+    import loaderlib as ll
+
+    _, sizes = six_shards
+    ds = ll.RecordFileDataset(f"{nginx.url}/six/s-{{00000..00005}}.llrec", storage_options=FAST,
+                              cache_dir=str(tmp_path), cache_limit=sizes[0] - 1)
+    with pytest.raises(ValueError, match=rf"has {sizes[0]} bytes, more than cache_limit={sizes[0] - 1} bytes"):
+        ds.read(0)
+    ds.close()
