@@ -268,22 +268,25 @@ class ShardCache:
         # Published shards plus the downloads under way (counted at their full size) stay
         # within the limit: room is made by evicting the least recently used shards no reader
         # holds, never one held (a lease) or, for a prefetch, one the read-ahead needs sooner.
-        # A prefetch that finds no room gives up (the read needs the shard later and downloads
-        # it then). A read that finds no room because other processes hold the rest downloads
+        # A prefetch leaves room for one more shard of its size besides its own, so that a
+        # read asking for a shard the prefetch did not foresee (a shuffle buffer's neighbour,
+        # the next epoch's first shard started early) still finds room; a prefetch that finds
+        # none gives up (the read needs the shard later and downloads it then). A read that finds no room because other processes hold the rest downloads
         # anyway, over the limit, with a warning: waiting could deadlock two processes that
         # each hold what the other needs, and a dataset holds only the few shards it reads
         # (NOTE [ Shards held by a dataset ] in files.py), so the excess is bounded by what
         # the node's readers hold at once. A shard larger than the limit is an error (ensure).
         entries = self._entries()
         total = sum(s for _, _, s in entries) + self._parts()
+        need = 2 * size if prefetch else size
         for _, other, osize in entries:
-            if total + size <= self.limit:
+            if total + need <= self.limit:
                 break
             if other == key or other in upcoming:
                 continue
             if self._evict(other):
                 total -= osize
-        if total + size <= self.limit:
+        if total + need <= self.limit:
             return True
         if prefetch:
             return False
