@@ -3,7 +3,9 @@ read-ahead (``loaderlib._readahead.ReadAhead``), with the same interface to the 
 
 NOTE [ Remote read-ahead ]
 Without the shard cache a remote dataset's samples are objects or byte ranges read from the
-store into buffers (NOTE [ Remote datasets: cache or ranges ] in ``files.py``). Read one
+store into buffers (NOTE [ Remote datasets: cache or ranges ] in ``files.py``); with it,
+slices of the shards' local copies, whose first read of a shard may wait for its download,
+run through this stage the same way. Read one
 batch at a time, when the batch is produced, at most one batch of requests is in flight and
 the kernels wait for the network between batches. Here the reads run ahead instead, in the
 stream's order (the sampler's), like local files in the native stage (NOTE [ Read-ahead ] in
