@@ -31,17 +31,18 @@ read it again soon, so ``cache_limit`` may be far below the dataset's size:
   cached path is BUFFERS and not the kernels' ``pread`` of descriptors (SHARDS): a
   descriptor closed while a queued read still names it could be reused by another file.
 - The dataset keeps the leases of the most recently read shards, ``open_shards()`` of them:
-  all of them without a limit, else as many as fit in the limit less one shard of room for
-  the next download, and never fewer than 2 (a shuffle buffer that mixes neighbouring
-  shards reads two at once). Opening one more releases the least recently read first; the
-  released shard may be evicted once its slices are gone, and a later read of it (shuffled
-  samplers revisit shards) acquires it again, downloading it again if it was evicted.
+  all of them without a limit, else as many as fit in the limit less room for the downloads
+  ahead and one spare shard (below), and never fewer than 2 (a shuffle buffer that mixes
+  neighbouring shards reads two at once). Opening one more (one at a time per dataset)
+  releases the least recently read first; the released shard may be evicted at once (its
+  bytes are freed when its last slice goes), and a later read of it (shuffled samplers
+  revisit shards) acquires it again, downloading it again if it was evicted.
 - Ahead of the reads, the next ``AHEAD`` shards in the run's first-use order (``plan``,
-  from ``plan_epoch``) are downloaded in the background, only where there is room without
-  evicting a held shard or one of them (NOTE [ Shard cache within its limit ] in
+  from ``plan_epoch``) are downloaded in the background, only where there is room (and a
+  spare shard's) without evicting a held shard or one of them (NOTE [ Shard cache within its limit ] in
   ``shard_cache.py``): with a limit of two shards the window is empty and each shard
   downloads when its first read asks for it.
-So a process holds at most ``open_shards()`` leases plus one per thread opening a shard, and
+So a dataset holds at most ``open_shards()`` leases, the one being opened included, and
 the disk holds, beyond the limit, only evicted shards whose slices a batch in flight still
 reads (unlinked, freed when the batch is done).
 """
@@ -154,7 +155,7 @@ class RemoteFiles:
     def _keep(self, limit: int | None) -> int:
         if limit is None:
             return 1 << 30
-        return max(2, limit // max(1, self._largest) - 1)
+        return max(2, limit // max(1, self._largest) - self.AHEAD - 1)
 
     def plan(self, urls: Sequence[str]) -> None:
         """The shards a run reads, in the order it first needs them: the next ``AHEAD`` of
