@@ -65,7 +65,7 @@ import numpy as np
 from ._ext import _chain
 from ._source import NativeSource, SourceKind
 
-__all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth"]
+__all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth", "read_ahead_for"]
 
 #: Reads in flight at most (the native thread cap).
 MAX_DEPTH = int(_chain.MAX_IO_THREADS)
@@ -264,6 +264,16 @@ class ReadAhead:
         if choice is not None:
             self.set_depth(*choice)
 
+    def take(self, position: int, timeout: float) -> tuple:
+        """The bytes of stream position ``position`` (None if never queued) and the
+        nanoseconds waited for them (the threads engine's items, NOTE [ Read-ahead for Python
+        reads ] in ``_engines/threads.py``)."""
+        return self.native.take(int(position), timeout)
+
+    def buffer_bytes(self) -> int:
+        """Bytes the read slots' buffers hold."""
+        return int(self.native.buffer_bytes())
+
     # -- figures ---------------------------------------------------------------------------
     def counters(self) -> dict:
         """The native counters plus the policy's state."""
@@ -284,3 +294,21 @@ class ReadAhead:
     def close(self) -> None:
         """Stop the IO threads (queued reads are dropped; batches still queued give up)."""
         self.native.stop()
+
+
+def read_ahead_for(src: NativeSource | None, stream: np.ndarray, *, io_depth: int | None, **kw: Any) -> Any:
+    """The read-ahead stage of a run over ``src``: a :class:`ReadAhead` for files and byte
+    ranges, a :class:`~loaderlib._remote.readahead.RemoteReadAhead` for samples in an object
+    store (a BUFFERS source whose dataset reads samples with ``buffers(indices)``; NOTE [ Remote
+    read-ahead ]), None with ``io_depth=0`` or for any other source. ``kw``: the stages'
+    common arguments (batch_size, lookahead, timeout, budget_bytes, start, hint)."""
+    if src is None or io_depth == 0:
+        return None
+    if src.kind in (SourceKind.FILES, SourceKind.SHARDS):
+        return ReadAhead(src, stream, io_depth=io_depth, **kw)
+    if (src.kind is SourceKind.BUFFERS and getattr(src.dataset, "_remote", None) is not None
+            and callable(getattr(src.dataset, "buffers", None))):
+        from ._remote.readahead import RemoteReadAhead
+
+        return RemoteReadAhead(src, stream, io_depth=io_depth, **kw)
+    return None

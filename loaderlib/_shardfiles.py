@@ -26,7 +26,14 @@ class ShardFiles:
         self._lock = threading.Lock()
 
     def fileno(self, shard: int = 0) -> int:
-        """A read-only descriptor of file ``shard`` of ``self.paths``, opened once per process."""
+        """A read-only descriptor of file ``shard`` of ``self.paths``, opened once per process.
+        With the shard cache it waits for the local copy and holds it until :meth:`close`
+        (the loader reads cached shards through :meth:`buffers` instead, which holds only
+        the shards in use: NOTE [ Shards held by a dataset ] in ``_remote/files.py``)."""
+        remote: Any = getattr(self, "_remote", None)
+        urls = getattr(self, "urls", None)
+        if remote is not None and remote.cached and urls:
+            remote.local([urls[shard]])
         with self._lock:
             if self._pid != os.getpid():
                 self._fds, self._pid = [], os.getpid()
@@ -48,10 +55,29 @@ class ShardFiles:
 
     def buffers(self, indices: Sequence[int]) -> list:
         """The bytes of samples ``indices`` from a store (``self._remote``), read by byte range,
-        concurrently: the BUFFERS source of a dataset whose shards are URLs."""
+        concurrently, or with the shard cache slices of the local copies: the BUFFERS source
+        of a dataset whose shards are URLs."""
         idx = np.asarray(indices, np.int64)
+        if self._remote.cached:
+            return self._remote.slices([self.urls[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
+                                       self.sizes[idx])
         return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
                                  self.sizes[idx], idx.tolist(), record=True)
+
+    def plan_epoch(self, indices: np.ndarray) -> None:
+        """With the shard cache: download the shards a few ahead of the reads, in the order
+        ``indices`` (the run's samples, in the order they will be read) first needs them
+        (NOTE [ Epoch order to the dataset ] in ``_source.py``, NOTE [ Shards held by a
+        dataset ] in ``_remote/files.py``)."""
+        remote: Any = getattr(self, "_remote", None)
+        urls = getattr(self, "urls", None)
+        if remote is None or not remote.cached or not urls or len(urls) < 2 or not len(indices):
+            return
+        remote.plan([urls[s] for s in first_uses(self.shard_of[np.asarray(indices, np.int64)])])
+
+    def _read_cached(self, i: int) -> bytes:
+        """The bytes of sample ``i`` from the local copy of its shard (shard cache on)."""
+        return bytes(self.buffers([i])[0])
 
     def read_failure(self, idx: int) -> Exception | None:
         """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
@@ -76,3 +102,12 @@ class ShardFiles:
             self.close()
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
+
+
+def first_uses(shards: np.ndarray) -> list[int]:
+    """The distinct values of ``shards`` in the order of their first appearance."""
+    shards = np.asarray(shards, np.int64)
+    if not shards.size:
+        return []
+    _, first = np.unique(shards, return_index=True)
+    return shards[np.sort(first)].tolist()

@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import DecodeError, LoaderError
 
-__all__ = ["NativeSource", "SourceKind", "native_error", "native_source_of"]
+__all__ = ["NativeSource", "SourceKind", "announce_order", "native_error", "native_source_of"]
 
 
 class SourceKind(enum.Enum):
@@ -158,7 +158,10 @@ class NativeSource:
                                         num_threads=num_threads, timings=timings, wait=wait)
         if kind is SourceKind.BUFFERS:
             data = self.data_index(idx).tolist()
-            return plan.run_buffers_into(self.dataset.buffers(data), out, idx, seed=seed, epoch=epoch,
+            # NOTE [ Remote read-ahead ] in _remote/readahead.py: bytes read ahead by position.
+            bufs = (reader.buffers(positions, data) if reader is not None and positions is not None
+                    else self.dataset.buffers(data))
+            return plan.run_buffers_into(bufs, out, idx, seed=seed, epoch=epoch,
                                          num_threads=num_threads, timings=timings,
                                          sources=[self.dataset.source(i) for i in data], wait=wait)
         raise ValueError(f"no kernel reader for a {kind.name} source")
@@ -174,6 +177,21 @@ def native_source_of(dataset: Any) -> NativeSource | None:
         raise TypeError(f"{type(dataset).__name__}.native_source() returned {type(src).__name__}, "
                         "not a NativeSource or None")
     return src
+
+
+def announce_order(src: NativeSource | None, stream: np.ndarray, start: int = 0) -> None:
+    """Tell the dataset of ``src`` the order a run will read its samples in.
+
+    NOTE [ Epoch order to the dataset ]
+    A run reads the stream from ``start`` on (the sampler's order, NOTE [ The epoch is one
+    stream ] in ``sampler.py``). A dataset that can use that order ahead of the reads (the
+    shard cache downloads whole shards in the order they are first needed) defines
+    ``plan_epoch(indices)``; the loader calls it with the dataset indices of the stream, once
+    per run, before the run's first read. Datasets without it are not asked.
+    """
+    hook = getattr(src.dataset, "plan_epoch", None) if src is not None else None
+    if callable(hook):
+        hook(src.data_index(np.asarray(stream[int(start):], np.int64)))
 
 
 def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> LoaderError:

@@ -53,7 +53,7 @@ from ._loader.state import (
     state_of,
 )
 from ._recorder import StageRecorder
-from ._source import SourceKind
+from ._source import SourceKind, announce_order
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
@@ -362,7 +362,7 @@ class DataLoader:
         parts = {"batch slots": int(ring.stats["capacity_bytes"]) if ring is not None else 0, "read-ahead": 0}
         for run in (self._warm, self._current_run()):
             if run is not None and not run.closed and run.producer.reader is not None:
-                parts["read-ahead"] += int(run.producer.reader.native.buffer_bytes())
+                parts["read-ahead"] += int(run.producer.reader.buffer_bytes())
         return parts
 
     def _current_run(self) -> _Run | None:
@@ -459,13 +459,18 @@ class DataLoader:
         this loader has none (not files or byte ranges, or a Python engine)."""
         a = self._analysis
         src = a.native_source
-        if src is None or src.kind not in (SourceKind.FILES, SourceKind.SHARDS) or a.plan is None:
+        # A store's samples are read ahead too (NOTE [ Remote read-ahead ] in _remote/readahead.py).
+        remote = src is not None and src.kind is SourceKind.BUFFERS and getattr(src.dataset, "_remote", None) is not None
+        if src is None or (src.kind not in (SourceKind.FILES, SourceKind.SHARDS) and not remote) or a.plan is None:
             return None
         if a.engine == "processes":
             return None
         depth = self._knobs.io_depth
         if depth == 0:
-            return "off (io_depth=0): each decode thread reads its own samples"
+            return ("off (io_depth=0): each batch's requests go out when the batch is produced" if remote else
+                    "off (io_depth=0): each decode thread reads its own samples")
+        if remote and self._current_run() is None:
+            return "read-ahead from the store: requests issued ahead in the sampler's order by Python threads"
         run = self._current_run()
         reader = run.producer.reader if run is not None else None
         if reader is not None:
@@ -624,6 +629,7 @@ class DataLoader:
         recorder = HeldRecorder(self.recorder) if warm else self.recorder
         if warm:
             state.live.clear()   # NOTE [ Warm slots ] in _engines/base.py
+        announce_order(self._analysis.native_source, state.order.stream, state.cursor)   # NOTE [ Epoch order to the dataset ]
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)

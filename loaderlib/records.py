@@ -365,7 +365,9 @@ class RecordFileDataset(ShardFiles, Dataset):
         For URLs: download whole shards into this folder (shared by the node's processes)
         and read them as local files. Off by default: records are read by byte range.
     cache_limit : int or str, optional
-        Bytes (or ``"20GB"``) the cache may hold; least recently used shards go first.
+        Bytes (or ``"20GB"``) the cache may hold; least recently used shards not in use go
+        first. At least the largest shard; the dataset holds only the shards it is reading
+        (NOTE [ Shards held by a dataset ]), so the limit may be far below the dataset's size.
 
     Attributes
     ----------
@@ -385,18 +387,16 @@ class RecordFileDataset(ShardFiles, Dataset):
         self._remote = remote_files(paths, storage_options, cache_dir, cache_limit, "RecordFileDataset")
         pairs = [record_paths(p) for p in _expand(paths, self._remote)]
         self.urls = [d for d, _ in pairs] if self._remote is not None else None
+        self.index_paths = [i for _, i in pairs]
         if self._remote is not None and self._remote.cached:
-            # The indexes now; the data shards download in the background, in shard order, and
-            # a shard's first read waits for its copy (fileno), so reading starts before the
-            # last shard arrives. Header and size come from the store meanwhile.
-            local_index = self._remote.local([i for _, i in pairs])
-            self.paths = self._remote.prefetch([d for d, _ in pairs])
-            self.index_paths = local_index
-            shards = [_open_shard(d, i, self._remote) for (d, _), i in zip(pairs, local_index)]
+            # The indexes and headers from the store now; the data shards download a few
+            # ahead of the reads in the order a run first needs them (plan_epoch, NOTE [ Epoch
+            # order to the dataset ] in _source.py) and a shard's first read waits for its
+            # copy, so reading starts before the last shard arrives.
+            self.paths = [self._remote.cache.path_of(d) for d, _ in pairs]
         else:
             self.paths = [d for d, _ in pairs]
-            self.index_paths = [i for _, i in pairs]
-            shards = [_open_shard(d, i, self._remote) for d, i in pairs]
+        shards = [_open_shard(d, i, self._remote) for d, i in pairs]
         self.offsets = np.concatenate([s["offsets"] for s in shards])
         self.sizes = np.concatenate([s["sizes"] for s in shards])
         self.labels = np.concatenate([s["labels"] for s in shards])
@@ -428,18 +428,15 @@ class RecordFileDataset(ShardFiles, Dataset):
         """Records are read by byte range from a store (NOTE [ Remote datasets: cache or ranges ])."""
         return self._remote is not None and not self._remote.cached
 
-    def fileno(self, shard: int = 0) -> int:
-        """A read-only descriptor of data shard ``shard``; with the shard cache, its local copy
-        (waiting for its download and holding it while the dataset is open)."""
-        if self._remote is not None and self._remote.cached:
-            self._remote.local([self.urls[shard]])
-        return super().fileno(shard)
-
     def native_source(self) -> NativeSource | None:
         """SHARDS: records read with ``pread`` by the kernels (None with ``raw=True``: the items
-        are bytes, not images); BUFFERS for shards in a store read by byte range."""
+        are bytes, not images); BUFFERS for shards in a store, read by byte range or sliced
+        from the shard cache's copies."""
         if self.raw:
             return None
+        if self._remote is not None and self._remote.cached:
+            return NativeSource(SourceKind.BUFFERS, stage="RecordFileDataset: slices of the shard cache's local "
+                                "copies", dataset=self, labels=self.labels, description=repr(self))
         if self._ranges:
             return NativeSource(SourceKind.BUFFERS, stage="RecordFileDataset: byte ranges from the store, a batch's "
                                 "requests concurrent", dataset=self, labels=self.labels, description=repr(self))
@@ -456,6 +453,8 @@ class RecordFileDataset(ShardFiles, Dataset):
         s = int(self.shard_of[i])
         if self._ranges:
             return bytes(self._remote.read([self.paths[s]], self.offsets[i:i + 1], self.sizes[i:i + 1], [i])[0])
+        if self._remote is not None:
+            return self._read_cached(i)
         data = os.pread(self.fileno(s), n, int(self.offsets[i]))
         if len(data) != n:
             raise OSError(f"short read of record {i} ({self.keys[i]!r}) in {self.paths[s]!r}")

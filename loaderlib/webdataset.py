@@ -98,7 +98,8 @@ class WebDataset(ShardFiles, Dataset):
     cache_dir : str, optional
         For URLs: download whole shards into this folder and read them as local files.
     cache_limit : int or str, optional
-        Bytes (or ``"20GB"``) the cache may hold.
+        Bytes (or ``"20GB"``) the cache may hold: at least the largest shard; the dataset
+        holds only the shards it is reading (NOTE [ Shards held by a dataset ]).
 
     Attributes
     ----------
@@ -128,13 +129,21 @@ class WebDataset(ShardFiles, Dataset):
         else:
             self.urls = expand_urls([shards] if isinstance(shards, str) else list(shards), self._remote.options,
                                     suffixes=(".tar",))
-            self.paths = self._remote.local(self.urls) if self._remote.cached else list(self.urls)
+            self.paths = ([self._remote.cache.path_of(u) for u in self.urls] if self._remote.cached
+                          else list(self.urls))
         if not self.paths:
             raise ValueError("WebDataset needs at least one shard")
+        if self._remote is not None and self._remote.cached:
+            self._remote.cache.prefetch(self.urls)      # indexed one by one as they arrive
         shard_of, offsets, sizes, keys, labels, fields = [], [], [], [], [], []
         for s, path in enumerate(self.paths):
-            whole = self._remote.open_bytes(path) if self._ranges else None
-            for key, (field, off, size), label in self._index(path, whole):
+            if self._remote is not None and self._remote.cached:
+                # Held only while it is indexed (NOTE [ Shards held by a dataset ]).
+                with self._remote.cache.acquire(self.urls[s]) as lease:
+                    members = self._index(lease.path)
+            else:
+                members = self._index(path, self._remote.open_bytes(path) if self._ranges else None)
+            for key, (field, off, size), label in members:
                 shard_of.append(s)
                 offsets.append(off)
                 sizes.append(size)
@@ -215,9 +224,13 @@ class WebDataset(ShardFiles, Dataset):
 
     def native_source(self) -> NativeSource | None:
         """SHARDS: members read by byte range with ``pread`` by the kernels (None when labels
-        are not one integer per sample)."""
+        are not one integer per sample); BUFFERS for shards in a store, read by byte range
+        or sliced from the shard cache's copies."""
         if self.labels is not None and not isinstance(self.labels, np.ndarray):
             return None
+        if self._remote is not None and self._remote.cached:
+            return NativeSource(SourceKind.BUFFERS, stage="WebDataset: slices of the shard cache's local copies",
+                                dataset=self, labels=self.labels, description=repr(self))
         if self._ranges:
             return NativeSource(SourceKind.BUFFERS, stage="WebDataset: members by byte range from the store, a "
                                 "batch's requests concurrent", dataset=self, labels=self.labels, description=repr(self))
@@ -235,6 +248,8 @@ class WebDataset(ShardFiles, Dataset):
         if self._ranges:
             s = int(self.shard_of[i])
             return bytes(self._remote.read([self.paths[s]], self.offsets[i:i + 1], self.sizes[i:i + 1], [i])[0])
+        if self._remote is not None:
+            return self._read_cached(i)
         size = int(self.sizes[i])
         data = os.pread(self.fileno(int(self.shard_of[i])), size, int(self.offsets[i]))
         if len(data) != size:

@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from .. import _threads
-from .._readahead import ReadAhead
+from .._readahead import ReadAhead, read_ahead_for
 from .._recorder import Recorder
 from .._source import NativeSource, SourceKind, native_error
 from ..arena import BatchArena, BatchLayout
@@ -66,10 +66,11 @@ class NativeProducer(Producer):
         # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
         self.reader: ReadAhead | None = None
         depth = getattr(knobs, "io_depth", None)
-        if plan is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS) and depth != 0:
-            self.reader = ReadAhead(src, state.order.stream, io_depth=depth, batch_size=batch_size,
-                                    lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
-                                    start=state.cursor, hint=getattr(knobs, "read_hint", None))
+        if plan is not None:   # NOTE [ Remote read-ahead ] too (_remote/readahead.py), via read_ahead_for
+            self.reader = read_ahead_for(src, state.order.stream, io_depth=depth, batch_size=batch_size,
+                                         lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
+                                         start=state.cursor, hint=getattr(knobs, "read_hint", None))
+        if self.reader is not None:
             # The first reads go out now: a warm next epoch (NOTE [ Warm slots ]) waits for a batch
             # slot before its first batch, but its reads need none, so they cross the boundary.
             self.reader.top_up(state.cursor)

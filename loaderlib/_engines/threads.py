@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from .. import _threads
-from .._readahead import ReadAhead
+from .._readahead import ReadAhead, read_ahead_for
 from .._recorder import Recorder
-from .._source import SourceKind, native_source_of
+from .._source import native_source_of
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena
 from ..datasets import _TransformDataset
@@ -280,7 +280,7 @@ def _load_ahead(dataset: Any, i: int, timed: bool, reader: ReadAhead, position: 
     """
     base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
     d = reader.src.data_index(np.asarray([i]))[0]
-    data, waited = reader.native.take(int(position), reader.timeout)
+    data, waited = reader.take(int(position), reader.timeout)
     t1 = _clock()
     item = base[int(d)] if data is None else base.item_from_bytes(int(d), data)
     for layer in layers:
@@ -307,11 +307,10 @@ class ThreadsProducer(Producer):
         self.reader: ReadAhead | None = None   # NOTE [ Read-ahead for Python reads ] (_load_ahead)
         base = dataset.unwrap()[0] if isinstance(dataset, _TransformDataset) else dataset
         src = native_source_of(base)
-        if (io_depth != 0 and src is not None and src.kind in (SourceKind.FILES, SourceKind.SHARDS)
-                and callable(getattr(base, "item_from_bytes", None))):
-            self.reader = ReadAhead(src, state.order.stream, io_depth=io_depth, batch_size=batch_size,
-                                    lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
-                                    start=state.cursor, hint=read_hint)
+        if callable(getattr(base, "item_from_bytes", None)):   # files, ranges, or a store's samples
+            self.reader = read_ahead_for(src, state.order.stream, io_depth=io_depth, batch_size=batch_size,
+                                         lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
+                                         start=state.cursor, hint=read_hint)
         self.batchify_fn = batchify_fn
         self.arena = arena
         self.pool = pool

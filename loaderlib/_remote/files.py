@@ -3,24 +3,55 @@ ranges read from the store.
 
 NOTE [ Remote datasets: cache or ranges ]
 A dataset whose files are URLs reads them one of two ways.
-- With ``cache_dir``: every file goes through the :class:`ShardCache` (downloaded in the
-  dataset's shard order by background threads, published atomically, shared by the node's
-  processes) and the dataset then reads the local copies exactly as local files, so the
-  kernels' SHARDS path (``pread`` inside the pass, read-ahead included) is unchanged. The
-  dataset holds a lease on each copy while it is open, so none is evicted under it. Record
-  shards open before their data arrives (indexes from the cache, headers by range) and a
-  shard's first read waits for its copy; WebDataset shards are indexed from their copies, so
-  they open once all have arrived.
+- With ``cache_dir``: shards go through the :class:`ShardCache` (downloaded by background
+  threads a few ahead of the reads, in the order a run first needs them, NOTE [ Epoch order
+  to the dataset ] in ``_source.py``; published atomically, shared by the node's processes)
+  and samples are slices of the local copies, mapped into memory, handed to the kernels'
+  BUFFERS path (and to the read-ahead, NOTE [ Remote read-ahead ] in ``readahead.py``). The
+  dataset holds only the few shards it reads (NOTE [ Shards held by a dataset ]), so the
+  cache may be smaller than the dataset. Record shards open before their data arrives
+  (indexes and headers from the store) and a shard's first read waits for its copy;
+  WebDataset shards are indexed from their copies one after another when the dataset opens.
 - Without: small files (indexes) are fetched whole into memory, and samples are read by
-  byte range from the store into buffers for the kernels' BUFFERS path; the ranges of one
-  batch go out in one call, concurrently (NOTE [ Protocol library ] in ``store.py``).
+  byte range from the store into buffers for the kernels' BUFFERS path, ahead of the
+  batches in the sampler's order, ``io_depth`` requests at once (NOTE [ Remote read-ahead ]
+  in ``readahead.py``); with ``io_depth=0`` the ranges of one batch go out in one call,
+  concurrently, when the batch is produced (NOTE [ Protocol library ] in ``store.py``).
 Either way the bytes handed to the decoder are the file's bytes, so outputs equal those of
 the same files read locally.
+
+NOTE [ Shards held by a dataset ]
+A cached shard is held (a :class:`Lease`: not evicted) only while the dataset is likely to
+read it again soon, so ``cache_limit`` may be far below the dataset's size:
+- A read maps the shard's copy (``mmap``) and hands out slices of the map. The map lives as
+  long as any slice does (the kernels' buffers, the read-ahead's slots): bytes in use stay
+  valid whatever happens to the lease or to the file (eviction unlinks a published file and
+  never changes it in place, so a map never shrinks under a reader). Closing the map or a
+  descriptor a pending read still uses is thus impossible by construction, which is why the
+  cached path is BUFFERS and not the kernels' ``pread`` of descriptors (SHARDS): a
+  descriptor closed while a queued read still names it could be reused by another file.
+- The dataset keeps the leases of the most recently read shards, ``open_shards()`` of them:
+  all of them without a limit, else as many as fit in the limit less room for the downloads
+  ahead and one spare shard (below), and never fewer than 2 (a shuffle buffer that mixes
+  neighbouring shards reads two at once). Opening one more (one at a time per dataset)
+  releases the least recently read first; the released shard may be evicted at once (its
+  bytes are freed when its last slice goes), and a later read of it (shuffled samplers
+  revisit shards) acquires it again, downloading it again if it was evicted.
+- Ahead of the reads, the next ``AHEAD`` shards in the run's first-use order (``plan``,
+  from ``plan_epoch``) are downloaded in the background, only where there is room (and a
+  spare shard's) without evicting a held shard or one of them (NOTE [ Shard cache within its limit ] in
+  ``shard_cache.py``): with a limit of two shards the window is empty and each shard
+  downloads when its first read asks for it.
+So a dataset holds at most ``open_shards()`` leases, the one being opened included, and
+the disk holds, beyond the limit, only evicted shards whose slices a batch in flight still
+reads (unlinked, freed when the batch is done).
 """
 
 from __future__ import annotations
 
+import collections
 import io
+import mmap
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -61,6 +92,19 @@ class RemoteFiles:
         self._leases: dict[str, Lease] = {}
         self._failures: dict[int, RemoteReadError] = {}
         self._lock = threading.Lock()
+        self._init_pool()
+
+    #: Shards downloaded ahead of the reads (NOTE [ Shards held by a dataset ]).
+    AHEAD = 2
+
+    def _init_pool(self) -> None:
+        self._open: collections.OrderedDict[str, tuple[Lease, Any]] = collections.OrderedDict()
+        self._opening = threading.Lock()    # one shard opens at a time: the leases stay bounded
+        self._order: dict[str, int] = {}
+        self._urls: list[str] = []
+        self._largest = 0
+        #: Shards opened (leased and mapped) by reads, re-openings included.
+        self.opened = 0
 
     @property
     def cached(self) -> bool:
@@ -101,6 +145,82 @@ class RemoteFiles:
         cache = self.cache
         cache.prefetch([u for u in urls if u not in self._leases])
         return [cache.path_of(u) for u in urls]
+
+    # -- shards read through the cache (NOTE [ Shards held by a dataset ]) ----------------
+    def open_shards(self) -> int:
+        """How many shards this process keeps leased between reads."""
+        limit = self.cache.limit
+        return self._keep(limit)
+
+    def _keep(self, limit: int | None) -> int:
+        if limit is None:
+            return 1 << 30
+        return max(2, limit // max(1, self._largest) - self.AHEAD - 1)
+
+    def plan(self, urls: Sequence[str]) -> None:
+        """The shards a run reads, in the order it first needs them: the next ``AHEAD`` of
+        them past the last one opened download in the background."""
+        with self._lock:
+            self._urls = list(urls)
+            self._order = {u: k for k, u in reversed(list(enumerate(self._urls)))}
+        self._ahead(0)
+
+    def _ahead(self, start: int) -> None:
+        with self._lock:
+            want = [u for u in self._urls[start:start + self.AHEAD] if u not in self._open]
+        if want:
+            self.cache.prefetch(want)
+
+    def view(self, url: str) -> Any:
+        """The bytes of the shard ``url`` (its cached copy, mapped), downloaded now if it is
+        not cached; slices of it stay valid as long as they live."""
+        with self._lock:
+            got = self._open.get(url)
+            if got is not None:
+                self._open.move_to_end(url)
+                return got[1]
+        cache = self.cache
+        with self._opening:
+            with self._lock:
+                got = self._open.get(url)
+                if got is not None:
+                    self._open.move_to_end(url)
+                    return got[1]
+                keep = self._keep(cache.limit) - 1
+                drop = []
+                while len(self._open) > max(0, keep):
+                    drop.append(self._open.popitem(last=False)[1][0])
+            for lease in drop:      # their maps live on in the slices still in use
+                lease.release()
+            lease = cache.acquire(url)
+            try:
+                size = os.fstat(lease.fd).st_size
+                data: Any = memoryview(mmap.mmap(lease.fd, size, prot=mmap.PROT_READ)) if size else memoryview(b"")
+            except BaseException:
+                lease.release()
+                raise
+            with self._lock:
+                self._open[url] = (lease, data)
+                self._largest = max(self._largest, size)
+                self.opened += 1
+                nxt = self._order.get(url)
+        if nxt is not None:
+            self._ahead(nxt + 1)
+        return data
+
+    def slices(self, urls: Sequence[str], offsets: np.ndarray, sizes: np.ndarray) -> list:
+        """``sizes[k]`` bytes at ``offsets[k]`` of the cached shard ``urls[k]``, as slices of
+        its map (no copy)."""
+        views: dict[str, Any] = {}
+        out = []
+        for u, o, n in zip(urls, offsets.tolist(), sizes.tolist()):
+            v = views.get(u)
+            if v is None:
+                v = views[u] = self.view(u)
+            if o + n > len(v):
+                raise OSError(f"{u}: {n} bytes at offset {o} are past the end of its cached copy ({len(v)} bytes)")
+            out.append(v[o:o + n])
+        return out
 
     def size(self, url: str) -> int:
         return open_store(url, self.options).head(url).size
@@ -152,6 +272,15 @@ class RemoteFiles:
                         self._failures.pop(i, None)
         return out
 
+    def note_failure(self, index: int, error: RemoteReadError | None) -> None:
+        """Keep (or with None, forget) the read error of sample ``index``, read ahead
+        (NOTE [ Remote read-ahead ] in ``readahead.py``)."""
+        with self._lock:
+            if error is None:
+                self._failures.pop(int(index), None)
+            else:
+                self._failures[int(index)] = error.with_index(int(index))
+
     def failure(self, index: int) -> RemoteReadError | None:
         """The read error of sample ``index`` in its last batch, if it failed."""
         with self._lock:
@@ -167,17 +296,22 @@ class RemoteFiles:
         # held here) or the same ranges; it owns no cache threads or leases.
         d = dict(self.__dict__)
         d["_cache"], d["_leases"], d["_failures"] = None, {}, {}
-        del d["_lock"]
+        for k in ("_lock", "_open", "_opening", "_order", "_urls", "_largest", "opened"):
+            d.pop(k, None)
         return d
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._init_pool()
 
     def close(self) -> None:
-        for lease in self._leases.values():
+        with self._lock:
+            leases = list(self._leases.values()) + [lease for lease, _ in self._open.values()]
+            self._leases.clear()
+            self._open.clear()
+        for lease in leases:
             lease.release()
-        self._leases.clear()
         if self._cache is not None:
             self._cache.close()
             self._cache = None

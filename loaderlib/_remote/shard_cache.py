@@ -10,7 +10,9 @@ For each shard ``<key>`` (a hash of its URL plus its file name) the folder holds
                      the two leaves a data file without sidecar, which is not an entry;
   ``<key>.lock``     an ``fcntl.flock`` lock: exclusive while one process downloads or
                      evicts the entry, shared while a reader holds it (a :class:`Lease`);
-  ``<key>.part-<pid>-<n>``  a download in progress; a dead process's parts are removed at start.
+  ``<key>.part-<pid>-<n>-<size>``  a download in progress (counted at its full size against
+                     the limit from the moment it is reserved); a dead process's parts are
+                     removed at start and whenever room is made.
 A process that needs an entry another is downloading waits for the lock shared (not
 exclusive: readers hold it shared for as long as they read, so an exclusive wait could last
 for ever) and then finds it published. ``.cache.lock`` serialises eviction decisions. Eviction takes an entry's lock without
@@ -44,7 +46,7 @@ from .store import ObjectInfo, open_store
 __all__ = ["Lease", "ShardCache"]
 
 log = logging.getLogger(__name__)
-_PART = re.compile(r"\.part-(\d+)-\d+$")
+_PART = re.compile(r"\.part-(\d+)-\d+-(\d+)$")
 
 
 @dataclass
@@ -109,6 +111,8 @@ class ShardCache:
         self._lock = threading.Lock()
         self._seq = 0
         self._clock = 0
+        #: Shards this object evicted to make room.
+        self.evictions = 0
         self._q = _Queue()
         self._remove_dead_parts()
         weakref.finalize(self, _stop, self._q, False)
@@ -164,8 +168,12 @@ class ShardCache:
     # -- download and publish ---------------------------------------------------------
     def ensure(self, url: str, index: int | None = None, _prefetch: bool = False) -> bool:
         """Download ``url`` unless a valid copy is published; returns once it is (or, for
-        a prefetch that would have to evict a shard needed sooner, ``False`` without it)."""
+        a prefetch that would have to evict a shard needed sooner, ``False`` without it).
+        A shard larger than ``cache_limit`` is a ``ValueError``."""
         info = self.info(url, index)
+        if self.limit is not None and info.size > self.limit:
+            raise ValueError(f"shard cache {self.dir}: {url} has {info.size} bytes, more than cache_limit="
+                             f"{self.limit} bytes; raise cache_limit to at least the largest shard's size")
         key = self.key(url)
         lock = self._p(key, ".lock")
         while True:
@@ -181,20 +189,18 @@ class ShardCache:
                 with _Flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
                     if self._valid(key, info):      # published meanwhile
                         return True
-                    if not self._make_room(info.size, key, _prefetch):
+                    part = self._reserve(info.size, key, _prefetch)
+                    if part is None:
                         return False
-                    self._download(url, info, key, index)
+                    self._download(url, info, key, index, part)
                     return True
             except BlockingIOError:
                 time.sleep(0.005)       # taken between the two locks: look again
 
-    def _download(self, url: str, info: ObjectInfo, key: str, index: int | None) -> None:
-        with self._lock:
-            self._seq += 1
-            part = self._p(key, f".part-{os.getpid()}-{self._seq}")
+    def _download(self, url: str, info: ObjectInfo, key: str, index: int | None, part: str) -> None:
         _unlink(self._p(key, ".json"))      # the entry stops existing before its data changes
         try:
-            with open(part, "wb") as f:
+            with open(part, "r+b") as f:
                 open_store(url, self.options).download(url, f, info.size, index)
                 f.flush()
                 os.fsync(f.fileno())
@@ -226,28 +232,67 @@ class ShardCache:
         """Bytes taken by published shards."""
         return sum(size for _, _, size in self._entries())
 
-    def _make_room(self, size: int, key: str, prefetch: bool) -> bool:
-        if self.limit is None:
-            return True
-        with self._q.cond:
-            upcoming = {self.key(u) for u in self._q.upcoming} if prefetch else set()
+    def _parts(self) -> int:
+        # Downloads under way, at their full size (in the part's name, as it is written from
+        # its start); a dead process's parts go.
+        total = 0
+        for name in os.listdir(self.dir):
+            m = _PART.search(name)
+            if m is None:
+                continue
+            if not _alive(int(m.group(1))):
+                _unlink(os.path.join(self.dir, name))
+                continue
+            total += int(m.group(2))
+        return total
+
+    def _reserve(self, size: int, key: str, prefetch: bool) -> str | None:
+        """Room for a download of ``size`` bytes within the limit, and its part file, sized
+        named with its size so that every process's room decision counts it (None: a prefetch that
+        would evict a shard needed sooner)."""
+        with self._lock:
+            self._seq += 1
+            part = self._p(key, f".part-{os.getpid()}-{self._seq}-{size}")
+        upcoming: set[str] = set()
+        if prefetch:
+            with self._q.cond:
+                upcoming = {self.key(u) for u in self._q.upcoming}
         with _Flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
-            entries = self._entries()
-            total = sum(s for _, _, s in entries)
-            for _, other, osize in entries:
-                if total + size <= self.limit:
-                    break
-                if other == key or other in upcoming:
-                    continue
-                if self._evict(other):
-                    total -= osize
-            if total + size <= self.limit:
-                return True
-            if prefetch:
-                return False
-            log.warning("shard cache %s: %d bytes needed, %d of %d in use by readers; going over the limit",
-                        self.dir, size, total, self.limit)
+            if self.limit is not None and not self._make_room(size, key, prefetch, upcoming):
+                return None
+            open(part, "wb").close()    # noqa: SIM115 - created, counted from now on
+        return part
+
+    def _make_room(self, size: int, key: str, prefetch: bool, upcoming: set[str]) -> bool:
+        # NOTE [ Shard cache within its limit ]
+        # Published shards plus the downloads under way (counted at their full size) stay
+        # within the limit: room is made by evicting the least recently used shards no reader
+        # holds, never one held (a lease) or, for a prefetch, one the read-ahead needs sooner.
+        # A prefetch leaves room for one more shard of its size besides its own, so that a
+        # read asking for a shard the prefetch did not foresee (a shuffle buffer's neighbour,
+        # the next epoch's first shard started early) still finds room; a prefetch that finds
+        # none gives up (the read needs the shard later and downloads it then). A read that finds no room because other processes hold the rest downloads
+        # anyway, over the limit, with a warning: waiting could deadlock two processes that
+        # each hold what the other needs, and a dataset holds only the few shards it reads
+        # (NOTE [ Shards held by a dataset ] in files.py), so the excess is bounded by what
+        # the node's readers hold at once. A shard larger than the limit is an error (ensure).
+        entries = self._entries()
+        total = sum(s for _, _, s in entries) + self._parts()
+        need = 2 * size if prefetch else size
+        for _, other, osize in entries:
+            if total + need <= self.limit:
+                break
+            if other == key or other in upcoming:
+                continue
+            if self._evict(other):
+                total -= osize
+        if total + need <= self.limit:
             return True
+        if prefetch:
+            return False
+        log.warning("shard cache %s: %d bytes needed, %d of %d in use by readers; going over the limit",
+                    self.dir, size, total, self.limit)
+        return True
 
     def _evict(self, key: str) -> bool:
         try:
@@ -260,6 +305,8 @@ class ShardCache:
             _unlink(self._p(key))
         finally:
             lock.__exit__()
+        with self._lock:
+            self.evictions += 1
         return True
 
     def _touch(self, path: str) -> None:

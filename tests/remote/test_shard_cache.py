@@ -103,11 +103,12 @@ def test_cache_limit_accepts_sizes(tmp_path):
 def test_prefetch_follows_the_given_order_and_keeps_what_comes_sooner(proxy, tmp_path):
     urls = _urls(proxy.url)
     order = [urls[4], urls[1], urls[3], urls[0]]
-    with ShardCache(tmp_path, cache_limit=3 * SIZE, storage_options=FAST, workers=1) as cache:
+    with ShardCache(tmp_path, cache_limit=4 * SIZE, storage_options=FAST, workers=1) as cache:
         cache.prefetch(order)
         assert cache.wait_idle(60)
         gets = [p for m, p, _ in proxy.requests if m == "GET"]
-        # Three fit; the fourth would evict a shard needed sooner, so it waits for a reader.
+        # Three fit with a shard's room left for a read (NOTE [ Shard cache within its limit ]);
+        # the fourth would evict a shard needed sooner, so it waits for a reader.
         assert gets == ["/blobs/b4.bin", "/blobs/b1.bin", "/blobs/b3.bin"]
         assert all(cache.cached(u) for u in order[:3]) and not cache.cached(order[3])
 
@@ -245,3 +246,133 @@ def test_prefetch_never_waits_on_a_held_shard(proxy, served, tmp_path):
     assert cache.wait_idle(30), "the prefetch is stuck behind a reader's lease"
     box[0].release()
     cache.close()
+
+
+def test_cache_downloads_shards_in_the_order_the_sampler_first_needs_them(ds_root, nginx, tmp_path, monkeypatch):
+    # NOTE [ Epoch order to the dataset ]: the shard list handed to the cache is the order of
+    # first use on a shuffled epoch, computed here in plain Python from the sampler.
+    import loaderlib as ll
+    from loaderlib import transforms as T
+    from loaderlib._remote.shard_cache import ShardCache
+    from loaderlib.sampler import RandomSampler
+
+    asked: list[list[str]] = []
+    real = ShardCache.prefetch
+
+    def recording(self, urls):
+        asked.append(list(urls))
+        return real(self, urls)
+
+    monkeypatch.setattr(ShardCache, "prefetch", recording)
+    url = f"{nginx.url}/ds/rec/part-{{00000..{len(os.listdir(os.path.join(ds_root, 'rec'))) // 2 - 1:05d}}}.llrec"
+    ds = ll.RecordFileDataset(url, cache_dir=str(tmp_path / "c"), storage_options=FAST)
+    data = lambda: [a for a in asked if any(u.endswith(".llrec") for u in a)]   # noqa: E731 - the indexes go first
+    assert len(ds.urls) >= 3 and data() == []     # no shard downloads before a run says its order
+    sampler = RandomSampler(len(ds), seed=11)
+    order = sampler.order(0)
+    want = []
+    for i in order.tolist():
+        s = int(ds.shard_of[i])
+        if s not in want:
+            want.append(s)
+    assert want != sorted(want)                   # the shuffle changes the order
+    loader = ll.DataLoader(ds.transform_first(T.Compose([T.CenterCrop(16), T.ToCHW()])), batch_size=4,
+                           sampler=sampler, num_threads=2, timeout=60)
+    n = sum(len(b[1]) for b in loader)
+    assert n == len(ds)
+    # A window of a few shards ahead of the reads (NOTE [ Shards held by a dataset ]), each
+    # a run of the first-use order, and the windows move along it.
+    wanted = [ds.urls[s] for s in want]
+    seen: list[str] = []
+    for a in data():
+        k = wanted.index(a[0])
+        assert a == wanted[k:k + len(a)] and len(a) <= 2
+        seen += [u for u in a if u not in seen]
+    assert seen[0] == wanted[0] and seen == [u for u in wanted if u in seen]
+    loader.close()
+    ds.close()
+
+
+@pytest.fixture(scope="module")
+def six_shards(ds_root, served):
+    """Six record shards of four JPEGs each under served/six (the local reference beside them)."""
+    import loaderlib as ll
+
+    root = os.path.join(served, "six")
+    if not os.path.isdir(root):
+        src = ll.RecordFileDataset(os.path.join(ds_root, "rec", "part-*.llrec"), raw=True)
+        items = [src[i] for i in range(len(src))]
+        os.makedirs(root)
+        for k in range(6):
+            part = items[4 * k:4 * k + 4]
+            ll.write_records(os.path.join(root, f"s-{k:05d}"), [b for b, _ in part], [lab for _, lab in part])
+    sizes = [os.path.getsize(os.path.join(root, f"s-{k:05d}.llrec")) for k in range(6)]
+    return root, sizes
+
+
+def _data_bytes(folder) -> int:
+    # Published shards and downloads under way: everything but sidecars and lock files.
+    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+               if not n.endswith((".json", ".lock")) and os.path.isfile(os.path.join(folder, n)))
+
+
+@pytest.mark.parametrize("engine", ["native", "threads"])
+def test_cache_smaller_than_the_dataset_stays_within_its_limit(six_shards, nginx, tmp_path, engine, caplog):
+    # NOTE [ Shards held by a dataset ]: a limit of about two shards over six, a shuffled
+    # sampler revisiting shards over two epochs; every batch equals the local files', the
+    # cache never holds more than its limit, and shards were evicted (and read again).
+    import numpy as np
+
+    import loaderlib as ll
+    from loaderlib import transforms as T
+    from loaderlib.sampler import ShardShuffleSampler
+
+    root, sizes = six_shards
+    limit = 2 * max(sizes) + 100
+    assert limit < sum(sizes) / 2
+    cache_dir = tmp_path / "cache"
+    remote = ll.RecordFileDataset(f"{nginx.url}/six/s-{{00000..00005}}.llrec", storage_options=FAST,
+                                  cache_dir=str(cache_dir), cache_limit=limit)
+    local = ll.RecordFileDataset(os.path.join(root, "s-*.llrec"))
+
+    def loader(ds):
+        chain = [T.RandomResizedCrop(24), T.ToCHW()]
+        if engine == "threads":
+            chain.append(lambda x: x + 1)
+        sampler = ShardShuffleSampler(ds.shard_sizes, buffer_size=3, seed=5)
+        out = ll.DataLoader(ds.transform_first(T.Compose(chain)), batch_size=3, sampler=sampler, seed=2,
+                            num_threads=2, timeout=60)
+        assert out.engine == engine
+        return out
+
+    want, got = [], []
+    ref, run = loader(local), loader(remote)
+    cache = remote._remote.cache
+    for epoch in range(2):
+        ref.set_epoch(epoch)
+        run.set_epoch(epoch)
+        want += [tuple(np.array(a) for a in b) for b in ref]
+        for b in run:
+            got.append(tuple(np.array(a) for a in b))
+            assert cache.used() <= limit and _data_bytes(cache_dir) <= limit
+    run.close()
+    ref.close()
+    assert len(got) == len(want)
+    for x, y in zip(got, want):
+        for u, v in zip(x, y):
+            np.testing.assert_array_equal(u, v)
+    assert "over the limit" not in caplog.text
+    assert cache.evictions >= 4                          # six shards through room for two, twice
+    assert remote._remote.opened > len(sizes)            # shards read again after a release
+    remote.close()
+
+
+def test_a_shard_larger_than_the_limit_is_an_error(six_shards, nginx, tmp_path):
+    import loaderlib as ll
+
+    _, sizes = six_shards
+    ds = ll.RecordFileDataset(f"{nginx.url}/six/s-{{00000..00005}}.llrec", storage_options=FAST,
+                              cache_dir=str(tmp_path), cache_limit=sizes[0] - 1)
+    with pytest.raises(ValueError, match=rf"has {sizes[0]} bytes, more than cache_limit={sizes[0] - 1} bytes"):
+        ds.read(0)
+    ds.close()
