@@ -480,7 +480,7 @@ def pad_stack(elements: list, shapes: Any, values: Any, label: str) -> Any:
                     big[d] = int(want)
         out = np.full((len(arrs), *big), 0 if value is None else value, dtype=arrs[0].dtype)
         for k, a in enumerate(arrs):
-            out[(k, *(slice(0, s) for s in a.shape))] = a
+            out[(k,) + tuple(slice(0, s) for s in a.shape)] = a
         return out
 
     struct = elements[0]
