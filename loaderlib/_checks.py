@@ -7,7 +7,7 @@ positive integer, got 0``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -20,6 +20,12 @@ def _bound(minimum: int) -> str:
     return f"an integer >= {minimum}"
 
 
+@overload
+def check_int(value: Any, name: str, *, minimum: int = 0, maximum: int | None = None,
+              allow_none: Literal[False] = False) -> int: ...
+@overload
+def check_int(value: Any, name: str, *, minimum: int = 0, maximum: int | None = None,
+              allow_none: bool) -> int | None: ...
 def check_int(value: Any, name: str, *, minimum: int = 0, maximum: int | None = None,
               allow_none: bool = False) -> int | None:
     """``value`` as a Python ``int`` when it is an integer (``bool`` is not) in

@@ -84,6 +84,8 @@ class Recorder(Protocol):
 
     def extract(self, counters: dict) -> None: ...
 
+    def python_gil(self, stage: str, held: bool) -> None: ...
+
 
 # Event kinds folded in under the batch lock (see NOTE [ Recorder threading ]).
 _EV_WAIT = 0

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from .errors import DecodeError, LoaderError
+from .errors import DecodeError, RemoteReadError
 
 __all__ = ["NativeSource", "SourceKind", "announce_order", "native_error", "native_source_of"]
 
@@ -108,7 +108,7 @@ class NativeSource:
         return idx % self.wrap if self.wrap else idx
 
     @property
-    def take_mode(self) -> str:
+    def take_mode(self) -> Literal["raise", "wrap"]:
         """``np.take`` mode that maps stream indices to rows (NOTE [ Virtual indices ])."""
         return "wrap" if self.wrap else "raise"
 
@@ -116,12 +116,18 @@ class NativeSource:
         """The path or record key of stream index ``i``, for messages."""
         i = int(i) % self.wrap if self.wrap else int(i)
         if self.kind is SourceKind.FILES:
-            return self.paths[i]
+            return self._file_paths()[i]
         if self.kind is SourceKind.ARRAYS:
             return None
         return self.dataset.source(i)
 
     # ------------------------------------------------------------------ the readers
+
+    def _file_paths(self) -> list[str]:
+        """FILES: the paths (a FILES source is always made with them)."""
+        if self.paths is None:
+            raise ValueError(f"a FILES source without paths: {self!r}")
+        return self.paths
 
     def ranges(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """SHARDS: per stream index, the descriptor, byte offset and length of its bytes."""
@@ -144,7 +150,8 @@ class NativeSource:
         """
         kind = self.kind
         if kind is SourceKind.FILES:
-            paths = [self.paths[i] for i in self.data_index(idx).tolist()]
+            files = self._file_paths()
+            paths = [files[i] for i in self.data_index(idx).tolist()]
             return plan.run_files_into(paths, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
                                        timings=timings, wait=wait, positions=positions, reader=reader)
         if kind is SourceKind.SHARDS:
@@ -189,14 +196,17 @@ def announce_order(src: NativeSource | None, stream: np.ndarray, start: int = 0)
     ``plan_epoch(indices)``; the loader calls it with the dataset indices of the stream, once
     per run, before the run's first read. Datasets without it are not asked.
     """
-    hook = getattr(src.dataset, "plan_epoch", None) if src is not None else None
+    if src is None:
+        return
+    hook = getattr(src.dataset, "plan_epoch", None)
     if callable(hook):
         hook(src.data_index(np.asarray(stream[int(start):], np.int64)))
 
 
-def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> LoaderError:
+def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> DecodeError | RemoteReadError:
     """The plan's error for item ``j`` of a kernel call on ``todo``, naming the sample index and
-    its source."""
+    its source: a :class:`DecodeError`, or the :class:`RemoteReadError` of a sample whose bytes
+    never came (both carry ``reason``)."""
     j = int(j)
     failed = getattr(src.dataset, "read_failure", None) if src.kind is SourceKind.BUFFERS else None
     if failed is not None:   # NOTE [ Remote failures per sample ] in _remote/files.py

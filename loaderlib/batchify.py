@@ -165,7 +165,7 @@ class Pad:
         out[...] = self.val
         for i, s in enumerate(samples):
             a = _as_array(s)
-            out[(i, *(slice(0, n) for n in a.shape))] = a
+            out[(i,) + tuple(slice(0, n) for n in a.shape)] = a
         batch = _shard(out, self.num_shards)
         return (batch, self._lengths(samples)) if self.ret_length else batch
 

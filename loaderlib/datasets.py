@@ -23,6 +23,7 @@ from ._remote.store import expand_urls
 from ._remote.urls import is_url
 from ._source import NativeSource, SourceKind
 from .decoding import decode
+from .errors import RemoteReadError
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -243,7 +244,8 @@ def _read_stream(fd: int, path: str) -> bytes:
     """A FIFO's or character device's bytes up to end of file, never more than
     :data:`MAX_FILE_BYTES` (blocking: the loader's timeout covers a writer that never comes)."""
     os.set_blocking(fd, True)
-    chunks, total = [], 0
+    chunks: list[bytes] = []
+    total = 0
     while True:
         chunk = os.read(fd, 1 << 20)
         if not chunk:
@@ -308,7 +310,7 @@ class _ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def source(self, idx: int) -> str | None:
+    def source(self, idx: int) -> str:
         return self.paths[_check_index(idx, len(self.paths))]
 
     def read(self, idx: int) -> bytes:
@@ -321,9 +323,11 @@ class _ImageFiles(Dataset):
     def buffers(self, indices: Sequence[int]) -> list:
         """URLs: the objects of samples ``indices``, requested all at once."""
         idx = [int(i) for i in indices]
-        return self._remote.read_whole([self.paths[i] for i in idx], idx, record=True)
+        remote = self._remote
+        assert remote is not None   # only URL datasets answer a BUFFERS source (native_source)
+        return remote.read_whole([self.paths[i] for i in idx], idx, record=True)
 
-    def read_failure(self, idx: int) -> Exception | None:
+    def read_failure(self, idx: int) -> RemoteReadError | None:
         """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
         return self._remote.failure(idx) if self._remote is not None else None
 
@@ -431,7 +435,9 @@ class ImageFolderDataset(_ImageFiles):
         """The class folders of an object-store prefix, listed once: ``root/<class>/<image>``
         objects; deeper objects are not samples (as sub-folders of a class folder are not)."""
         classes: dict[str, list[str]] = {}
-        for url in expand_urls(self.root, self._remote.options):
+        remote = self._remote
+        assert remote is not None   # called for a URL root only
+        for url in expand_urls(self.root, remote.options):
             rel = url[len(self.root):]
             parts = rel.split("/")
             if len(parts) == 1:

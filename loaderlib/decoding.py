@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -216,7 +216,7 @@ _OPENCV_MAGIC = (
 )
 
 
-def _declared_size(kind: str, buf: memoryview) -> tuple[int, int] | None:
+def _declared_size(kind: str, buf: memoryview | np.ndarray) -> tuple[int, int] | None:
     """``(width, height)`` as the image's header declares it, read before any pixel is decoded
     (the decompression-bomb guard for the formats OpenCV decodes); None if the header is cut off
     or malformed."""
@@ -246,7 +246,7 @@ def _declared_size(kind: str, buf: memoryview) -> tuple[int, int] | None:
                 return le(head[24:27], "little") + 1, le(head[27:30], "little") + 1
             return None
         if kind == "TIFF":
-            order = "little" if head[:2] == b"II" else "big"
+            order: Literal["little", "big"] = "little" if head[:2] == b"II" else "big"
             ifd = le(bytes(buf[4:8]), order)
             count = le(bytes(buf[ifd:ifd + 2]), order)
             size = {}
@@ -285,7 +285,7 @@ def _imdecode(cv2: Any, arr: np.ndarray, flags: int) -> np.ndarray | None:
         return cv2.imdecode(arr, flags)
     fd = memfd("loaderlib-decode", getattr(os, "MFD_CLOEXEC", 0))
     try:
-        view = memoryview(arr)
+        view = arr.data   # a memoryview of the array's bytes
         done = 0
         while done < len(view):
             done += os.write(fd, view[done:])
@@ -528,6 +528,7 @@ def decode_batch(
     nthreads = 1 if _single else min(_threads.resolve_num_threads(num_threads), max(n, 1))
 
     status, msgs = status_tables(n)
+    outs: list[Any]   # arrays (the caller's, or allocated below); None where a header failed
     if out is not None:
         outs = list(out)
         if len(outs) != n:

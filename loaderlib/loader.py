@@ -22,7 +22,7 @@ import json
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from . import _threads
 from ._autotune import attach, batch_nbytes
 from ._chain import compile_chain
 from ._checks import check_int
-from ._engines.base import HeldRecorder, LoaderIterator, RunState, _Knobs, _Run
+from ._engines.base import HeldRecorder, LoaderIterator, Producer, RunState, _Knobs, _Run
 from ._engines.native import NativeProducer, kernel_threads
 from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
 from ._iterable import IterableProducer, IterableRunState, resume_source
@@ -52,18 +52,22 @@ from ._loader.state import (
     state_between,
     state_of,
 )
-from ._recorder import StageRecorder
+from ._recorder import Recorder, StageRecorder
 from ._source import SourceKind, announce_order
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
+from .stats import Stats
+
+if TYPE_CHECKING:   # imported where used: the processes engine needs cloudpickle
+    from ._engines.processes import WorkerPool
 
 __all__ = ["DataLoader", "LoaderIterator", "TorchLoaderIterator"]
 
 ENGINES = ("native", "threads", "processes")
 
 
-def _make_recorder(enabled: bool) -> Any:
+def _make_recorder(enabled: bool) -> StageRecorder:
     return StageRecorder(enabled=enabled)
 
 
@@ -230,6 +234,7 @@ class DataLoader:
         self.dataset = o.dataset
         self._iterable = o.iterable
         if self._iterable:
+            assert o.rank is not None and o.world_size is not None   # check_options sets both for an iterable
             self.rank, self.world_size = o.rank, o.world_size
         n = 0 if self._iterable else len(self.dataset)
         self.multiprocessing_context = o.multiprocessing_context
@@ -252,14 +257,20 @@ class DataLoader:
         self.pin_memory_device = o.pin_memory_device
         self._own_sampler = False
         sampler, batch_sampler, last_batch = o.sampler, o.batch_sampler, o.last_batch
-        if self._iterable:
-            self._batch_size = o.batch_size
-            self._batch_sampler = None
-        elif batch_sampler is not None:
+        # A BatchSampler over the sampler, the user's batch_sampler (any iterable of index
+        # lists), or None for an iterable dataset.
+        self._batch_sampler: Any
+        self._batch_size: int
+        if batch_sampler is not None:   # never with an iterable dataset (check_options)
             self._batch_sampler = batch_sampler
             bs = getattr(batch_sampler, "batch_size", None)
             self._batch_size = int(bs) if bs else max((len(b) for b in batch_sampler), default=1)
+        elif self._iterable:
+            assert o.batch_size is not None   # check_options requires it unless a batch_sampler is given
+            self._batch_size = o.batch_size
+            self._batch_sampler = None
         else:
+            assert o.batch_size is not None
             self._batch_size = o.batch_size
             self._own_sampler = sampler is None
             if sampler is None:
@@ -292,10 +303,10 @@ class DataLoader:
         """Fields that belong to this process only (rebuilt after unpickling)."""
         self._epoch = 0            # epochs of a sampler that is not a loaderlib Sampler
         self._lock = threading.RLock()
-        self._workers = None       # processes engine: the worker pool, created on first use
-        self._pool = None          # threads engine: the Python pool, created on first use
+        self._workers: WorkerPool | None = None   # processes engine: the worker pool, created on first use
+        self._pool: PythonPool | None = None      # threads engine: the Python pool, created on first use
         self._arena_ring: BatchArena | None = None
-        self._current: Any = None  # weak reference to the newest iterator
+        self._current: weakref.ref[LoaderIterator] | None = None  # weak reference to the newest iterator
         self._warm: _Run | None = None   # the next epoch, started early (NOTE [ Warm epochs ])
         self._resume: dict | None = None
         self._native_init_done = False   # worker_init_fn ran for the native engine's thread slots
@@ -344,7 +355,7 @@ class DataLoader:
         return self._analysis.engine
 
     @property
-    def stats(self) -> Any:
+    def stats(self) -> Stats:
         """Per-stage timings of the current or last epoch (the recorder's snapshot); with
         ``AUTOTUNE``, ``stats.autotune`` lists the tuner's decisions, timed in seconds since the
         loader was created (on the profiling clock, as ``stats.started_s``)."""
@@ -354,7 +365,7 @@ class DataLoader:
             snap = dataclasses.replace(snap, autotune=tuple(tuner.decisions))
         return dataclasses.replace(snap, memory=self.memory())
 
-    def memory(self) -> dict:
+    def memory(self) -> dict[str, int]:
         """Bytes this loader holds now, by part: ``"batch slots"`` (the arena's ring, the warm
         next epoch's slots included; NOTE [ Warm slots ]) and ``"read-ahead"`` (the buffers of
         the read-ahead stages of the runs alive; NOTE [ Read-ahead memory ])."""
@@ -523,7 +534,7 @@ class DataLoader:
                 target.set_epoch(int(epoch))
             self._epoch = int(epoch)
 
-    def _state_of(self, state: Any) -> dict:
+    def _state_of(self, state: RunState) -> dict:
         """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
         return state_of(self, state)
 
@@ -646,10 +657,12 @@ class DataLoader:
         # persistent workers, worker_init_fn runs once per kernel thread slot, before the
         # first batch, on the driver thread, with that slot's worker info.
         n = kernel_threads(self._knobs)
+        init = self.worker_init_fn
+        assert init is not None   # _new_run sets this hook only with a worker_init_fn
         try:
             for wid in range(n):
                 set_thread_info(WorkerInfo(wid, n, worker_seed(self.seed, wid), self.dataset))
-                self.worker_init_fn(wid)
+                init(wid)
         finally:
             set_thread_info(None)
 
@@ -770,44 +783,52 @@ class DataLoader:
                                     dataset=self.dataset)
         return self._pool
 
-    def _make_producer(self, state: RunState, recorder: Any) -> Any:
+    def _make_producer(self, state: RunState, recorder: Recorder) -> Producer:
         a = self._analysis
+        src = a.native_source
         if self.max_skipped is not None:
             n = state.order.stream.size if not self._iterable else 0
             state.max_skipped = (int(self.max_skipped) if isinstance(self.max_skipped, (int, np.integer))
                                  else max(1, int(self.max_skipped * n)) if n else None)
-        common = {"recorder": recorder, "on_error": self.on_error, "state": state}
+        on_error = self.on_error
         if self._iterable and self.num_workers == 0:
+            assert isinstance(state, IterableRunState)   # _iterable_run made it
             return IterableProducer(dataset=self.dataset, rank=self.rank, world_size=self.world_size,
                                     pad=self._last_batch != "discard", batchify_fn=self.batchify_fn,
-                                    arena=self._arena(), **common)
+                                    arena=self._arena(), state=state, recorder=recorder, on_error=on_error)
         if a.engine == "native":
-            plan = None if a.native_source.kind is SourceKind.ARRAYS else compile_chain(a.chain)
+            assert src is not None and a.shards is not None   # _analyze chose "native" for a native source
+            plan = None if src.kind is SourceKind.ARRAYS else compile_chain(a.chain)
             if recorder.enabled:
                 recorder.python_gil("python", False)
-            return NativeProducer(src=a.native_source, plan=plan, shards=a.shards, arena=self._arena(),
+            return NativeProducer(src=src, plan=plan, shards=a.shards, arena=self._arena(),
                                   knobs=self._knobs, batch_size=self._batch_size, timeout=self.timeout,
-                                  read_budget=self._read_budget(), **common)
+                                  read_budget=self._read_budget(), state=state, recorder=recorder,
+                                  on_error=on_error)
         if recorder.enabled:
             recorder.python_gil("python", True)
         if a.engine == "threads" and a.hybrid is not None:
-            native = NativeProducer(src=a.native_source, plan=compile_chain(a.chain), shards=(None, None),
+            assert src is not None   # a native prefix reads a native source
+            native = NativeProducer(src=src, plan=compile_chain(a.chain), shards=(None, None),
                                     arena=self._arena(), knobs=self._knobs, batch_size=self._batch_size,
-                                    timeout=self.timeout, read_budget=self._read_budget(), **common)
+                                    timeout=self.timeout, read_budget=self._read_budget(), state=state,
+                                    recorder=recorder, on_error=on_error)
             return HybridProducer(native=native, suffix=a.hybrid["suffix"], suffix_position=a.hybrid["position"],
                                   others=a.hybrid["others"], batchify_fn=self.batchify_fn, arena=self._arena(),
-                                  pool=self._python_pool(), **common)
+                                  pool=self._python_pool(), state=state, recorder=recorder, on_error=on_error)
         if a.engine == "threads":
             return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
                                    pool=self._python_pool(), io_depth=self._knobs.io_depth,
                                    batch_size=self._batch_size, timeout=self.timeout,
-                                   read_budget=self._read_budget(), read_hint=self._knobs.read_hint, **common)
+                                   read_budget=self._read_budget(), read_hint=self._knobs.read_hint, state=state,
+                                   recorder=recorder, on_error=on_error)
         from ._engines.processes import NativePrefix, ProcessesProducer, WorkerPool  # lazy: cloudpickle
 
         if self._workers is None or self._workers.closed:
             prefix = None
             if a.hybrid is not None:
-                prefix = NativePrefix(src=a.native_source, chain=a.chain, suffix=a.hybrid["suffix"],
+                assert src is not None   # a native prefix reads a native source
+                prefix = NativePrefix(src=src, chain=a.chain, suffix=a.hybrid["suffix"],
                                       position=a.hybrid["position"], others=a.hybrid["others"],
                                       io_depth=self._knobs.io_depth, timeout=self.timeout)
             self._workers = WorkerPool(self.num_workers, self.dataset, self.batchify_fn, self.worker_init_fn,
@@ -821,9 +842,10 @@ class DataLoader:
             return IterableProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs,
                                              max_in_flight=self.max_in_flight, rank=self.rank,
                                              world_size=self.world_size, pad=self._last_batch != "discard",
-                                             batch_size=self._batch_size, **common)
+                                             batch_size=self._batch_size, state=state, recorder=recorder,
+                                             on_error=on_error)
         return ProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs,
-                                 max_in_flight=self.max_in_flight, **common)
+                                 max_in_flight=self.max_in_flight, state=state, recorder=recorder, on_error=on_error)
 
     def close(self) -> None:
         """Stop threads and workers and free arena slots. Idempotent."""

@@ -40,7 +40,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -175,8 +175,9 @@ class Pipeline:
         if not hasattr(iterable, "__iter__"):
             raise TypeError(f"from_iterable needs an iterable or a function returning one, got "
                             f"{type(iterable).__name__}")
+        items = cast(Iterable, iterable)   # it has __iter__ (checked above)
         state = {"used": False}
-        one_shot = iter(iterable) is iterable
+        one_shot = iter(items) is items
 
         def make() -> Iterator:
             if one_shot:
@@ -185,7 +186,7 @@ class Pipeline:
                                      "already consumed: pass a re-iterable object or a function returning a fresh "
                                      "iterator to iterate the pipeline again")
                 state["used"] = True
-            return iter(iterable)
+            return iter(items)
 
         return cls(_Source("iterable", iterable, make=make, what=f"iterable {type(iterable).__name__}"))
 
@@ -384,7 +385,9 @@ class Pipeline:
     # -- properties ------------------------------------------------------------------
     @property
     def seed(self) -> int:
-        return int(self._options.seed)
+        seed = self._options.seed
+        assert seed is not None   # drawn in __init__ when not given
+        return int(seed)
 
     @property
     def element_spec(self) -> Any:
@@ -467,7 +470,7 @@ class Pipeline:
             return None, k
         head, after = self._build_head(ctx, k + 1, lambda: CachedImages(store, False, src), label)
         images = head.engine.base if head is not None else None
-        if not isinstance(images, CachedImages) or images.complete:
+        if head is None or not isinstance(images, CachedImages) or images.complete:
             return head, after
         return CacheFill(head, label, images), after
 
@@ -501,7 +504,8 @@ class Pipeline:
                 opts = dataclasses.replace(opts, prefetch=steps[h].args[0])
             h += 1
         tuned = {k for k in ("num_threads", "prefetch") if getattr(opts, k) == AUTOTUNE}
-        opts = dataclasses.replace(opts, **dict.fromkeys(tuned))   # the tuner sets them
+        unset: dict[str, Any] = dict.fromkeys(tuned)
+        opts = dataclasses.replace(opts, **unset)   # the tuner sets them
         key = (start, h)
         with self._lock:
             engine = self._engines.get(key)
@@ -671,7 +675,7 @@ class Pipeline:
             raise StateError(f"a pipeline state is a dict, got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
             raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
-        seed = state.get("seed")
+        seed: Any = state.get("seed")   # JSON, checked before it is adopted
         adopt = seed != self.seed and self._options.seed_drawn
         if adopt and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise StateError(f"the state's 'seed' must be a non-negative integer, got {seed!r}")

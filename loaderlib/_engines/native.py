@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any
 
 import numpy as np
 
@@ -80,8 +80,7 @@ class NativeProducer(Producer):
         self._layouts: dict[int, BatchLayout] = {}
         self._prev_end = 0            # NOTE [ Batch wall time ]
         self._arrays: Sequence[np.ndarray] = src.arrays or ()   # SourceKind.ARRAYS
-        # np.take's mode for stream indices (the source returns one of np.take's modes).
-        self._take_mode = cast(Literal["raise", "wrap", "clip"], src.take_mode)
+        self._take_mode = src.take_mode   # np.take's mode for stream indices (NOTE [ Virtual indices ])
         if src.kind is SourceKind.ARRAYS:
             parts = [((batch_size, *a.shape[1:]), a.dtype) for a in self._arrays]
         else:
@@ -214,7 +213,7 @@ class NativeProducer(Producer):
                     raise native_error(self.src, st, bad[0], todo)
                 for j in bad.tolist():
                     err = native_error(self.src, st, j, todo)   # a DecodeError or RemoteReadError
-                    self.skipped(todo[j], self.src.source(todo[j]), getattr(err, "reason", str(err)))
+                    self.skipped(todo[j], self.src.source(todo[j]), err.reason)
                 good = np.flatnonzero(ok)
                 if good.size:
                     # Rare path (failures only): move the good samples up, closing the gaps.

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import transforms as T
-from .._chain import compile_chain
+from .._chain import NativePlan, compile_chain
 from .._iterable import is_iterable_dataset
 from .._source import NativeSource, SourceKind, native_source_of
 from ..batchify import Pad, Stack, Tuple, default_batchify_fn
@@ -22,10 +22,10 @@ class _Analysis:
     reason: str
     stages: list = field(default_factory=list)     # (stage, "native"/"python", detail)
     native_source: NativeSource | None = None
-    chain: Any = None                              # the transform spec handed to compile_chain
+    chain: T.Compose | None = None                 # the transform spec handed to compile_chain
     shards: tuple | None = ()
     hybrid: dict | None = None                     # threads engine after a native prefix
-    plan: Any = None                               # the compiled plan (lent to the first iterator)
+    plan: NativePlan | None = None                 # the compiled plan (lent to the first iterator)
 
 
 # NOTE [ Naming Python steps ]
@@ -66,7 +66,7 @@ def _steps(fns: list) -> list:
     return out
 
 
-def _native_prefix(steps: list) -> tuple[int, Any]:
+def _native_prefix(steps: list) -> tuple[int, NativePlan | None]:
     """Longest prefix of ``steps`` that compiles to a plan with a fixed sample shape."""
     for k in range(len(steps), 0, -1):
         head = steps[:k]
@@ -89,7 +89,7 @@ def _is_native_batchify(fn: Any, nparts: int) -> tuple | None:
     if isinstance(fn, (Stack, Pad)) and fn.dtype is None and nparts == 1:
         return (fn.num_shards if isinstance(fn, Stack) else fn,)
     if isinstance(fn, Tuple) and len(fn.fns) == nparts:
-        out = []
+        out: list[int | Pad | None] = []
         for f in fn.fns:
             if f is default_batchify_fn:
                 out.append(None)

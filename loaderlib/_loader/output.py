@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import transforms as T
+from .._engines.base import RunState
 from .._tree import tree_map
 from .analysis import _steps, _unwrap
 
@@ -119,15 +120,18 @@ class BatchTransformStep:
     """The loader's ``batch_transform`` on each delivered batch, keyed by (seed, epoch, index
     of the batch in the epoch): a post-step of :class:`~loaderlib.loader.LoaderIterator`."""
 
-    op: Any
+    op: T.BatchTransform
 
-    def __call__(self, batch: Any, state: Any) -> Any:
+    def __call__(self, batch: Any, state: RunState) -> Any:
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise TypeError(f"batch_transform {type(self.op).__name__} needs (images, labels) batches, got "
                             f"{type(batch).__name__}")
         images, soft = self.op(batch[0], batch[1], seed=state.seed, epoch=state.epoch,
                                batch_index=state.delivered - 1)
-        return type(batch)((images, soft)) if isinstance(batch, tuple) else [images, soft]
+        if isinstance(batch, tuple):
+            kind: type = type(batch)   # a tuple subclass stays one
+            return kind((images, soft))
+        return [images, soft]
 
 
 @dataclass(frozen=True)
@@ -137,5 +141,5 @@ class TorchStep:
 
     bfloat16_first: bool = False
 
-    def __call__(self, batch: Any, state: Any) -> Any:
+    def __call__(self, batch: Any, state: RunState) -> Any:
         return to_torch(batch, self.bfloat16_first)

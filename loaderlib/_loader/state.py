@@ -3,19 +3,23 @@ epoch order a fresh or resumed epoch runs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._engines.base import RunState
 from .._iterable import cannot_resume, is_stateful
 from ..errors import StateError
 from ..sampler import BatchSampler, EpochOrder
+
+if TYPE_CHECKING:   # loader.py imports this module
+    from ..loader import DataLoader
 
 #: Version of the dict :meth:`DataLoader.state_dict` returns; bumped when its meaning changes.
 STATE_VERSION = 1
 
 
-def header(ld: Any) -> dict:
+def header(ld: DataLoader) -> dict:
     """What a state must match to be loaded: version, dataset length, seed, batch size,
     last_batch mode, sampler (and rank and world size for an iterable)."""
     s = ld.sampler
@@ -28,7 +32,7 @@ def header(ld: Any) -> dict:
             "sampler": type(s).__name__ if s is not None else type(ld._batch_sampler).__name__}
 
 
-def state_of(ld: Any, state: Any) -> dict:
+def state_of(ld: DataLoader, state: RunState) -> dict:
     """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
     if ld._iterable and (ld.num_workers > 0 or not is_stateful(ld.dataset)):
         raise cannot_resume(ld.dataset, ld.num_workers)
@@ -51,7 +55,7 @@ def state_of(ld: Any, state: Any) -> dict:
     return d
 
 
-def state_between(ld: Any, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
+def state_between(ld: DataLoader, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
     """The loader state at the start of ``epoch`` (default: the next one)."""
     if ld._iterable:
         if ld.num_workers > 0 or not is_stateful(ld.dataset):
@@ -70,7 +74,7 @@ def state_between(ld: Any, epoch: int | None = None, carry: np.ndarray | None = 
     return d
 
 
-def check_state(ld: Any, state: Any) -> None:
+def check_state(ld: DataLoader, state: Any) -> None:
     """Raise StateError unless ``state`` can continue loader ``ld`` (NOTE [ Iterator state ])."""
     if not isinstance(state, dict):
         raise StateError(f"a loader state is a dict, got {type(state).__name__}")

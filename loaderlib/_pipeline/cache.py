@@ -173,9 +173,19 @@ class CacheStore:
         self.note = f"complete, read from {self.path} (memory-mapped)"
         return True
 
+    def _kept(self) -> list:
+        """Memory: the kept elements (read only once the store is complete)."""
+        assert self._elements is not None
+        return self._elements
+
+    def _mapped(self) -> tuple[dict, dict, Any]:
+        """Disk: the metadata, the index and the mapped data file (read only once loaded)."""
+        assert self._meta is not None and self._index is not None
+        return self._meta, self._index, self._mm
+
     def read(self) -> Iterator:
         if self.path is None:
-            yield from self._elements
+            yield from self._kept()
             return
         for i in range(len(self)):
             yield self.element(i)
@@ -183,8 +193,8 @@ class CacheStore:
     def element(self, i: int) -> Any:
         """Cached element ``i`` (memory: the kept copy; disk: views of the mapped file)."""
         if self.path is None:
-            return self._elements[i]
-        meta, idx, mm = self._meta, self._index, self._mm
+            return self._kept()[i]
+        meta, idx, mm = self._mapped()
         parts = []
         for j, d in enumerate(meta["dtypes"]):
             dt = np.dtype(d)
@@ -196,12 +206,13 @@ class CacheStore:
 
     def __len__(self) -> int:
         if self.path is None:
-            return len(self._elements)
-        return int(self._meta["count"])
+            return len(self._kept())
+        return int(self._mapped()[0]["count"])
 
     # -- writing ---------------------------------------------------------------------
     def prepare(self, el: Any) -> Any:
-        return el if self.max_side is None else tree_map(lambda x: reduce_image(x, self.max_side), el)
+        side = self.max_side
+        return el if side is None else tree_map(lambda x: reduce_image(x, side), el)
 
     def writer(self, n: int | None = None) -> _MemoryWriter | _DiskWriter:
         """A writer for one pass (``n``: the element count, when elements may come in any order)."""
@@ -285,9 +296,11 @@ class _DiskWriter:
 
     def __init__(self, store: CacheStore, n: int | None = None) -> None:
         self.store = store
-        parent = os.path.dirname(os.path.abspath(store.path))
+        assert store.path is not None   # a disk store
+        self.path = store.path
+        parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
-        self.tmp = tempfile.mkdtemp(prefix=os.path.basename(store.path) + ".tmp-", dir=parent)
+        self.tmp = tempfile.mkdtemp(prefix=os.path.basename(self.path) + ".tmp-", dir=parent)
         self.f = open(os.path.join(self.tmp, "data.bin"), "wb")  # noqa: SIM115 - closed in commit/abort
         self.n = n
         self.pos = 0
@@ -343,7 +356,7 @@ class _DiskWriter:
     def commit(self) -> None:
         self.store.filling = None
         self.f.close()
-        index = {}
+        index: dict[str, Any] = {}
         for j in range(len(self.offsets)):
             ndim = len(self.shapes[j][0]) if self.shapes[j] else 0
             index[f"offset{j}"] = np.asarray(self.offsets[j], np.int64)
@@ -353,7 +366,7 @@ class _DiskWriter:
                 "dtypes": self.dtypes or [], "tree": self.tree or {"t": []}, "max_side": self.store.max_side}
         with open(os.path.join(self.tmp, "meta.json"), "w") as f:
             json.dump(meta, f)
-        final = self.store.path
+        final = self.path
         if os.path.exists(final):
             old = final + f".old-{os.getpid()}"
             os.replace(final, old)
@@ -583,11 +596,11 @@ class CachedImages(Dataset):
     def _keep(self, i: int, el: Any) -> np.ndarray:
         """Hand element ``i`` to the writer (once); its image."""
         with self._lock:
-            w = self._writer
-            if w is not None and not self._held[i]:
+            w, held = self._writer, self._held   # set together (begin, end)
+            if w is not None and held is not None and not held[i]:
                 el = w.put(i, el, owned=True)
                 if not w.given_up:
-                    self._held[i] = True
+                    held[i] = True
         return el[0] if self.labels is not None else el
 
     def reading(self) -> str:

@@ -8,7 +8,7 @@ import itertools
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ from ..records import RecordFileDataset
 from ..sampler import EpochOrder
 from . import ops
 from .options import PipelineOptions
-from .plan import PipelineLike
+from .plan import PipelineLike, PipelineView
 from .spec import TensorSpec, spec_of
 
 #: Steps that keep the element count (a resume can skip inside the engine stage below them).
@@ -37,7 +37,7 @@ class _Source:
     native = False
 
     def __init__(self, kind: str, dataset: Any = None, *, make: Callable | None = None, what: str = "",
-                 parts: Sequence[PipelineLike] | None = None, keys: Any = None) -> None:
+                 parts: Sequence[PipelineView] | None = None, keys: Any = None) -> None:
         self.kind = kind
         self.dataset = dataset
         self.make = make
@@ -53,7 +53,7 @@ class _Source:
         """What identifies the source's data (files with sizes and mtimes; array digests)."""
         ds = self.dataset
         if self.kind == "zip":
-            return ["zip", [p._fingerprint() for p in self.parts]]
+            return ["zip", [p._fingerprint() for p in self._parts()]]
         paths = getattr(ds, "paths", None)
         if paths is not None:
             files = []
@@ -76,7 +76,7 @@ class _Source:
         ds = self.dataset
         image = TensorSpec((None, None, 3), np.uint8)
         if self.kind == "zip":
-            specs = [p.element_spec for p in self.parts]
+            specs = [p.element_spec for p in self._parts()]
             return tuple(specs) if self.keys is None else dict(zip(self.keys, specs))
         if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
             return image if ds.labels is None else (image, TensorSpec((), np.int64))
@@ -96,7 +96,7 @@ class _Source:
             return self.dataset[0] if len(self.dataset) else ops.EMPTY
         with self._lock:
             if self._peeked is None:
-                it = self.make()
+                it = self._make()
                 try:
                     self._peeked = [next(it), it]
                 except StopIteration:
@@ -105,7 +105,7 @@ class _Source:
 
     def node(self, ctx: ops.Context) -> ops.Node:
         if self.kind == "zip":
-            return ops.Zip(self.parts, "tuple" if self.keys is None else list(self.keys), ctx)
+            return ops.Zip(self._parts(), "tuple" if self.keys is None else list(self.keys), ctx)
         if not self.indexable:
             return ops.IterableSource(self._open_iterable, self.what)
         ds = self.dataset
@@ -118,6 +118,16 @@ class _Source:
             return itertools.chain([peeked[0]], peeked[1])
         if peeked is not None and peeked[0] is ops.EMPTY and self.one_shot:
             return iter(())
+        return self._make()
+
+    def _parts(self) -> list[PipelineView]:
+        """A zip's pipelines (a zip source is made with ``parts``)."""
+        assert self.parts is not None
+        return self.parts
+
+    def _make(self) -> Iterator:
+        """A fresh iterator of an iterable source (made with ``make``)."""
+        assert self.make is not None
         return self.make()
 
     @property
@@ -214,10 +224,10 @@ class _Engine:
         self.n = len(base)
         self.unbatch = batch is None
         self.batch_size = batch if batch is not None else 64
-        kw = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.num_threads,
-              "prefetch": opts.prefetch, "timeout": None, "io_depth": opts.io_depth}
+        kw: dict[str, Any] = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.num_threads,
+                              "prefetch": opts.prefetch, "timeout": None, "io_depth": opts.io_depth}
         self.keyed = True
-        self._warm: tuple | None = None
+        self._warm: tuple[int, EpochOrder, LoaderIterator] | None = None
         loader = None
         src = native_source_of(base)
         if src is not None and all(isinstance(m, T.Transform) for m in maps):
@@ -255,7 +265,7 @@ class _Engine:
         self.drop_warm()
         self._warm = (iteration, order, self.run(order, iteration, 0, 0))
 
-    def take_warm(self, iteration: int, order: Any) -> Any:
+    def take_warm(self, iteration: int, order: EpochOrder) -> LoaderIterator | None:
         """The warm run if it is exactly this iteration's first segment, else None."""
         w, self._warm = self._warm, None
         if w is None:
@@ -271,7 +281,7 @@ class _Engine:
         if w is not None:
             w[2].close()
 
-    def run(self, order: Any, iteration: int, delivered: int, position: int) -> Any:
+    def run(self, order: EpochOrder, iteration: int, delivered: int, position: int) -> LoaderIterator:
         ld = self.loader
         if self.keyed:
             ld.dataset = _Keyed(self.base, self.maps, ld.seed, iteration, self.labels)
@@ -332,7 +342,7 @@ class _Head(ops.Node):
             out.append(("  unbatch", "python", f"engine batches of {self.engine.batch_size} split into elements"))
         return out
 
-    def _stream_chunks(self) -> Iterator[np.ndarray]:
+    def _stream_chunks(self) -> Generator[np.ndarray, None, None]:
         n = self.n
         if self.index_nodes is None:
             yield np.arange(n, dtype=np.int64)
@@ -349,7 +359,7 @@ class _Head(ops.Node):
         finally:
             ops.close(it)
 
-    def segments(self) -> Iterator[tuple[Any, bool]]:
+    def segments(self) -> Generator[tuple[EpochOrder, bool], None, None]:
         """The pass as ``(EpochOrder, last)`` segments of whole batches; a segment's tail that
         fills no batch is carried into the next one, so batches cross chunk boundaries."""
         b = self.engine.batch_size
@@ -396,7 +406,8 @@ class _Head(ops.Node):
                 try:
                     for batch in it:
                         if warm_next is not None and it._run.state.exhausted:
-                            warm_next, _ = None, warm_next()   # NOTE [ Warm iterations ]
+                            warm_next()   # NOTE [ Warm iterations ]
+                            warm_next = None
                         if not self.engine.unbatch:
                             yield batch
                             continue

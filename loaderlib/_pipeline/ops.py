@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import collections
 import itertools
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,8 @@ def annotate(exc: BaseException, label: str) -> BaseException:
     if not getattr(exc, "_loaderlib_step", None):
         try:
             exc._loaderlib_step = label  # type: ignore[attr-defined]
-            exc.add_note(f"loaderlib: raised in {label} of the pipeline")
+            if sys.version_info >= (3, 11):   # add_note is new in 3.11
+                exc.add_note(f"loaderlib: raised in {label} of the pipeline")
         except (AttributeError, TypeError):
             pass
     return exc
@@ -181,6 +183,7 @@ class Map(Unary):
 
     def _parallel(self) -> Iterator:
         knob = self.parallel
+        assert knob is not None   # open() runs this only with num_parallel_calls
         pool = _DaemonThreadPool(max(1, knob.limit))
         stream = object()   # this pass, for an AUTOTUNE tuner (NOTE [ Autotune ])
         it = self.up.open()
@@ -480,7 +483,7 @@ def pad_stack(elements: list, shapes: Any, values: Any, label: str) -> Any:
                     big[d] = int(want)
         out = np.full((len(arrs), *big), 0 if value is None else value, dtype=arrs[0].dtype)
         for k, a in enumerate(arrs):
-            out[(k, *(slice(0, s) for s in a.shape))] = a
+            out[(k,) + tuple(slice(0, s) for s in a.shape)] = a
         return out
 
     struct = elements[0]
@@ -648,7 +651,7 @@ class Zip(Node):
 
     label = "source Pipeline.zip"
 
-    def __init__(self, parts: list[PipelineLike], structure: Any, ctx: Context) -> None:
+    def __init__(self, parts: Sequence[PipelineLike], structure: Any, ctx: Context) -> None:
         self.parts = parts
         self.structure = structure   # "tuple" or the dict keys
         self.ctx = ctx

@@ -11,14 +11,17 @@ import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .. import transforms as T
 from .._autotune import AUTOTUNE
 from .._checks import check_int
 from .._loader.analysis import _describe
 
-__all__ = ["INDEX_STEPS", "PipelineLike", "Step", "check_parallel", "draws_random", "fn_key", "plan_digest", "step_kwargs", "step_label",
+if TYPE_CHECKING:   # engine.py imports this module
+    from .engine import _Source
+
+__all__ = ["INDEX_STEPS", "PipelineLike", "PipelineView", "Step", "check_parallel", "draws_random", "fn_key", "plan_digest", "step_kwargs", "step_label",
            "steps_key"]
 
 #: Steps that only choose and order samples (NOTE [ Pipeline compilation ] in ``pipeline.py``).
@@ -31,7 +34,8 @@ class PipelineLike(Protocol):
 
     A pipeline also has ``seed`` and ``element_spec`` (its public properties), and ``_src``,
     ``_steps`` and ``_options`` (its source, its tuple of :class:`Step` and its
-    ``PipelineOptions``), which the spec computation reads.
+    ``PipelineOptions``), which the spec computation reads (:class:`PipelineView` types the
+    first three).
     """
 
     def _open_nested(self, iteration: int) -> Iterator:
@@ -53,6 +57,21 @@ class PipelineLike(Protocol):
     def close(self) -> None:
         """Stop its engines' threads and free their arenas."""
         ...
+
+
+class PipelineView(PipelineLike, Protocol):
+    """A :class:`PipelineLike` with what the spec computation reads besides its methods: the
+    seed, the element spec and the source. For type checking only: not ``runtime_checkable``,
+    since ``isinstance`` would compute ``element_spec``."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def element_spec(self) -> Any: ...
+
+    @property
+    def _src(self) -> _Source: ...
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,17 @@ read (an image's height and width, the size of a batch that may come out short).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import transforms as T
 from .._tree import tree_map
 from . import ops
-from .plan import PipelineLike, Step, step_kwargs, step_label
+from .plan import PipelineLike, PipelineView, Step, step_kwargs, step_label
 
 __all__ = ["TensorSpec", "batch_spec", "relax", "spec_of", "step_spec", "unbatch_spec"]
 
@@ -33,12 +34,14 @@ class TensorSpec:
         ``object`` for Python values that are not numbers (strings, dicts of those).
     """
 
-    shape: tuple
+    shape: tuple[int | None, ...]
     dtype: np.dtype
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(None if d is None else int(d) for d in self.shape))
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+    # Written out (the dataclass keeps it) so that the parameters say what they take, any
+    # dtype-like and any sequence of dimensions, while the fields hold the normalised values.
+    def __init__(self, shape: Sequence[int | None], dtype: npt.DTypeLike) -> None:
+        object.__setattr__(self, "shape", tuple(None if d is None else int(d) for d in shape))
+        object.__setattr__(self, "dtype", np.dtype(dtype))
 
     def is_compatible_with(self, value: Any) -> bool:
         """Whether an array (or spec) fits this spec (unknown dimensions match anything)."""
@@ -132,7 +135,7 @@ def _from_image_spec(spec: Any) -> TensorSpec:
     return TensorSpec((spec.height, spec.width, spec.channels), spec.dtype)
 
 
-def _traced(pipe: PipelineLike, k: int, fn: Callable | None, label: str) -> Any:
+def _traced(pipe: PipelineView, k: int, fn: Callable | None, label: str) -> Any:
     """The spec of ``fn``'s output on the first element of steps ``1..k-1`` (ranks and dtypes)."""
     if pipe._src.one_shot:
         # A one-shot iterator has one pass: only its first element can be peeked (and kept).
@@ -155,11 +158,11 @@ def _traced(pipe: PipelineLike, k: int, fn: Callable | None, label: str) -> Any:
     except Exception as e:
         raise ValueError(f"{label}: tracing the function on the first element failed: {type(e).__name__}: {e}") from e
     if isinstance(out, PipelineLike):
-        return out.element_spec
+        return cast(PipelineView, out).element_spec   # a Pipeline, the one PipelineLike
     return tree_map(lambda s: TensorSpec((None,) * len(s.shape), s.dtype), spec_of(out))
 
 
-def step_spec(pipe: PipelineLike, k: int, step: Step, spec: Any) -> Any:
+def step_spec(pipe: PipelineView, k: int, step: Step, spec: Any) -> Any:
     """The element spec after step ``k`` (1-based) of ``pipe``, whose input has ``spec``;
     ValueError naming the step when it cannot be computed."""
     label = step_label(k, step)

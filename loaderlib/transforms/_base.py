@@ -125,7 +125,8 @@ class ImageSpec:
         return (self.height, self.width, self.channels)
 
 
-def _pair(size: Size, what: str) -> tuple[int, int]:
+def _pair(size: Any, what: str) -> tuple[int, int]:
+    # ``size`` is checked here, so any value may come in (a ``Size`` when the caller is right).
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         h = w = int(size)
     else:

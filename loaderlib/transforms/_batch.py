@@ -246,8 +246,10 @@ class RandomChoice(BatchTransform):
     def get_params(self, n: int, height: int, width: int, rng: _Rng) -> dict:
         """``{"choice": index, **the chosen transform's parameters}``."""
         u = rng.uniform(_CHOICE_CTR)
-        k, acc = len(self.p) - 1, 0.0
-        for i, v in enumerate(self.p):
+        p = self.p
+        assert p is not None   # __post_init__ normalised it to a tuple
+        k, acc = len(p) - 1, 0.0
+        for i, v in enumerate(p):
             acc += v
             if u < acc:
                 k = i

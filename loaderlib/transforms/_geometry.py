@@ -248,8 +248,10 @@ class RandomCrop(_Augment):
 
     def _config(self) -> tuple[tuple, tuple]:
         h, w = _pair(self.size, "size")
+        fill = _fill4(self.fill)
+        assert fill is not None   # __post_init__ refused None
         return ((h, w, *self._pads(), int(bool(self.pad_if_needed)), 1),
-                (float(_PAD_MODES[self.padding_mode]),) + (0.0,) * 11 + tuple(_fill4(self.fill)))
+                (float(_PAD_MODES[self.padding_mode]),) + (0.0,) * 11 + fill)
 
     def plan(self, spec: ImageSpec) -> ImageSpec:
         h, w = _pair(self.size, "size")
