@@ -56,7 +56,6 @@ logic is tested with synthetic measurements on an injected clock.
 
 from __future__ import annotations
 
-import re
 import statistics
 import threading
 import time
@@ -68,7 +67,7 @@ from ._source import SourceKind
 from ._threads import default_num_threads
 from ._tree import tree_leaves
 
-__all__ = ["AUTOTUNE", "HillClimb", "Tuner", "attach", "parse_bytes"]
+__all__ = ["AUTOTUNE", "HillClimb", "Tuner", "attach"]
 
 #: Pass as ``num_threads``, ``prefetch`` or ``num_parallel_calls`` to have it tuned online.
 AUTOTUNE = -1
@@ -76,28 +75,6 @@ AUTOTUNE = -1
 #: Share of their time the kernel threads waited for bytes above which AUTOTUNE may give a
 #: native loader more threads than cores.
 READ_WAITING = 0.05
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(value: int | str) -> int:
-    """Bytes from an int or a string such as ``"2GB"``, ``"512 MiB"``, ``"1.5g"`` (KB/MB/GB are
-    powers of 1000, KiB/MiB/GiB of 1024)."""
-    if isinstance(value, bool):
-        raise ValueError(f"ram_budget must be bytes (an int) or a string such as '2GB', got {value!r}")  # noqa: TRY004
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError(f"ram_budget must be positive, got {value!r}")
-        return value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-            if n > 0:
-                return n
-    raise ValueError(f"ram_budget must be bytes (an int) or a string such as '2GB' or '512MiB', got {value!r}")
-
 
 def profiling_seconds() -> float:
     """The profiling clock in seconds (``loaderlib.stats.clock_ns``; looked up at each call so a

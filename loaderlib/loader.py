@@ -30,11 +30,11 @@ from . import _threads
 from ._autotune import attach, batch_nbytes
 from ._chain import compile_chain
 from ._checks import check_int
-from ._engines.base import HeldRecorder, LoaderIterator, Producer, RunState, _Knobs, _Run
+from ._engines.base import HeldRecorder, LoaderIterator, Producer, RunState, WarmStart, _Knobs, _Run
 from ._engines.native import NativeProducer, kernel_threads
 from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
 from ._iterable import IterableProducer, IterableRunState, resume_source
-from ._loader.analysis import _analyze, _iterable_analysis
+from ._loader.analysis import _analyze, _iterable_analysis, read_ahead_line
 from ._loader.options import check_options
 from ._loader.output import (
     BatchTransformStep,
@@ -307,7 +307,7 @@ class DataLoader:
         self._pool: PythonPool | None = None      # threads engine: the Python pool, created on first use
         self._arena_ring: BatchArena | None = None
         self._current: weakref.ref[LoaderIterator] | None = None  # weak reference to the newest iterator
-        self._warm: _Run | None = None   # the next epoch, started early (NOTE [ Warm epochs ])
+        self._warm = WarmStart()   # the next epoch, started early (NOTE [ Warm epochs ])
         self._resume: dict | None = None
         self._native_init_done = False   # worker_init_fn ran for the native engine's thread slots
         self._last_state: RunState | None = None   # the newest run's state (state_dict after it ends)
@@ -371,7 +371,7 @@ class DataLoader:
         the read-ahead stages of the runs alive; NOTE [ Read-ahead memory ])."""
         ring = self._arena_ring
         parts = {"batch slots": int(ring.stats["capacity_bytes"]) if ring is not None else 0, "read-ahead": 0}
-        for run in (self._warm, self._current_run()):
+        for run in (self._warm.run, self._current_run()):
             if run is not None and not run.closed and run.producer.reader is not None:
                 parts["read-ahead"] += int(run.producer.reader.buffer_bytes())
         return parts
@@ -450,7 +450,7 @@ class DataLoader:
             lines.append("  num_threads=0: every stage runs in the calling thread, one batch per next()")
         for stage, kind, detail in a.stages:
             if stage == "read" and kind == "native":
-                extract = self._extract_line()
+                extract = read_ahead_line(self._analysis, self._knobs.io_depth, self._current_run())
                 if extract is not None:
                     lines.append(f"  {'read-ahead':<17} {'native':<7} {extract}")
             lines.append(f"  {stage:<17} {kind:<7} {detail}")
@@ -464,32 +464,6 @@ class DataLoader:
         run = self._current_run()
         reader = run.producer.reader if run is not None else None
         return float(reader.waiting) if reader is not None else 0.0
-
-    def _extract_line(self) -> str | None:
-        """What explain() says of the read-ahead stage (NOTE [ Read-ahead ]), or None when
-        this loader has none (not files or byte ranges, or a Python engine)."""
-        a = self._analysis
-        src = a.native_source
-        # A store's samples are read ahead too (NOTE [ Remote read-ahead ] in _remote/readahead.py).
-        remote = src is not None and src.kind is SourceKind.BUFFERS and getattr(src.dataset, "_remote", None) is not None
-        if src is None or (src.kind not in (SourceKind.FILES, SourceKind.SHARDS) and not remote) or a.plan is None:
-            return None
-        if a.engine == "processes":
-            return None
-        depth = self._knobs.io_depth
-        if depth == 0:
-            return ("off (io_depth=0): each batch's requests go out when the batch is produced" if remote else
-                    "off (io_depth=0): each decode thread reads its own samples")
-        if remote and self._current_run() is None:
-            return "read-ahead from the store: requests issued ahead in the sampler's order by Python threads"
-        run = self._current_run()
-        reader = run.producer.reader if run is not None else None
-        if reader is not None:
-            return reader.describe()
-        if depth is None:
-            return ("reads issued ahead in the sampler's order by native IO threads; depth adapts to the measured "
-                    "read latency and decode rate (Little's law), within ram_budget")
-        return f"reads issued ahead in the sampler's order by native IO threads, io_depth={depth} in flight"
 
     def __repr__(self) -> str:
         return (f"DataLoader(engine={self.engine!r}, batch_size={self._batch_size}, batches={len(self)}, "
@@ -567,7 +541,7 @@ class DataLoader:
         check_state(self, state)
         s = self._pure_sampler()
         with self._lock:
-            self._drop_warm()
+            self._warm.drop()
             if int(state["seed"]) != self.seed:
                 self._adopt_seed(int(state["seed"]))
             if s is not None and "sampler_state" in state:
@@ -681,7 +655,7 @@ class DataLoader:
     _warm_epochs = True
 
     def _epoch_nearly_done(self, run: _Run) -> None:
-        if self._warm is not None or self._closed or not self._warm_epochs:
+        if self._warm.run is not None or self._closed or not self._warm_epochs:
             return
         s = self._pure_sampler()
         if s is None or self._resume is not None:
@@ -690,38 +664,26 @@ class DataLoader:
         if it is None or it._run is not run:
             return
         with self._lock:
-            if self._warm is not None:
+            if self._warm.run is not None:
                 return
             order = self._batch_sampler.plan_epoch(s.epoch)
-            if not order.targets:
-                return
-            self._warm = self._new_run(RunState(order, self.seed), warm=True)
+            if order.targets:
+                self._warm.put(order, self._new_run(RunState(order, self.seed), warm=True))
 
     def _take_warm(self, order: EpochOrder) -> _Run | None:
-        warm, self._warm = self._warm, None
-        if warm is None:
-            return None
-        w = warm.state.order
-        if (w.epoch == order.epoch and w.key == order.key and np.array_equal(w.carry_in, order.carry_in)
-                and not warm.closed):
-            w_state = warm.state
-            w_state.live.set()
-            return warm
-        warm.close()
-        return None
-
-    def _drop_warm(self) -> None:
-        warm, self._warm = self._warm, None
-        if warm is not None:
-            warm.close()
+        run = self._warm.take(lambda w, r: (w.epoch == order.epoch and w.key == order.key and not r.closed
+                                            and np.array_equal(w.carry_in, order.carry_in)))
+        if run is not None:
+            run.state.live.set()
+        return run
 
     def _iterator_closed(self, run: _Run) -> None:
         """An iterator ended (exhausted, closed or dropped): unless a warm next epoch uses
         them, the Python pool's threads go too, so an idle loader holds no threads."""
         if not run.state.exhausted or run.failed or run.interrupted:
-            self._drop_warm()   # an early break or an error: nothing of this loader keeps running
+            self._warm.drop()   # an early break or an error: nothing of this loader keeps running
         it = self._current() if self._current is not None else None
-        busy = self._warm is not None or (it is not None and not it._run.closed)
+        busy = self._warm.run is not None or (it is not None and not it._run.closed)
         if not busy and self._pool is not None:
             # Never wait after a timeout or Ctrl-C: a pool thread may be stuck in user code.
             self._pool.close(wait=not run.interrupted and threading.current_thread() is not run.thread)
@@ -734,7 +696,7 @@ class DataLoader:
         the state records the weights the rest of the epoch is drawn with.
         """
         with self._lock:
-            self._drop_warm()
+            self._warm.drop()
             it = self._current() if self._current is not None else None
             if it is None or it._run.closed:
                 return
@@ -853,7 +815,7 @@ class DataLoader:
         if current is not None:
             current.close()
         self._current = None
-        self._drop_warm()
+        self._warm.drop()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -872,7 +834,7 @@ class DataLoader:
 
     def __del__(self) -> None:
         try:
-            self._drop_warm()
+            self._warm.drop()
             if self._pool is not None:
                 self._pool.close(wait=False)
             if self._workers is not None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import tempfile
 import uuid
 import zipfile
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import parse_bytes
 from ._remote.files import RemoteFiles, remote_files
 from ._remote.store import expand_urls
 from ._shardfiles import ShardFiles
@@ -47,17 +47,9 @@ _MXNET_MAGIC = 0xCED7230A
 
 
 def parse_size(size: int | str) -> int:
-    """Bytes from an int or a string such as ``"512MB"``, ``"1GB"``, ``"64k"`` (powers of 1024)."""
-    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
-        n = int(size)
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(size).lower())
-        if not m:
-            raise ValueError(f"cannot read {size!r} as a size (e.g. 512MB, 1GB)")
-        n = int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))
-    if n <= 0:
-        raise ValueError(f"a size must be positive, got {size!r}")
-    return n
+    """Bytes from an int or a string such as ``"512MB"``, ``"1GB"``, ``"64KiB"`` (KB/MB/GB are
+    powers of 1000, KiB/MiB/GiB of 1024, as everywhere in loaderlib)."""
+    return parse_bytes(size, "size")
 
 
 def record_paths(path: str | os.PathLike) -> tuple[str, str]:

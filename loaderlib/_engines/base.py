@@ -385,6 +385,40 @@ class _BatchQueue:
 _RUN_SERIALS = itertools.count(1)
 
 
+class WarmStart:
+    """The next epoch's run (a Pipeline's next iteration's), started before it is asked for
+    (NOTE [ Warm epochs ] in loader.py): handed out only to the order it was started for,
+    closed otherwise. ``run`` is anything with ``close()``; None when nothing is started."""
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.run: Any = None
+
+    def put(self, key: Any, run: Any) -> None:
+        """Hold ``run``, started for ``key`` (closing what was held)."""
+        self.drop()
+        self.key, self.run = key, run
+
+    def take(self, same: Callable[[Any, Any], bool]) -> Any:
+        """The held run if ``same(key, run)`` says it is the one wanted (None otherwise; a
+        run that is not is closed). Nothing is held afterwards."""
+        key, run = self.key, self.run
+        self.key = self.run = None
+        if run is None:
+            return None
+        if same(key, run):
+            return run
+        run.close()
+        return None
+
+    def drop(self) -> None:
+        """Close and forget the held run, if any."""
+        run = self.run
+        self.key = self.run = None
+        if run is not None:
+            run.close()
+
+
 class _Run:
     """One pass over the data: its state, its producer, and (unless synchronous) the prefetch
     queue and driver thread (see NOTE [ Iterator state ])."""

@@ -276,3 +276,28 @@ def _iterable_analysis(dataset: Any, rank: int, world_size: int, num_workers: in
         what += f"; rank {rank} keeps one item of every {world_size} (NOTE [ Iterable shards ])"
     stages = [("read", "python", what), ("collate", "native", "into arena slots when shapes allow")]
     return _Analysis("threads", "an iterable dataset is read lazily, in order, by the producing thread", stages)
+
+
+def read_ahead_line(a: _Analysis, depth: int | None, run: Any) -> str | None:
+    """What ``explain()`` says of the read-ahead stage (NOTE [ Read-ahead ]) of a loader with
+    analysis ``a``, ``io_depth`` ``depth`` and current run ``run`` (or None); None when it has
+    none (not files, byte ranges or a store's samples, or a Python engine)."""
+    src = a.native_source
+    # A store's samples are read ahead too (NOTE [ Remote read-ahead ] in _remote/readahead.py).
+    remote = src is not None and src.kind is SourceKind.BUFFERS and getattr(src.dataset, "_remote", None) is not None
+    if src is None or (src.kind not in (SourceKind.FILES, SourceKind.SHARDS) and not remote) or a.plan is None:
+        return None
+    if a.engine == "processes":
+        return None
+    if depth == 0:
+        return ("off (io_depth=0): each batch's requests go out when the batch is produced" if remote else
+                "off (io_depth=0): each decode thread reads its own samples")
+    if remote and run is None:
+        return "read-ahead from the store: requests issued ahead in the sampler's order by Python threads"
+    reader = run.producer.reader if run is not None else None
+    if reader is not None:
+        return reader.describe()
+    if depth is None:
+        return ("reads issued ahead in the sampler's order by native IO threads; depth adapts to the measured "
+                "read latency and decode rate (Little's law), within ram_budget")
+    return f"reads issued ahead in the sampler's order by native IO threads, io_depth={depth} in flight"

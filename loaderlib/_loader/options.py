@@ -11,8 +11,8 @@ import numpy as np
 
 from .. import _threads
 from .. import transforms as T
-from .._autotune import AUTOTUNE, parse_bytes
-from .._checks import check_int
+from .._autotune import AUTOTUNE
+from .._checks import check_int, parse_bytes
 from .._iterable import default_rank, is_iterable_dataset
 from ..sampler import LAST_BATCH_MODES, draw_seed
 from .analysis import _as_dataset
@@ -133,7 +133,7 @@ def check_options(dataset: Any, batch_size: int | None, shuffle: bool, sampler: 
     prefetch = None if tune_prefetch else prefetch
     # AUTOTUNE's read-ahead depth is the adaptive one (NOTE [ Read-ahead depth ]).
     io_depth = None if tune_io else check_int(io_depth, "io_depth", allow_none=True)
-    ram_budget = None if ram_budget is None else parse_bytes(ram_budget)
+    ram_budget = None if ram_budget is None else parse_bytes(ram_budget, "ram_budget")
     dataset = _as_dataset(dataset)
     iterable = is_iterable_dataset(dataset)
     if iterable:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import transforms as T
-from .._engines.base import LoaderIterator, RunState
+from .._engines.base import LoaderIterator, RunState, WarmStart
 from .._source import NativeSource, SourceKind, native_source_of
 from .._tree import tree_leaves, tree_map
 from ..datasets import ArrayDataset, Dataset, ImageFolderDataset, ImageListDataset
@@ -227,7 +227,7 @@ class _Engine:
         kw: dict[str, Any] = {"batch_size": self.batch_size, "seed": seed, "num_threads": opts.num_threads,
                               "prefetch": opts.prefetch, "timeout": None, "io_depth": opts.io_depth}
         self.keyed = True
-        self._warm: tuple[int, EpochOrder, LoaderIterator] | None = None
+        self._warm = WarmStart()   # (iteration, order) -> the iteration's first segment
         loader = None
         src = native_source_of(base)
         if src is not None and all(isinstance(m, T.Transform) for m in maps):
@@ -260,26 +260,17 @@ class _Engine:
     def engine(self) -> str:
         return self.loader.engine
 
-    def warm(self, order: Any, iteration: int) -> None:
+    def warm(self, order: EpochOrder, iteration: int) -> None:
         """Start the next iteration's first segment now (NOTE [ Warm iterations ])."""
-        self.drop_warm()
-        self._warm = (iteration, order, self.run(order, iteration, 0, 0))
+        self._warm.put((iteration, order), self.run(order, iteration, 0, 0))
 
     def take_warm(self, iteration: int, order: EpochOrder) -> LoaderIterator | None:
         """The warm run if it is exactly this iteration's first segment, else None."""
-        w, self._warm = self._warm, None
-        if w is None:
-            return None
-        it, warm_order, run = w
-        if it == iteration and warm_order.targets == order.targets and np.array_equal(warm_order.stream, order.stream):
-            return run
-        run.close()
-        return None
+        return self._warm.take(lambda k, _run: (k[0] == iteration and k[1].targets == order.targets
+                                                and np.array_equal(k[1].stream, order.stream)))
 
     def drop_warm(self) -> None:
-        w, self._warm = self._warm, None
-        if w is not None:
-            w[2].close()
+        self._warm.drop()
 
     def run(self, order: EpochOrder, iteration: int, delivered: int, position: int) -> LoaderIterator:
         ld = self.loader

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._autotune import AUTOTUNE, parse_bytes
-from .._checks import check_int
+from .._autotune import AUTOTUNE
+from .._checks import check_int, parse_bytes
 
 __all__ = ["PipelineOptions"]
 
@@ -47,6 +47,6 @@ class PipelineOptions:
         put("num_threads", _tunable(self.num_threads, "num_threads", 0))
         put("prefetch", _tunable(self.prefetch, "prefetch", 1))
         if self.ram_budget is not None:
-            put("ram_budget", parse_bytes(self.ram_budget))
+            put("ram_budget", parse_bytes(self.ram_budget, "ram_budget"))
         put("num_workers", check_int(self.num_workers, "num_workers", minimum=0, allow_none=True))
         put("io_depth", _tunable(self.io_depth, "io_depth", 0))

@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import parse_bytes
 from .options import StoreOptions
 from .store import ObjectInfo, open_store
 
@@ -101,9 +102,7 @@ class ShardCache:
                  storage_options: Mapping[str, Any] | StoreOptions | None = None, workers: int = 2) -> None:
         self.dir = os.path.abspath(os.fspath(cache_dir))
         os.makedirs(self.dir, exist_ok=True)
-        from ..records import parse_size  # records reads URLs through this package: a cycle at import
-
-        self.limit = parse_size(cache_limit) if cache_limit is not None else None
+        self.limit = parse_bytes(cache_limit, "cache_limit") if cache_limit is not None else None
         self.options = (storage_options if isinstance(storage_options, StoreOptions)
                         else StoreOptions.resolve(storage_options))
         self.workers = max(1, int(workers))

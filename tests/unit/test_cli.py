@@ -52,7 +52,7 @@ def test_console_script_is_the_same_command():
     (["bench", "--seconds", "0"], "python -m loaderlib bench", "argument --seconds: expected a number > 0"),
     (["bench", "--loaders", "loaderlib,fast"], "python -m loaderlib bench", "unknown loader(s) fast"),
     (["pack"], "python -m loaderlib pack", "required: image_dir, out"),
-    (["pack", "a", "b", "--shard-size", "1XB"], "python -m loaderlib pack", "argument --shard-size: cannot read"),
+    (["pack", "a", "b", "--shard-size", "1XB"], "python -m loaderlib pack", "argument --shard-size: size must be a positive number of bytes"),
     (["doctor", "--seconds", "soon"], "python -m loaderlib doctor", "argument --seconds: expected a number"),
     (["doctor", "--bogus"], "python -m loaderlib", "unrecognized arguments: --bogus"),
 ])

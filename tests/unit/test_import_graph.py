@@ -178,7 +178,6 @@ def test_no_import_cycle_touches_the_pipeline_wing():
     assert not mine, "import cycles through the Pipeline wing:\n" + _report(g, mine)
 
 
-@pytest.mark.xfail(strict=True, reason="cycles outside the pipeline wing, being removed")
 def test_no_import_cycle():
     g = graph()
     found = components(g)

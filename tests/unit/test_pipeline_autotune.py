@@ -12,7 +12,8 @@ import pytest
 import loaderlib as ll
 import loaderlib.stats as stats_mod
 from loaderlib import transforms as T
-from loaderlib._autotune import HillClimb, Tuner, parse_bytes
+from loaderlib._autotune import HillClimb, Tuner
+from loaderlib._checks import parse_bytes
 
 from .profiling_sim import FakeClock
 
@@ -45,10 +46,10 @@ def test_parse_bytes():
     assert parse_bytes("2GB") == 2 * 10**9
     assert parse_bytes("512MiB") == 512 * 2**20
     assert parse_bytes(" 1.5 g ") == 1_500_000_000
-    assert parse_bytes(4096) == 4096
-    for bad in ("two GB", "0GB", -5, 0, True, "12XB"):
-        with pytest.raises(ValueError, match="ram_budget must be"):
-            parse_bytes(bad)
+    assert parse_bytes(4096) == 4096 and parse_bytes(np.int64(7)) == 7
+    for bad in ("two GB", "0GB", -5, 0, True, "12XB", 1.5, None):
+        with pytest.raises(ValueError, match="ram_budget must be a positive number of bytes"):
+            parse_bytes(bad, "ram_budget")
 
 
 def simulate(tuner: Tuner, clock: FakeClock, value_of, rate_of, items: int, stream=None, until_settled=False):

@@ -52,7 +52,7 @@ def test_native_pipeline_equals_dataloader(folder, threads):
     for _ in range(2):   # iteration k of the pipeline is epoch k of the loader
         _same([(x.copy(), y.copy()) for x, y in pipe], [(x.copy(), y.copy()) for x, y in loader])
         # the next iteration's first batches are already on their way (NOTE [ Warm iterations ])
-        assert [e._warm[0] for e in pipe._engines.values()] == [pipe._iteration]
+        assert [e._warm.key[0] for e in pipe._engines.values()] == [pipe._iteration]
     spec = pipe.element_spec
     assert spec[0] == ll.pipeline.TensorSpec((None, 3, 12, 12), np.uint8)
     assert spec[1] == ll.pipeline.TensorSpec((None,), np.int64)

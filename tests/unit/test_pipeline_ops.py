@@ -394,7 +394,7 @@ def test_with_options_makes_a_new_frozen_options_object():
         p.with_options(seed=-1)
     with pytest.raises(ValueError, match="num_workers must be a non-negative integer, got 1.5"):
         p.with_options(num_workers=1.5)
-    with pytest.raises(ValueError, match="ram_budget must be bytes"):
+    with pytest.raises(ValueError, match="ram_budget must be a positive number of bytes"):
         p.with_options(ram_budget="lots")
     assert ll.Pipeline.from_arrays(np.arange(3))._options.seed_drawn
 

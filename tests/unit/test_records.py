@@ -34,9 +34,9 @@ def _rgb(data):
 
 
 def test_parse_size():
-    assert parse_size("1GB") == 1 << 30 and parse_size("512mb") == 512 << 20 and parse_size(100) == 100
-    assert parse_size("1.5k") == 1536
-    with pytest.raises(ValueError, match="cannot read"):
+    assert parse_size("1GiB") == 1 << 30 and parse_size("512mib") == 512 << 20 and parse_size(100) == 100
+    assert parse_size("1GB") == 10**9 and parse_size("1.5k") == 1500   # as ram_budget and cache_limit read them
+    with pytest.raises(ValueError, match="size must be a positive number of bytes"):
         parse_size("lots")
     with pytest.raises(ValueError, match="positive"):
         parse_size(0)
