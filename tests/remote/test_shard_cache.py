@@ -95,8 +95,9 @@ def test_lru_eviction_within_limit_never_evicts_a_held_shard(proxy, served, tmp_
 
 
 def test_cache_limit_accepts_sizes(tmp_path):
-    assert ShardCache(tmp_path, cache_limit="20GB").limit == 20 << 30
-    with pytest.raises(ValueError, match="as a size"):
+    assert ShardCache(tmp_path, cache_limit="20GB").limit == 20 * 10**9
+    assert ShardCache(tmp_path, cache_limit="20GiB").limit == 20 << 30
+    with pytest.raises(ValueError, match="cache_limit must be a positive number of bytes"):
         ShardCache(tmp_path, cache_limit="lots")
 
 
@@ -311,9 +312,15 @@ def six_shards(ds_root, served):
 
 
 def _data_bytes(folder) -> int:
-    # Published shards and downloads under way: everything but sidecars and lock files.
-    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
-               if not n.endswith((".json", ".lock")) and os.path.isfile(os.path.join(folder, n)))
+    """Published shards and downloads under way: everything but sidecars and lock files. A
+    background download may publish (rename) a part file between the listing and its size:
+    then the folder is listed again, so the sum is of one consistent listing."""
+    while True:
+        try:
+            return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+                       if not n.endswith((".json", ".lock")) and os.path.isfile(os.path.join(folder, n)))
+        except FileNotFoundError:
+            continue
 
 
 @pytest.mark.parametrize("engine", ["native", "threads"])

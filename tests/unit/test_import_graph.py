@@ -16,8 +16,6 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = "loaderlib"
 
