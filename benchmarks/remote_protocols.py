@@ -1,5 +1,5 @@
 """obstore vs fsspec (s3fs / HTTPFileSystem) on loopback servers: the measurement behind
-NOTE [ Protocol library ] in ``loaderlib/_remote/store.py``.
+NOTE [ Protocol library ] in ``loaderlib/_extract/remote/store.py``.
 
 Shard-sized files (``--shards`` x ``--shard-mb``) are served by nginx (HTTP, range
 requests) and uploaded to moto's S3 server. For each library and server:

@@ -40,7 +40,7 @@ TOPICS = [
     ("loaderlib/records", "Formats and storage"),
     ("loaderlib/recordio", "Formats and storage"),
     ("loaderlib/webdataset", "Formats and storage"),
-    ("loaderlib/_shardfiles", "Formats and storage"),
+    ("loaderlib/_extract", "Extract: reading ahead, sources and stores"),
     ("loaderlib/datasets", "Formats and storage"),
     ("loaderlib/decoding", "Decoding"),
     ("loaderlib/loader", "The DataLoader"),

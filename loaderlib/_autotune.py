@@ -63,7 +63,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import stats
-from ._source import SourceKind
+from ._extract.source import SourceKind
 from ._threads import default_num_threads
 from ._tree import tree_leaves
 

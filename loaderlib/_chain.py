@@ -194,7 +194,7 @@ class NativePlan:
         parallel pass into per-thread scratch. A missing or unreadable file fails its
         item with the system's reason and the path.
 
-        With ``reader`` (a :class:`~loaderlib._readahead.ReadAhead`) and ``positions`` (the
+        With ``reader`` (a :class:`~loaderlib._extract.readahead.ReadAhead`) and ``positions`` (the
         samples' stream positions), files the read-ahead stage queued are taken from it as
         their bytes arrive (NOTE [ Read-ahead ] in include/ll_readahead.h); the output is the
         same."""

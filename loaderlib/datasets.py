@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ._remote.files import RemoteFiles, remote_files
-from ._remote.store import expand_urls
-from ._remote.urls import is_url
-from ._source import NativeSource, SourceKind
+from ._extract.remote.files import RemoteFiles, remote_files
+from ._extract.remote.store import expand_urls
+from ._extract.remote.urls import is_url
+from ._extract.source import NativeSource, SourceKind
 from .decoding import decode
 from .errors import RemoteReadError
 
@@ -55,7 +55,7 @@ class Dataset:
 
     def native_source(self) -> NativeSource | None:
         """How the native kernels read this dataset's samples, or None when ``dataset[i]``
-        is read from Python (NOTE [ Datasets describe their own source ] in ``_source.py``).
+        is read from Python (NOTE [ Datasets describe their own source ] in ``_extract/source.py``).
 
         A dataset format the kernels can read overrides this; the loader and the Pipeline
         never test dataset types.

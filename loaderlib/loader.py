@@ -33,6 +33,7 @@ from ._checks import check_int
 from ._engines.base import HeldRecorder, LoaderIterator, Producer, RunState, WarmStart, _Knobs, _Run
 from ._engines.native import NativeProducer, kernel_threads
 from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
+from ._extract.source import SourceKind, announce_order
 from ._iterable import IterableProducer, IterableRunState, resume_source
 from ._loader.analysis import _analyze, _iterable_analysis, read_ahead_line
 from ._loader.options import check_options
@@ -53,7 +54,6 @@ from ._loader.state import (
     state_of,
 )
 from ._recorder import Recorder, StageRecorder
-from ._source import SourceKind, announce_order
 from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
@@ -171,7 +171,7 @@ class DataLoader:
         Bytes (or a string such as ``"2GB"``) the loader may hold: the prefetched batches'
         slots (``AUTOTUNE`` keeps the prefetch depth within it, and a budget smaller than one
         batch raises ``ValueError``) and the read-ahead buffers, which get what the slots
-        leave (at least an eighth; NOTE [ Read-ahead memory ] in ``_readahead.py``).
+        leave (at least an eighth; NOTE [ Read-ahead memory ] in ``_extract/readahead.py``).
         ``num_threads`` and ``prefetch`` also take ``loaderlib.AUTOTUNE``: they are then
         tuned online from the delivered throughput (NOTE [ Autotune ] in ``_autotune.py``);
         the output does not change, only the speed.

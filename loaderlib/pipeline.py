@@ -373,7 +373,7 @@ class Pipeline:
         io_depth : int or AUTOTUNE, optional
             Reads in flight of the head's read-ahead stage (as ``DataLoader(io_depth=...)``):
             0 reads inside the decode threads; unset or ``AUTOTUNE``: adapts to the measured
-            read latency (NOTE [ Read-ahead depth ] in ``_readahead.py``).
+            read latency (NOTE [ Read-ahead depth ] in ``_extract/readahead.py``).
         """
         given = {"seed": seed, "num_threads": num_threads, "prefetch": prefetch, "ram_budget": ram_budget,
                  "num_workers": num_workers, "autotune_clock": autotune_clock, "io_depth": io_depth}

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ._remote.files import remote_files
-from ._shardfiles import ShardFiles
-from ._source import NativeSource, SourceKind
+from ._extract.remote.files import remote_files
+from ._extract.shardfiles import ShardFiles
+from ._extract.source import NativeSource, SourceKind
 from .datasets import Dataset, _check_index
 from .decoding import decode
 from .errors import LoaderError, RemoteReadError

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from ._checks import parse_bytes
-from ._remote.files import RemoteFiles, remote_files
-from ._remote.store import expand_urls
-from ._shardfiles import ShardFiles
-from ._source import NativeSource, SourceKind
+from ._extract.remote.files import RemoteFiles, remote_files
+from ._extract.remote.store import expand_urls
+from ._extract.shardfiles import ShardFiles
+from ._extract.source import NativeSource, SourceKind
 from .datasets import Dataset, _check_index, _read_file
 from .decoding import decode
 from .errors import LoaderError
@@ -383,7 +383,7 @@ class RecordFileDataset(ShardFiles, Dataset):
         if self._remote is not None and self._remote.cached:
             # The indexes and headers from the store now; the data shards download a few
             # ahead of the reads in the order a run first needs them (plan_epoch, NOTE [ Epoch
-            # order to the dataset ] in _source.py) and a shard's first read waits for its
+            # order to the dataset ] in _extract/source.py) and a shard's first read waits for its
             # copy, so reading starts before the last shard arrives.
             self.paths = [self._remote.cache.path_of(d) for d, _ in pairs]
         else:

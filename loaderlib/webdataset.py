@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ._remote.files import remote_files
-from ._remote.store import expand_urls
-from ._shardfiles import ShardFiles
-from ._source import NativeSource, SourceKind
+from ._extract.remote.files import remote_files
+from ._extract.remote.store import expand_urls
+from ._extract.shardfiles import ShardFiles
+from ._extract.source import NativeSource, SourceKind
 from .datasets import Dataset
 from .decoding import decode
 from .errors import LoaderError

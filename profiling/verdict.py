@@ -71,7 +71,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .._readahead import HEADROOM
+from .._extract.readahead import HEADROOM
 from ..stats import STAGES, Window, _jsonable
 
 __all__ = ["BOTTLENECKS", "Verdict", "diagnose"]

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from .._autotune import Tuner
-from .._readahead import ReadAhead
+from .._extract.readahead import ReadAhead
 from .._recorder import Recorder
 from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
 from ..sampler import EpochOrder

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from .. import _threads
-from .._readahead import ReadAhead, read_ahead_for
+from .._extract.readahead import ReadAhead, read_ahead_for
+from .._extract.source import NativeSource, SourceKind, native_error
 from .._recorder import Recorder
-from .._source import NativeSource, SourceKind, native_error
 from ..arena import BatchArena, BatchLayout
 from ..batchify import finish_native
 from ..errors import DecodeWarning
@@ -66,7 +66,7 @@ class NativeProducer(Producer):
         # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
         self.reader: ReadAhead | None = None
         depth = getattr(knobs, "io_depth", None)
-        if plan is not None:   # NOTE [ Remote read-ahead ] too (_remote/readahead.py), via read_ahead_for
+        if plan is not None:   # NOTE [ Remote read-ahead ] too (_extract/remote/readahead.py), via read_ahead_for
             self.reader = read_ahead_for(src, state.order.stream, io_depth=depth, batch_size=batch_size,
                                          lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
                                          start=state.cursor, hint=getattr(knobs, "read_hint", None))

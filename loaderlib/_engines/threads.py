@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from .. import _threads
-from .._readahead import ReadAhead, read_ahead_for
+from .._extract.readahead import ReadAhead, read_ahead_for
+from .._extract.source import native_source_of
 from .._recorder import Recorder
-from .._source import native_source_of
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena
 from ..datasets import _TransformDataset

@@ -27,9 +27,9 @@ import cloudpickle
 import numpy as np
 
 from .._chain import compile_chain
+from .._extract.readahead import ReadAhead
+from .._extract.source import NativeSource, SourceKind, native_error
 from .._iterable import RankStride
-from .._readahead import ReadAhead
-from .._source import NativeSource, SourceKind, native_error
 from .._tree import tree_map
 from .._worker_info import WorkerInfo, set_process_info, worker_seed
 from ..arena import BatchLayout

@@ -10,8 +10,8 @@ import numpy as np
 
 from .. import transforms as T
 from .._chain import NativePlan, compile_chain
+from .._extract.source import NativeSource, SourceKind, native_source_of
 from .._iterable import is_iterable_dataset
-from .._source import NativeSource, SourceKind, native_source_of
 from ..batchify import Pad, Stack, Tuple, default_batchify_fn
 from ..datasets import ArrayDataset, SimpleDataset, TupleDataset, _TransformDataset
 
@@ -283,7 +283,7 @@ def read_ahead_line(a: _Analysis, depth: int | None, run: Any) -> str | None:
     analysis ``a``, ``io_depth`` ``depth`` and current run ``run`` (or None); None when it has
     none (not files, byte ranges or a store's samples, or a Python engine)."""
     src = a.native_source
-    # A store's samples are read ahead too (NOTE [ Remote read-ahead ] in _remote/readahead.py).
+    # A store's samples are read ahead too (NOTE [ Remote read-ahead ] in _extract/remote/readahead.py).
     remote = src is not None and src.kind is SourceKind.BUFFERS and getattr(src.dataset, "_remote", None) is not None
     if src is None or (src.kind not in (SourceKind.FILES, SourceKind.SHARDS) and not remote) or a.plan is None:
         return None

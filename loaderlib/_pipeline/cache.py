@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .._source import NativeSource, SourceKind
+from .._extract.source import NativeSource, SourceKind
 from .._tree import is_namedtuple, tree_leaves, tree_map
 from ..datasets import Dataset
 from ..decoding import decode_batch

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import transforms as T
 from .._engines.base import LoaderIterator, RunState, WarmStart
-from .._source import NativeSource, SourceKind, native_source_of
+from .._extract.source import NativeSource, SourceKind, native_source_of
 from .._tree import tree_leaves, tree_map
 from ..datasets import ArrayDataset, Dataset, ImageFolderDataset, ImageListDataset
 from ..loader import DataLoader
@@ -143,7 +143,7 @@ def _decodes(ds: Any) -> bool:
 
 
 class _Numbered(Dataset):
-    """``base`` read with virtual indices (NOTE [ Virtual indices ] in ``_source.py``): item ``v``
+    """``base`` read with virtual indices (NOTE [ Virtual indices ] in ``_extract/source.py``): item ``v``
     is ``base[v % n]``, and its native source says so, so the DataLoader a Pipeline's head
     builds reads the right samples without being patched."""
 
@@ -173,7 +173,7 @@ class _Numbered(Dataset):
 
 class _Keyed:
     """A map-style dataset with the head's maps applied, for the threads engine: item ``v``
-    is source sample ``v % n`` (NOTE [ Virtual indices ] in ``_source.py``) and each
+    is source sample ``v % n`` (NOTE [ Virtual indices ] in ``_extract/source.py``) and each
     loaderlib transform's randomness is keyed by ``(seed, iteration, v)``."""
 
     def __init__(self, base: Any, maps: list, seed: int, iteration: int, labels: list) -> None:

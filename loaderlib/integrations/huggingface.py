@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._source import NativeSource, SourceKind
+from .._extract.source import NativeSource, SourceKind
 from ..datasets import Dataset, _check_index
 from ..decoding import decode
 from ..errors import LoaderError

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
-from loaderlib._remote.options import StoreOptions
-from loaderlib._remote.store import RemoteStore
+from loaderlib._extract.remote.options import StoreOptions
+from loaderlib._extract.remote.store import RemoteStore
 from loaderlib.errors import LoaderError, RemoteReadError
 from tests.remote.conftest import FAST
 

@@ -1,5 +1,5 @@
 """Remote samples read ahead of the batches (NOTE [ Remote read-ahead ] in
-loaderlib/_remote/readahead.py): the same output at any depth, exact resume, failures named
+loaderlib/_extract/remote/readahead.py): the same output at any depth, exact resume, failures named
 or skipped alone, figures in Stats.extract, and no reading thread left behind."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import loaderlib as ll
-from loaderlib._remote.readahead import GAIN, MIN_DEPTH, RemoteReadAhead
-from loaderlib._source import NativeSource, SourceKind
+from loaderlib._extract.remote.readahead import GAIN, MIN_DEPTH, RemoteReadAhead
+from loaderlib._extract.source import NativeSource, SourceKind
 from loaderlib.errors import RemoteReadError
 from tests.remote.conftest import N
 from tests.remote.test_datasets import _base, _batches, _faulty_list, _loader, _make, _same

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from loaderlib._remote.shard_cache import ShardCache
+from loaderlib._extract.remote.shard_cache import ShardCache
 from loaderlib.errors import RemoteReadError
 from tests.remote.conftest import BUCKET, FAST
 
@@ -154,7 +154,7 @@ def test_a_download_in_progress_is_never_read(proxy, served, tmp_path):
 _CHILD = """
 import sys
 sys.path.insert(0, {root!r})
-from loaderlib._remote.shard_cache import ShardCache
+from loaderlib._extract.remote.shard_cache import ShardCache
 cache = ShardCache({dir!r}, storage_options={opts!r}, workers=1)
 for u in {urls!r}:
     cache.path(u)
@@ -254,7 +254,7 @@ def test_cache_downloads_shards_in_the_order_the_sampler_first_needs_them(ds_roo
     # first use on a shuffled epoch, computed here in plain Python from the sampler.
     import loaderlib as ll
     from loaderlib import transforms as T
-    from loaderlib._remote.shard_cache import ShardCache
+    from loaderlib._extract.remote.shard_cache import ShardCache
     from loaderlib.sampler import RandomSampler
 
     asked: list[list[str]] = []

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from loaderlib._remote.store import RemoteStore, expand_urls, open_store, read_ranges
+from loaderlib._extract.remote.store import RemoteStore, expand_urls, open_store, read_ranges
 from loaderlib.errors import LoaderError, RemoteReadError
 from tests.remote.conftest import BUCKET
 
@@ -87,5 +87,5 @@ def test_aws_environment_variables(moto, served, monkeypatch):
 
 def test_unknown_store_option_is_a_value_error():
     with pytest.raises(ValueError, match="cannot open s3://x"):
-        RemoteStore("s3://x", __import__("loaderlib._remote.options", fromlist=["StoreOptions"])
+        RemoteStore("s3://x", __import__("loaderlib._extract.remote.options", fromlist=["StoreOptions"])
                     .StoreOptions.resolve({"no_such_option": 1}, environ={}))

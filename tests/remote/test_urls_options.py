@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loaderlib._remote.options import StoreOptions
-from loaderlib._remote.urls import expand_braces, is_url, parse_url
+from loaderlib._extract.remote.options import StoreOptions
+from loaderlib._extract.remote.urls import expand_braces, is_url, parse_url
 
 
 def test_is_url():
@@ -70,7 +70,7 @@ def test_missing_library_names_the_extra():
     import sys
 
     code = ("import sys; sys.modules['obstore'] = None\n"
-            "from loaderlib._remote import open_store\n"
+            "from loaderlib._extract.remote import open_store\n"
             "try:\n    open_store('s3://b/k', {})\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert "pip install loaderlib[remote]" in out.stdout, out.stdout + out.stderr

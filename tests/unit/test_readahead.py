@@ -14,8 +14,8 @@ import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
 from loaderlib._ext import _chain
-from loaderlib._readahead import MAX_DEPTH, MIN_DEPTH, ReadAhead, choose_depth
-from loaderlib._source import NativeSource, SourceKind
+from loaderlib._extract.readahead import MAX_DEPTH, MIN_DEPTH, ReadAhead, choose_depth
+from loaderlib._extract.source import NativeSource, SourceKind
 from loaderlib.errors import DecodeError
 from loaderlib.sampler import RandomSampler
 from tests._synth import encode_jpeg, photo_like
@@ -351,7 +351,7 @@ def test_reads_that_are_cpu_work_go_back_to_the_decode_threads(folder):
     Reads that are mostly CPU (page cache) switch the stage to inline reads with one batch in
     PROBE_EVERY still read ahead; reads that wait switch it back; the choice carries over to
     the next run through the hint."""
-    from loaderlib import _readahead as ra_mod
+    from loaderlib._extract import readahead as ra_mod
 
     paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
     src = NativeSource(SourceKind.FILES, stage="", paths=paths)

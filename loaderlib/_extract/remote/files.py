@@ -5,7 +5,7 @@ NOTE [ Remote datasets: cache or ranges ]
 A dataset whose files are URLs reads them one of two ways.
 - With ``cache_dir``: shards go through the :class:`ShardCache` (downloaded by background
   threads a few ahead of the reads, in the order a run first needs them, NOTE [ Epoch order
-  to the dataset ] in ``_source.py``; published atomically, shared by the node's processes)
+  to the dataset ] in ``_extract/source.py``; published atomically, shared by the node's processes)
   and samples are slices of the local copies, mapped into memory, handed to the kernels'
   BUFFERS path (and to the read-ahead, NOTE [ Remote read-ahead ] in ``readahead.py``). The
   dataset holds only the few shards it reads (NOTE [ Shards held by a dataset ]), so the
@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RemoteReadError
+from ...errors import RemoteReadError
 from .options import StoreOptions
 from .shard_cache import Lease, ShardCache
 from .store import open_store, read_objects, read_ranges
@@ -74,7 +74,7 @@ class RemoteFiles:
     Parameters
     ----------
     storage_options : dict, optional
-        boto3's names plus the transfer's bounds (:class:`~loaderlib._remote.options.StoreOptions`).
+        boto3's names plus the transfer's bounds (:class:`~loaderlib._extract.remote.options.StoreOptions`).
     cache_dir : str, optional
         Turns the shard cache on.
     cache_limit : int or str, optional
@@ -250,7 +250,7 @@ class RemoteFiles:
         # One failed request fails a whole batched call. The kernels fail samples one by one
         # (status codes), and on_error="skip" drops only those, so the batch is read again
         # sample by sample: each failure is kept here under its sample index and an empty
-        # buffer (which the decoder refuses) takes its place; native_error() in _source.py
+        # buffer (which the decoder refuses) takes its place; native_error() in _extract/source.py
         # asks read_failure(i) and reports the RemoteReadError itself, not a decode error.
         try:
             out = fetch(reqs, indices)

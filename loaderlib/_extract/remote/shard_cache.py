@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import parse_bytes
+from ..._checks import parse_bytes
 from .options import StoreOptions
 from .store import ObjectInfo, open_store
 
@@ -89,7 +89,7 @@ class ShardCache:
         Bytes (or ``"20GB"``) the published shards may take; least recently used shards
         not held by a reader are evicted to stay within it. ``None``: no limit.
     storage_options : dict or StoreOptions, optional
-        How to reach the store (see :class:`~loaderlib._remote.options.StoreOptions`).
+        How to reach the store (see :class:`~loaderlib._extract.remote.options.StoreOptions`).
     workers : int
         Background downloads running at once for :meth:`prefetch`.
 

@@ -29,7 +29,7 @@ class ShardFiles:
         """A read-only descriptor of file ``shard`` of ``self.paths``, opened once per process.
         With the shard cache it waits for the local copy and holds it until :meth:`close`
         (the loader reads cached shards through :meth:`buffers` instead, which holds only
-        the shards in use: NOTE [ Shards held by a dataset ] in ``_remote/files.py``)."""
+        the shards in use: NOTE [ Shards held by a dataset ] in ``_extract/remote/files.py``)."""
         remote: Any = getattr(self, "_remote", None)
         urls = getattr(self, "urls", None)
         if remote is not None and remote.cached and urls:
@@ -67,8 +67,8 @@ class ShardFiles:
     def plan_epoch(self, indices: np.ndarray) -> None:
         """With the shard cache: download the shards a few ahead of the reads, in the order
         ``indices`` (the run's samples, in the order they will be read) first needs them
-        (NOTE [ Epoch order to the dataset ] in ``_source.py``, NOTE [ Shards held by a
-        dataset ] in ``_remote/files.py``)."""
+        (NOTE [ Epoch order to the dataset ] in ``_extract/source.py``, NOTE [ Shards held by a
+        dataset ] in ``_extract/remote/files.py``)."""
         remote: Any = getattr(self, "_remote", None)
         urls = getattr(self, "urls", None)
         if remote is None or not remote.cached or not urls or len(urls) < 2 or not len(indices):

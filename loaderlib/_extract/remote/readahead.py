@@ -1,5 +1,5 @@
 """The read-ahead stage for samples in an object store: the BUFFERS counterpart of the native
-read-ahead (``loaderlib._readahead.ReadAhead``), with the same interface to the engines.
+read-ahead (``loaderlib._extract.readahead.ReadAhead``), with the same interface to the engines.
 
 NOTE [ Remote read-ahead ]
 Without the shard cache a remote dataset's samples are objects or byte ranges read from the
@@ -24,7 +24,7 @@ stream's order (the sampler's), like local files in the native stage (NOTE [ Rea
   before, with the rest of its batch. The bytes are the object's bytes, so outputs do not
   depend on the depth; a failed read is kept in its slot and reported, or skipped, exactly
   as a failure in the batch read (NOTE [ Remote failures per sample ] in ``files.py``).
-- Memory: the slots in use are bounded as in NOTE [ Read-ahead memory ] (``_readahead.py``):
+- Memory: the slots in use are bounded as in NOTE [ Read-ahead memory ] (``_extract/readahead.py``):
   the batches queued on the kernels plus twice the depth, within the read-ahead's memory
   budget at the largest sample seen.
 - ``io_depth``: an integer is used as given, 0 turns the stage off (the per-batch reads),
@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RemoteReadError
+from ...errors import RemoteReadError
 
 __all__ = ["RemoteReadAhead"]
 
@@ -101,7 +101,7 @@ class _Slot:
 
 class RemoteReadAhead:
     """Reads of a BUFFERS source's samples ahead of the batches, ``depth`` at once
-    (NOTE [ Remote read-ahead ]). The interface is :class:`loaderlib._readahead.ReadAhead`'s.
+    (NOTE [ Remote read-ahead ]). The interface is :class:`loaderlib._extract.readahead.ReadAhead`'s.
 
     Parameters
     ----------

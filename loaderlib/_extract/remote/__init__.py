@@ -4,6 +4,8 @@
 - ``options``: ``storage_options`` and the AWS environment variables.
 - ``store``: one store's requests (head, get, ranges, list) and their errors.
 - ``shard_cache``: whole shards downloaded ahead into a local folder, shared by processes.
+- ``files``: a dataset's view of its URLs: per-sample reads, whole objects, the cached shards it holds.
+- ``readahead``: a store's samples read ahead of the batches, at the read-ahead depth.
 
 The storage library is imported lazily: ``import loaderlib`` never needs it.
 """

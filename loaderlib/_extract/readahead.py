@@ -62,8 +62,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ext import _chain
-from ._source import NativeSource, SourceKind
+from .._ext import _chain
+from .source import NativeSource, SourceKind
 
 __all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth", "read_ahead_for"]
 
@@ -298,7 +298,7 @@ class ReadAhead:
 
 def read_ahead_for(src: NativeSource | None, stream: np.ndarray, *, io_depth: int | None, **kw: Any) -> Any:
     """The read-ahead stage of a run over ``src``: a :class:`ReadAhead` for files and byte
-    ranges, a :class:`~loaderlib._remote.readahead.RemoteReadAhead` for samples in an object
+    ranges, a :class:`~loaderlib._extract.remote.readahead.RemoteReadAhead` for samples in an object
     store (a BUFFERS source whose dataset reads samples with ``buffers(indices)``; NOTE [ Remote
     read-ahead ]), None with ``io_depth=0`` or for any other source. ``kw``: the stages'
     common arguments (batch_size, lookahead, timeout, budget_bytes, start, hint)."""
@@ -308,7 +308,7 @@ def read_ahead_for(src: NativeSource | None, stream: np.ndarray, *, io_depth: in
         return ReadAhead(src, stream, io_depth=io_depth, **kw)
     if (src.kind is SourceKind.BUFFERS and getattr(src.dataset, "_remote", None) is not None
             and callable(getattr(src.dataset, "buffers", None))):
-        from ._remote.readahead import RemoteReadAhead
+        from .remote.readahead import RemoteReadAhead
 
         return RemoteReadAhead(src, stream, io_depth=io_depth, **kw)
     return None

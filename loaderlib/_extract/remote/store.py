@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RemoteReadError
+from ...errors import RemoteReadError
 from . import _deps
 from .options import StoreOptions
 from .urls import ObjectURL, expand_braces, has_glob, parse_url

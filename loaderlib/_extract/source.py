@@ -11,7 +11,7 @@ dataset answers None (``Dataset.native_source``'s default) and is read with ``da
 from Python. ``DataLoader``'s analysis and the Pipeline's head both ask the dataset, so a new
 format (or a new store) is one dataset class with one method; the reading itself is here, in
 :meth:`NativeSource.run`, one branch per kind, where the read-ahead stage plugs in
-(NOTE [ Read-ahead ] in ``_readahead.py``).
+(NOTE [ Read-ahead ] in ``_extract/readahead.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .errors import DecodeError, RemoteReadError
+from ..errors import DecodeError, RemoteReadError
 
 __all__ = ["NativeSource", "SourceKind", "announce_order", "native_error", "native_source_of"]
 
@@ -144,7 +144,7 @@ class NativeSource:
         """Run ``plan`` on the samples ``idx`` into ``out``: the BatchStatus, or with
         ``wait=False`` a PendingBatch queued on the plan's kernel threads.
 
-        ``reader`` (a :class:`~loaderlib._readahead.ReadAhead`) and ``positions`` (the stream
+        ``reader`` (a :class:`~loaderlib._extract.readahead.ReadAhead`) and ``positions`` (the stream
         positions of ``idx``): samples whose bytes the read-ahead stage already fetched or is
         fetching are taken from it (NOTE [ Read-ahead ]); the others are read in the pass.
         """
@@ -165,7 +165,7 @@ class NativeSource:
                                         num_threads=num_threads, timings=timings, wait=wait)
         if kind is SourceKind.BUFFERS:
             data = self.data_index(idx).tolist()
-            # NOTE [ Remote read-ahead ] in _remote/readahead.py: bytes read ahead by position.
+            # NOTE [ Remote read-ahead ] in _extract/remote/readahead.py: bytes read ahead by position.
             bufs = (reader.buffers(positions, data) if reader is not None and positions is not None
                     else self.dataset.buffers(data))
             return plan.run_buffers_into(bufs, out, idx, seed=seed, epoch=epoch,
@@ -209,7 +209,7 @@ def native_error(src: NativeSource, st: Any, j: int, todo: np.ndarray) -> Decode
     never came (both carry ``reason``)."""
     j = int(j)
     failed = getattr(src.dataset, "read_failure", None) if src.kind is SourceKind.BUFFERS else None
-    if failed is not None:   # NOTE [ Remote failures per sample ] in _remote/files.py
+    if failed is not None:   # NOTE [ Remote failures per sample ] in _extract/remote/files.py
         remote = failed(int(src.data_index(np.asarray([todo[j]]))[0]))
         if remote is not None:
             return remote
