@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from .._autotune import Tuner
+from .._autotune import Tuner, observe_batch
 from .._extract.readahead import ReadAhead
 from .._recorder import Recorder
 from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
@@ -658,8 +658,6 @@ class LoaderIterator:
                     exc = item = None
         run.state.delivered_batch(item.end)
         if run.knobs.tuner is not None:
-            from .._autotune import observe_batch
-
             observe_batch(run.knobs.tuner, item.batch, run.serial)
         if self._owner is not None and run.state.exhausted:
             self._owner._epoch_nearly_done(run)
