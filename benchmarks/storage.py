@@ -113,6 +113,11 @@ def run_loaderlib(root: str, epochs: int, cold: list[str] | None, threads: str, 
     loader = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=0, last_batch="discard", **kw)
     res = timed_epochs(lambda: loader, epochs, cold)
     res["num_threads"] = getattr(loader, "num_threads", None)
+    ext = getattr(loader.stats, "extract", None)   # the last epoch's read-ahead stage (loaderlib >= round 3)
+    if ext is not None and not ext.inline:
+        epoch_s = res["images"] / res["images_per_s"] / max(1, epochs)
+        res["read"] = {"io_depth": ext.io_depth, "latency_p50_ms": ext.latency_p50_ms,
+                       "waiting": ext.read_wait_s / (max(1, loader.num_threads) * epoch_s)}
     return res
 
 
@@ -329,6 +334,7 @@ def main() -> None:
         cols += [f"torch {w}w" for w in workers] if have_torch else []
         cols += ["tf.data"] if have_tf else []
         runs: dict = {}
+        reads: dict = {}   # the default's read-ahead stage, last epoch, per round
         t_run = time.perf_counter()
         for r in range(a.repeat):
             for name, where, cold in rows:
@@ -344,6 +350,8 @@ def main() -> None:
                     else:
                         res = measure("tfdata", where, a.epochs, cold, python=a.peers)
                     runs.setdefault((name, c), []).append(res["images_per_s"])
+                    if c == "loaderlib default" and "read" in res:
+                        reads.setdefault(name, []).append(res["read"])
                     print(f"  round {r + 1}: {name} / {c}: {res['images_per_s']:,.0f} img/s", flush=True)
                 where_paths = [os.path.join(where, os.path.relpath(x, root)) for x in paths]
                 runs.setdefault((name, "io ceiling"), []).append(io_ceiling(exe, where_paths, cold))
@@ -354,9 +362,33 @@ def main() -> None:
     for m in mounts:
         print(m.report)
     print_table(runs, rows, cols, f"medians of {a.repeat} round(s)")
+    print_read_ahead(runs, rows, reads)
     print("\nevery cell, images/s per round: " + "; ".join(
         f"{name} / {c}: " + ", ".join(f"{x:.0f}" for x in runs[name, c]) for name, _w, _c in rows
         for c in [*cols, "io ceiling"]))
+
+
+def print_read_ahead(runs: dict, rows: list, reads: dict) -> None:
+    """Where the default's time went when it read ahead, and each latencyfs row against the same
+    filesystem at 0 ms: that row is the CPU ceiling of reading through FUSE on these cores (the
+    daemon's work shares them), which the warm local ceiling does not pay."""
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    if reads:
+        print("\nloaderlib default's read-ahead stage in its last epoch (median of rounds): reads in flight allowed, "
+              "read latency p50, and the share of the decode threads' time spent waiting for bytes")
+        for name, _w, _c in rows:
+            if name in reads:
+                r = reads[name]
+                print(f"  {name}: io_depth {statistics.median(x['io_depth'] for x in r):.0f}, "
+                      f"p50 {statistics.median(x['latency_p50_ms'] for x in r):.2f} ms, "
+                      f"waiting {100 * statistics.median(x['waiting'] for x in r):.1f}%")
+    if ("latencyfs 0 ms", "loaderlib default") in med:
+        fs0 = max(med["latencyfs 0 ms", c] for c in ("loaderlib default", "loaderlib AUTOTUNE"))
+        print(f"\nagainst the same filesystem at 0 ms per file (its CPU ceiling on these cores, {fs0:,.0f} img/s):")
+        for name, _w, _c in rows:
+            if name.startswith("latencyfs") and name != "latencyfs 0 ms":
+                print(f"  {name}: default {med[name, 'loaderlib default'] / fs0:.2f}x, "
+                      f"AUTOTUNE {med[name, 'loaderlib AUTOTUNE'] / fs0:.2f}x")
 
 
 def print_table(runs: dict, rows: list, cols: list[str], title: str) -> None:

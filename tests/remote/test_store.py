@@ -89,3 +89,33 @@ def test_unknown_store_option_is_a_value_error():
     with pytest.raises(ValueError, match="cannot open s3://x"):
         RemoteStore("s3://x", __import__("loaderlib._extract.remote.options", fromlist=["StoreOptions"])
                     .StoreOptions.resolve({"no_such_option": 1}, environ={}))
+
+
+def test_ranges_share_a_request_only_with_close_neighbours():
+    """NOTE [ Ranges that share a request ]: groups by object, then by gaps of at most
+    max(COALESCE_MIN, the median range); each group sorted by start."""
+    from loaderlib._extract.remote.store import COALESCE_MIN, _range_groups
+
+    kb = 1 << 10
+    reqs = [("a", 700 * kb, 747 * kb),       # 0
+            ("b", 0, 10),                    # 1
+            ("a", 0, 47 * kb),               # 2
+            ("a", 60 * kb, 107 * kb),        # 3: 13 KB after 2
+            ("a", 107 * kb + COALESCE_MIN, 200 * kb),   # 4: exactly the gap after 3
+            ("a", 300 * kb, 347 * kb)]       # 5: 100 KB after 4
+    assert _range_groups(reqs) == [("a", [2, 3, 4]), ("a", [5]), ("a", [0]), ("b", [1])]
+    # large ranges widen the gap allowed: reading 100 KB between two 1 MB ranges is cheaper
+    # than another request
+    big = [("s", 0, 1 << 20), ("s", (1 << 20) + 100 * kb, (2 << 20) + 100 * kb)]
+    assert _range_groups(big) == [("s", [0, 1])]
+
+
+def test_ranges_far_apart_and_close_together_come_back_exact(base, served):
+    """Ranges split into several requests and ranges sharing one, over two objects, come
+    back exact and in the order asked."""
+    prefix, so = base
+    starts = [290_000, 3, 150_000, 1_200, 80_000, 150_900, 10]
+    reqs = [(f"{prefix}/blobs/b{4 + k % 2}.bin", s, s + 500 + k) for k, s in enumerate(starts)]
+    got = read_ranges(reqs, so, indices=list(range(len(reqs))))
+    assert [bytes(g) for g in got] == [_file(served, f"blobs/b{4 + k % 2}.bin")[s:e]
+                                       for k, (_u, s, e) in enumerate(reqs)]

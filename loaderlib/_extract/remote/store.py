@@ -6,8 +6,8 @@ the URL, the HTTP status and (when the caller passes it) the sample index.
 
 from __future__ import annotations
 
-import asyncio
 import os
+import queue
 import re
 import threading
 import time
@@ -39,7 +39,7 @@ __all__ = ["ObjectInfo", "RemoteStore", "expand_urls", "open_store", "read_objec
 # concurrently), returns buffers the kernels read without a copy, and has retry/backoff and
 # timeouts built in. So the reader calls obstore's blocking functions from the loader's own
 # threads (its asyncio path was slower here: one event loop per call costs more than it
-# saves) and uses get_ranges_async only to fan one call out over several objects.
+# saves; NOTE [ Requests fanned out on threads ]).
 
 # NOTE [ Faults the library handles ]
 # Checked with benchmarks/_servers.py's fault proxy in front of nginx: obstore retries
@@ -210,9 +210,6 @@ class RemoteStore:
         raise RemoteReadError(url, f"short body: {n} of {size} bytes after {self.options.max_retries} retries",
                               None, index)
 
-    async def _get_ranges_async(self, url: str, starts: list[int], ends: list[int]) -> list:
-        return await self._ob.get_ranges_async(self._store, self._path(url), starts=starts, ends=ends)
-
     def _checked(self, url: str, once, lengths: list[int] | None, index: int | None,
                  single: bool = False, indices: Sequence[int] | None = None):
         """Run ``once`` (obstore already retried what it retries, NOTE [ Faults the library
@@ -273,42 +270,130 @@ def open_store(url: str, storage_options: Mapping[str, Any] | StoreOptions | Non
     return store
 
 
+# NOTE [ Ranges that share a request ]
+# object_store's get_ranges merges the ranges of one call that lie within 1 MiB of each other
+# into one request, and sends at most 10 requests of a call at once. That suits columnar files
+# (many small nearby ranges); for samples drawn at random from shards of many megabytes it reads
+# most of each shard for every batch: 8 random 47 KB images of a 6 MB shard are about 700 KB
+# apart, so one call fetches about 5 MB for 0.4 MB of samples. So the groups are made here:
+# neighbouring ranges of an object share a request only when the gap between them is at most
+# ``max(COALESCE_MIN, the call's median range)`` (reading the gap costs less than another
+# request), each group is its own obstore call, and every group of every object goes out at
+# once. A shard read in order (a shard-shuffle sampler, a sequential epoch) still becomes one
+# request per run of neighbours.
+
+#: Ranges of one object this close (bytes) or closer share a request (NOTE [ Ranges that share a request ]).
+COALESCE_MIN = 64 << 10
+
+
+def _range_groups(requests: Sequence[tuple[str, int, int]]) -> list[tuple[str, list[int]]]:
+    """The requests (positions in ``requests``) grouped by object and by neighbourhood
+    (NOTE [ Ranges that share a request ]), each group sorted by start."""
+    by_url: dict[str, list[int]] = {}
+    for k, (url, _, _) in enumerate(requests):
+        by_url.setdefault(url, []).append(k)
+    groups: list[tuple[str, list[int]]] = []
+    for url, ks in by_url.items():
+        ks = sorted(ks, key=lambda k: requests[k][1])
+        lengths = sorted(requests[k][2] - requests[k][1] for k in ks)
+        gap = max(COALESCE_MIN, lengths[len(lengths) // 2])
+        run = [ks[0]]
+        end = requests[ks[0]][2]
+        for k in ks[1:]:
+            if requests[k][1] - end > gap:
+                groups.append((url, run))
+                run = []
+            run.append(k)
+            end = max(end, requests[k][2])
+        groups.append((url, run))
+    return groups
+
+
+# NOTE [ Requests fanned out on threads ]
+# One call of many requests (a batch's groups of ranges, a batch's objects) fans out over a
+# small pool of daemon threads, each making obstore's blocking call (the GIL is released for
+# the whole request). obstore's asyncio functions would do the same on one event loop, but
+# they complete their futures from the store's own runtime threads, which then run Python
+# (the loop's wake-up) and abort the process when that happens while the interpreter exits
+# with a request in flight (a loader dropped without close(), reading ahead, at the end of a
+# script: seen as exit -6 and -11 in benchmarks/storage.py --remote). They were also slower
+# here (NOTE [ Protocol library ]). A thread that is inside a blocking call when the
+# interpreter exits is parked by obstore's binding, not killed.
+
+#: Most requests of one call in flight at once (more wait for a free thread).
+FAN_OUT = 64
+
+
+class _Pool:
+    """Daemon threads running ``fn()`` jobs; started on first use, grown up to ``FAN_OUT``."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = 0
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def _worker(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            job = self._jobs.get()
+            with self._lock:
+                self._idle -= 1
+            job()
+
+    def run(self, fns: Sequence[Any]) -> list:
+        """``[fn() for fn in fns]``, run concurrently; the first exception is raised after all
+        have finished."""
+        out: list = [None] * len(fns)
+        errors: list = [None] * len(fns)
+        done = threading.Semaphore(0)
+
+        def job(k: int) -> Any:
+            def go() -> None:
+                try:
+                    out[k] = fns[k]()
+                except BaseException as e:   # handed to the caller
+                    errors[k] = e
+                finally:
+                    done.release()
+            return go
+
+        with self._lock:
+            grow = min(FAN_OUT, len(fns)) - self._idle
+            for _ in range(max(0, min(grow, FAN_OUT - self._threads))):
+                self._threads += 1
+                threading.Thread(target=self._worker, name="loaderlib-remote", daemon=True).start()
+        for k in range(len(fns)):
+            self._jobs.put(job(k))
+        for _ in fns:
+            done.acquire()
+        err = next((e for e in errors if e is not None), None)
+        if err is not None:
+            raise err
+        return out
+
+
+_POOL = _Pool()
+
+
 def read_ranges(requests: Sequence[tuple[str, int, int]],
                 storage_options: Mapping[str, Any] | StoreOptions | None = None,
                 indices: Sequence[int] | None = None) -> list:
     """The bytes of many ``(url, start, end)`` ranges, over any number of objects, in one
-    call: ranges of one object go in one obstore call (coalesced), objects concurrently.
+    call: neighbouring ranges of an object share a request (NOTE [ Ranges that share a
+    request ]), and the requests go out at once (NOTE [ Requests fanned out on threads ]).
     Returned in the order asked."""
-    by_url: dict[str, list[int]] = {}
-    for k, (url, _, _) in enumerate(requests):
-        by_url.setdefault(url, []).append(k)
     out: list = [None] * len(requests)
-    if len(by_url) == 1:
-        url, ks = next(iter(by_url.items()))
-        bufs = open_store(url, storage_options).get_ranges(
+    groups = _range_groups(requests)
+
+    def group(url: str, ks: list[int]):
+        return lambda: open_store(url, storage_options).get_ranges(
             url, [requests[k][1] for k in ks], [requests[k][2] for k in ks],
             [indices[k] for k in ks] if indices is not None else None)
-        for k, b in zip(ks, bufs):
-            out[k] = b
-        return out
 
-    async def fan_out():
-        async def one(url, ks):
-            store = open_store(url, storage_options)
-            sub = [indices[k] for k in ks] if indices is not None else None
-            starts = [requests[k][1] for k in ks]
-            ends = [requests[k][2] for k in ks]
-            try:
-                bufs = await store._get_ranges_async(url, starts, ends)
-            except Exception as e:
-                raise _error(url, e, sub[0] if sub else None) from e
-            if any(len(memoryview(b)) != e - s for b, s, e in zip(bufs, starts, ends)):
-                bufs = store.get_ranges(url, starts, ends, sub)   # the checked, retrying path
-            return ks, bufs
-
-        return await asyncio.gather(*(one(u, ks) for u, ks in by_url.items()))
-
-    for ks, bufs in asyncio.run(fan_out()):
+    results = [group(*groups[0])()] if len(groups) == 1 else _POOL.run([group(u, ks) for u, ks in groups])
+    for (_url, ks), bufs in zip(groups, results):
         for k, b in zip(ks, bufs):
             out[k] = b
     return out
@@ -316,23 +401,14 @@ def read_ranges(requests: Sequence[tuple[str, int, int]],
 
 def read_objects(urls: Sequence[str], storage_options: Mapping[str, Any] | StoreOptions | None = None,
                  indices: Sequence[int] | None = None) -> list:
-    """Whole objects (one image each), all requested at once; in the order asked."""
+    """Whole objects (one image each), all requested at once (NOTE [ Requests fanned out on
+    threads ]); in the order asked."""
+    def one(k: int):
+        return lambda: open_store(urls[k], storage_options).get(urls[k], index=indices[k] if indices else None)
+
     if len(urls) == 1:
-        return [open_store(urls[0], storage_options).get(urls[0], index=indices[0] if indices else None)]
-    ob = _deps.obstore()
-
-    async def one(k: int, url: str):
-        store = open_store(url, storage_options)
-        try:
-            res = await ob.get_async(store._store, store._path(url))
-            return await res.bytes_async()
-        except Exception as e:
-            raise _error(url, e, indices[k] if indices is not None else None) from e
-
-    async def fan_out():
-        return await asyncio.gather(*(one(k, u) for k, u in enumerate(urls)))
-
-    return list(asyncio.run(fan_out()))
+        return [one(0)()]
+    return _POOL.run([one(k) for k in range(len(urls))])
 
 
 def expand_urls(spec: str | Iterable[str], storage_options: Mapping[str, Any] | StoreOptions | None = None,
