@@ -111,13 +111,24 @@ def run_loaderlib(root: str, epochs: int, cold: list[str] | None, threads: str, 
         kw["io_depth"] = io_depth
     ds = ll.ImageFolderDataset(root).transform_first(rn50_chain("uint8"))
     loader = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=0, last_batch="discard", **kw)
-    res = timed_epochs(lambda: loader, epochs, cold)
+    its: list = []
+
+    def epoch():
+        its.append(iter(loader))
+        return its[-1]
+
+    res = timed_epochs(epoch, epochs, cold)
     res["num_threads"] = getattr(loader, "num_threads", None)
-    ext = getattr(loader.stats, "extract", None)   # the last epoch's read-ahead stage (loaderlib >= round 3)
-    if ext is not None and not ext.inline:
+    # The last epoch's read-ahead stage, from its own counters (profiling stays off).
+    reader = getattr(getattr(getattr(its[-1], "_run", None), "producer", None), "reader", None)
+    if reader is not None and hasattr(reader, "counters"):
+        from loaderlib.stats import ExtractStats
+
         epoch_s = res["images"] / res["images_per_s"] / max(1, epochs)
-        res["read"] = {"io_depth": ext.io_depth, "latency_p50_ms": ext.latency_p50_ms,
-                       "waiting": ext.read_wait_s / (max(1, loader.num_threads) * epoch_s)}
+        ext = ExtractStats.from_counters(reader.counters(), epoch_s)
+        if not ext.inline:
+            res["read"] = {"io_depth": ext.io_depth, "latency_p50_ms": ext.latency_p50_ms,
+                           "waiting": ext.read_wait_s / (max(1, loader.num_threads) * epoch_s)}
     return res
 
 
