@@ -227,7 +227,7 @@ class FaultProxy:
         self.upstream = (host, int(port or 80))
         self.faults: deque[Fault] = deque()
         self.requests: list[tuple[str, str, str | None]] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()   # guards faults and requests; notified on every request
         self.released = threading.Event()
         proxy = self
 
@@ -242,6 +242,7 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy.lock:
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+                    proxy.lock.notify_all()
                     fault = proxy._take(self.command, self.path, self.headers.get("Range") is not None)
                 if fault is not None and fault.kind == "status":
                     payload = f"injected {fault.status}".encode()
@@ -314,7 +315,17 @@ class FaultProxy:
 
     def count(self, match: str = "", method: str = "GET") -> int:
         with self.lock:
-            return sum(1 for m, p, _ in self.requests if m == method and match in p)
+            return self._count(match, method)
+
+    def _count(self, match: str, method: str) -> int:
+        return sum(1 for m, p, _ in self.requests if m == method and match in p)
+
+    def wait_for(self, match: str = "", method: str = "GET", n: int = 1, timeout: float = 30.0) -> int:
+        """Block until at least ``n`` matching requests have arrived (or ``timeout`` seconds, a
+        bound, not a measurement); returns the count then."""
+        with self.lock:
+            self.lock.wait_for(lambda: self._count(match, method) >= n, timeout)
+            return self._count(match, method)
 
     def reset(self) -> None:
         with self.lock:

@@ -138,11 +138,7 @@ def test_a_download_in_progress_is_never_read(proxy, served, tmp_path):
     cache = ShardCache(tmp_path, storage_options=FAST)
     proxy.add("stall", match="b2.bin", method="GET")
     cache.prefetch([url])
-    for _ in range(2000):                   # until the download has started (bounded)
-        if proxy.count("b2.bin", "GET"):
-            break
-        time.sleep(0.01)
-    assert proxy.count("b2.bin", "GET") == 1
+    assert proxy.wait_for("b2.bin", "GET") == 1   # the download has started
     assert not cache.cached(url) and not os.path.exists(cache._p(cache.key(url)))
     proxy.released.set()                    # the stalled request fails; the retry succeeds
     assert cache.wait_idle(60)
@@ -168,11 +164,7 @@ def test_crash_resume_downloads_only_what_is_missing(proxy, served, tmp_path):
     code = _CHILD.format(root=ROOT, dir=str(tmp_path), opts=FAST, urls=urls)
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
-        for _ in range(3000):
-            if proxy.count("b1.bin", "GET"):
-                break
-            time.sleep(0.01)
-        assert proxy.count("b1.bin", "GET") == 1 and proxy.count("b0.bin", "GET") == 1
+        assert proxy.wait_for("b1.bin", "GET") == 1 and proxy.count("b0.bin", "GET") == 1
         for _ in range(3000):               # its part file exists once bytes started to flow
             if any(".part-" in p for p in os.listdir(tmp_path)):
                 break
@@ -236,10 +228,7 @@ def test_prefetch_never_waits_on_a_held_shard(proxy, served, tmp_path):
     box = []
     reader = threading.Thread(target=lambda: box.append(cache.acquire(url)))
     reader.start()
-    for _ in range(3000):
-        if proxy.count("b3.bin", "GET"):
-            break
-        time.sleep(0.01)
+    proxy.wait_for("b3.bin", "GET")
     cache.prefetch([url])
     proxy.released.set()
     reader.join(60)
