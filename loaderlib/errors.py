@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 __all__ = [
@@ -140,3 +141,16 @@ class SampleFailure:
 
 class StateError(LoaderError, ValueError):
     """A saved loader state does not fit this loader (other dataset length, seed, sampler or version)."""
+
+
+def _add_context(exc: BaseException, note: str, **attrs: object) -> BaseException:
+    """Set ``attrs`` on ``exc`` and add ``note`` to its traceback (``add_note``, Python 3.11+);
+    an exception that refuses attributes is left as it is. Returns ``exc``."""
+    try:
+        for k, v in attrs.items():
+            setattr(exc, k, v)
+        if sys.version_info >= (3, 11):   # add_note is new in 3.11
+            exc.add_note(note)
+    except (AttributeError, TypeError):
+        pass
+    return exc

@@ -37,7 +37,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import sys
 import threading
 import time
 import warnings
@@ -51,7 +50,7 @@ import numpy as np
 from .._autotune import Tuner, observe_batch
 from .._extract.readahead import ReadAhead
 from .._recorder import Recorder
-from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning
+from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning, _add_context
 from ..sampler import EpochOrder
 
 _clock = time.perf_counter_ns
@@ -65,14 +64,8 @@ class _Stopped(Exception):
 def annotate(exc: BaseException, index: int, source: str | None, engine: str) -> BaseException:
     """Attach the sample index and source to an exception raised by user code."""
     where = f"sample {index}" + (f" ({source!r})" if source else "")
-    try:
-        exc.sample_index = index  # type: ignore[attr-defined]
-        exc.sample_source = source  # type: ignore[attr-defined]
-        if sys.version_info >= (3, 11):   # add_note is new in 3.11
-            exc.add_note(f"loaderlib: raised while loading {where} in the {engine} engine")
-    except (AttributeError, TypeError):
-        pass
-    return exc
+    return _add_context(exc, f"loaderlib: raised while loading {where} in the {engine} engine",
+                        sample_index=index, sample_source=source)
 
 
 def batch_wall(start: int, previous_end: int, end: int) -> int:

@@ -55,7 +55,7 @@ from .._recorder import Recorder
 from .._tree import tree_map
 from ..arena import BatchArena, BatchLayout, HostRegistrar
 from ..batchify import Shards
-from ..errors import LoaderError, LoaderTimeoutError, WorkerError
+from ..errors import LoaderError, LoaderTimeoutError, WorkerError, _add_context
 from .base import Produced, Producer, RunState, Task, _clock, _Knobs, _Stopped, annotate, batch_wall
 from .messages import (
     ArrayRef,
@@ -613,9 +613,7 @@ class ProcessesProducer(Producer):
                 exc = LoaderError(f"{msg.text} (in worker {wid})")
             if msg.sample is not None:
                 annotate(exc, msg.sample, msg.source, "processes")
-            if sys.version_info >= (3, 11):   # add_note is new in 3.11
-                exc.add_note(f"worker {wid} traceback:\n{msg.traceback}")
-            raise exc
+            raise _add_context(exc, f"worker {wid} traceback:\n{msg.traceback}")
         needed = msg.needed
         if needed > self.pool.slot_bytes:
             # NOTE [ Arena growth ] (pyx/_arena.pyx): plan for the largest batch seen so far.

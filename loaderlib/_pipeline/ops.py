@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from .. import transforms as T
 from .._chain import compile_chain
 from .._engines.threads import _DaemonThreadPool
 from .._tree import is_namedtuple, tree_leaves, tree_map
+from ..errors import _add_context
 from .plan import PipelineLike
 
 _BLOCK = 1024   # shuffle draws this many uniforms at a time (the sequence does not depend on it)
@@ -37,12 +37,7 @@ EMPTY = object()
 def annotate(exc: BaseException, label: str) -> BaseException:
     """Name the step that raised (once, at the innermost step that saw it)."""
     if not getattr(exc, "_loaderlib_step", None):
-        try:
-            exc._loaderlib_step = label  # type: ignore[attr-defined]
-            if sys.version_info >= (3, 11):   # add_note is new in 3.11
-                exc.add_note(f"loaderlib: raised in {label} of the pipeline")
-        except (AttributeError, TypeError):
-            pass
+        _add_context(exc, f"loaderlib: raised in {label} of the pipeline", _loaderlib_step=label)
     return exc
 
 
