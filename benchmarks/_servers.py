@@ -37,6 +37,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stop(proc: subprocess.Popen, folder: str) -> None:
+    """Stop a server process (terminate, then kill after 10 s) and remove its working folder."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _wait_http(url: str, proc: subprocess.Popen, log: str, what: str) -> None:
     """Poll ``url`` until it answers (any HTTP status) or ``proc`` exits; bounded."""
     deadline = time.monotonic() + START_TIMEOUT
@@ -114,14 +126,7 @@ http {{
         _wait_http(self.url + "/", self.proc, log, "nginx")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        _stop(self.proc, self.dir)
 
 
 class MotoServer:
@@ -175,14 +180,7 @@ class MotoServer:
                 c.upload_file(full, bucket, key)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        _stop(self.proc, self.dir)
 
 
 # ------------------------------------------------------------------ fault-injecting proxy
