@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast typecheck bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
+.PHONY: all install build test test-fast typecheck bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-storage-split peers-tf bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
 
@@ -147,10 +147,12 @@ bench-peers: build $(TESTS)
 # $(PEERS_VENV); when it cannot be installed the column is left out. STORAGE_ARGS=--quick for a
 # short run. bench-io: a thread pool of blocking reads against io_uring (benchmarks/io_mechanism.py).
 STORAGE_ARGS ?=
-bench-storage: build $(TESTS)
+peers-tf:
 	@if [ ! -x $(PEERS_VENV)/bin/python ] || ! $(PEERS_VENV)/bin/python -c "import tensorflow" 2>/dev/null; then \
 	  ($(PYTHON) -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/python -m pip install -q "numpy<2.5" opencv-python-headless \
 	    psutil tensorflow-cpu==2.21.0) || echo "tensorflow could not be installed in $(PEERS_VENV): no tf.data column"; fi
+
+bench-storage: build $(TESTS) peers-tf
 	$(BIN)/python benchmarks/storage.py --peers $(PEERS_VENV)/bin/python $(STORAGE_ARGS)
 
 # The remote rows (benchmarks/storage.py --remote): record shards, WebDataset shards and one object
@@ -161,6 +163,13 @@ bench-storage: build $(TESTS)
 # for a short run.
 bench-storage-remote: build $(TESTS)
 	$(BIN)/python benchmarks/storage.py --remote $(STORAGE_ARGS)
+
+# Both of the above with the storage side (latencyfs, nginx, moto, the delay proxy) on CPUs of its
+# own (--storage-cpus auto: the last quarter of the cores, at least one) and every loader and
+# ceiling on the rest: storage on other hardware, as a filer or an object store is.
+bench-storage-split: build $(TESTS) peers-tf
+	$(BIN)/python benchmarks/storage.py --peers $(PEERS_VENV)/bin/python --storage-cpus auto $(STORAGE_ARGS)
+	$(BIN)/python benchmarks/storage.py --remote --storage-cpus auto $(STORAGE_ARGS)
 
 bench-io: build $(OPENCV)
 	$(BIN)/python benchmarks/io_mechanism.py

@@ -329,11 +329,10 @@ def versions(net: Network) -> str:
     return ", ".join(out)
 
 
-def main(a, root: str, measure_spec) -> None:
+def main(a, root: str, measure_spec, summary: str, split: str | None = None) -> None:
     """Run the remote rows (``a``: storage.py's arguments; ``measure_spec(spec) -> dict`` runs one
-    child)."""
-    from _report import machine_summary
-
+    child; ``summary``: the machine, from ``_report.machine_summary``; ``split``: the line
+    saying which CPUs the servers and loaders have, None when they share them)."""
     rtts = [float(x) for x in a.rtts.split(",") if x]
     protocols = [x for x in a.protocols.split(",") if x]
     layouts = [x for x in a.layouts.split(",") if x]
@@ -359,13 +358,14 @@ def main(a, root: str, measure_spec) -> None:
         net = Network(stack, serve, rtts, a.jitter, a.net, protocols)
         if net.moto:
             net.moto.upload_folder(BUCKET, serve)
-        print(machine_summary())
+        print(summary)
         print(f"remote storage benchmark: {n} JPEGs from {root}, as {samples['record_shards']} record shards, "
               f"{samples['wds_shards']} WebDataset shards and {n} objects; RandomResizedCrop(224) + flip, HWC uint8, "
               f"batch {BATCH}; each loader in a fresh process; median of {a.repeat} interleaved round(s); "
               f"{len(os.sched_getaffinity(0))} usable cores, load average {os.getloadavg()[0]:.1f} at the start")
         print(net.how)
-        print(f"servers: {versions(net)}; nginx and moto run on this machine and share its cores")
+        print(f"servers: {versions(net)}; nginx and moto run on this machine; "
+              + (split or "they share its cores with the loaders"))
 
         # (row name, layout, protocol or None for local, rtt, cache)
         rows = [(f"local {lay} (page cache)", lay, None, 0.0, False) for lay in layouts]

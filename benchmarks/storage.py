@@ -31,6 +31,13 @@ proxy where that is unavailable), as record shards, WebDataset shards and one ob
 with and without the shard cache, against PyTorch's DataLoader reading the same URLs through
 obstore (``benchmarks/_remote_bench.py`` says how each cell and ceiling is measured).
 
+With ``--storage-cpus CPUS`` (``1`` on two cores, ``12-15`` on sixteen; ``auto``: the last
+quarter of the usable CPUs, at least one) the storage side
+(the latencyfs daemons, nginx, moto and the delay proxy) runs on those CPUs and every loader
+and ceiling on the others: storage that lives on other hardware, as a filer or an object store
+does, instead of a simulation taking the loader's cores. The CPU ceiling is then measured on
+the loader's CPUs too, so the ratios compare like with like. The output says which CPUs ran what.
+
 A measurement runs ``1 + --epochs`` epochs and reports images/s over the last ``--epochs``: the
 first is warm-up (process and worker start, first touch). Each epoch is timed from ``iter()``
 to its last batch. Rounds are interleaved (every cell once per round) and medians reported.
@@ -42,6 +49,7 @@ Usage::
     python benchmarks/storage.py --latencies 4,16 --repeat 5 --images 2048
     python benchmarks/storage.py --remote            # HTTP and S3 at 5 and 20 ms round trip; 3 rounds
     python benchmarks/storage.py --remote --quick    # 256 photos, HTTP at 5 ms, PyTorch with 16 workers
+    python benchmarks/storage.py --storage-cpus auto # storage on CPUs of its own (make bench-storage-split)
 """
 
 from __future__ import annotations
@@ -62,6 +70,44 @@ from loader import BATCH, _torch_dataset, image_files, make_dataset, rn50_chain,
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 IO_CEILING_THREADS = 256
+
+#: CPUs the loaders and ceilings run on (``--storage-cpus`` leaves the rest to storage); None: all.
+LOADER_CPUS: list[int] | None = None
+
+
+def parse_cpus(spec: str) -> list[int]:
+    """``"1"``, ``"8-15"``, ``"0,2-3"`` -> sorted CPU numbers."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(cpus)
+
+
+def on_loader_cpus(cmd: list[str]) -> list[str]:
+    """``cmd`` run on the loader's CPUs (``taskset``) when storage has CPUs of its own."""
+    if LOADER_CPUS is None:
+        return cmd
+    return ["taskset", "-c", ",".join(map(str, LOADER_CPUS)), *cmd]
+
+
+def split_cpus(spec: str) -> str:
+    """Pin this process (and so the storage servers it starts) to ``spec``'s CPUs, and the
+    loaders to the rest; returns a line saying so."""
+    global LOADER_CPUS
+    usable = sorted(os.sched_getaffinity(0))
+    storage = usable[-max(1, len(usable) // 4):] if spec == "auto" else parse_cpus(spec)
+    if not storage or not set(storage) <= set(usable):
+        raise SystemExit(f"--storage-cpus {spec}: CPUs {storage} are not all usable here (usable: {usable})")
+    LOADER_CPUS = [c for c in usable if c not in storage]
+    if not LOADER_CPUS:
+        raise SystemExit(f"--storage-cpus {spec} leaves no CPU for the loaders (usable: {usable})")
+    os.sched_setaffinity(0, storage)
+    return (f"CPUs split: storage (latencyfs daemons, nginx, moto, the delay proxy) on {storage}; every loader, "
+            f"its threads and workers, and the ceilings on {LOADER_CPUS} ({len(LOADER_CPUS)} cores)")
 
 
 # --------------------------------------------------------------------------- one measurement (child)
@@ -183,8 +229,8 @@ def child(argv: list[str]) -> None:
 
 def measure(kind: str, root: str, epochs: int, cold: bool, arg: str = "-", io_depth: int | None = None,
             python: str | None = None, timeout: float = 1800) -> dict:
-    cmd = [python or sys.executable, os.path.abspath(__file__), "--child", kind, root, str(epochs),
-           "1" if cold else "0", arg, "-" if io_depth is None else str(io_depth)]
+    cmd = on_loader_cpus([python or sys.executable, os.path.abspath(__file__), "--child", kind, root, str(epochs),
+                          "1" if cold else "0", arg, "-" if io_depth is None else str(io_depth)])
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} {arg} on {root} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
@@ -198,7 +244,7 @@ def measure_remote(spec: dict, timeout: float = 1800) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         json.dump(spec, f)
         f.flush()
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "remote", f.name],
+        out = subprocess.run(on_loader_cpus([sys.executable, os.path.abspath(__file__), "--child", "remote", f.name]),
                              capture_output=True, text=True, check=False, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"{spec['kind']} on {spec['base']} ({spec['layout']}) failed (exit {out.returncode}):\n"
@@ -218,7 +264,8 @@ def io_ceiling(exe: str, paths: list[str], cold: bool) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".list") as f:
         f.write("\n".join(paths) + "\n")
         f.flush()
-        out = subprocess.run([exe, "--mode=threads", f"--depth={IO_CEILING_THREADS}", f"--files={files}", f.name],
+        out = subprocess.run(on_loader_cpus([exe, "--mode=threads", f"--depth={IO_CEILING_THREADS}",
+                                             f"--files={files}", f.name]),
                              capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["files_per_s"]
 
@@ -277,12 +324,19 @@ def main() -> None:
     remote.add_argument("--net", choices=("auto", "netem", "proxy"), default="auto",
                         help="how latency is added: netem in a network namespace, else (auto) or always (proxy) "
                              "a proxy holding each request for a round trip")
+    p.add_argument("--storage-cpus", metavar="CPUS",
+                   help="run the storage side (latencyfs, nginx, moto, the delay proxy) on these CPUs (1, 12-15; auto: "
+                        "the last quarter, at least one) and the loaders on the others")
     remote.add_argument("--io-conc", type=int, default=256, help="threads of the remote IO ceiling")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         child(a.child)
         return
+    from _report import machine_summary
+
+    summary = machine_summary()   # before --storage-cpus narrows this process's CPUs
+    split = split_cpus(a.storage_cpus) if a.storage_cpus else None
     if a.quick and a.remote:
         a.images, a.rtts, a.protocols, a.torch_workers, a.repeat = 256, "5", "http", "16", 1
     elif a.quick:
@@ -291,12 +345,11 @@ def main() -> None:
         import _remote_bench
 
         root = a.data or make_dataset(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
-        _remote_bench.main(a, root, measure_remote)
+        _remote_bench.main(a, root, measure_remote, summary, split)
         return
 
     import io_mechanism
     from _latencyfs import mount
-    from _report import machine_summary
 
     root = a.data or make_dataset(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
     paths = image_files(root)[0]
@@ -314,12 +367,13 @@ def main() -> None:
     have_tf = os.path.exists(a.peers) and subprocess.run(
         [a.peers, "-c", "import tensorflow"], capture_output=True, check=False).returncode == 0
 
-    print(machine_summary())
+    print(summary)
     print(f"storage benchmark: {n} JPEGs ({sum(map(os.path.getsize, paths)) / n / 1024:.0f} KiB on average) "
           f"from {root}; RandomResizedCrop(224) + flip, HWC uint8, batch {BATCH}; images/s over {a.epochs} "
           f"epoch(s) after a warm-up epoch, each loader in a fresh process; median of {a.repeat} interleaved "
           f"round(s); the machine was shared with other work (load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs at the start), so figures are noisy: compare ratios")
+    print(split or "CPUs shared: the storage side (latencyfs daemons) runs on the loaders' cores")
     if not io_depths:
         print("io_depth not supported by this build: that column is left out")
     if not have_torch:
