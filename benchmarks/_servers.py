@@ -167,17 +167,21 @@ class MotoServer:
         return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.key,
                             aws_secret_access_key=self.secret, region_name=self.region)
 
-    def upload_folder(self, bucket: str, folder: str, prefix: str = "") -> None:
+    def upload_folder(self, bucket: str, folder: str, prefix: str = "", acl: str | None = None) -> None:
+        """Put every file under ``folder`` into ``bucket`` (created if missing) at ``prefix`` +
+        its relative path; ``acl="public-read"`` lets unsigned requests read them (the GCS
+        tests reach moto through obstore's GCS client, which sends no AWS signature)."""
         c = self.client()
         try:
-            c.create_bucket(Bucket=bucket)
+            c.create_bucket(Bucket=bucket, **({"ACL": acl} if acl else {}))
         except c.exceptions.BucketAlreadyOwnedByYou:
             pass
+        extra = {"ExtraArgs": {"ACL": acl}} if acl else {}
         for dirpath, _, files in os.walk(folder):
             for name in files:
                 full = os.path.join(dirpath, name)
                 key = prefix + os.path.relpath(full, folder).replace(os.sep, "/")
-                c.upload_file(full, bucket, key)
+                c.upload_file(full, bucket, key, **extra)
 
     def close(self) -> None:
         _stop(self.proc, self.dir)

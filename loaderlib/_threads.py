@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 
 from ._checks import check_int
@@ -71,10 +72,29 @@ def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
     return None
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on: the affinity mask, capped by the cgroup CPU quota."""
-    n = _affinity_cpus()
+#: How long a read of the cgroup quota is reused (seconds): ``DataLoader.num_threads`` asks
+#: for the default on every access, and the quota files are three opens each time.
+QUOTA_TTL_S = 1.0
+_clock = time.monotonic
+_quota_cache: tuple[int, float, float | None] | None = None   # (pid, when read, quota)
+
+
+def _cgroup_quota_cached() -> float | None:
+    global _quota_cache
+    pid, now = os.getpid(), _clock()
+    c = _quota_cache
+    if c is not None and c[0] == pid and now - c[1] < QUOTA_TTL_S:
+        return c[2]
     quota = cgroup_cpu_limit()
+    _quota_cache = (pid, now, quota)
+    return quota
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: the affinity mask, capped by the cgroup CPU quota (read
+    at most once per ``QUOTA_TTL_S`` seconds per process)."""
+    n = _affinity_cpus()
+    quota = _cgroup_quota_cached()
     if quota is not None:
         n = min(n, max(1, int(-(-quota // 1))))   # a quota of 2.5 CPUs keeps 3 threads busy
     return n

@@ -206,6 +206,23 @@ def test_worker_init_fn_with_num_threads_zero_runs_in_caller():
 # -- thread defaults -------------------------------------------------------------------------------
 
 
+def test_the_quota_is_read_once_a_second_per_process(monkeypatch):
+    reads = []
+    now = [100.0]
+    monkeypatch.setattr(_threads, "_quota_cache", None)
+    monkeypatch.setattr(_threads, "_clock", lambda: now[0])
+    monkeypatch.setattr(_threads, "_affinity_cpus", lambda: 64)
+    monkeypatch.setattr(_threads, "cgroup_cpu_limit", lambda root="/sys/fs/cgroup": reads.append(1) or 4.0)
+    assert [_threads.available_cpus() for _ in range(5)] == [4] * 5
+    assert len(reads) == 1
+    now[0] += _threads.QUOTA_TTL_S                          # a second later: read again
+    monkeypatch.setattr(_threads, "cgroup_cpu_limit", lambda root="/sys/fs/cgroup": reads.append(1) or 2.0)
+    assert _threads.available_cpus() == 2 and len(reads) == 2
+    pid = os.getpid()
+    monkeypatch.setattr(_threads.os, "getpid", lambda: pid + 1)   # a forked child reads its own
+    assert _threads.available_cpus() == 2 and len(reads) == 3
+
+
 def test_cgroup_quota_is_read(tmp_path):
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     assert _threads.cgroup_cpu_limit(str(tmp_path)) == 1.5
@@ -219,6 +236,7 @@ def test_cgroup_quota_is_read(tmp_path):
 
 
 def test_quota_caps_available_cpus(monkeypatch):
+    monkeypatch.setattr(_threads, "_quota_cache", None)
     monkeypatch.setattr(_threads, "_affinity_cpus", lambda: 64)
     monkeypatch.setattr(_threads, "cgroup_cpu_limit", lambda root="/sys/fs/cgroup": 2.5)
     assert _threads.available_cpus() == 3

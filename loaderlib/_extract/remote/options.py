@@ -103,7 +103,8 @@ class StoreOptions:
     def client_options(self, url_is_http: bool) -> dict:
         allow = self.allow_http
         if allow is None:
-            allow = url_is_http or bool(self.endpoint_url and self.endpoint_url.startswith("http://"))
+            base = dict(self.extra).get("base_url")   # a GCS endpoint (an emulator's)
+            allow = url_is_http or any(isinstance(u, str) and u.startswith("http://") for u in (self.endpoint_url, base))
         return {"allow_http": bool(allow), "timeout": timedelta(seconds=self.timeout),
                 "connect_timeout": timedelta(seconds=self.connect_timeout)}
 
@@ -120,4 +121,10 @@ class StoreOptions:
         return out
 
     def gcs_config(self) -> dict:
-        return dict(self.extra)
+        """GCSStore's config: the extra keys as they are (obstore's names: ``base_url``,
+        ``service_account_path``, ``bearer_token``, ...), ``anon`` as ``skip_signature``.
+        boto3's names are S3's and are not used; obstore also reads ``GOOGLE_*`` variables."""
+        out = dict(self.extra)
+        if self.anon:
+            out["skip_signature"] = True
+        return out
