@@ -619,7 +619,8 @@ class DataLoader:
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)
         if warm and self._arena_ring is not None:
-            run.room = self._arena_ring.has_room
+            current = self._current() if self._current is not None else None
+            run.room = _Run.warm_room(self._arena_ring, current._run if current is not None else None)
         if self.worker_init_fn is not None and self.engine == "native" and not self._native_init_done:
             self._native_init_done = True
             run.on_start = self._native_worker_init

@@ -103,6 +103,8 @@ class Producer:
     """
 
     lookahead = 1
+    #: Whether ``submit`` leases the batch's arena slot (else ``finish`` does; NOTE [ Warm slots ]).
+    leases_at_submit = False
     reader: ReadAhead | None = None   # the run's read-ahead stage, if it has one (NOTE [ Read-ahead ])
 
     def __init__(self, *, state: RunState, recorder: Recorder, on_error: str) -> None:
@@ -438,6 +440,20 @@ class _Run:
     def epoch(self) -> int:
         return self.state.epoch
 
+    @staticmethod
+    def warm_room(arena: Any, before: _Run | None) -> Callable[[], bool]:
+        """A warm next epoch's ``room`` (NOTE [ Warm slots ]): a batch slot is free for it once
+        every batch ``before`` (the epoch still being consumed; held weakly) has submitted holds
+        its slot (at once for a producer that ``leases_at_submit``, else when all are made) and
+        the arena has a slot that was written before."""
+        ahead = weakref.ref(before) if before is not None else None
+
+        def room() -> bool:
+            b = ahead() if ahead is not None else None
+            return (b is None or b.closed or not b.pending or b.producer.leases_at_submit) and arena.has_room()
+
+        return room
+
     def start(self) -> None:
         if self.queue is not None:
             self.thread = threading.Thread(target=_drive, args=(self, self.queue), name="loaderlib-driver",
@@ -496,10 +512,12 @@ class _Run:
         written and so resident (a float RN50 batch of 64 is 38.5 MB, and an epoch keeps about
         four of them in the ring). Instead a
         warm run starts a batch only while fewer slots are leased than the most ever leased at
-        once (``BatchArena.has_room``): it reuses slots already in memory, the ones the current
-        epoch gives back as its last batches finish (its batches in production are done by
-        then), and so has its first batches ready at the boundary without new resident
-        memory. Once iterated (``live``), it takes slots as any run.
+        once (``BatchArena.has_room``) and the current epoch has made all its batches
+        (``_Run.warm_room``; a Python engine's batch takes its slot only when it is assembled, so
+        before that the count can look free while it is not, and the ring grew a slot in one
+        run of the steady-state test): it reuses slots already in memory, the ones the current
+        epoch gives back as the user takes its last batches, and so has its first batches
+        ready at the boundary without new resident memory. Once iterated (``live``), it takes slots as any run.
 
         Waits until a slot is free, the run goes live, or it stops; False when it stopped.
         """

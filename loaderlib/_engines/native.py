@@ -57,6 +57,10 @@ class NativeProducer(Producer):
 
     lookahead = 2
 
+    @property
+    def leases_at_submit(self) -> bool:   # type: ignore[override]
+        return self.src.kind is not SourceKind.ARRAYS   # start() leases; arrays are taken at finish
+
     def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, state: RunState, arena: BatchArena,
                  knobs: _Knobs, recorder: Recorder, on_error: str, batch_size: int, timeout: float | None = None,
                  read_budget: int | None = None) -> None:

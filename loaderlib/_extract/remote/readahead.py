@@ -208,24 +208,29 @@ class RemoteReadAhead:
             dt = self._clock() - t0
             cpu = time.thread_time_ns() - c0
             remote = getattr(self.dataset, "_remote", None)
+            sizes = [len(memoryview(b)) for b in bufs] if bufs is not None else None
             with self._lock:
                 c = self._c
-                c["reading"] -= len(got)
-                for j, (slot, t_queued) in enumerate(got):
-                    c["reads"] += 1
-                    c["lat_ns"] += dt
-                    c["cpu_ns"] += min(cpu, dt) // len(got)
-                    c["queue_ns"] += max(0, t0 - t_queued)
-                    self._hist[_bin(dt)] += 1
-                    data, err = (bufs[j], None) if bufs is not None else (None, error)
-                    if err is None and not len(memoryview(data)) and remote is not None:
-                        err = remote.failure(idx[j])
+                m = len(got)
+                c["reading"] -= m
+                c["reads"] += m
+                c["lat_ns"] += dt * m
+                c["cpu_ns"] += min(cpu, dt)
+                c["queue_ns"] += sum(max(0, t0 - t_queued) for _, t_queued in got)
+                self._hist[_bin(dt)] += m
+                for j, (slot, _) in enumerate(got):
+                    if sizes is None:
+                        data, err = None, error
+                    else:
+                        data, err = bufs[j], None
+                        if not sizes[j] and remote is not None:
+                            err = remote.failure(idx[j])
                     if err is not None:
                         c["failures"] += 1
                     else:
-                        n = len(memoryview(data))
-                        c["bytes"] += n
-                        self.largest = max(self.largest, n)
+                        c["bytes"] += sizes[j]
+                        if sizes[j] > self.largest:
+                            self.largest = sizes[j]
                     slot.data, slot.error, slot.done = data, err, True
                 self._arrived.notify_all()
 

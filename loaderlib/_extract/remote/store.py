@@ -344,10 +344,17 @@ class _Pool:
 
     def run(self, fns: Sequence[Any]) -> list:
         """``[fn() for fn in fns]``, run concurrently; the first exception is raised after all
-        have finished."""
-        out: list = [None] * len(fns)
-        errors: list = [None] * len(fns)
-        done = threading.Semaphore(0)
+        have finished. The caller wakes once, when the last job ends (a semaphore released
+        per job woke it, and handed it the GIL, once per request)."""
+        n = len(fns)
+        if n == 1:
+            return [fns[0]()]
+        out: list = [None] * n
+        errors: list = [None] * n
+        left = [n]
+        count = threading.Lock()
+        finished = threading.Lock()
+        finished.acquire()
 
         def job(k: int) -> Any:
             def go() -> None:
@@ -356,18 +363,21 @@ class _Pool:
                 except BaseException as e:   # handed to the caller
                     errors[k] = e
                 finally:
-                    done.release()
+                    with count:
+                        left[0] -= 1
+                        last = left[0] == 0
+                    if last:
+                        finished.release()
             return go
 
         with self._lock:
-            grow = min(FAN_OUT, len(fns)) - self._idle
+            grow = min(FAN_OUT, n) - self._idle
             for _ in range(max(0, min(grow, FAN_OUT - self._threads))):
                 self._threads += 1
                 threading.Thread(target=self._worker, name="loaderlib-remote", daemon=True).start()
-        for k in range(len(fns)):
+        for k in range(n):
             self._jobs.put(job(k))
-        for _ in fns:
-            done.acquire()
+        finished.acquire()
         err = next((e for e in errors if e is not None), None)
         if err is not None:
             raise err
