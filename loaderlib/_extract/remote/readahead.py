@@ -41,25 +41,20 @@ stream's order (the sampler's), like local files in the native stage (NOTE [ Rea
   one difference: a store's latency grows with the requests it is sent (a server that handles
   requests one after another, like moto's, turns every extra request into queueing), so the
   law, fed the latency it measures, asks for ever more. The depth starts at the batch size
-  (the concurrency of the per-batch reads), and a raise is kept only if the next turn reads
+  (at most ``START_DEPTH``), and a raise is kept only if the next turn reads
   faster (``GAIN``); otherwise the depth goes back and the raise is not tried again for
   ``PROBE_TURNS`` turns. Lowering follows the law, as locally.
 - The counters have the native stage's names, so ``Stats.extract`` and the verdict's storage
   evidence read them unchanged.
 
-Measured with ``python benchmarks/remote_loader.py --images 256 --rounds 3 --epochs 2
---io-depths 0,default`` (2 shared cores, loaded by a test run at the same time, so the figures
-swing by a third between identical rows; img/s epoch 1 / epoch 2, io_depth=0 then default):
-S3 (moto) record ranges 401 / 379 and 444 / 545; S3 one object per image 194 / 252 and
-201 / 180; HTTP record ranges 623 / 1,130 and 568 / 734; HTTP one object per image 713 / 1,007
-and 843 / 901. An earlier version that sent one request per sample ran S3 record ranges at
-119 / 148 against 197 / 357 per batch (same command with ``0,default,16``), hence the calls
-of a batch. At 4 batches an epoch the adaptive rule has barely one turn, so these rows compare
-the start (one batch-sized call ahead) with the per-batch reads; a quiet machine and longer
-runs are still to be measured. ``python benchmarks/storage.py --remote --repeat 2`` (2 cores,
-a proxy adding 5 ms per request, after NOTE [ Ranges that share a request ] and NOTE [ Requests
-fanned out on threads ] in ``store.py``): HTTP record shards by ranges 2,872 img/s (the same
-path at 0 ms: 3,206; PyTorch's best 1,148), one object per image 2,647 (2,896; 1,096).
+Measured with ``python benchmarks/storage.py --remote --repeat 3 --storage-cpus 1`` (the
+servers and the delay proxy on one core, the loader on the other; medians of 3 rounds): HTTP
+at 5 ms, record shards by ranges 1,820 img/s (0.80 of the chain on local files on that core,
+2.83x PyTorch's best), WebDataset shards 1,716 (0.75), one object per image 1,827 (0.81,
+2.79x); at 20 ms 1,642 / 1,554 / 1,724. At 20 ms the depth rule's last turns found the
+batches waiting for bytes 0% of the time at depth 54-87: the rest is the client's CPU on the
+decoding core (obstore's request, about 50 us of CPU each, and the threads carrying them). Against moto's server (about 300 requests a second on one core) the default's 64
+requests in flight read record ranges at 219 img/s where PyTorch's 16 workers read 287.
 """
 
 from __future__ import annotations
@@ -76,9 +71,13 @@ from ...errors import RemoteReadError
 
 __all__ = ["RemoteReadAhead"]
 
-#: The adaptive depth's bounds (reads in flight).
+#: The adaptive depth's bounds (reads in flight), and where it starts (a batch, at most
+#: START_DEPTH). Starting at 16 left the second epoch at a 20 ms round trip still short of
+#: requests (1,520 img/s against 1,700 from 64, storage.py --remote --storage-cpus 1), and
+#: moto's server read no faster from 16, 32 or 64 (230-450 img/s, within its spread).
 MIN_DEPTH = 4
 MAX_DEPTH = 256
+START_DEPTH = 64
 #: A raise is kept when the next turn's read rate is at least this factor of the last one's.
 GAIN = 1.1
 #: Turns a raise that did not pay is not tried again for.
@@ -148,7 +147,7 @@ class RemoteReadAhead:
         self.timeout = float(timeout) / 2 if timeout else 0.0
         self._clock = clock
         self.hint = hint if hint is not None else {}
-        start_depth = max(MIN_DEPTH, min(int(batch_size), MAX_DEPTH))
+        start_depth = max(MIN_DEPTH, min(int(batch_size), START_DEPTH))
         self.depth = self.fixed or int(self.hint.get("remote_depth", start_depth))
         self.next = int(start)
         self.largest = 0
