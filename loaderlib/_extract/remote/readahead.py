@@ -11,21 +11,12 @@ the kernels wait for the network between batches. Here the reads run ahead inste
 stream's order (the sampler's), like local files in the native stage (NOTE [ Read-ahead ] in
 ``pyx/include/ll_readahead.h``):
 
-- ``depth`` Python threads each take the next queued stream position and read it with the
-  dataset's ``buffers`` (its batch read), together with the positions after it while they
-  hold the next sample indices (at most a batch): a run of consecutive samples (a sequential
-  epoch, a shard read in order) lies side by side in its shard and shares one request (NOTE
-  [ Ranges that share a request ] in ``store.py``), and any other sample is a call and a
-  request of its own, made on the reading thread itself. Calls of a batch's samples, fanned
-  out to a second pool of threads (NOTE [ Requests fanned out on threads ]), cost more: each
-  sample's bytes went through two threads, and a call returned only when its slowest request
-  did. On one core reading record shards from nginx with no added latency (nginx on the
-  other core), per-sample calls took 0.53 ms of CPU per image where the batch calls took
-  0.556 (the same chain on local files: 0.44); measured with the loader pinned by ``taskset``,
-  median of three interleaved runs of six epochs. An earlier version sent one request per
-  sample without grouping neighbours and read moto's record ranges at 148 img/s against 357
-  for calls whose ranges obstore merged within 1 MiB; random samples of multi-megabyte shards
-  no longer share requests either way (NOTE [ Ranges that share a request ]).
+- Python threads take the next queued stream positions, in calls of at most a batch
+  (``min(batch_size, depth)`` samples, ``depth / that`` calls at once, so ``depth`` requests
+  in flight), and read each call with the dataset's ``buffers`` (the batch read: ranges of
+  one object coalesce into few requests, objects go concurrently; NOTE [ Protocol library ]
+  in ``store.py``). Per-sample requests were slower: on moto's S3 server, record ranges one
+  request per sample ran at 148 img/s where the batch calls ran at 357 (below).
 - The bytes wait in a slot per position until the batch that holds the sample is produced:
   the native engine's BUFFERS pass and the threads engine's ``item_from_bytes`` take them by
   position (waiting if they have not arrived, at most half the loader's timeout, as the
@@ -41,20 +32,25 @@ stream's order (the sampler's), like local files in the native stage (NOTE [ Rea
   one difference: a store's latency grows with the requests it is sent (a server that handles
   requests one after another, like moto's, turns every extra request into queueing), so the
   law, fed the latency it measures, asks for ever more. The depth starts at the batch size
-  (at most ``START_DEPTH``), and a raise is kept only if the next turn reads
+  (the concurrency of the per-batch reads), and a raise is kept only if the next turn reads
   faster (``GAIN``); otherwise the depth goes back and the raise is not tried again for
   ``PROBE_TURNS`` turns. Lowering follows the law, as locally.
 - The counters have the native stage's names, so ``Stats.extract`` and the verdict's storage
   evidence read them unchanged.
 
-Measured with ``python benchmarks/storage.py --remote --repeat 3 --storage-cpus 1`` (the
-servers and the delay proxy on one core, the loader on the other; medians of 3 rounds): HTTP
-at 5 ms, record shards by ranges 1,820 img/s (0.80 of the chain on local files on that core,
-2.83x PyTorch's best), WebDataset shards 1,716 (0.75), one object per image 1,827 (0.81,
-2.79x); at 20 ms 1,642 / 1,554 / 1,724. At 20 ms the depth rule's last turns found the
-batches waiting for bytes 0% of the time at depth 54-87: the rest is the client's CPU on the
-decoding core (obstore's request, about 50 us of CPU each, and the threads carrying them). Against moto's server (about 300 requests a second on one core) the default's 64
-requests in flight read record ranges at 219 img/s where PyTorch's 16 workers read 287.
+Measured with ``python benchmarks/remote_loader.py --images 256 --rounds 3 --epochs 2
+--io-depths 0,default`` (2 shared cores, loaded by a test run at the same time, so the figures
+swing by a third between identical rows; img/s epoch 1 / epoch 2, io_depth=0 then default):
+S3 (moto) record ranges 401 / 379 and 444 / 545; S3 one object per image 194 / 252 and
+201 / 180; HTTP record ranges 623 / 1,130 and 568 / 734; HTTP one object per image 713 / 1,007
+and 843 / 901. An earlier version that sent one request per sample ran S3 record ranges at
+119 / 148 against 197 / 357 per batch (same command with ``0,default,16``), hence the calls
+of a batch. At 4 batches an epoch the adaptive rule has barely one turn, so these rows compare
+the start (one batch-sized call ahead) with the per-batch reads; a quiet machine and longer
+runs are still to be measured. ``python benchmarks/storage.py --remote --repeat 2`` (2 cores,
+a proxy adding 5 ms per request, after NOTE [ Ranges that share a request ] and NOTE [ Requests
+fanned out on threads ] in ``store.py``): HTTP record shards by ranges 2,872 img/s (the same
+path at 0 ms: 3,206; PyTorch's best 1,148), one object per image 2,647 (2,896; 1,096).
 """
 
 from __future__ import annotations
@@ -71,13 +67,9 @@ from ...errors import RemoteReadError
 
 __all__ = ["RemoteReadAhead"]
 
-#: The adaptive depth's bounds (reads in flight), and where it starts (a batch, at most
-#: START_DEPTH). Starting at 16 left the second epoch at a 20 ms round trip still short of
-#: requests (1,520 img/s against 1,700 from 64, storage.py --remote --storage-cpus 1), and
-#: moto's server read no faster from 16, 32 or 64 (230-450 img/s, within its spread).
+#: The adaptive depth's bounds (reads in flight).
 MIN_DEPTH = 4
 MAX_DEPTH = 256
-START_DEPTH = 64
 #: A raise is kept when the next turn's read rate is at least this factor of the last one's.
 GAIN = 1.1
 #: Turns a raise that did not pay is not tried again for.
@@ -147,7 +139,7 @@ class RemoteReadAhead:
         self.timeout = float(timeout) / 2 if timeout else 0.0
         self._clock = clock
         self.hint = hint if hint is not None else {}
-        start_depth = max(MIN_DEPTH, min(int(batch_size), START_DEPTH))
+        start_depth = max(MIN_DEPTH, min(int(batch_size), MAX_DEPTH))
         self.depth = self.fixed or int(self.hint.get("remote_depth", start_depth))
         self.next = int(start)
         self.largest = 0
@@ -173,9 +165,10 @@ class RemoteReadAhead:
 
     # -- the reading threads -----------------------------------------------------------
     def _calls(self) -> tuple[int, int]:
-        """(most samples per call, calls in flight): ``depth`` calls at once, each one sample
-        or a run of consecutive sample indices of at most a batch (NOTE [ Remote read-ahead ])."""
-        return self.batch_size, max(1, self.depth)
+        """(samples per call, calls in flight) for the depth: ``depth`` requests at once, in
+        calls of at most a batch (NOTE [ Remote read-ahead ])."""
+        chunk = max(1, min(self.batch_size, self.depth))
+        return chunk, max(1, -(-self.depth // chunk))
 
     def _spawn(self) -> None:
         while len(self._threads) < self._calls()[1]:
@@ -193,13 +186,10 @@ class RemoteReadAhead:
                 if self._stopped:
                     return
                 chunk = self._calls()[0]
-                got: list = []
+                got = []
                 while self._queue and len(got) < chunk:
-                    pos, t_queued = self._queue[0]
+                    pos, t_queued = self._queue.popleft()
                     slot = self._slots.get(pos)
-                    if slot is not None and got and slot.index != got[-1][0].index + 1:
-                        break   # not the next sample: the run ends (NOTE [ Remote read-ahead ])
-                    self._queue.popleft()
                     if slot is not None:   # None: dropped (a later start)
                         got.append((slot, t_queued))
                 if not got:
@@ -218,29 +208,24 @@ class RemoteReadAhead:
             dt = self._clock() - t0
             cpu = time.thread_time_ns() - c0
             remote = getattr(self.dataset, "_remote", None)
-            sizes = [len(memoryview(b)) for b in bufs] if bufs is not None else None
             with self._lock:
                 c = self._c
-                m = len(got)
-                c["reading"] -= m
-                c["reads"] += m
-                c["lat_ns"] += dt * m
-                c["cpu_ns"] += min(cpu, dt)
-                c["queue_ns"] += sum(max(0, t0 - t_queued) for _, t_queued in got)
-                self._hist[_bin(dt)] += m
-                for j, (slot, _) in enumerate(got):
-                    if sizes is None:
-                        data, err = None, error
-                    else:
-                        data, err = bufs[j], None
-                        if not sizes[j] and remote is not None:
-                            err = remote.failure(idx[j])
+                c["reading"] -= len(got)
+                for j, (slot, t_queued) in enumerate(got):
+                    c["reads"] += 1
+                    c["lat_ns"] += dt
+                    c["cpu_ns"] += min(cpu, dt) // len(got)
+                    c["queue_ns"] += max(0, t0 - t_queued)
+                    self._hist[_bin(dt)] += 1
+                    data, err = (bufs[j], None) if bufs is not None else (None, error)
+                    if err is None and not len(memoryview(data)) and remote is not None:
+                        err = remote.failure(idx[j])
                     if err is not None:
                         c["failures"] += 1
                     else:
-                        c["bytes"] += sizes[j]
-                        if sizes[j] > self.largest:
-                            self.largest = sizes[j]
+                        n = len(memoryview(data))
+                        c["bytes"] += n
+                        self.largest = max(self.largest, n)
                     slot.data, slot.error, slot.done = data, err, True
                 self._arrived.notify_all()
 
@@ -274,22 +259,19 @@ class RemoteReadAhead:
     def take(self, position: int, timeout: float = 0.0) -> tuple[Any, int]:
         """The bytes of stream position ``position`` and the nanoseconds waited for them;
         ``(None, 0)`` when it was never queued. A failed read raises its error."""
-        position = int(position)
+        t0 = self._clock()
         with self._lock:
-            slot = self._slots.get(position)
+            slot = self._slots.get(int(position))
             if slot is None:
                 return None, 0
-            waited = 0
-            if not slot.done:   # the bytes have not arrived: wait, and count the wait
-                t0 = self._clock()
-                deadline = time.monotonic() + timeout if timeout else None
-                while not slot.done and not self._stopped:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        break
-                    self._arrived.wait(left)
-                waited = self._clock() - t0
-            del self._slots[position]
+            deadline = time.monotonic() + timeout if timeout else None
+            while not slot.done and not self._stopped:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._arrived.wait(left)
+            del self._slots[int(position)]
+            waited = self._clock() - t0
             self._c["taken"] += 1
             self._c["wait_ns"] += waited
         if not slot.done:

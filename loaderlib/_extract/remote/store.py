@@ -177,8 +177,6 @@ class RemoteStore:
         index = indices[0] if indices else None
 
         def once():
-            if len(starts) == 1:   # one range: the plain ranged GET, a little cheaper than a list of one
-                return [self._ob.get_range(self._store, path, start=starts[0], end=ends[0])]
             return self._ob.get_ranges(self._store, path, starts=starts, ends=ends)
 
         return self._checked(url, once, [e - s for s, e in zip(starts, ends)], index, indices=indices)
@@ -262,23 +260,7 @@ class RemoteStore:
 def open_store(url: str, storage_options: Mapping[str, Any] | StoreOptions | None = None) -> RemoteStore:
     """The store holding ``url``, shared per process by every reader with the same options
     (one connection pool per store). A forked child opens its own."""
-    if isinstance(storage_options, StoreOptions):
-        # Every request asks: remembered per (process, URL, options object), no hashing of the options.
-        hit = _LAST_STORE.get((url, id(storage_options)))
-        if hit is not None and hit[0] is storage_options and hit[1] == os.getpid():
-            return hit[2]
-        store = _open_store(url, storage_options)
-        if len(_LAST_STORE) > 4096:
-            _LAST_STORE.clear()
-        _LAST_STORE[url, id(storage_options)] = (storage_options, os.getpid(), store)
-        return store
-    return _open_store(url, StoreOptions.resolve(storage_options))
-
-
-_LAST_STORE: dict[tuple[str, int], tuple[StoreOptions, int, RemoteStore]] = {}
-
-
-def _open_store(url: str, opts: StoreOptions) -> RemoteStore:
+    opts = storage_options if isinstance(storage_options, StoreOptions) else StoreOptions.resolve(storage_options)
     root = parse_url(url).store
     key = (os.getpid(), root, opts)
     with _STORES_LOCK:
@@ -307,8 +289,6 @@ COALESCE_MIN = 64 << 10
 def _range_groups(requests: Sequence[tuple[str, int, int]]) -> list[tuple[str, list[int]]]:
     """The requests (positions in ``requests``) grouped by object and by neighbourhood
     (NOTE [ Ranges that share a request ]), each group sorted by start."""
-    if len(requests) == 1:
-        return [(requests[0][0], [0])]
     by_url: dict[str, list[int]] = {}
     for k, (url, _, _) in enumerate(requests):
         by_url.setdefault(url, []).append(k)
@@ -364,17 +344,10 @@ class _Pool:
 
     def run(self, fns: Sequence[Any]) -> list:
         """``[fn() for fn in fns]``, run concurrently; the first exception is raised after all
-        have finished. The caller wakes once, when the last job ends (a semaphore released
-        per job woke it, and handed it the GIL, once per request)."""
-        n = len(fns)
-        if n == 1:
-            return [fns[0]()]
-        out: list = [None] * n
-        errors: list = [None] * n
-        left = [n]
-        count = threading.Lock()
-        finished = threading.Lock()
-        finished.acquire()
+        have finished."""
+        out: list = [None] * len(fns)
+        errors: list = [None] * len(fns)
+        done = threading.Semaphore(0)
 
         def job(k: int) -> Any:
             def go() -> None:
@@ -383,21 +356,18 @@ class _Pool:
                 except BaseException as e:   # handed to the caller
                     errors[k] = e
                 finally:
-                    with count:
-                        left[0] -= 1
-                        last = left[0] == 0
-                    if last:
-                        finished.release()
+                    done.release()
             return go
 
         with self._lock:
-            grow = min(FAN_OUT, n) - self._idle
+            grow = min(FAN_OUT, len(fns)) - self._idle
             for _ in range(max(0, min(grow, FAN_OUT - self._threads))):
                 self._threads += 1
                 threading.Thread(target=self._worker, name="loaderlib-remote", daemon=True).start()
-        for k in range(n):
+        for k in range(len(fns)):
             self._jobs.put(job(k))
-        finished.acquire()
+        for _ in fns:
+            done.acquire()
         err = next((e for e in errors if e is not None), None)
         if err is not None:
             raise err
