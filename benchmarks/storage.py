@@ -313,6 +313,9 @@ def main() -> None:
     p.add_argument("--no-cold", action="store_true", help="leave out the cold local disk row")
     p.add_argument("--quick", action="store_true",
                    help="a short run: 512 photos, 0 and 4 ms, PyTorch with 16 workers, io_depth 64, one round")
+    p.add_argument("--storage-cpus", metavar="CPUS",
+                   help="run the storage side (latencyfs, nginx, moto, the delay proxy) on these CPUs (1, 12-15; auto: "
+                        "the last quarter, at least one) and the loaders on the others")
     remote = p.add_argument_group("remote rows (--remote)")
     remote.add_argument("--remote", action="store_true",
                         help="HTTP and S3 rows instead of the local ones (benchmarks/_remote_bench.py)")
@@ -324,9 +327,6 @@ def main() -> None:
     remote.add_argument("--net", choices=("auto", "netem", "proxy"), default="auto",
                         help="how latency is added: netem in a network namespace, else (auto) or always (proxy) "
                              "a proxy holding each request for a round trip")
-    p.add_argument("--storage-cpus", metavar="CPUS",
-                   help="run the storage side (latencyfs, nginx, moto, the delay proxy) on these CPUs (1, 12-15; auto: "
-                        "the last quarter, at least one) and the loaders on the others")
     remote.add_argument("--io-conc", type=int, default=256, help="threads of the remote IO ceiling")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()

@@ -57,15 +57,12 @@ class NativeProducer(Producer):
 
     lookahead = 2
 
-    @property
-    def leases_at_submit(self) -> bool:   # type: ignore[override]
-        return self.src.kind is not SourceKind.ARRAYS   # start() leases; arrays are taken at finish
-
     def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, state: RunState, arena: BatchArena,
                  knobs: _Knobs, recorder: Recorder, on_error: str, batch_size: int, timeout: float | None = None,
                  read_budget: int | None = None) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.src = src
+        self.leases_at_submit = src.kind is not SourceKind.ARRAYS   # start() leases; arrays are taken at finish
         self.plan = plan
         # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
         self.reader: ReadAhead | None = None

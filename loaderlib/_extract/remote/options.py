@@ -103,8 +103,8 @@ class StoreOptions:
     def client_options(self, url_is_http: bool) -> dict:
         allow = self.allow_http
         if allow is None:
-            base = dict(self.extra).get("base_url")   # a GCS endpoint (an emulator's)
-            allow = url_is_http or any(isinstance(u, str) and u.startswith("http://") for u in (self.endpoint_url, base))
+            endpoints = (self.endpoint_url, dict(self.extra).get("base_url"))   # S3's; GCS's (an emulator's)
+            allow = url_is_http or any(isinstance(u, str) and u.startswith("http://") for u in endpoints)
         return {"allow_http": bool(allow), "timeout": timedelta(seconds=self.timeout),
                 "connect_timeout": timedelta(seconds=self.connect_timeout)}
 
