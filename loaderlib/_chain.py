@@ -261,9 +261,11 @@ class NativePlan:
 
     def close(self) -> None:
         """Stop the plan's kernel threads now rather than when the plan is collected. Batches
-        still queued finish first (each holds its threads); a later run starts new ones."""
-        with self._lock:
-            self._team = None
+        still queued finish first (each holds its threads); a later run starts new ones.
+        Takes no lock: it may run while the interpreter exits, when a thread that held one
+        can no longer release it (NOTE [ Threads at interpreter exit ] in _engines/base.py)."""
+        team, self._team = self._team, None
+        del team   # the threads are joined here, outside any lock
 
     def _check_out(self, out: Any, n: int) -> None:
         if self.sample_shape is None:
@@ -329,11 +331,21 @@ class NativePlan:
         """The plan's kernel threads, at least ``nthreads`` of them (NOTE [ One queue across
         batches ] in include/ll_pool.h). A larger request starts a larger team; batches still
         queued on the old one finish there (each holds its team)."""
-        with self._lock:
-            team = self._team
-            if team is None or team.size < nthreads or not team.usable:
-                team = self._team = _chain.Team(nthreads)
+        team = self._team
+        if team is not None and team.size >= nthreads and team.usable:
             return team
+        # Started and freed outside the lock: both release the GIL, and a daemon thread that
+        # cannot take it back at interpreter exit would keep the lock for good (NOTE [ Threads
+        # at interpreter exit ] in _engines/base.py).
+        new = _chain.Team(nthreads)
+        with self._lock:
+            old = self._team
+            if old is not None and old.size >= nthreads and old.usable:
+                team, old = old, new          # another thread started one meanwhile: use it
+            else:
+                team = self._team = new
+        del old   # a replaced team's threads are joined here, outside the lock
+        return team
 
     def _fallback(self, i: int, fetch, out: np.ndarray, idx: np.ndarray, seed: int, epoch: int,
                   timings: np.ndarray | None, sources: Sequence[str] | None) -> tuple[int, str]:

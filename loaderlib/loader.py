@@ -308,6 +308,9 @@ class DataLoader:
         self._arena_ring: BatchArena | None = None
         self._current: weakref.ref[LoaderIterator] | None = None  # weak reference to the newest iterator
         self._warm = WarmStart()   # the next epoch, started early (NOTE [ Warm epochs ])
+        # Dropped when the loader is collected or, if it outlives the script, at exit while its
+        # threads still run (NOTE [ Threads at interpreter exit ] in _engines/base.py).
+        weakref.finalize(self, self._warm.drop_at_exit)
         self._resume: dict | None = None
         self._native_init_done = False   # worker_init_fn ran for the native engine's thread slots
         self._last_state: RunState | None = None   # the newest run's state (state_dict after it ends)

@@ -379,6 +379,25 @@ class _BatchQueue:
 
 _RUN_SERIALS = itertools.count(1)
 
+# NOTE [ Threads at interpreter exit ]
+# Once the interpreter starts finalizing, a daemon thread that tries to take the GIL back
+# (after a blocking call, a sleep, a contended lock, the start of a kernel team) never
+# returns: CPython ends or parks it where it is, and a lock it holds stays taken for good.
+# Objects dropped after that point (a loader kept in a module global, collected with its
+# module) must therefore not wait for anything such a thread may hold. Two rules keep exit
+# clean:
+# - Work that ends a loader's threads runs before finalization, while every thread still
+#   runs: the iterators' finalizers are ``weakref.finalize`` callbacks (run at exit), and a
+#   DataLoader's warm next epoch (NOTE [ Warm epochs ] in loader.py) is dropped by one too
+#   (``WarmStart.drop_at_exit``), joining its driver for at most ``EXIT_JOIN_S``.
+# - No lock is held across a call that releases the GIL on a thread that may be a daemon
+#   (``NativePlan._team_for`` starts and frees kernel teams outside its lock, and
+#   ``NativePlan.close`` takes no lock). A script that ended while its warm epoch's driver
+#   was starting the plan's team hung at exit this way (tests/unit/test_exit.py).
+
+#: How long dropping a warm run at interpreter exit waits for its driver thread.
+EXIT_JOIN_S = 5.0
+
 
 class WarmStart:
     """The next epoch's run (a Pipeline's next iteration's), started before it is asked for
@@ -412,6 +431,14 @@ class WarmStart:
         self.key = self.run = None
         if run is not None:
             run.close()
+
+    def drop_at_exit(self) -> None:
+        """:meth:`drop` for the interpreter's exit (NOTE [ Threads at interpreter exit ]): the
+        driver is joined for at most ``EXIT_JOIN_S`` (it may be inside user code)."""
+        run = self.run
+        self.key = self.run = None
+        if run is not None:
+            run.close_bounded(EXIT_JOIN_S)
 
 
 class _Run:
@@ -558,6 +585,19 @@ class _Run:
                 self.cancel_pending()
             if not self.interrupted:
                 self.producer.close(wait=True)
+
+
+    def close_bounded(self, join_s: float) -> None:
+        """:meth:`close`, joining the driver thread for at most ``join_s`` seconds; one still
+        running then (inside user code) is left as after a timeout (``interrupted``)."""
+        self.close(wait=False)
+        t = self.thread
+        if t is not None and t is not threading.current_thread() and not self.joined:
+            t.join(join_s)
+            if t.is_alive():
+                self.interrupted = True
+                return
+        self.close()
 
 
 def _drive(run: _Run, queue: _BatchQueue) -> None:
