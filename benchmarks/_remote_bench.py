@@ -395,6 +395,8 @@ def main(a, root: str, measure_spec, summary: str, split: str | None = None) -> 
                 for col, sp in cells:
                     res = measure_spec(sp)
                     runs.setdefault((name, col), []).append(res["images_per_s"])
+                    if col == "loaderlib default" and "cpu_ms_per_image" in res:
+                        runs.setdefault((name, "cpu default"), []).append(res["cpu_ms_per_image"])
                     for part in ("per_sample", "whole_shards"):
                         if part in res:
                             runs.setdefault((name, f"io {part.replace('_', ' ')}"), []).append(res[part])
@@ -405,7 +407,8 @@ def main(a, root: str, measure_spec, summary: str, split: str | None = None) -> 
                         f"medians of {r + 1} round(s)" + ("" if r + 1 == a.repeat else " (so far)"))
     print(net.how)
     print("\nevery cell, images/s per round: " + "; ".join(
-        f"{k[0]} / {k[1]}: " + ", ".join(f"{x:.0f}" for x in v) for k, v in runs.items()))
+        f"{k[0]} / {k[1]}: " + ", ".join(f"{x:.3f} ms/img" if k[1] == "cpu default" else f"{x:.0f}" for x in v)
+        for k, v in runs.items()))
 
 
 def print_table(runs: dict, rows: list, workers: list[int], title: str) -> None:
@@ -417,9 +420,11 @@ def print_table(runs: dict, rows: list, workers: list[int], title: str) -> None:
           "IO ceiling: the store's requests alone at that latency, one per sample or whole shards, the faster "
           "(benchmarks/_remote_bench.py says how). "
           "ideal = min(CPU ceiling, IO ceiling); a cache row is one cold epoch from the dataset's construction; "
-          "PyTorch reads by ranges or objects (no cache: a cache row repeats its ranges row's figure, in brackets).\n")
+          "PyTorch reads by ranges or objects (no cache: a cache row repeats its ranges row's figure, in brackets). "
+          "default CPU: the default loader's process CPU time per image over the timed epochs (all its threads; "
+          "on the local rows, what the same chain costs without a store).\n")
     head = ["source", "loaderlib default", "AUTOTUNE"] + (["PyTorch (best)"] if workers else [])
-    head += ["CPU ceiling", "IO ceiling", "ideal", "default x ideal", "AUTOTUNE x ideal"]
+    head += ["CPU ceiling", "IO ceiling", "ideal", "default x ideal", "AUTOTUNE x ideal", "default CPU ms/img"]
     head += ["default x torch", "AUTOTUNE x torch"] if workers else []
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|")
@@ -435,8 +440,9 @@ def print_table(runs: dict, rows: list, workers: list[int], title: str) -> None:
             cells.append("")
         io_c = med.get((name.replace("cache (cold)", "ranges"), "io ceiling"))
         ideal = cpu[lay] if io_c is None else min(cpu[lay], io_c)
+        c_ms = med.get((name, "cpu default"))
         cells += [f"{cpu[lay]:,.0f}", "" if io_c is None else f"{io_c:,.0f}", f"{ideal:,.0f}",
-                  f"{d / ideal:.2f}", f"{auto / ideal:.2f}"]
+                  f"{d / ideal:.2f}", f"{auto / ideal:.2f}", "" if c_ms is None else f"{c_ms:.3f}"]
         if workers:
             cells += [f"{d / t:.2f}", f"{auto / t:.2f}"] if t else ["", ""]
         print("| " + " | ".join(cells) + " |", flush=True)

@@ -125,15 +125,19 @@ def evict(paths: list[str]) -> None:
 
 def timed_epochs(make_epoch, epochs: int, cold_paths: list[str] | None) -> dict:
     """Run ``1 + epochs`` epochs (``make_epoch()`` returns a fresh iterable of batches); the rate
-    is over the last ``epochs``, each timed from ``iter()`` to its last batch."""
+    is over the last ``epochs``, each timed from ``iter()`` to its last batch, and so is the
+    process's CPU time per image (every thread of this process: loaderlib's work; a PyTorch
+    DataLoader's worker processes are not in it)."""
     seen = 0
     busy = 0.0
+    cpu = 0.0
     t_start = time.perf_counter()
     first = None
     for e in range(1 + epochs):
         if cold_paths is not None:
             evict(cold_paths)
         t0 = time.perf_counter()
+        c0 = time.process_time()
         n = 0
         for x, _y in make_epoch():
             n += len(x)
@@ -141,8 +145,10 @@ def timed_epochs(make_epoch, epochs: int, cold_paths: list[str] | None) -> dict:
                 first = time.perf_counter() - t_start
         if e > 0:
             busy += time.perf_counter() - t0
+            cpu += time.process_time() - c0
             seen += n
-    return {"images_per_s": seen / busy, "images": seen, "first_batch_s": first}
+    return {"images_per_s": seen / busy, "images": seen, "first_batch_s": first,
+            "cpu_ms_per_image": 1e3 * cpu / seen}
 
 
 def run_loaderlib(root: str, epochs: int, cold: list[str] | None, threads: str, io_depth: int | None) -> dict:

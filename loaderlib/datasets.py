@@ -331,6 +331,11 @@ class _ImageFiles(Dataset):
         """Why sample ``idx`` came back empty from :meth:`buffers` (NOTE [ Remote failures per sample ])."""
         return self._remote.failure(idx) if self._remote is not None else None
 
+    def remote_request(self, i: int) -> tuple[str, int, None] | None:
+        """Sample ``i``'s request to its store: the whole object ``(url, 0, None)``
+        (NOTE [ One sample, one request ] in ``_extract/remote/readahead.py``)."""
+        return (self.paths[i], 0, None) if self._remote is not None else None
+
     @property
     def python_read(self) -> str | None:
         """Why the samples are read from Python (None: the kernels read them)."""

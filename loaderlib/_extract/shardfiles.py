@@ -64,6 +64,16 @@ class ShardFiles:
         return self._remote.read([self.paths[s] for s in self.shard_of[idx].tolist()], self.offsets[idx],
                                  self.sizes[idx], idx.tolist(), record=True)
 
+    def remote_request(self, i: int) -> tuple[str, int, int] | None:
+        """Sample ``i``'s request to its store, ``(url, start, end)``, for a read of that sample
+        alone (NOTE [ One sample, one request ] in ``_extract/remote/readahead.py``); None
+        with the shard cache (the sample is a slice of the local copy)."""
+        remote: Any = getattr(self, "_remote", None)
+        if remote is None or remote.cached:
+            return None
+        start = int(self.offsets[i])
+        return self.paths[int(self.shard_of[i])], start, start + int(self.sizes[i])
+
     def plan_epoch(self, indices: np.ndarray) -> None:
         """With the shard cache: download the shards a few ahead of the reads, in the order
         ``indices`` (the run's samples, in the order they will be read) first needs them

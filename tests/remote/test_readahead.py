@@ -73,6 +73,34 @@ def test_failure_read_ahead_names_url_status_and_sample(ds_root, proxy, engine):
     assert sum(len(b[1]) for b in got) == N - 1 and [f.index for f in loader.errors] == [bad]
 
 
+@pytest.mark.parametrize("kind", ["records", "webdataset", "list", "recordio"])
+@pytest.mark.parametrize("quick", ["works", "fails"])
+def test_one_sample_requests_go_straight_to_the_store(ds_root, nginx, moto, monkeypatch, kind, quick):
+    """NOTE [ One sample, one request ]: a shuffled epoch's samples are requested one by one
+    by the reading threads themselves; when that request gives nothing (an error, a short
+    body), the sample is read again through the dataset's batch read, so the output is the
+    same either way."""
+    from loaderlib._extract.remote.store import RemoteStore
+
+    calls = []
+    real = RemoteStore.quick_get
+
+    def spy(self, path, start, end):
+        calls.append((path, start, end))
+        return real(self, path, start, end) if quick == "works" else None
+
+    monkeypatch.setattr(RemoteStore, "quick_get", spy)
+    local, remote = _make(kind, (ds_root, _base("http", nginx, moto)[0]), _base("http", nginx, moto)[1])
+    ref = _loader(local, "native")
+    loader = _loader(remote, "native", io_depth=3)
+    _same(_batches(ref), _batches(loader))
+    assert len(calls) >= N // 2, len(calls)    # most samples: a call of one (a run of neighbours shares one)
+    whole = kind == "list"
+    assert all((end is None) == whole for _, _, end in calls)
+    loader.close()
+    ref.close()
+
+
 def _reading_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("loaderlib-remote-read-")]
 

@@ -275,6 +275,8 @@ class RemoteFiles:
     def note_failure(self, index: int, error: RemoteReadError | None) -> None:
         """Keep (or with None, forget) the read error of sample ``index``, read ahead
         (NOTE [ Remote read-ahead ] in ``readahead.py``)."""
+        if error is None and not self._failures:
+            return   # the common case, every sample read: nothing to forget, no lock
         with self._lock:
             if error is None:
                 self._failures.pop(int(index), None)

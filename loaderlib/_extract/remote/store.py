@@ -143,7 +143,30 @@ class RemoteStore:
             raise ValueError(f"{url} is not in {self.root}")
         return u.path
 
+    def object_path(self, url: str) -> str:
+        """The path of ``url``'s object in this store."""
+        return self._path(url)
+
     # -- the requests -----------------------------------------------------------------
+    def quick_get(self, path: str, start: int, end: int | None) -> Any:
+        """Bytes ``[start, end)`` of the object at ``path`` (``end`` None: all of it) in one
+        request, with obstore's own retries only: None when the request fails or the body is
+        short, for the caller to read it again through the checked path (NOTE [ One sample,
+        one request ] in ``readahead.py``)."""
+        try:
+            if end is None:
+                return self._ob.get(self._store, path).bytes()
+            if end <= start:
+                return None
+            data = self._ob.get_range(self._store, path, start=start, end=end)
+        except Exception:  # noqa: BLE001 - read again by the checked path, which reports it
+            return None
+        except BaseException as e:   # obstore's panic on a malformed response: the same
+            if not _is_panic(e):
+                raise
+            return None
+        return data if len(memoryview(data)) == end - start else None
+
     def head(self, url: str, index: int | None = None) -> ObjectInfo:
         """Size and ETag of one object."""
         try:
@@ -177,6 +200,8 @@ class RemoteStore:
         index = indices[0] if indices else None
 
         def once():
+            if len(starts) == 1:   # one range: the plain ranged GET, a little cheaper than a list of one
+                return [self._ob.get_range(self._store, path, start=starts[0], end=ends[0])]
             return self._ob.get_ranges(self._store, path, starts=starts, ends=ends)
 
         return self._checked(url, once, [e - s for s, e in zip(starts, ends)], index, indices=indices)
@@ -260,7 +285,23 @@ class RemoteStore:
 def open_store(url: str, storage_options: Mapping[str, Any] | StoreOptions | None = None) -> RemoteStore:
     """The store holding ``url``, shared per process by every reader with the same options
     (one connection pool per store). A forked child opens its own."""
-    opts = storage_options if isinstance(storage_options, StoreOptions) else StoreOptions.resolve(storage_options)
+    if isinstance(storage_options, StoreOptions):
+        # Every request asks: remembered per (process, URL, options object), no hashing of the options.
+        hit = _LAST_STORE.get((url, id(storage_options)))
+        if hit is not None and hit[0] is storage_options and hit[1] == os.getpid():
+            return hit[2]
+        store = _open_store(url, storage_options)
+        if len(_LAST_STORE) > 4096:
+            _LAST_STORE.clear()
+        _LAST_STORE[url, id(storage_options)] = (storage_options, os.getpid(), store)
+        return store
+    return _open_store(url, StoreOptions.resolve(storage_options))
+
+
+_LAST_STORE: dict[tuple[str, int], tuple[StoreOptions, int, RemoteStore]] = {}
+
+
+def _open_store(url: str, opts: StoreOptions) -> RemoteStore:
     root = parse_url(url).store
     key = (os.getpid(), root, opts)
     with _STORES_LOCK:
@@ -289,6 +330,8 @@ COALESCE_MIN = 64 << 10
 def _range_groups(requests: Sequence[tuple[str, int, int]]) -> list[tuple[str, list[int]]]:
     """The requests (positions in ``requests``) grouped by object and by neighbourhood
     (NOTE [ Ranges that share a request ]), each group sorted by start."""
+    if len(requests) == 1:
+        return [(requests[0][0], [0])]
     by_url: dict[str, list[int]] = {}
     for k, (url, _, _) in enumerate(requests):
         by_url.setdefault(url, []).append(k)
@@ -344,10 +387,17 @@ class _Pool:
 
     def run(self, fns: Sequence[Any]) -> list:
         """``[fn() for fn in fns]``, run concurrently; the first exception is raised after all
-        have finished."""
-        out: list = [None] * len(fns)
-        errors: list = [None] * len(fns)
-        done = threading.Semaphore(0)
+        have finished. The caller wakes once, when the last job ends (a semaphore released
+        per job woke it, and handed it the GIL, once per request)."""
+        n = len(fns)
+        if n == 1:
+            return [fns[0]()]
+        out: list = [None] * n
+        errors: list = [None] * n
+        left = [n]
+        count = threading.Lock()
+        finished = threading.Lock()
+        finished.acquire()
 
         def job(k: int) -> Any:
             def go() -> None:
@@ -356,18 +406,21 @@ class _Pool:
                 except BaseException as e:   # handed to the caller
                     errors[k] = e
                 finally:
-                    done.release()
+                    with count:
+                        left[0] -= 1
+                        last = left[0] == 0
+                    if last:
+                        finished.release()
             return go
 
         with self._lock:
-            grow = min(FAN_OUT, len(fns)) - self._idle
+            grow = min(FAN_OUT, n) - self._idle
             for _ in range(max(0, min(grow, FAN_OUT - self._threads))):
                 self._threads += 1
                 threading.Thread(target=self._worker, name="loaderlib-remote", daemon=True).start()
-        for k in range(len(fns)):
+        for k in range(n):
             self._jobs.put(job(k))
-        for _ in fns:
-            done.acquire()
+        finished.acquire()
         err = next((e for e in errors if e is not None), None)
         if err is not None:
             raise err

@@ -4,6 +4,7 @@ ends and its object path begins."""
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -100,8 +101,10 @@ def _glob_re(pattern: str) -> re.Pattern:
     return re.compile("".join(parts)[:-1] if parts else "")
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def parse_url(url: str) -> ObjectURL:
-    """Split a URL into store and object path; ``ValueError`` for what is not a remote URL."""
+    """Split a URL into store and object path; ``ValueError`` for what is not a remote URL.
+    Cached: a shard's URL is parsed for every request that reads it."""
     if not is_url(url):
         raise ValueError(f"{url!r} is not a URL this reader knows (schemes: {', '.join(SCHEMES)})")
     parts = urlsplit(url)
