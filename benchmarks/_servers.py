@@ -512,6 +512,10 @@ class DelayProxy:
                     return
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             return
+        except asyncio.CancelledError:
+            # close() cancels the connections: end quietly (asyncio's stream callback would
+            # print the cancellation of every open connection as an error).
+            return
         finally:
             for w in (writer, up_w):
                 if w is not None:

@@ -237,3 +237,25 @@ def test_exit_with_remote_reads_in_flight_is_clean(served, nginx, tmp_path):
             assert res.returncode == 0 and "done" in res.stdout, (res.returncode, res.stderr[-3000:])
     finally:
         proxy.close()
+
+
+def test_delay_proxy_closes_quietly_with_connections_open(nginx, caplog):
+    """The benchmarks' delay proxy (benchmarks/_servers.py) ends the connections it still holds
+    when closed without asyncio logging each cancelled one as an error."""
+    import logging
+    import socket
+
+    from benchmarks._servers import DelayProxy
+
+    proxy = DelayProxy(nginx.url, 1.0)
+    conns = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(3)]
+    for c in conns:   # one answered request each: the proxy then waits on each for the next one
+        c.sendall(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += c.recv(4096)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        proxy.close()
+    for c in conns:
+        c.close()
+    assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
