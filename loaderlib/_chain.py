@@ -331,8 +331,11 @@ class NativePlan:
         """The plan's kernel threads, at least ``nthreads`` of them (NOTE [ One queue across
         batches ] in include/ll_pool.h). A larger request starts a larger team; batches still
         queued on the old one finish there (each holds its team)."""
+        def fits(team: Any) -> bool:
+            return team is not None and team.size >= nthreads and team.usable
+
         team = self._team
-        if team is not None and team.size >= nthreads and team.usable:
+        if fits(team):
             return team
         # Started and freed outside the lock: both release the GIL, and a daemon thread that
         # cannot take it back at interpreter exit would keep the lock for good (NOTE [ Threads
@@ -340,7 +343,7 @@ class NativePlan:
         new = _chain.Team(nthreads)
         with self._lock:
             old = self._team
-            if old is not None and old.size >= nthreads and old.usable:
+            if fits(old):
                 team, old = old, new          # another thread started one meanwhile: use it
             else:
                 team = self._team = new

@@ -425,20 +425,20 @@ class WarmStart:
         run.close()
         return None
 
-    def drop(self) -> None:
-        """Close and forget the held run, if any."""
+    def drop(self, join_s: float | None = None) -> None:
+        """Close and forget the held run, if any; with ``join_s``, its driver is joined for at
+        most that long (:meth:`_Run.close_bounded`)."""
         run = self.run
         self.key = self.run = None
-        if run is not None:
+        if run is not None and join_s is None:
             run.close()
+        elif run is not None:
+            run.close_bounded(join_s)
 
     def drop_at_exit(self) -> None:
         """:meth:`drop` for the interpreter's exit (NOTE [ Threads at interpreter exit ]): the
         driver is joined for at most ``EXIT_JOIN_S`` (it may be inside user code)."""
-        run = self.run
-        self.key = self.run = None
-        if run is not None:
-            run.close_bounded(EXIT_JOIN_S)
+        self.drop(EXIT_JOIN_S)
 
 
 class _Run:
@@ -585,7 +585,6 @@ class _Run:
                 self.cancel_pending()
             if not self.interrupted:
                 self.producer.close(wait=True)
-
 
     def close_bounded(self, join_s: float) -> None:
         """:meth:`close`, joining the driver thread for at most ``join_s`` seconds; one still

@@ -213,7 +213,6 @@ class RemoteReadAhead:
 
     def _run(self, k: int) -> None:
         data_index = self.src.data_index
-        wrap = getattr(self.src, "wrap", None)
         remote = getattr(self.dataset, "_remote", None)
         direct = getattr(self.dataset, "remote_request", None) if remote is not None else None
         while True:
@@ -240,10 +239,8 @@ class RemoteReadAhead:
             bufs, error = None, None
             if len(got) == 1 and direct is not None:
                 # NOTE [ One sample, one request ]: the request straight to the store.
-                i = got[0][0].index
-                i = i % wrap if wrap else i
-                idx = [i]
-                one = self._direct(direct, i)
+                idx = [int(data_index(got[0][0].index))]
+                one = self._direct(direct, idx[0])
                 if one is not None:
                     bufs = [one]
             else:
@@ -257,7 +254,6 @@ class RemoteReadAhead:
                     error = e
             dt = self._clock() - t0
             cpu = time.thread_time_ns() - c0
-            remote = getattr(self.dataset, "_remote", None)
             sizes = [len(memoryview(b)) for b in bufs] if bufs is not None else None
             with self._lock:
                 c = self._c
