@@ -56,7 +56,6 @@ logic is tested with synthetic measurements on an injected clock.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -282,7 +281,9 @@ class Tuner:
             rates = self._rates
             if len(rates) < self.windows:
                 return
-            med = statistics.median(rates)
+            rates_sorted = sorted(rates)
+            k = len(rates_sorted) // 2
+            med = rates_sorted[k] if len(rates_sorted) % 2 else (rates_sorted[k - 1] + rates_sorted[k]) / 2
             if len(rates) < self.max_windows and max(rates) - min(rates) > self.spread * med:
                 return
             windows = ", ".join(f"{r:.1f}" for r in rates)

@@ -245,6 +245,21 @@ class BatchArena:
         self.peak_leased = max(self.peak_leased, self._ring.num_leased)
         return lease, layout.views(lease)
 
+    @property
+    def on_release(self) -> Callable[[], None] | None:
+        """Called with no argument each time a slot is freed (a lease's last view went); it
+        must never block (it may run in any thread's dealloc, even at exit)."""
+        return self._ring.on_release
+
+    @on_release.setter
+    def on_release(self, fn: Callable[[], None] | None) -> None:
+        self._ring.on_release = fn
+
+    @property
+    def num_leased(self) -> int:
+        """Slots leased now (batches in production, queued or held by the user)."""
+        return int(self._ring.num_leased)
+
     def has_room(self) -> bool:
         """Whether a slot that has been written before is free now: fewer slots are leased than
         the most ever leased at once (slots are taken lowest index first, so those are the

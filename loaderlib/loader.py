@@ -31,7 +31,8 @@ from ._autotune import attach, batch_nbytes
 from ._chain import compile_chain
 from ._checks import check_int
 from ._engines.base import HeldRecorder, LoaderIterator, Producer, RunState, WarmStart, _Knobs, _Run
-from ._engines.native import NativeProducer, kernel_threads
+from ._engines.depth import depth_for
+from ._engines.native import NativeProducer, kernel_threads, native_worker_init
 from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
 from ._extract.source import SourceKind, announce_order
 from ._iterable import IterableProducer, IterableRunState, resume_source
@@ -54,7 +55,6 @@ from ._loader.state import (
     state_of,
 )
 from ._recorder import Recorder, StageRecorder
-from ._worker_info import WorkerInfo, set_thread_info, worker_seed
 from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
 from .stats import Stats
@@ -108,8 +108,11 @@ class DataLoader:
         process is needed, and ``num_workers`` sets the thread count instead (``explain()``
         says so).
     prefetch : int, optional
-        Batches kept ready ahead of the consumer (default ``max(2, 2 * num_workers)``).
-        Settable while iterating.
+        Batches kept ready ahead of the consumer (``max(2, 2 * num_workers)`` when not given).
+        Not given, the native engine keeps at most the batch you hold and one more (two with
+        many threads per batch) in memory, up to that depth only when a deeper queue would
+        have saved you waiting or you keep batches (NOTE [ Batches in memory ] in
+        ``_engines/depth.py``; ``explain()`` shows it). Settable while iterating.
     pin_memory : bool
         Page-lock the arena slots once, when they are allocated, so batches copy to a GPU
         asynchronously at no per-batch cost: torch's pinned allocator on the in-process
@@ -288,6 +291,9 @@ class DataLoader:
         depth = prefetch if prefetch is not None else (
             prefetch_factor * max(1, num_workers) if prefetch_factor is not None else max(2, 2 * num_workers))
         self._knobs = _Knobs(num_threads, depth, o.io_depth)
+        # NOTE [ Batches in memory ] (_engines/depth.py): the default prefetch caps the batches
+        # resident at once; an explicit prefetch (or AUTOTUNE) is a fixed queue.
+        self._adaptive_depth = prefetch is None and prefetch_factor is None and not o.tune_prefetch
         self.recorder = _make_recorder(o.profile)
         self._errors: list = []
         self._init_runtime()
@@ -295,6 +301,7 @@ class DataLoader:
             self.pin_memory = False
             self.pin_memory_device = ""
         self._tuner = None
+        self._knobs.depth = depth_for(self)
         if o.tune_threads or o.tune_prefetch or self.ram_budget is not None:
             # NOTE [ Autotune ]: with a budget alone nothing is tuned, but one batch must fit.
             attach(self, num_threads=o.tune_threads, prefetch=o.tune_prefetch, ram_budget=self.ram_budget)
@@ -337,6 +344,8 @@ class DataLoader:
     @prefetch.setter
     def prefetch(self, value: int) -> None:
         self._knobs.prefetch = check_int(value, "prefetch", minimum=1)
+        self._adaptive_depth = False   # a fixed queue from now on (NOTE [ Batches in memory ])
+        self._knobs.depth = None
 
     @property
     def batch_size(self) -> int:
@@ -459,6 +468,8 @@ class DataLoader:
             lines.append(f"  {stage:<17} {kind:<7} {detail}")
         if self.batch_transform is not None:
             lines.append(f"  {'batch transform':<17} {'numpy':<7} {self.batch_transform.describe()}")
+        if self._knobs.depth is not None:
+            lines.append(f"  {'batches':<17} {'native':<7} {self._knobs.depth.describe(kernel_threads(self._knobs))}")
         return "\n".join(lines)
 
     def _read_waiting(self) -> float:
@@ -631,18 +642,8 @@ class DataLoader:
         return run
 
     def _native_worker_init(self) -> None:
-        # The native engine has no Python workers and its kernel threads persist: as with
-        # persistent workers, worker_init_fn runs once per kernel thread slot, before the
-        # first batch, on the driver thread, with that slot's worker info.
-        n = kernel_threads(self._knobs)
-        init = self.worker_init_fn
-        assert init is not None   # _new_run sets this hook only with a worker_init_fn
-        try:
-            for wid in range(n):
-                set_thread_info(WorkerInfo(wid, n, worker_seed(self.seed, wid), self.dataset))
-                init(wid)
-        finally:
-            set_thread_info(None)
+        assert self.worker_init_fn is not None   # _new_run sets this hook only with a worker_init_fn
+        native_worker_init(self.worker_init_fn, kernel_threads(self._knobs), self.seed, self.dataset)
 
     # NOTE [ Warm epochs ]
     # A loader iterated epoch after epoch would idle the model at every epoch start while
@@ -730,8 +731,11 @@ class DataLoader:
             slots += 2   # room for a warm next epoch's first batches, taken from written slots (NOTE [ Warm slots ])
         if self._arena_ring is None:
             self._arena_ring = BatchArena(slots, allocator=self._pinned_allocator())
+            if self._knobs.depth is not None:
+                self._arena_ring.on_release = self._knobs.depth.wake
         self._arena_ring.num_slots = slots
         return self._arena_ring
+
 
     def _read_budget(self) -> int | None:
         """Bytes the read-ahead buffers may hold (NOTE [ Read-ahead memory ]): what
@@ -864,6 +868,7 @@ class DataLoader:
         self.__dict__.update(d)
         self._analysis = _analyze(self.dataset, self.batchify_fn, self.num_workers)
         self._knobs = _Knobs(num_threads, prefetch, io_depth)
+        self._knobs.depth = depth_for(self)
         self.recorder = _make_recorder(enabled)
         self._errors = []
         self._init_runtime()

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import glob
 import os
-import tempfile
-import uuid
-import zipfile
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -107,6 +104,9 @@ class _ShardWriter:
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"output folder {folder!r} does not exist")
         name = os.path.basename(self.data_path)
+        import tempfile  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+        import uuid
+
         fd, self.tmp_data = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
         self.f = os.fdopen(fd, "wb")
         self.ident = uuid.uuid4().hex
@@ -129,6 +129,8 @@ class _ShardWriter:
         self.f.close()
         offsets, sizes = np.asarray(self.offsets, np.int64), np.asarray(self.sizes, np.int64)
         folder = os.path.dirname(os.path.abspath(self.index_path))
+        import tempfile  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
         fd, self.tmp_index = tempfile.mkstemp(prefix=f".{os.path.basename(self.index_path)}.", suffix=".tmp",
                                               dir=folder)
         with os.fdopen(fd, "wb") as f:
@@ -295,6 +297,8 @@ def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = No
         index = index_path if os.path.exists(index_path) else remote.open_bytes(index_path)
     if len(head) >= 4 and int.from_bytes(head[:4], "little") == _MXNET_MAGIC:
         raise LoaderError(f"{data_path!r} is an MXNet RecordIO file: open it with ll.ImageRecordDataset")
+    import zipfile  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
     try:
         with np.load(index, allow_pickle=False) as z:
             d = {k: z[k] for k in z.files}

@@ -23,7 +23,6 @@ other, so they share one definition of every figure:
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 import math
 import time
@@ -600,6 +599,8 @@ class Stats:
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
+        import html  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
         parts = [f"<div class='loaderlib-stats' style=\"{FONT_CSS}\"><b>loaderlib Stats</b><br>"]
         parts += [html.escape(line) + "<br>" for line in self._summary()]
         if self.enabled:

@@ -18,7 +18,6 @@ import glob
 import json
 import os
 import re
-import tarfile
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -170,6 +169,8 @@ class WebDataset(ShardFiles, Dataset):
 
     @staticmethod
     def _index(path: str, fileobj: Any = None) -> list:
+        import tarfile  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
         try:
             tf = tarfile.open(path if fileobj is None else None, "r:", fileobj=fileobj)  # noqa: SIM115 - closed below
         except FileNotFoundError:

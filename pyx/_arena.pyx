@@ -32,6 +32,17 @@ cdef extern from "<sys/mman.h>" nogil:
 
 cdef extern from *:
     """
+    #ifdef __GLIBC__
+    #include <malloc.h>
+    static void ll_release_free_memory(void) { malloc_trim(0); }
+    #else
+    static void ll_release_free_memory(void) {}
+    #endif
+    """
+    void ll_release_free_memory() nogil
+
+cdef extern from *:
+    """
     #include <sys/mman.h>
     #ifdef MADV_HUGEPAGE
     #define LL_MADV_HUGEPAGE MADV_HUGEPAGE
@@ -46,8 +57,13 @@ cdef extern from *:
 # that fill the batch. Zeroing a 38 MB slot up front instead cost ~30 ms per slot before
 # the first batch. Small buffers come from posix_memalign and are zeroed explicitly.
 # Slots are also offered to transparent huge pages (madvise): a 38 MB float batch then
-# takes ~20 page faults instead of ~9,400, and the kernels' writes miss the TLB less.
+# takes ~20 page faults instead of ~9,400, and the kernels' writes miss the TLB less. Only
+# the whole 2 MB ranges inside a slot are: slots mapped side by side merge into one mapping,
+# and a huge page across the boundary of two would make writing one slot's last bytes
+# resident 2 MB that are mostly the next slot's (1.2 MB more per float slot, measured with
+# /proc/self/smaps on the RN50 bench).
 cdef size_t _MMAP_MIN = 1 << 20
+cdef size_t _HUGE = 2 << 20
 
 # Process-wide counters of AlignedBuffer allocations (arena steady-state checks use them).
 cdef long long _n_alloc = 0
@@ -58,6 +74,15 @@ cdef long long _bytes_live = 0
 def counters():
     """``(allocations, bytes_allocated, bytes_live)`` of every AlignedBuffer in this process."""
     return (_n_alloc, _bytes_alloc, _bytes_live)
+
+
+def release_free_memory():
+    """Give the allocator's free pages back to the system (glibc's ``malloc_trim``; a no-op
+    elsewhere). A run's kernel team frees its per-thread scratch when its last batch is made,
+    into its threads' malloc arenas, where it would stay resident beside the next run's
+    (NOTE [ Warm slots ] in loaderlib/_engines/base.py)."""
+    with nogil:
+        ll_release_free_memory()
 
 
 cdef inline void _export_bytes(Py_buffer* buffer, object owner, void* ptr, Py_ssize_t nbytes,
@@ -102,6 +127,7 @@ cdef class AlignedBuffer:
         self.mapped = False
         # posix_memalign(0) may return NULL; keep at least one line so the address is real.
         cdef size_t size = <size_t>(nbytes if nbytes > 0 else alignment)
+        cdef size_t lo, hi
         cdef void* p
         if size >= _MMAP_MIN and alignment <= 4096:
             # See NOTE [ Large slots come from mmap ].
@@ -109,7 +135,10 @@ cdef class AlignedBuffer:
             if p == MAP_FAILED:
                 raise MemoryError(f"cannot map {nbytes} bytes")
             if LL_MADV_HUGEPAGE >= 0 and size >= (4 << 20):
-                madvise(p, size, LL_MADV_HUGEPAGE)   # advisory: failure changes nothing
+                lo = (<size_t>p + _HUGE - 1) & ~(_HUGE - 1)
+                hi = (<size_t>p + size) & ~(_HUGE - 1)
+                if hi > lo:   # advisory: failure changes nothing
+                    madvise(<void*>lo, hi - lo, LL_MADV_HUGEPAGE)
             self.ptr = p
             self.mapped = True
             self.mapped_size = size
@@ -165,6 +194,7 @@ cdef class SlotRing:
     cdef readonly long long bytes_allocated  # their total size
     cdef readonly long long acquires
     cdef readonly bint closed   # close(): every slot's buffer goes as soon as it is free
+    cdef public object on_release   # called with no argument after a slot is freed (or None)
 
     def __cinit__(self, allocator):
         self.buffers = []
@@ -174,6 +204,7 @@ cdef class SlotRing:
         self.bytes_allocated = 0
         self.acquires = 0
         self.closed = False
+        self.on_release = None
 
     cdef object _alloc(self, Py_ssize_t nbytes):
         buf = self.allocator(nbytes)
@@ -266,6 +297,14 @@ cdef class SlotRing:
             self.states[slot] = SLOT_FREE
             if self.closed:
                 self.buffers[slot] = None
+            cb = self.on_release
+            if cb is not None:
+                # A lease may end anywhere (a dealloc on any thread, at exit): the callback must
+                # never block (NOTE [ Batches in memory ] in loaderlib/_engines/depth.py).
+                try:
+                    cb()
+                except BaseException:
+                    pass
 
     def buffer(self, Py_ssize_t slot):
         """The buffer object of ``slot`` (for engines that address slots by name)."""

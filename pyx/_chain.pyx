@@ -261,6 +261,7 @@ cdef extern from "ll_readahead.h":
     int ll_reader_usable(const ll_reader* r) noexcept nogil
     int ll_reader_set_depth(ll_reader* r, int depth) noexcept nogil
     void ll_reader_set_limit(ll_reader* r, int64_t limit) noexcept nogil
+    void ll_reader_trim(ll_reader* r) noexcept nogil
     int64_t ll_reader_queue(ll_reader* r, const int64_t* pos, int64_t n, const char* const* paths,
                             const int32_t* fds, const int64_t* offs, const int64_t* sizes) noexcept nogil
     void ll_reader_attach(ll_reader* r, ll_rwait* w, const int64_t* pos, int64_t n) noexcept nogil
@@ -319,6 +320,11 @@ cdef class Reader:
         """Use at most ``limit`` read slots (1 to cap): the read-ahead's memory bound."""
         with nogil:
             ll_reader_set_limit(self.r, limit)
+
+    def trim(self):
+        """Free the buffers of the read slots not in use (their memory goes back)."""
+        with nogil:
+            ll_reader_trim(self.r)
 
     def stop(self):
         """Drop queued reads and let the IO threads exit; batches still waiting give up."""

@@ -52,6 +52,7 @@ from .._extract.readahead import ReadAhead
 from .._recorder import Recorder
 from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning, _add_context
 from ..sampler import EpochOrder
+from .depth import BatchDepth
 
 _clock = time.perf_counter_ns
 _log = logging.getLogger("loaderlib")
@@ -93,6 +94,7 @@ class Produced:
     end: int
     size: int
     target: int
+    held_back: int = 0   # ns the driver waited at the batch cap before starting it (NOTE [ Batches in memory ])
 
 
 class Producer:
@@ -106,6 +108,7 @@ class Producer:
     #: Whether ``submit`` leases the batch's arena slot (else ``finish`` does; NOTE [ Warm slots ]).
     leases_at_submit = False
     reader: ReadAhead | None = None   # the run's read-ahead stage, if it has one (NOTE [ Read-ahead ])
+    arena: Any = None                 # the BatchArena its batches lease slots of, if it has one
 
     def __init__(self, *, state: RunState, recorder: Recorder, on_error: str) -> None:
         self.state = state
@@ -120,6 +123,13 @@ class Producer:
 
     def cancel(self, handle: Any) -> None:
         pass
+
+    def threads(self) -> int:
+        """Threads a batch runs on now (the batch cap's tail estimate, NOTE [ Batches in memory ])."""
+        return 1
+
+    def done_producing(self) -> None:
+        """The run's last batch is made: free what only production needs (NOTE [ Warm slots ])."""
 
     def close(self, wait: bool = True) -> None:
         pass
@@ -244,6 +254,7 @@ class _Knobs:
         self._prefetch = prefetch
         self._queues: weakref.WeakSet = weakref.WeakSet()
         self.tuner: Tuner | None = None   # AUTOTUNE: observes delivered batches (NOTE [ Autotune ])
+        self.depth: BatchDepth | None = None   # the default prefetch's batch cap (NOTE [ Batches in memory ])
 
     @property
     def prefetch(self) -> int:
@@ -315,6 +326,8 @@ class _BatchQueue:
         self._cond = threading.Condition()
         self._items: collections.deque = collections.deque()
         self._closed = False
+        self.waiting = False    # the consumer waits in get() on an empty queue
+        self.last_wait_ns = 0   # how long the last get() waited
         knobs._queues.add(self)
 
     def wake(self) -> None:
@@ -342,6 +355,7 @@ class _BatchQueue:
             if self._closed:
                 return False
             self._items.append(item)
+            self.waiting = False
             depth = len(self._items)
             self._cond.notify_all()
         if self._rec.enabled:
@@ -358,6 +372,11 @@ class _BatchQueue:
             while not self._items:
                 if self._closed:
                     return _END
+                if not self.waiting:
+                    self.waiting = True
+                    d = getattr(self._knobs, "depth", None)
+                    if d is not None:
+                        d.wake()   # a driver waiting at the batch cap decides again (NOTE [ Batches in memory ])
                 if deadline is None:
                     self._cond.wait(0.5)
                 else:
@@ -368,11 +387,13 @@ class _BatchQueue:
                             "transform or worker may be stuck (raise DataLoader(timeout=...) if batches "
                             "are just slow)")
                     self._cond.wait(min(left, 0.5))
+            self.waiting = False
             item = self._items.popleft()
             depth = len(self._items)
             self._cond.notify_all()
+        self.last_wait_ns = _clock() - t0
         if self._rec.enabled:
-            self._rec.consumer_waited(_clock() - t0)
+            self._rec.consumer_waited(self.last_wait_ns)
             self._rec.queue_depth(depth, max(1, self._knobs.prefetch))
         return item
 
@@ -454,6 +475,7 @@ class _Run:
         self.timeout = timeout
         self.queue = _BatchQueue(knobs, recorder) if threaded else None
         self.pending: collections.deque = collections.deque()   # producer handles, in batch order
+        self.held_back: collections.deque = collections.deque()  # per pending handle: ns waited at the batch cap
         self.thread: threading.Thread | None = None
         self.closed = False
         self.joined = False
@@ -461,6 +483,7 @@ class _Run:
         self.on_start: Callable[[], None] | None = None  # called once, on the producing thread, first
         self.room: Callable[[], bool] | None = None      # NOTE [ Warm slots ]: a batch slot is free (None: always)
         self.failed = False        # ended by an error (the loader then drops a warm next epoch)
+        self.produced_all = False  # every batch made, the producer's production resources freed
         self.serial = next(_RUN_SERIALS)   # tells the AUTOTUNE tuner a new stream began (NOTE [ Autotune ])
 
     @property
@@ -470,14 +493,13 @@ class _Run:
     @staticmethod
     def warm_room(arena: Any, before: _Run | None) -> Callable[[], bool]:
         """A warm next epoch's ``room`` (NOTE [ Warm slots ]): a batch slot is free for it once
-        every batch ``before`` (the epoch still being consumed; held weakly) has submitted holds
-        its slot (at once for a producer that ``leases_at_submit``, else when all are made) and
+        ``before`` (the epoch still being consumed; held weakly) has made all its batches and
         the arena has a slot that was written before."""
         ahead = weakref.ref(before) if before is not None else None
 
         def room() -> bool:
             b = ahead() if ahead is not None else None
-            return (b is None or b.closed or not b.pending or b.producer.leases_at_submit) and arena.has_room()
+            return (b is None or b.closed or b.produced_all) and arena.has_room()
 
         return room
 
@@ -499,17 +521,28 @@ class _Run:
             start()
         while not st.stop.is_set():
             while len(self.pending) < prod.lookahead:
-                if not st.live.is_set() and self.room is not None and not self._wait_room():
-                    break
+                if not st.live.is_set() and self.room is not None:
+                    if self.pending and not self.room():
+                        break   # finish the batch in production first: its slot may be the last free one
+                    if not self.pending and not self._wait_room():
+                        break
+                held = 0
+                cap = getattr(self.knobs, "depth", None)
+                if cap is not None and prod.leases_at_submit:
+                    held = self._wait_cap(cap)
+                    if held < 0:
+                        break
                 task = st.next_task()
                 if task is None:
                     break
                 self.pending.append(prod.submit(task))
+                self.held_back.append(held)
                 st.in_flight += 1
             if not self.pending:
                 return None
             generation = st.generation
             handle = self.pending.popleft()
+            held = self.held_back.popleft()
             try:
                 out = prod.finish(handle)
             except BaseException:
@@ -522,12 +555,49 @@ class _Run:
             st.in_flight -= 1
             if st.generation != generation:
                 self.cancel_pending()   # a fill consumed samples that batches planned ahead hold
+            if not self.pending and st.exhausted and not self.produced_all:
+                self.produced_all = True
+                prod.done_producing()
             if out is None:
                 continue
             if st.order.drop_short and out.size < out.target:
                 continue   # only the stream's end is short: last_batch="discard" drops it
+            out.held_back = held
             return out
         return None
+
+    def _wait_cap(self, depth: BatchDepth) -> int:
+        """Wait until the next batch may lease a slot under the batch cap (NOTE [ Batches in
+        memory ] in ``depth.py``). Returns the nanoseconds waited (0 when a slot was free at once),
+        or -1 when the caller must not start a batch now: it has batches in production, whose
+        delivery frees a slot, or the run stopped."""
+        st = self.state
+        ring = self.producer.arena
+        threads = self.producer.threads()
+        assert ring is not None   # only producers that lease at submit come here
+        if ring.num_leased < depth.cap(threads):
+            return 0
+        if self.pending:
+            return -1
+        q = self.queue
+        if q is None:
+            depth.forced()   # num_threads=0: the caller asks for this batch itself
+            return 0
+        t0 = _clock()
+        while True:
+            depth.waiting = True
+            try:
+                if st.stop.is_set():
+                    return -1
+                if ring.num_leased < depth.cap(threads):
+                    break
+                if q.waiting and not len(q) and st.live.is_set():
+                    depth.forced()   # the consumer holds every slot the cap allows
+                    break
+                depth.wait(0.05)
+            finally:
+                depth.waiting = False
+        return _clock() - t0
 
     def _wait_room(self) -> bool:
         """Wait for a slot a warm run may take.
@@ -545,6 +615,10 @@ class _Run:
         run of the steady-state test): it reuses slots already in memory, the ones the current
         epoch gives back as the user takes its last batches, and so has its first batches
         ready at the boundary without new resident memory. Once iterated (``live``), it takes slots as any run.
+        "Made all its batches" is ``produced_all``, set once the last batch is finished, when the
+        producer has freed what only production needs (``done_producing``: the native engine's
+        kernel team with its per-thread scratch, and its read-ahead): each run has its own, and
+        the two would otherwise be resident together at every epoch boundary.
 
         Waits until a slot is free, the run goes live, or it stops; False when it stopped.
         """
@@ -558,6 +632,8 @@ class _Run:
     def cancel_pending(self) -> None:
         while self.pending:
             h = self.pending.popleft()
+            if self.held_back:
+                self.held_back.popleft()
             self.state.in_flight -= 1
             try:
                 self.producer.cancel(h)
@@ -571,6 +647,9 @@ class _Run:
         if not self.closed:
             self.closed = True
             self.state.stop.set()
+            cap = getattr(self.knobs, "depth", None)
+            if cap is not None:
+                cap.wake()
             if self.queue is not None:
                 self.queue.close()
             self.producer.close(wait=False)
@@ -707,6 +786,9 @@ class LoaderIterator:
                     # (exception -> traceback -> frame -> exception) and keep slots alive.
                     exc = item = None
         run.state.delivered_batch(item.end)
+        depth = getattr(run.knobs, "depth", None)
+        if depth is not None and run.queue is not None:
+            depth.observe(item.held_back, run.queue.last_wait_ns, _clock())
         if run.knobs.tuner is not None:
             observe_batch(run.knobs.tuner, item.batch, run.serial)
         if self._owner is not None and run.state.exhausted:

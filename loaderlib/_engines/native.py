@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 
 from .. import _threads
+from .._ext import _arena
 from .._extract.readahead import ReadAhead, read_ahead_for
 from .._extract.source import NativeSource, SourceKind, native_error
 from .._recorder import Recorder
+from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena, BatchLayout
 from ..batchify import finish_native
 from ..errors import DecodeWarning
@@ -27,6 +29,20 @@ def kernel_threads(knobs: _Knobs) -> int:
     """Threads a kernel call uses now (``num_threads=0``: the calling thread alone)."""
     n = knobs.num_threads
     return 1 if n == 0 else _threads.resolve_num_threads(n)
+
+
+def native_worker_init(init: Any, n: int, seed: int, dataset: Any) -> None:
+    """Run a loader's ``worker_init_fn`` for the native engine's ``n`` kernel thread slots.
+
+    The native engine has no Python workers and its kernel threads persist: as with
+    persistent workers, ``worker_init_fn`` runs once per kernel thread slot, before the first
+    batch, on the driver thread, with that slot's worker info."""
+    try:
+        for wid in range(n):
+            set_thread_info(WorkerInfo(wid, n, worker_seed(seed, wid), dataset))
+            init(wid)
+    finally:
+        set_thread_info(None)
 
 
 
@@ -62,14 +78,18 @@ class NativeProducer(Producer):
                  read_budget: int | None = None) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.src = src
+        self.knobs = knobs
         self.leases_at_submit = src.kind is not SourceKind.ARRAYS   # start() leases; arrays are taken at finish
         self.plan = plan
         # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
         self.reader: ReadAhead | None = None
         depth = getattr(knobs, "io_depth", None)
         if plan is not None:   # NOTE [ Remote read-ahead ] too (_extract/remote/readahead.py), via read_ahead_for
+            # Under the batch cap (NOTE [ Batches in memory ]) fewer batches run at once than the lookahead.
+            cap = getattr(knobs, "depth", None)
+            running = self.lookahead if cap is None else min(self.lookahead, cap.cap(self.threads()) - 1)
             self.reader = read_ahead_for(src, state.order.stream, io_depth=depth, batch_size=batch_size,
-                                         lookahead=self.lookahead, timeout=timeout, budget_bytes=read_budget,
+                                         lookahead=running, timeout=timeout, budget_bytes=read_budget,
                                          start=state.cursor, hint=getattr(knobs, "read_hint", None))
         if self.reader is not None:
             # The first reads go out now: a warm next epoch (NOTE [ Warm slots ]) waits for a batch
@@ -77,7 +97,6 @@ class NativeProducer(Producer):
             self.reader.top_up(state.cursor)
         self.shards = shards          # per output part: num_shards (None: plain array) or a Pad
         self.arena = arena
-        self.knobs = knobs
         self._layouts: dict[int, BatchLayout] = {}
         self._prev_end = 0            # NOTE [ Batch wall time ]
         self._arrays: Sequence[np.ndarray] = src.arrays or ()   # SourceKind.ARRAYS
@@ -93,11 +112,26 @@ class NativeProducer(Producer):
         # the first batch written to it (NOTE [ Large slots come from mmap ]).
         arena.reserve(self._layout(batch_size))
 
+    def threads(self) -> int:
+        """Kernel threads a batch runs on now."""
+        return kernel_threads(self.knobs)
+
     def _layout(self, n: int) -> BatchLayout:
         lay = self._layouts.get(n)
         if lay is None:
             lay = self._layouts[n] = BatchLayout.of([((n, *s), d) for s, d in self._part_specs])
         return lay
+
+    def done_producing(self) -> None:
+        # The last batch is made: the kernel team, its scratch and the read-ahead go now, not
+        # when the user has taken the last batches (NOTE [ Warm slots ]).
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            reader.close()
+        plan, self.plan = self.plan, None
+        if plan is not None:
+            plan.close()
+            _arena.release_free_memory()   # its threads' scratch, before the next run's team grows its own
 
     def close(self, wait: bool = True) -> None:
         if self.reader is not None:

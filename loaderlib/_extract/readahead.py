@@ -42,7 +42,10 @@ read against its wall time: when more than ``INLINE_CPU_SHARE`` of a read is CPU
 stops queuing and the decode threads read their own samples again (the kernel pass reads any
 sample whose position was not queued); one batch in ``PROBE_EVERY`` is still read ahead, so
 the measurement goes on, and when reads turn into waiting again (a cold cache, a remote
-mount) read-ahead resumes. A fixed ``io_depth`` always reads ahead.
+mount) read-ahead resumes. A fixed ``io_depth`` always reads ahead. While reading inline the
+probe batches need only one measurement's worth of reads (``MIN_READS``), so the slot limit
+drops to that, ``INLINE_DEPTH`` IO threads read them, and the buffers of the slots no longer
+used are freed (NOTE [ Read-ahead memory ]).
 
 NOTE [ Read-ahead memory ]
 Bytes read ahead wait in the reader's slots until a kernel thread decodes them. The slots
@@ -50,7 +53,17 @@ in use are bounded by ``limit``: the batches queued on the kernel threads (``loo
 batches) plus twice the depth, and never more than the memory bound allows at the largest
 file size seen so far. The bound is ``ram_budget``'s read-ahead share (NOTE [ One memory
 budget ] in ``_autotune.py``) or, without a budget, ``DEFAULT_BYTES``. Free slots are reused
-last-in first-out, so only as many buffers as were ever in use at once hold memory.
+last-in first-out, so only as many buffers as were ever in use at once hold memory. When the
+stage turns to reading inline (NOTE [ Reads that are work ]) the limit drops to ``MIN_READS``
+and the free slots' buffers are freed (``Reader.trim``): on warm local files the first batches'
+read-ahead (96 slots of about 100 KB for batches of 64 photos) would otherwise stay resident
+for the whole epoch, and each epoch's run has its own reader, so a warm next epoch's reader
+and the current one's overlap at the boundary. For the same reason a loader's first reader,
+which knows nothing of its storage yet, holds only ``depth`` reads (one measurement's worth)
+until its first measurement: on slow storage the rest of the first batch is read by the
+kernel threads, once; on warm local files the first batches' bytes would otherwise be the
+loader's peak memory. Slot buffers grow to fit (NOTE [ Scratch grows to fit ] in
+``pyx/include/ll_common.h``).
 """
 
 from __future__ import annotations
@@ -87,6 +100,8 @@ MIN_READS = 8
 INLINE_CPU_SHARE = 0.5
 #: While reading inline, one batch in this many is read ahead to keep measuring.
 PROBE_EVERY = 8
+#: IO threads while reading inline: the probes need few (NOTE [ Read-ahead memory ]).
+INLINE_DEPTH = 4
 
 
 def choose_depth(*, current: int, threads: int, latency_s: float, taken: int, wait_s: float,
@@ -166,13 +181,16 @@ class ReadAhead:
         most = self.fixed if self.fixed is not None else MAX_DEPTH
         self.hint = hint if hint is not None else {}
         start_depth = self.fixed or int(self.hint.get("depth", START_DEPTH))
-        self.native = _chain.Reader(self.held + 2 * most, start_depth)
-        self.depth = start_depth
+        inline = self.fixed is None and bool(self.hint.get("inline", False))   # NOTE [ Reads that are work ]
+        self.native = _chain.Reader(self.held + 2 * most, INLINE_DEPTH if inline else start_depth)
+        self.depth = start_depth      # the read-ahead depth (the IO threads' while not reading inline)
         self.next = int(start)        # next stream position to queue
         self.largest = 0              # largest sample seen, bytes (the memory bound's unit)
         self.decisions: list[tuple[float, int, int, str]] = []
         self.waiting = 0.0            # share of the last turn the kernel threads waited for bytes
-        self.inline = self.fixed is None and bool(self.hint.get("inline", False))   # NOTE [ Reads that are work ]
+        self.inline = inline
+        # A loader's first reader knows nothing of its storage yet (NOTE [ Read-ahead memory ]).
+        self.unmeasured = self.fixed is None and "depth" not in self.hint and "inline" not in self.hint
         self._calls = 0
         self._counters = self.native.counters   # what adapt() reads (a test scripts it)
         self._last = self._counters()
@@ -216,7 +234,10 @@ class ReadAhead:
     def _set_limit(self) -> None:
         unit = max(self.largest, 1)
         by_memory = max(1, self.budget // unit)
-        self.limit = int(max(1, min(self.native.cap, self.held + 2 * self.depth, by_memory)))
+        # Reading inline, only the probes queue: one measurement's reads (NOTE [ Read-ahead memory ]).
+        want = (max(MIN_READS, INLINE_DEPTH) if self.inline else self.depth if self.unmeasured
+                else self.held + 2 * self.depth)
+        self.limit = int(max(1, min(self.native.cap, want, by_memory)))
         self.native.set_limit(self.limit)
 
     def set_depth(self, depth: int, reason: str) -> None:
@@ -225,7 +246,8 @@ class ReadAhead:
         if depth != self.depth:
             self.decisions.append(((self._clock() / 1e9), self.depth, depth, reason))
             self.depth = depth
-            self.native.set_depth(depth)
+            if not self.inline:   # reading inline, INLINE_DEPTH threads read the probes
+                self.native.set_depth(depth)
         self._set_limit()
 
     def adapt(self, threads: int) -> None:
@@ -238,22 +260,31 @@ class ReadAhead:
             # A file's size is known once read: the memory bound counts twice the mean so far.
             self.largest = max(self.largest, int(2 * (c["bytes"] - last["bytes"]) / reads))
         latency_ns = (c["lat_ns"] - last["lat_ns"]) / reads if reads else 0
-        if self.fixed is not None or reads < max(MIN_READS, self.depth) or now - self._last_t < 2 * latency_ns:
+        need = MIN_READS if self.inline else max(MIN_READS, self.depth)
+        if self.fixed is not None or reads < need or now - self._last_t < 2 * latency_ns:
             self._set_limit()   # one turn at a time (NOTE [ Read-ahead depth ])
             return
         wall_s = (now - self._last_t) / 1e9
         self._last, self._last_t = c, now
+        if self.unmeasured:
+            self.unmeasured = False
+            self._set_limit()
         cpu_share = (c["cpu_ns"] - last["cpu_ns"]) / max(1, c["lat_ns"] - last["lat_ns"])
         if not self.inline and cpu_share > INLINE_CPU_SHARE:
             self.inline = self.hint["inline"] = True
             self.decisions.append((now / 1e9, self.depth, self.depth, f"reads are {100 * cpu_share:.0f}% CPU (page "
                                    "cache): the decode threads read their own samples, one batch in "
                                    f"{PROBE_EVERY} still read ahead to measure"))
+            self._set_limit()
+            self.native.set_depth(INLINE_DEPTH)
+            self.native.trim()   # NOTE [ Read-ahead memory ]
             return
         if self.inline and cpu_share < INLINE_CPU_SHARE / 2:
             self.inline = self.hint["inline"] = False
             self.decisions.append((now / 1e9, self.depth, self.depth, f"reads are {100 * cpu_share:.0f}% CPU: "
                                    "reading ahead again"))
+            self.native.set_depth(self.depth)
+            self._set_limit()
         if self.inline:
             return
         if wall_s > 0:

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -300,6 +298,8 @@ class _DiskWriter:
         self.path = store.path
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
+        import tempfile  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
         self.tmp = tempfile.mkdtemp(prefix=os.path.basename(self.path) + ".tmp-", dir=parent)
         self.f = open(os.path.join(self.tmp, "data.bin"), "wb")  # noqa: SIM115 - closed in commit/abort
         self.n = n
@@ -367,6 +367,8 @@ class _DiskWriter:
         with open(os.path.join(self.tmp, "meta.json"), "w") as f:
             json.dump(meta, f)
         final = self.path
+        import shutil  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
         if os.path.exists(final):
             old = final + f".old-{os.getpid()}"
             os.replace(final, old)
@@ -378,6 +380,8 @@ class _DiskWriter:
 
     def abort(self) -> None:
         self.store.filling = None
+        import shutil  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
         try:
             self.f.close()
         finally:

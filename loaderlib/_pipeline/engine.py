@@ -3,7 +3,6 @@ head, and the head node (NOTE [ Pipeline compilation ] in ``pipeline.py``)."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import threading
@@ -66,6 +65,8 @@ class _Source:
             return [type(ds).__name__, files]
         arrays = getattr(ds, "arrays", None)
         if arrays is not None and all(isinstance(a, np.ndarray) for a in arrays):
+            import hashlib  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
             return [type(ds).__name__, [[list(a.shape), a.dtype.str,
                                          hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()]
                                         for a in arrays]]

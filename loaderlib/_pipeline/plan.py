@@ -7,7 +7,6 @@ one, a part of a zip, the owner of a warm iteration); they name it instead of im
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -123,6 +122,8 @@ def fn_key(fn: Any) -> str:
     code = getattr(fn, "__code__", None)
     digest = ""
     if code is not None:
+        import hashlib  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
         digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
     return f"{mod}.{name}:{digest}"
 
@@ -154,4 +155,6 @@ def plan_digest(source_kind: str, source_what: str, steps: tuple) -> str:
     """A short digest of the source and the steps (a nested pipeline counts as "pipeline"), for ``state_dict``."""
     rows = [[s.kind, fn_key(s.fn), [_arg_key(a) if not isinstance(a, PipelineLike) else "pipeline" for a in s.args]]
             for s in steps]
+    import hashlib  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
     return hashlib.sha256(json.dumps([source_kind, source_what, rows], default=repr).encode()).hexdigest()[:16]

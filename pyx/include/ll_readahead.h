@@ -61,6 +61,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 
 #include "ll_chain.h" /* ll_now_ns */
 #include "ll_common.h"
@@ -324,6 +327,22 @@ static void ll_reader_set_limit(ll_reader *r, int64_t limit) {
     ll_mutex_lock(&r->mu);
     r->limit = limit < 1 ? 1 : limit > r->cap ? r->cap : limit;
     ll_mutex_unlock(&r->mu);
+}
+
+/* Free the buffers of the slots not in use, and the allocator's free pages with them: the
+ * read-ahead holds few bytes from now on (NOTE [ Read-ahead memory ]). A slot taken again
+ * grows its buffer again. */
+static void ll_reader_trim(ll_reader *r) {
+    ll_mutex_lock(&r->mu);
+    for (int64_t i = 0; i < r->nfree; i++) {
+        ll_rreq *q = &r->slots[r->freelist[i]];
+        ll_buf_free(&q->data);
+        ll_buf_free(&q->path);
+    }
+    ll_mutex_unlock(&r->mu);
+#ifdef __GLIBC__
+    malloc_trim(0); /* the buffers sit in the IO threads' arenas, below the mmap threshold */
+#endif
 }
 
 /* Set the number of reads in flight; returns the IO threads running. */

@@ -5,7 +5,8 @@
  * runs with an array of these, one per OpenMP thread id, owned by one Python object
  * (``loaderlib._ext._jpeg.Workers``) that is created before the parallel region and freed
  * in its ``__dealloc__``. A decoder is created once per entry and reused for every image;
- * scratch buffers grow geometrically and are reused, so the hot path does not allocate.
+ * scratch buffers grow to fit (NOTE [ Scratch grows to fit ]) and are reused, so the hot
+ * path does not allocate.
  */
 #ifndef LL_WORKER_H
 #define LL_WORKER_H

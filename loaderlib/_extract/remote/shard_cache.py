@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -118,6 +117,8 @@ class ShardCache:
 
     # -- names ------------------------------------------------------------------------
     def key(self, url: str) -> str:
+        import hashlib  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
         base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
         return hashlib.sha256(url.encode()).hexdigest()[:20] + "-" + base
 

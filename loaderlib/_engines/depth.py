@@ -1,0 +1,153 @@
+"""How many batches the native engine keeps in memory with the default ``prefetch``.
+
+NOTE [ Batches in memory ]
+Every batch slot that has been written stays resident: a float RN50 batch of 64 is 38.5 MB,
+so the batches, not the code, are a loader's memory. ``for x, y in loader`` still holds the
+previous batch while ``next()`` runs (the names are rebound only when it returns), so the
+user's batch and the one being handed over are two slots however little is prefetched.
+With the default ``prefetch``, the native engine keeps at most ``1 + ahead`` slots leased
+over the whole ring (a warm next epoch's batches count too, NOTE [ Warm slots ]): the user's
+and ``ahead`` ready or in production.
+
+- Before leasing a slot for the next batch, the driver checks the count. At the cap it first
+  finishes what it has in production, then waits for a release: each lease's end signals
+  :attr:`BatchDepth.signal` (``SlotRing.on_release``; a ``queue.SimpleQueue``, whose
+  ``put`` never blocks and may run inside a dealloc, on any thread, even at exit).
+- ``ahead`` starts at 1 when serialising batches costs little: a batch's tail, when its last
+  images run and the other threads have nothing to claim (NOTE [ One queue across batches ]),
+  idles about ``(threads - 1) / 2`` images' worth of thread time, ``(threads - 1) / (2 *
+  batch_size)`` of the batch's work; at most ``TAIL_SHARE`` of it starts at 1, otherwise at 2
+  (two batches in production, as the engine's lookahead plans). So 2 threads with batches of
+  64 keep 2 slots, and 16 threads keep 3.
+- A consumer that keeps batches (a list of them, gradient accumulation) would wait for ever
+  once it holds every slot the cap allows: when it waits with nothing queued and nothing in
+  production, the driver takes one more slot and ``ahead`` rises by one (up to ``most``), so
+  it pays that stall once per batch it keeps.
+- A deeper queue helps a consumer whose pace varies: it absorbs a slow batch with the time
+  the driver spent waiting at the cap before it. Per delivered batch, ``min(driver waited at
+  the cap before making it, consumer waited for it)`` is the time one more batch ahead would
+  have saved; when that sums to more than ``GROW_SHARE`` of ``WINDOW`` batches' wall time,
+  ``ahead`` rises by one, up to ``most`` (the depth an explicit ``prefetch`` would default to,
+  within ``ram_budget``). An infinitely fast consumer waits for every batch, but the driver's
+  wait before it is only the hand-over (the consumer rebinding its names), well under it.
+- An explicit ``prefetch`` (or ``AUTOTUNE``) turns this off: the queue holds that many ready
+  batches, as before.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+_clock = time.perf_counter_ns
+
+#: Share of the throughput a batch's tail may cost before ``ahead`` starts at 2.
+TAIL_SHARE = 0.01
+#: Share of a window's wall time that one more batch ahead must have saved to be taken.
+GROW_SHARE = 0.03
+#: Batches per measuring window of the growth rule: long enough that one stall of the consumer
+#: (a garbage collection, another thread holding the GIL) does not count as a pattern.
+WINDOW = 64
+
+
+def start_ahead(threads: int, batch_size: int) -> int:
+    """Batches ahead of the user's to start with (NOTE [ Batches in memory ]): 1 when a
+    batch's tail costs at most ``TAIL_SHARE`` of the work, else 2."""
+    return 1 if max(0, int(threads) - 1) <= 2 * TAIL_SHARE * max(1, int(batch_size)) else 2
+
+
+class BatchDepth:
+    """The batch-slot cap of one loader's native runs (NOTE [ Batches in memory ]).
+
+    Parameters
+    ----------
+    batch_size : int
+        Samples per batch (the tail estimate's unit).
+    most : int
+        The most batches ahead of the user's it ever allows by itself.
+    """
+
+    def __init__(self, batch_size: int, most: int) -> None:
+        self.batch_size = max(1, int(batch_size))
+        self.most = max(1, int(most))
+        self.ahead = 1                      # raised to start_ahead by cap(), then by the rules
+        self.signal: queue.SimpleQueue = queue.SimpleQueue()
+        self.waiting = False                # a driver waits on ``signal``
+        self.decisions: list[tuple[int, int, str]] = []   # (ahead before, after, why)
+        self._saved = 0
+        self._count = 0
+        self._t0: int | None = None
+        self._lock = threading.Lock()
+
+    def cap(self, threads: int) -> int:
+        """Slots that may be leased at once now: the user's and ``ahead``."""
+        start = min(self.most, start_ahead(threads, self.batch_size))
+        if self.ahead < start:
+            self.ahead = start
+        return 1 + self.ahead
+
+    def wake(self) -> None:
+        """Wake a waiting driver (a slot was released, the consumer started waiting, or the run
+        stops). Never blocks; safe in a dealloc and at interpreter exit."""
+        if self.waiting:
+            self.signal.put(None)
+
+    def wait(self, timeout: float) -> None:
+        """Block until :meth:`wake` or ``timeout`` seconds (the caller sets ``waiting`` first
+        and checks its condition after setting it, so no wake is lost)."""
+        try:
+            self.signal.get(timeout=timeout)
+            while True:
+                self.signal.get_nowait()
+        except queue.Empty:
+            pass
+
+    def forced(self) -> None:
+        """The consumer waits for a batch and holds every slot the cap allows: one more."""
+        with self._lock:
+            if self.ahead < self.most:
+                self.decisions.append((self.ahead, self.ahead + 1, "the consumer keeps batches: it waited while "
+                                       "holding every slot the cap allowed"))
+                self.ahead += 1
+
+    def observe(self, held_back_ns: int, waited_ns: int, now_ns: int) -> None:
+        """One delivered batch: the driver waited ``held_back_ns`` at the cap before making it
+        and the consumer ``waited_ns`` for it; ``now_ns`` is the delivery time."""
+        with self._lock:
+            if self._t0 is None:
+                self._t0 = now_ns
+                return
+            self._saved += min(max(0, int(held_back_ns)), max(0, int(waited_ns)))
+            self._count += 1
+            if self._count < WINDOW:
+                return
+            wall = now_ns - self._t0
+            if wall > 0 and self._saved > GROW_SHARE * wall and self.ahead < self.most:
+                self.decisions.append((self.ahead, self.ahead + 1, f"one more batch ahead would have saved "
+                                       f"{100 * self._saved / wall:.1f}% of the last {self._count} batches' time"))
+                self.ahead += 1
+            self._t0, self._saved, self._count = now_ns, 0, 0
+
+    def describe(self, threads: int) -> str:
+        """One line for ``explain()``."""
+        cap = self.cap(threads)
+        return (f"at most {cap} batches in memory (the one you hold and {cap - 1} ahead; adaptive, up to "
+                f"{1 + self.most}: pass prefetch=N for a fixed queue)")
+
+
+
+def depth_for(loader: Any) -> BatchDepth | None:
+    """The batch cap of a DataLoader with the default prefetch (None otherwise): native engine
+    only (the Python engines take a batch's slot when it is assembled, not when it starts),
+    at most the default queue's depth ahead, within ``ram_budget``."""
+    if not loader._adaptive_depth or loader.engine != "native" or loader._iterable:
+        return None
+    from .._autotune import batch_nbytes
+
+    most = loader._knobs.prefetch
+    per_batch = batch_nbytes(loader)
+    if loader.ram_budget is not None and per_batch:
+        most = min(most, loader.ram_budget // per_batch - 1)
+    return BatchDepth(loader.batch_size, max(1, most))

@@ -1,0 +1,204 @@
+"""The default prefetch's batch cap (NOTE [ Batches in memory ] in loaderlib/_engines/depth.py).
+
+The rule is checked on its own with scripted figures (no clock), and on a real native loader:
+the slots leased at once (the arena counts them), the output against an explicit prefetch
+(the uncapped queue), consumers that keep batches, warm epochs and num_threads=0.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import loaderlib as ll
+from loaderlib import transforms as T
+from loaderlib._engines.depth import GROW_SHARE, WINDOW, BatchDepth, start_ahead
+
+from ._loader_images import make_image_folder
+
+MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_image_folder(tmp_path_factory.mktemp("imgs"), num_classes=3, per_class=12)
+
+
+def _loader(folder, **kw):
+    chain = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.Normalize((0.5,) * 3, (0.25,) * 3),
+                       T.ToCHW()])
+    ds = ll.ImageFolderDataset(folder).transform_first(chain)
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("num_threads", 1)
+    return ll.DataLoader(ds, shuffle=True, seed=7, **kw)
+
+
+# -- the rule -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("threads", "batch", "ahead"), [
+    (1, 1, 1), (1, 64, 1), (2, 64, 1), (3, 64, 2), (16, 64, 2), (2, 32, 2), (6, 256, 1), (7, 256, 2)])
+def test_start_ahead_is_one_when_a_batch_tail_costs_at_most_one_percent(threads, batch, ahead):
+    # (threads - 1) / (2 * batch) of the work idles in a batch's tail
+    assert start_ahead(threads, batch) == ahead
+    assert (ahead == 1) == ((threads - 1) / (2 * batch) <= 0.01)
+
+
+def _window(d: BatchDepth, held_ms: float, waited_ms: float, every_ms: float, t0: int = 0) -> int:
+    """WINDOW + 1 delivered batches, one every ``every_ms``; returns the last delivery time."""
+    t = t0
+    for _ in range(WINDOW + 1):
+        t += int(every_ms * MS)
+        d.observe(int(held_ms * MS), int(waited_ms * MS), t)
+    return t
+
+
+def test_one_more_batch_ahead_when_it_would_have_saved_the_consumer_waits():
+    d = BatchDepth(batch_size=64, most=2)
+    assert d.cap(2) == 2
+    # the driver sat 2 ms at the cap before each batch the consumer then waited 5 ms for: a
+    # deeper queue saves 2 ms of every 20 ms (10% > GROW_SHARE)
+    _window(d, held_ms=2, waited_ms=5, every_ms=20)
+    assert d.cap(2) == 3
+    assert d.decisions[-1][:2] == (1, 2) and "would have saved 10.0%" in d.decisions[-1][2]
+    # never past ``most``
+    _window(d, held_ms=2, waited_ms=5, every_ms=20, t0=10**12)
+    assert d.cap(2) == 3
+
+
+@pytest.mark.parametrize(("held_ms", "waited_ms"), [
+    (0.1, 20),    # an infinitely fast consumer: waits for every batch, the driver only for the hand-over
+    (5, 0),       # a slow consumer: the driver waits at the cap, the consumer never waits
+    (0, 5),       # the producer is the bottleneck: nothing to save by starting earlier
+])
+def test_no_deeper_queue_when_it_would_not_have_saved_anything(held_ms, waited_ms):
+    d = BatchDepth(batch_size=64, most=4)
+    _window(d, held_ms=held_ms, waited_ms=waited_ms, every_ms=20)
+    assert d.cap(2) == 2
+    assert d.decisions == []
+    assert min(held_ms, waited_ms) / 20 <= GROW_SHARE
+
+
+def test_a_consumer_that_keeps_batches_raises_the_cap_up_to_most():
+    d = BatchDepth(batch_size=64, most=2)
+    d.forced()
+    assert d.cap(2) == 3 and "keeps batches" in d.decisions[0][2]
+    d.forced()
+    assert d.cap(2) == 3
+
+
+def test_wake_signals_only_a_waiting_driver():
+    d = BatchDepth(batch_size=8, most=2)
+    for _ in range(1000):   # releases while no driver waits leave nothing behind
+        d.wake()
+    assert d.signal.qsize() == 0
+    d.waiting = True
+    d.wake()
+    d.wake()
+    d.wait(0)   # takes the signals and drains the rest
+    assert d.signal.qsize() == 0
+
+
+def test_a_ring_calls_on_release_once_per_freed_slot_and_swallows_its_errors():
+    arena = ll.BatchArena(2)
+    calls = []
+    arena.on_release = lambda: calls.append(1)
+    layout = ll.arena.BatchLayout.of([((4,), np.float32)])
+    _lease, views = arena.acquire(layout)
+    assert arena.num_leased == 1
+    del _lease, views
+    assert calls == [1] and arena.num_leased == 0
+
+    def boom():
+        raise RuntimeError("callback failed")
+
+    arena.on_release = boom
+    _lease, views = arena.acquire(layout)
+    del _lease, views   # the error is dropped: a lease ends in a dealloc, anywhere
+    assert arena.num_leased == 0
+
+
+# -- on a native loader ---------------------------------------------------------------------
+
+def _epochs(loader, n):
+    out = []
+    for _ in range(n):
+        for x, y in loader:
+            out.append((x.copy(), y.copy()))
+    return out
+
+
+@pytest.mark.parametrize(("threads", "batch", "cap"), [(1, 4, 2), (2, 4, 3)])
+def test_the_default_keeps_the_cap_and_gives_the_uncapped_output(folder, threads, batch, cap):
+    loader = _loader(folder, num_threads=threads, batch_size=batch)
+    assert loader._knobs.depth is not None and loader._knobs.depth.cap(threads) == cap
+    assert f"at most {cap} batches in memory" in loader.explain()
+    got = _epochs(loader, 3)
+    # Small batches are quick, so the hand-over may be a share of a batch worth a batch more
+    # ahead (the growth rule); every raise is a decision, and the cap held (warm epochs included).
+    depth = loader._knobs.depth
+    assert depth.ahead == cap - 1 + len(depth.decisions)
+    assert loader._arena_ring.peak_leased <= 1 + depth.ahead
+    ref = _epochs(_loader(folder, num_threads=threads, batch_size=batch, prefetch=2), 3)
+    assert len(got) == len(ref) == 3 * 9
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+
+
+def test_output_is_the_same_for_one_and_two_threads_under_the_cap(folder):
+    one = _epochs(_loader(folder, num_threads=1), 2)
+    two = _epochs(_loader(folder, num_threads=2), 2)
+    for (x, y), (rx, ry) in zip(one, two):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+
+
+@pytest.mark.parametrize("num_threads", [0, 1])
+def test_a_consumer_that_keeps_every_batch_gets_them_all_intact(folder, num_threads):
+    loader = _loader(folder, num_threads=num_threads)
+    kept = list(loader)   # holds all 9 batches: the cap must give way, never deadlock
+    ref = _epochs(_loader(folder, num_threads=1, prefetch=2), 1)
+    assert len(kept) == len(ref) == 9
+    for (x, y), (rx, ry) in zip(kept, ref):   # nothing kept was overwritten
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+    assert loader._arena_ring.peak_leased >= 9
+    if num_threads:
+        assert any("keeps batches" in why for _, _, why in loader._knobs.depth.decisions)
+
+
+def test_the_next_epoch_is_prepared_within_the_cap(folder):
+    loader = _loader(folder)
+    batches = 0
+    for x, _y in loader:   # x, the epoch's last batch, is still held afterwards
+        batches += 1
+    assert batches == 9
+    warm = loader._warm.run
+    assert warm is not None
+    deadline = time.monotonic() + 60
+    while len(warm.queue) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(warm.queue) >= 1   # its first batch is ready, in a slot the current epoch gave back
+    depth = loader._knobs.depth
+    assert loader._arena_ring.peak_leased <= 1 + depth.ahead
+    assert x.shape == (4, 3, 32, 32)
+    assert len(list(loader)) == 9
+
+
+def test_an_explicit_prefetch_is_a_fixed_queue(folder):
+    loader = _loader(folder, prefetch=3)
+    assert loader._knobs.depth is None and "batches in memory" not in loader.explain()
+    capped = _loader(folder)
+    capped.prefetch = 3   # setting it turns the cap off too
+    assert capped._knobs.depth is None and "batches in memory" not in capped.explain()
+    assert _loader(folder, prefetch=ll.AUTOTUNE)._knobs.depth is None
+
+
+def test_ram_budget_bounds_how_far_ahead(folder):
+    one = 4 * 3 * 32 * 32 * 4 + 4 * 8   # images and labels of one batch
+    loader = _loader(folder, ram_budget=3 * one)
+    assert loader._knobs.depth.most == 2
+    loader = _loader(folder, ram_budget=int(1.5 * one))
+    assert loader._knobs.depth.most == 1
