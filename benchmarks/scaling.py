@@ -26,6 +26,7 @@ Usage::
     python benchmarks/scaling.py --threads 1,2,4,8,16 --make 4096 --repeat 3
     python benchmarks/scaling.py --model 16,32,64      # plus the schedule model
     python benchmarks/scaling.py --item-times          # plus how much busy cores slow an image
+    python benchmarks/scaling.py --pin --prefetch default,2   # the batch cap against a fixed queue of 2
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(root: str, threads: int, epochs: int, variant: str, pin: bool = False) -> None:
+def child(root: str, threads: int, epochs: int, variant: str, pin: bool = False, prefetch: str = "default") -> None:
     import time
 
     if pin:   # n threads on n cores: the driver and the consumer share them too
@@ -50,14 +51,16 @@ def child(root: str, threads: int, epochs: int, variant: str, pin: bool = False)
     import loaderlib as ll
 
     ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
-    loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
+    kw = {} if prefetch == "default" else {"prefetch": int(prefetch)}
+    loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard", **kw)
     for _ in loader:   # warm-up epoch
         pass
     t0, n = time.perf_counter(), 0
     for _ in range(epochs):
         for x, _y in loader:
             n += len(x)
-    print(json.dumps({"rate": n / (time.perf_counter() - t0), "engine": loader.engine}))
+    print(json.dumps({"rate": n / (time.perf_counter() - t0), "engine": loader.engine,
+                      "slots": loader._arena_ring.peak_leased}))
 
 
 def item_ns(plan, paths: list, threads: int, epochs: int) -> list:
@@ -188,7 +191,10 @@ def main() -> None:
     p.add_argument("--pin", action="store_true",
                    help="run n threads on n cores (the process's affinity), so the Python driver and consumer "
                         "share the cores at every n: scaling with cores rather than with kernel threads")
-    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--prefetch", default="default",
+                   help="comma-separated prefetch settings to compare, interleaved: 'default' (the native engine's "
+                        "batch cap, NOTE [ Batches in memory ]) and/or fixed queue depths (e.g. default,2)")
+    p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--model-child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.model_child:
@@ -199,8 +205,8 @@ def main() -> None:
         items_child(root, variant, counts, int(rounds))
         return
     if a.child:
-        root, threads, epochs, variant, pin = a.child
-        child(root, int(threads), int(epochs), variant, pin == "1")
+        root, threads, epochs, variant, pin, prefetch = a.child
+        child(root, int(threads), int(epochs), variant, pin == "1", prefetch)
         return
 
     from _report import machine_summary
@@ -224,19 +230,35 @@ def main() -> None:
           f"after a warm-up epoch, per process; {a.repeat} interleaved rounds, median. Cores available: {cores}"
           + ("; each run pinned to as many cores as threads (--pin)." if a.pin else
              "; every run may use them all (at n threads the Python driver and consumer use the spare cores)."))
-    rates: dict = {n: [] for n in counts}
+    settings = a.prefetch.split(",")
+    rates: dict = {(n, pf): [] for n in counts for pf in settings}
+    slots: dict = {(n, pf): 0 for n in counts for pf in settings}
     for r in range(a.repeat):
         for n in counts:
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", root, str(n), str(a.epochs),
-                                  a.variant, "1" if a.pin else "0"], capture_output=True, text=True, check=True).stdout
-            res = json.loads(out.strip().splitlines()[-1])
-            rates[n].append(res["rate"])
-            print(f"  round {r + 1}: {n:>3} threads {res['rate']:8.0f} img/s", flush=True)
-    base = statistics.median(rates[counts[0]]) / counts[0]
-    print(f"{'threads':>8} {'img/s':>9} {'efficiency':>11}")
-    for n in counts:
-        med = statistics.median(rates[n])
-        print(f"{n:>8} {med:9.0f} {med / (n * base):11.2f}")
+            for pf in settings:
+                out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", root, str(n),
+                                      str(a.epochs), a.variant, "1" if a.pin else "0", pf],
+                                     capture_output=True, text=True, check=True).stdout
+                res = json.loads(out.strip().splitlines()[-1])
+                rates[n, pf].append(res["rate"])
+                slots[n, pf] = max(slots[n, pf], res["slots"])
+                print(f"  round {r + 1}: {n:>3} threads, prefetch {pf:>7}: {res['rate']:8.0f} img/s, "
+                      f"{res['slots']} batch slots at most", flush=True)
+    for pf in settings:
+        if len(settings) > 1:
+            print(f"prefetch={pf}" + (" (the batch cap, NOTE [ Batches in memory ])" if pf == "default" else
+                                      " (a fixed queue)"))
+        base = statistics.median(rates[counts[0], pf]) / counts[0]
+        print(f"{'threads':>8} {'img/s':>9} {'efficiency':>11} {'slots':>6}")
+        for n in counts:
+            med = statistics.median(rates[n, pf])
+            print(f"{n:>8} {med:9.0f} {med / (n * base):11.2f} {slots[n, pf]:>6}")
+    if len(settings) > 1:
+        ref = settings[0]
+        for pf in settings[1:]:
+            print(f"prefetch={ref} / prefetch={pf}: " + ", ".join(
+                f"{n} threads {statistics.median(rates[n, ref]) / statistics.median(rates[n, pf]):.3f}x"
+                for n in counts))
     print(f"efficiency = rate(n) / (n x rate({counts[0]}) / {counts[0]}); load average at the end: "
           f"{os.getloadavg()[0]:.2f}")
     if a.item_times:

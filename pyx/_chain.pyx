@@ -253,6 +253,7 @@ cdef extern from "ll_readahead.h":
         int nthreads
         int reading
         int64_t reads, failures, bytes, lat_ns, cpu_ns, queue_ns, queued, taken, wait_ns
+        int64_t blocked
         int64_t limit
         uint32_t hist[96]
     const int LL_LAT_BINS
@@ -409,7 +410,7 @@ cdef class Reader:
 
     def counters(self):
         """A snapshot: reads done, failures, bytes, summed latency / CPU / queue nanoseconds,
-        reads queued so far, items the kernel threads took and their summed wait for bytes,
+        reads during which an IO thread slept (``blocked``; -1 where not measurable), reads queued so far, items the kernel threads took and their summed wait for bytes,
         reads in progress, depth, slot limit, IO threads, and the latency histogram
         (LAT_BINS counts; bin b covers [2^(b/4), 2^((b+1)/4)) microseconds)."""
         cdef ll_reader* r = self.r
@@ -417,7 +418,8 @@ cdef class Reader:
         # counter cannot happen on the platforms built for, and a snapshot need not be atomic.
         hist = [int(r.hist[b]) for b in range(LL_LAT_BINS)]
         return {"reads": int(r.reads), "failures": int(r.failures), "bytes": int(r.bytes), "lat_ns": int(r.lat_ns),
-                "cpu_ns": int(r.cpu_ns), "queue_ns": int(r.queue_ns), "queued": int(r.queued),
+                "cpu_ns": int(r.cpu_ns), "blocked": int(r.blocked), "queue_ns": int(r.queue_ns),
+                "queued": int(r.queued),
                 "taken": int(r.taken), "wait_ns": int(r.wait_ns), "limit": int(r.limit),
                 "reading": int(r.reading), "depth": int(r.depth), "threads": int(r.nthreads), "hist": hist}
 

@@ -553,6 +553,7 @@ class _Run:
                     pass
                 raise
             st.in_flight -= 1
+            handle = None   # a native batch holds its kernel team: done_producing frees it below
             if st.generation != generation:
                 self.cancel_pending()   # a fill consumed samples that batches planned ahead hold
             if not self.pending and st.exhausted and not self.produced_all:

@@ -37,15 +37,24 @@ On warm local files a read is a copy out of the page cache: its time is CPU time
 waiting. Handing it to an IO thread then gains nothing (the copy runs on the same cores) and
 costs two thread hand-offs per sample: ``benchmarks/storage.py``'s warm local row (RN50 uint8
 on 1,024 photos, 2 cores, 2 rounds) gives a fixed ``io_depth=64`` 0.81x of the default, which
-reads this way. So the adaptive depth also watches the IO threads' CPU time per
-read against its wall time: when more than ``INLINE_CPU_SHARE`` of a read is CPU, the stage
-stops queuing and the decode threads read their own samples again (the kernel pass reads any
-sample whose position was not queued); one batch in ``PROBE_EVERY`` is still read ahead, so
-the measurement goes on, and when reads turn into waiting again (a cold cache, a remote
-mount) read-ahead resumes. A fixed ``io_depth`` always reads ahead. While reading inline the
-probe batches need only one measurement's worth of reads (``MIN_READS``), so the slot limit
-drops to that, ``INLINE_DEPTH`` IO threads read them, and the buffers of the slots no longer
-used are freed (NOTE [ Read-ahead memory ]).
+reads this way. So the adaptive depth also asks whether the reads waited for storage: each
+IO thread counts the reads during which it slept (a voluntary context switch, from
+``getrusage(RUSAGE_THREAD)``). A read from a disk, a network filesystem or a FUSE mount
+sleeps; a page-cache read does not, however busy the cores are, except now and then on a
+lock of the process's memory map while other threads fault pages in (9% of the reads in one
+probe of the float RN50 bench, none in most). When at most ``INLINE_SLEPT`` of the reads
+slept, the stage stops queuing and the decode threads read their own samples again
+(the kernel pass reads any sample whose position was not queued); one batch in
+``PROBE_EVERY`` is still read ahead, so the measurement goes on, and when reads wait again
+(a cold cache, a remote mount: at least ``WAIT_SLEPT`` of the reads slept) read-ahead
+resumes, once ``SLOW_PROBES`` probes in a row say so. Where sleeping cannot be counted, the test is the IO threads' CPU time against the read's
+wall time (``INLINE_CPU_SHARE``), which a busy machine blurs: a read's wall time includes the
+wait for a core, and with the decode threads on both cores of the reference machine page-cache
+reads measured 6% to 51% CPU, so the first epoch of the float RN50 bench kept reading ahead
+(96 reads' buffers and 16 IO threads, 5 MB of its peak memory). A fixed ``io_depth`` always
+reads ahead. While reading inline the probes need only one measurement's worth of reads
+(``MIN_READS``), so the slot limit drops to that, ``INLINE_DEPTH`` IO threads read them, and
+the buffers of the slots no longer used are freed (NOTE [ Read-ahead memory ]).
 
 NOTE [ Read-ahead memory ]
 Bytes read ahead wait in the reader's slots until a kernel thread decodes them. The slots
@@ -96,12 +105,19 @@ DEFAULT_BYTES = 512 << 20
 #: Reads between two adaptations (fewer: keep measuring).
 MIN_READS = 8
 #: Share of a read's wall time spent on the CPU above which reads are work, not waiting, and
-#: the decode threads read their own samples (NOTE [ Reads that are work ]).
+#: the decode threads read their own samples (NOTE [ Reads that are work ]), where the IO
+#: threads cannot tell whether a read slept.
 INLINE_CPU_SHARE = 0.5
+#: Share of reads that slept at most for reads to count as work (NOTE [ Reads that are work ]).
+INLINE_SLEPT = 0.25
+#: Share of reads that slept at least for reads to count as waiting for storage.
+WAIT_SLEPT = 0.5
 #: While reading inline, one batch in this many is read ahead to keep measuring.
 PROBE_EVERY = 8
 #: IO threads while reading inline: the probes need few (NOTE [ Read-ahead memory ]).
 INLINE_DEPTH = 4
+#: Probes in a row that must find reads waiting before read-ahead resumes (NOTE [ Reads that are work ]).
+SLOW_PROBES = 2
 
 
 def choose_depth(*, current: int, threads: int, latency_s: float, taken: int, wait_s: float,
@@ -192,6 +208,7 @@ class ReadAhead:
         # A loader's first reader knows nothing of its storage yet (NOTE [ Read-ahead memory ]).
         self.unmeasured = self.fixed is None and "depth" not in self.hint and "inline" not in self.hint
         self._calls = 0
+        self._slow_probes = 0          # probes in a row whose reads looked like waiting
         self._counters = self.native.counters   # what adapt() reads (a test scripts it)
         self._last = self._counters()
         self._last_t = clock()
@@ -270,19 +287,30 @@ class ReadAhead:
             self.unmeasured = False
             self._set_limit()
         cpu_share = (c["cpu_ns"] - last["cpu_ns"]) / max(1, c["lat_ns"] - last["lat_ns"])
-        if not self.inline and cpu_share > INLINE_CPU_SHARE:
+        b1, b0 = c.get("blocked", -1), last.get("blocked", -1)
+        if b1 >= 0 and b0 >= 0:   # NOTE [ Reads that are work ]: did the reads sleep?
+            slept = (b1 - b0) / reads
+            work, waits = slept <= INLINE_SLEPT, slept >= WAIT_SLEPT
+            how = f"{100 * slept:.0f}% of reads waited for storage, {100 * cpu_share:.0f}% CPU"
+        else:
+            work, waits = cpu_share > INLINE_CPU_SHARE, cpu_share < INLINE_CPU_SHARE / 2
+            how = f"reads are {100 * cpu_share:.0f}% CPU"
+        if not self.inline and work:
             self.inline = self.hint["inline"] = True
-            self.decisions.append((now / 1e9, self.depth, self.depth, f"reads are {100 * cpu_share:.0f}% CPU (page "
-                                   "cache): the decode threads read their own samples, one batch in "
-                                   f"{PROBE_EVERY} still read ahead to measure"))
+            self.decisions.append((now / 1e9, self.depth, self.depth, f"{how} (page cache): the decode threads "
+                                   f"read their own samples, one batch in {PROBE_EVERY} still read ahead to "
+                                   "measure"))
             self._set_limit()
             self.native.set_depth(INLINE_DEPTH)
             self.native.trim()   # NOTE [ Read-ahead memory ]
             return
-        if self.inline and cpu_share < INLINE_CPU_SHARE / 2:
+        if self.inline:
+            # Two probes in a row: one read's wall time includes waiting for a core, which a
+            # busy machine stretches now and then (NOTE [ Reads that are work ]).
+            self._slow_probes = self._slow_probes + 1 if waits else 0
+        if self.inline and self._slow_probes >= SLOW_PROBES:
             self.inline = self.hint["inline"] = False
-            self.decisions.append((now / 1e9, self.depth, self.depth, f"reads are {100 * cpu_share:.0f}% CPU: "
-                                   "reading ahead again"))
+            self.decisions.append((now / 1e9, self.depth, self.depth, f"{how}: reading ahead again"))
             self.native.set_depth(self.depth)
             self._set_limit()
         if self.inline:

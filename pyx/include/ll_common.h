@@ -13,6 +13,10 @@
 #define LL_COMMON_H
 
 #include <stdlib.h>
+#include <string.h>
+#ifndef _WIN32
+#include <sys/mman.h>
+#endif
 
 /* X(name, code, message) */
 #define LL_STATUS_LIST(X) \
@@ -75,17 +79,48 @@ static const char *ll_status_message(int code) {
  * slot), and a power of two holds up to twice what the largest item needs (a 1.1 MB decoded
  * region took a 2 MB buffer per thread; 96 read slots of 47 KB photos held 9.3 MB). Sizes
  * of one dataset vary within a range, so the buffer is reallocated only when an item is
- * larger than any before it by an eighth: a few times per run. */
+ * larger than any before it by an eighth: a few times per run.
+ * Buffers of LL_BUF_MAP_MIN and more are mappings of their own, not malloc's: each kernel and
+ * IO thread allocates in its own malloc arena, and memory freed there stays resident until
+ * the allocator trims it, so a kernel team's scratch freed at the end of an epoch sat beside
+ * the next team's, a few MB at every epoch boundary of the RN50 bench. A mapping is resident
+ * for exactly as long as its buffer. */
 typedef struct {
     unsigned char *p;
     size_t cap;
 } ll_buf;
+
+#define LL_BUF_MAP_MIN ((size_t)256 << 10)
+
+static void ll_buf_release_mem(unsigned char *p, size_t cap) {
+#ifndef _WIN32
+    if (cap >= LL_BUF_MAP_MIN) {
+        munmap(p, cap);
+        return;
+    }
+#endif
+    (void)cap;
+    free(p);
+}
 
 static int ll_buf_reserve(ll_buf *b, size_t need) {
     if (need <= b->cap) return 0;
     size_t cap = need + need / 8;
     if (cap < need) return -1; /* overflow */
     cap = (cap + 4095) & ~(size_t)4095;
+#ifndef _WIN32
+    if (cap >= LL_BUF_MAP_MIN) {
+        void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return -1;
+        if (b->p != NULL) {
+            memcpy(m, b->p, b->cap);
+            ll_buf_release_mem(b->p, b->cap);
+        }
+        b->p = (unsigned char *)m;
+        b->cap = cap;
+        return 0;
+    }
+#endif
     unsigned char *p = (unsigned char *)realloc(b->p, cap);
     if (p == NULL) return -1;
     b->p = p;
@@ -94,7 +129,7 @@ static int ll_buf_reserve(ll_buf *b, size_t need) {
 }
 
 static void ll_buf_free(ll_buf *b) {
-    free(b->p);
+    if (b->p != NULL) ll_buf_release_mem(b->p, b->cap);
     b->p = NULL;
     b->cap = 0;
 }

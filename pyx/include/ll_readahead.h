@@ -64,6 +64,9 @@
 #ifdef __GLIBC__
 #include <malloc.h> /* malloc_trim */
 #endif
+#ifndef _WIN32
+#include <sys/resource.h> /* getrusage(RUSAGE_THREAD): voluntary context switches */
+#endif
 
 #include "ll_chain.h" /* ll_now_ns */
 #include "ll_common.h"
@@ -124,9 +127,24 @@ typedef struct {
     ll_pid pid;
     /* counters, under mu */
     int64_t reads, failures, bytes, lat_ns, cpu_ns, queue_ns, queued;
+    int64_t blocked;    /* reads during which the IO thread slept (-1: not measurable here) */
     int64_t taken, wait_ns;   /* items the kernel threads took, and how long they waited for bytes */
     uint32_t hist[LL_LAT_BINS];
 } ll_reader;
+
+/* Voluntary context switches of the calling thread so far, -1 where not measurable. A read
+ * served from the page cache never sleeps; one that waits for storage does, however busy the
+ * cores are, where CPU time against wall time cannot tell a wait for storage from a wait for a
+ * core (NOTE [ Reads that are work ]). */
+static int64_t ll_thread_vcsw(void) {
+#if defined(RUSAGE_THREAD)
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) != 0) return -1;
+    return (int64_t)ru.ru_nvcsw;
+#else
+    return -1;
+#endif
+}
 
 static int64_t ll_thread_cpu_ns(void) {
     struct timespec ts;
@@ -225,9 +243,9 @@ static LL_THREAD_RET ll_reader_thread(void *arg) {
         r->reading++;
         ll_mutex_unlock(&r->mu);
 
-        const int64_t t0 = ll_now_ns(), c0 = ll_thread_cpu_ns();
+        const int64_t t0 = ll_now_ns(), c0 = ll_thread_cpu_ns(), v0 = ll_thread_vcsw();
         ll_reader_do(q);
-        const int64_t t1 = ll_now_ns(), c1 = ll_thread_cpu_ns();
+        const int64_t t1 = ll_now_ns(), c1 = ll_thread_cpu_ns(), v1 = ll_thread_vcsw();
 
         ll_mutex_lock(&r->mu);
         r->reading--;
@@ -236,6 +254,8 @@ static LL_THREAD_RET ll_reader_thread(void *arg) {
         r->bytes += (int64_t)q->n;
         r->lat_ns += t1 - t0;
         r->cpu_ns += c1 - c0;
+        if (v0 < 0 || v1 < 0) r->blocked = -1;
+        else if (r->blocked >= 0 && v1 > v0) r->blocked++;
         r->queue_ns += t0 - q->t_queued;
         r->hist[ll_lat_bin(t1 - t0)]++;
         if (q->orphan) {

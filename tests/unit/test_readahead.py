@@ -14,7 +14,7 @@ import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
 from loaderlib._ext import _chain
-from loaderlib._extract.readahead import MAX_DEPTH, MIN_DEPTH, ReadAhead, choose_depth
+from loaderlib._extract.readahead import MAX_DEPTH, MIN_DEPTH, START_DEPTH, ReadAhead, choose_depth
 from loaderlib._extract.source import NativeSource, SourceKind
 from loaderlib.errors import DecodeError
 from loaderlib.sampler import RandomSampler
@@ -346,11 +346,12 @@ def test_a_read_that_never_completes_is_bounded_by_timeout(folder):
         loader.close()
 
 
-def test_reads_that_are_cpu_work_go_back_to_the_decode_threads(folder):
+@pytest.mark.parametrize("sleeps", [True, False], ids=["reads-that-slept", "cpu-share"])
+def test_reads_that_are_cpu_work_go_back_to_the_decode_threads(folder, sleeps):
     """NOTE [ Reads that are work ]: scripted native counters (an injected clock, no timing).
-    Reads that are mostly CPU (page cache) switch the stage to inline reads with one batch in
-    PROBE_EVERY still read ahead; reads that wait switch it back; the choice carries over to
-    the next run through the hint."""
+    Reads that are work (none slept; where sleeping is not counted, mostly CPU) switch the
+    stage to inline reads with one batch in PROBE_EVERY still read ahead; reads that wait
+    switch it back; the choice carries over to the next run through the hint."""
     from loaderlib._extract import readahead as ra_mod
 
     paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
@@ -365,22 +366,30 @@ def test_reads_that_are_cpu_work_go_back_to_the_decode_threads(folder):
     def counters():
         return dict(script)
 
+    script["blocked"] = 0 if sleeps else -1
     ra._counters = counters
     ra._last = counters()
-    # 40 reads of 20 us wall, 18 us of it CPU, over 10 ms.
+    # 40 reads of 20 us wall, 18 us of it CPU, over 10 ms; none slept.
     t["ns"] += 10_000_000
     script.update(reads=40, lat_ns=40 * 20_000, cpu_ns=40 * 18_000, taken=40, wait_ns=0, bytes=40 * 50_000)
     ra.adapt(2)
     assert ra.inline and hint["inline"] and "CPU (page cache)" in ra.decisions[-1][3]
     queued = [ra.top_up() for _ in range(ra_mod.PROBE_EVERY)]
     assert queued[:-1] == [0] * (ra_mod.PROBE_EVERY - 1) and queued[-1] > 0
-    # Reads that wait (a cold cache): back to reading ahead; Little's law wants 7, the depth stays
-    # at its floor of 16.
-    t["ns"] += 50_000_000
-    script.update(reads=80, lat_ns=script["lat_ns"] + 40 * 4_000_000, cpu_ns=script["cpu_ns"] + 40 * 30_000,
-                  taken=80)
-    ra.adapt(2)
+    # Reading inline: the probes' reads alone are held, read by INLINE_DEPTH IO threads.
+    assert ra.limit == max(ra_mod.MIN_READS, ra_mod.INLINE_DEPTH) and ra.native.counters()["depth"] == ra_mod.INLINE_DEPTH
+    # Reads that wait (a cold cache): back to reading ahead once SLOW_PROBES probes in a row say so
+    # (one read's wall time may be a wait for a core); Little's law wants 7, the depth stays at
+    # its floor of 16.
+    for k in range(ra_mod.SLOW_PROBES):
+        assert ra.inline
+        t["ns"] += 50_000_000
+        script.update(reads=script["reads"] + 40, lat_ns=script["lat_ns"] + 40 * 4_000_000,
+                      cpu_ns=script["cpu_ns"] + 40 * 30_000, taken=script["taken"] + 40,
+                      blocked=script["blocked"] + 40 if sleeps else -1)
+        ra.adapt(2)
     assert not ra.inline and not hint["inline"]
+    assert ra.limit == 4 * 1 + 2 * ra.depth and ra.native.counters()["depth"] == ra.depth
     assert any("reading ahead again" in d[3] for d in ra.decisions)
     assert ra.depth == MIN_DEPTH
     ra.close()
@@ -394,3 +403,82 @@ def test_reads_that_are_cpu_work_go_back_to_the_decode_threads(folder):
                       timeout=None, hint=hint)
     assert not fixed.inline   # a fixed io_depth always reads ahead
     fixed.close()
+
+
+def test_a_first_reader_holds_one_measurement_until_it_has_measured(folder):
+    """NOTE [ Read-ahead memory ]: with no hint from an earlier run, the reader holds only
+    ``depth`` reads (one measurement's worth) until its first measurement; then the batches'
+    share too. A run with a hint starts measured. Scripted counters, injected clock."""
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
+    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
+    t = {"ns": 0}
+    hint: dict = {}
+    ra = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
+                   timeout=None, hint=hint, clock=lambda: t["ns"])
+    assert ra.unmeasured and ra.limit == ra.depth == START_DEPTH
+    script = dict(ra.native.counters())
+    ra._counters = lambda: dict(script)
+    ra._last = dict(script)
+    # Reads that wait (4 ms each, 1% CPU, all slept): measured, and the batches' share is held
+    # from now on.
+    t["ns"] += 50_000_000
+    script.update(reads=40, lat_ns=40 * 4_000_000, cpu_ns=40 * 40_000, taken=40, wait_ns=0, bytes=40 * 50_000,
+                  blocked=40)
+    ra.adapt(2)
+    assert not ra.unmeasured and not ra.inline
+    assert ra.limit == 4 + 2 * ra.depth
+    ra.close()
+    measured = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
+                         timeout=None, hint=hint)
+    assert not measured.unmeasured and measured.limit == 4 + 2 * measured.depth
+    measured.close()
+
+
+@pytest.mark.parametrize("sleeps", [True, False], ids=["reads-that-slept", "cpu-share"])
+def test_one_slow_probe_between_fast_ones_keeps_reading_inline(folder, sleeps):
+    """NOTE [ Reads that are work ]: a probe whose reads looked like waiting (a read may sleep on
+    a lock, its wall time includes waiting for a core) counts only when the next probe agrees."""
+    from loaderlib._extract import readahead as ra_mod
+
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
+    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
+    t = {"ns": 0}
+    ra = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
+                   timeout=None, hint={"inline": True, "depth": 16}, clock=lambda: t["ns"])
+    script = dict(ra.native.counters())
+    script["blocked"] = 0 if sleeps else -1
+    ra._counters = lambda: dict(script)
+    ra._last = dict(script)
+
+    def probe(cpu_share: float) -> None:   # a slow probe: 6% CPU, 15 of its 16 reads slept
+        t["ns"] += 10_000_000
+        script.update(reads=script["reads"] + 16, lat_ns=script["lat_ns"] + 16 * 100_000,
+                      cpu_ns=script["cpu_ns"] + int(16 * 100_000 * cpu_share), taken=script["taken"] + 16,
+                      blocked=script["blocked"] + (15 if cpu_share < 0.5 else 0) if sleeps else -1)
+        ra.adapt(2)
+
+    for share in (0.06, 0.9, 0.06, 0.9, 0.06):
+        probe(share)
+        assert ra.inline
+    probe(0.06)   # the second slow probe in a row
+    assert not ra.inline and ra_mod.SLOW_PROBES == 2
+    ra.close()
+
+
+def test_reads_that_never_slept_are_work_on_a_busy_machine(folder):
+    """NOTE [ Reads that are work ]: page-cache reads on cores the decode threads keep busy take
+    far longer than their CPU time (20% CPU here), yet none slept: they are work, read inline."""
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
+    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
+    t = {"ns": 0}
+    ra = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
+                   timeout=None, hint={}, clock=lambda: t["ns"])
+    script = dict(ra.native.counters())
+    script["blocked"] = 0
+    ra._counters = lambda: dict(script)
+    ra._last = dict(script)
+    t["ns"] += 10_000_000
+    script.update(reads=40, lat_ns=40 * 100_000, cpu_ns=40 * 20_000, taken=40, bytes=40 * 50_000, blocked=3)
+    ra.adapt(2)
+    assert ra.inline and "8% of reads waited for storage, 20% CPU" in ra.decisions[-1][3]
+    ra.close()
