@@ -607,8 +607,8 @@ class _Run:
         A warm next epoch (NOTE [ Warm epochs ] in ``loader.py``) shares the loader's batch
         ring with the epoch still being consumed. Had it slots of its own, the ring would hold
         two epochs' worth of slots (queue, batches in production, the user's), all of them
-        written and so resident (a float RN50 batch of 64 is 38.5 MB, and an epoch keeps about
-        four of them in the ring). Instead a
+        written and so resident (a float RN50 batch of 64 is 38.5 MB, and an epoch keeps two to
+        five of them in the ring, NOTE [ Batches in memory ]). Instead a
         warm run starts a batch only while fewer slots are leased than the most ever leased at
         once (``BatchArena.has_room``) and the current epoch has made all its batches
         (``_Run.warm_room``; a Python engine's batch takes its slot only when it is assembled, so

@@ -13,12 +13,19 @@ and ``ahead`` ready or in production.
   finishes what it has in production, then waits for a release: each lease's end signals
   :attr:`BatchDepth.signal` (``SlotRing.on_release``; a ``queue.SimpleQueue``, whose
   ``put`` never blocks and may run inside a dealloc, on any thread, even at exit).
-- ``ahead`` starts at 1 when serialising batches costs little: a batch's tail, when its last
-  images run and the other threads have nothing to claim (NOTE [ One queue across batches ]),
-  idles about ``(threads - 1) / 2`` images' worth of thread time, ``(threads - 1) / (2 *
-  batch_size)`` of the batch's work; at most ``TAIL_SHARE`` of it starts at 1, otherwise at 2
-  (two batches in production, as the engine's lookahead plans). So 2 threads with batches of
-  64 keep 2 slots, and 16 threads keep 3.
+- At 1 ahead the kernel team idles between batches, from a batch's last image until the
+  next batch is queued: the tail (the other threads have nothing to claim, NOTE [ One queue
+  across batches ]) and the hand-over (the driver completes the batch, the consumer takes it
+  and gives the previous one back, the driver queues the next one; about 0.9 ms per batch on
+  the reference machine). With a model slower than the loader that costs nothing: the next
+  batch is ready before it is asked for. When the loader is the bottleneck it costs
+  throughput: 6%-10% of the steady state at 2 threads with batches of 64, the float RN50
+  chain after a warm-up epoch (``benchmarks/scaling.py --pin --prefetch default,2``), for half
+  the batch memory; ``prefetch=2`` (a fixed queue) is the choice for a loader-bound job with
+  memory to spare. The fewer images each thread gets per batch, the larger that share, so
+  ``ahead`` starts at 1 only for small teams, at most ``1 + batch_size / SMALL_TEAM`` threads
+  (2 threads with batches of 64, 6 with 256), and at 2 otherwise (two batches in production,
+  as the engine's lookahead plans: 16 threads keep 3 slots).
 - A consumer that keeps batches (a list of them, gradient accumulation) would wait for ever
   once it holds every slot the cap allows: when it waits with nothing queued and nothing in
   production, the driver takes one more slot and ``ahead`` rises by one (up to ``most``), so
@@ -28,8 +35,9 @@ and ``ahead`` ready or in production.
   the cap before making it, consumer waited for it)`` is the time one more batch ahead would
   have saved; when that sums to more than ``GROW_SHARE`` of ``WINDOW`` batches' wall time,
   ``ahead`` rises by one, up to ``most`` (the depth an explicit ``prefetch`` would default to,
-  within ``ram_budget``). An infinitely fast consumer waits for every batch, but the driver's
-  wait before it is only the hand-over (the consumer rebinding its names), well under it.
+  within ``ram_budget``). It measures only the driver's wait at the cap, so the hand-over of a
+  loader-bound run (the consumer waits for every batch, the driver only while the consumer
+  rebinds its names) does not raise it: that cost is the one described above.
 - An explicit ``prefetch`` (or ``AUTOTUNE``) turns this off: the queue holds that many ready
   batches, as before.
 """
@@ -43,8 +51,8 @@ from typing import Any
 
 _clock = time.perf_counter_ns
 
-#: Share of the throughput a batch's tail may cost before ``ahead`` starts at 2.
-TAIL_SHARE = 0.01
+#: Images per batch for each kernel thread past the first up to which ``ahead`` starts at 1.
+SMALL_TEAM = 50
 #: Share of a window's wall time that one more batch ahead must have saved to be taken.
 GROW_SHARE = 0.03
 #: Batches per measuring window of the growth rule: long enough that one stall of the consumer
@@ -53,9 +61,9 @@ WINDOW = 64
 
 
 def start_ahead(threads: int, batch_size: int) -> int:
-    """Batches ahead of the user's to start with (NOTE [ Batches in memory ]): 1 when a
-    batch's tail costs at most ``TAIL_SHARE`` of the work, else 2."""
-    return 1 if max(0, int(threads) - 1) <= 2 * TAIL_SHARE * max(1, int(batch_size)) else 2
+    """Batches ahead of the user's to start with (NOTE [ Batches in memory ]): 1 for a small
+    team (at most ``1 + batch_size / SMALL_TEAM`` threads), else 2."""
+    return 1 if max(0, int(threads) - 1) * SMALL_TEAM <= max(1, int(batch_size)) else 2
 
 
 class BatchDepth:

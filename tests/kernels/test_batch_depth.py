@@ -14,7 +14,7 @@ import pytest
 
 import loaderlib as ll
 from loaderlib import transforms as T
-from loaderlib._engines.depth import GROW_SHARE, WINDOW, BatchDepth, start_ahead
+from loaderlib._engines.depth import GROW_SHARE, SMALL_TEAM, WINDOW, BatchDepth, start_ahead
 
 from ._loader_images import make_image_folder
 
@@ -39,10 +39,10 @@ def _loader(folder, **kw):
 
 @pytest.mark.parametrize(("threads", "batch", "ahead"), [
     (1, 1, 1), (1, 64, 1), (2, 64, 1), (3, 64, 2), (16, 64, 2), (2, 32, 2), (6, 256, 1), (7, 256, 2)])
-def test_start_ahead_is_one_when_a_batch_tail_costs_at_most_one_percent(threads, batch, ahead):
-    # (threads - 1) / (2 * batch) of the work idles in a batch's tail
+def test_start_ahead_is_one_for_a_small_team(threads, batch, ahead):
+    # at least SMALL_TEAM images per batch for each thread past the first
     assert start_ahead(threads, batch) == ahead
-    assert (ahead == 1) == ((threads - 1) / (2 * batch) <= 0.01)
+    assert (ahead == 1) == ((threads - 1) * SMALL_TEAM <= batch)
 
 
 def _window(d: BatchDepth, held_ms: float, waited_ms: float, every_ms: float, t0: int = 0) -> int:
