@@ -405,20 +405,29 @@ def test_reads_that_are_cpu_work_go_back_to_the_decode_threads(folder, sleeps):
     fixed.close()
 
 
+def _scripted(folder, hint: dict, blocked: int = 0):
+    """A ReadAhead over ``folder`` whose native counters are a script (``script``, a dict the
+    test updates) read on an injected clock (``t["ns"]``): no timing. ``blocked=-1``: the
+    platform cannot count the reads that slept."""
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
+    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
+    t = {"ns": 0}
+    ra = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
+                   timeout=None, hint=hint, clock=lambda: t["ns"])
+    script = dict(ra.native.counters())
+    script["blocked"] = blocked
+    ra._counters = lambda: dict(script)
+    ra._last = dict(script)
+    return ra, script, t, src, paths
+
+
 def test_a_first_reader_holds_one_measurement_until_it_has_measured(folder):
     """NOTE [ Read-ahead memory ]: with no hint from an earlier run, the reader holds only
     ``depth`` reads (one measurement's worth) until its first measurement; then the batches'
     share too. A run with a hint starts measured. Scripted counters, injected clock."""
-    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
-    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
-    t = {"ns": 0}
     hint: dict = {}
-    ra = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
-                   timeout=None, hint=hint, clock=lambda: t["ns"])
+    ra, script, t, src, paths = _scripted(folder, hint)
     assert ra.unmeasured and ra.limit == ra.depth == START_DEPTH
-    script = dict(ra.native.counters())
-    ra._counters = lambda: dict(script)
-    ra._last = dict(script)
     # Reads that wait (4 ms each, 1% CPU, all slept): measured, and the batches' share is held
     # from now on.
     t["ns"] += 50_000_000
@@ -440,15 +449,7 @@ def test_one_slow_probe_between_fast_ones_keeps_reading_inline(folder, sleeps):
     a lock, its wall time includes waiting for a core) counts only when the next probe agrees."""
     from loaderlib._extract import readahead as ra_mod
 
-    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
-    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
-    t = {"ns": 0}
-    ra = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
-                   timeout=None, hint={"inline": True, "depth": 16}, clock=lambda: t["ns"])
-    script = dict(ra.native.counters())
-    script["blocked"] = 0 if sleeps else -1
-    ra._counters = lambda: dict(script)
-    ra._last = dict(script)
+    ra, script, t, _src, _paths = _scripted(folder, {"inline": True, "depth": 16}, 0 if sleeps else -1)
 
     def probe(cpu_share: float) -> None:   # a slow probe: 6% CPU, 15 of its 16 reads slept
         t["ns"] += 10_000_000
@@ -468,15 +469,7 @@ def test_one_slow_probe_between_fast_ones_keeps_reading_inline(folder, sleeps):
 def test_reads_that_never_slept_are_work_on_a_busy_machine(folder):
     """NOTE [ Reads that are work ]: page-cache reads on cores the decode threads keep busy take
     far longer than their CPU time (20% CPU here), yet none slept: they are work, read inline."""
-    paths = [p for p, _ in ll.ImageFolderDataset(folder).items]
-    src = NativeSource(SourceKind.FILES, stage="", paths=paths)
-    t = {"ns": 0}
-    ra = ReadAhead(src, np.arange(len(paths), dtype=np.int64), io_depth=None, batch_size=4, lookahead=1,
-                   timeout=None, hint={}, clock=lambda: t["ns"])
-    script = dict(ra.native.counters())
-    script["blocked"] = 0
-    ra._counters = lambda: dict(script)
-    ra._last = dict(script)
+    ra, script, t, _src, _paths = _scripted(folder, {})
     t["ns"] += 10_000_000
     script.update(reads=40, lat_ns=40 * 100_000, cpu_ns=40 * 20_000, taken=40, bytes=40 * 50_000, blocked=3)
     ra.adapt(2)
