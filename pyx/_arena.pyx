@@ -30,15 +30,7 @@ cdef extern from "<sys/mman.h>" nogil:
     void* MAP_FAILED
     int PROT_READ, PROT_WRITE, MAP_PRIVATE, MAP_ANONYMOUS
 
-cdef extern from *:
-    """
-    #ifdef __GLIBC__
-    #include <malloc.h>
-    static void ll_release_free_memory(void) { malloc_trim(0); }
-    #else
-    static void ll_release_free_memory(void) {}
-    #endif
-    """
+cdef extern from "ll_common.h":
     void ll_release_free_memory() nogil
 
 cdef extern from *:

@@ -410,7 +410,8 @@ cdef class Reader:
 
     def counters(self):
         """A snapshot: reads done, failures, bytes, summed latency / CPU / queue nanoseconds,
-        reads during which an IO thread slept (``blocked``; -1 where not measurable), reads queued so far, items the kernel threads took and their summed wait for bytes,
+        reads during which an IO thread slept (``blocked``; -1 where not measurable), reads
+        queued so far, items the kernel threads took and their summed wait for bytes,
         reads in progress, depth, slot limit, IO threads, and the latency histogram
         (LAT_BINS counts; bin b covers [2^(b/4), 2^((b+1)/4)) microseconds)."""
         cdef ll_reader* r = self.r

@@ -141,12 +141,10 @@ class NativeProducer(Producer):
         # The last batch is made: the kernel team, its scratch and the read-ahead go now, not
         # when the user has taken the last batches (NOTE [ Warm slots ]).
         self.catch_up()
-        reader, self.reader = self.reader, None
-        if reader is not None:
-            reader.close()
-        plan, self.plan = self.plan, None
-        if plan is not None:
-            plan.close()
+        had_plan = self.plan is not None
+        self.close()
+        self.reader = None
+        if had_plan:
             _arena.release_free_memory()   # its threads' scratch, before the next run's team grows its own
 
     def close(self, wait: bool = True) -> None:

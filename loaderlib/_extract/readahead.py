@@ -35,26 +35,27 @@ rule settles near what the law asks for.
 NOTE [ Reads that are work ]
 On warm local files a read is a copy out of the page cache: its time is CPU time, not
 waiting. Handing it to an IO thread then gains nothing (the copy runs on the same cores) and
-costs two thread hand-offs per sample: ``benchmarks/storage.py``'s warm local row (RN50 uint8
-on 1,024 photos, 2 cores, 2 rounds) gives a fixed ``io_depth=64`` 0.81x of the default, which
-reads this way. So the adaptive depth also asks whether the reads waited for storage: each
-IO thread counts the reads during which it slept (a voluntary context switch, from
-``getrusage(RUSAGE_THREAD)``). A read from a disk, a network filesystem or a FUSE mount
+costs two thread hand-offs per sample: ``benchmarks/storage.py``'s warm local row (RN50
+uint8 on 1,024 photos, 2 cores, 2 rounds) gives a fixed ``io_depth=64`` 0.81x of the
+default, which reads this way. So the adaptive depth also asks whether the reads waited for
+storage: each IO thread counts the reads during which it slept (a voluntary context switch,
+from ``getrusage(RUSAGE_THREAD)``). A read from a disk, a network filesystem or a FUSE mount
 sleeps; a page-cache read does not, however busy the cores are, except now and then on a
 lock of the process's memory map while other threads fault pages in (9% of the reads in one
 probe of the float RN50 bench, none in most). When at most ``INLINE_SLEPT`` of the reads
-slept, the stage stops queuing and the decode threads read their own samples again
-(the kernel pass reads any sample whose position was not queued); one batch in
-``PROBE_EVERY`` is still read ahead, so the measurement goes on, and when reads wait again
-(a cold cache, a remote mount: at least ``WAIT_SLEPT`` of the reads slept) read-ahead
-resumes, once ``SLOW_PROBES`` probes in a row say so. Where sleeping cannot be counted, the test is the IO threads' CPU time against the read's
-wall time (``INLINE_CPU_SHARE``), which a busy machine blurs: a read's wall time includes the
-wait for a core, and with the decode threads on both cores of the reference machine page-cache
-reads measured 6% to 51% CPU, so the first epoch of the float RN50 bench kept reading ahead
-(96 reads' buffers and 16 IO threads, 5 MB of its peak memory). A fixed ``io_depth`` always
-reads ahead. While reading inline the probes need only one measurement's worth of reads
-(``MIN_READS``), so the slot limit drops to that, ``INLINE_DEPTH`` IO threads read them, and
-the buffers of the slots no longer used are freed (NOTE [ Read-ahead memory ]).
+slept, the stage stops queuing and the decode threads read their own samples again (the
+kernel pass reads any sample whose position was not queued); one batch in ``PROBE_EVERY`` is
+still read ahead, so the measurement goes on, and when reads wait again (a cold cache, a
+remote mount: at least ``WAIT_SLEPT`` of the reads slept) read-ahead resumes, once
+``SLOW_PROBES`` probes in a row say so. Where sleeping cannot be counted, the test is the IO
+threads' CPU time against the read's wall time (``INLINE_CPU_SHARE``), which a busy machine
+blurs: a read's wall time includes the wait for a core, and with the decode threads on both
+cores of the reference machine page-cache reads measured 6% to 51% CPU, so the first epoch
+of the float RN50 bench kept reading ahead (96 reads' buffers and 16 IO threads, 5 MB of its
+peak memory). A fixed ``io_depth`` always reads ahead. While reading inline the probes need
+only one measurement's worth of reads (``MIN_READS``), so the slot limit drops to that,
+``INLINE_DEPTH`` IO threads read them, and the buffers of the slots no longer used are freed
+(NOTE [ Read-ahead memory ]).
 
 NOTE [ Read-ahead memory ]
 Bytes read ahead wait in the reader's slots until a kernel thread decodes them. The slots

@@ -17,6 +17,9 @@
 #ifndef _WIN32
 #include <sys/mman.h>
 #endif
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 
 /* X(name, code, message) */
 #define LL_STATUS_LIST(X) \
@@ -126,6 +129,14 @@ static int ll_buf_reserve(ll_buf *b, size_t need) {
     b->p = p;
     b->cap = cap;
     return 0;
+}
+
+/* Give the allocator's free pages back to the system (glibc's malloc_trim; a no-op
+ * elsewhere): buffers freed by other threads stay in their malloc arenas otherwise. */
+static void ll_release_free_memory(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 }
 
 static void ll_buf_free(ll_buf *b) {

@@ -1,8 +1,8 @@
 /* POSIX reads inside the nogil pass: whole files (open/fstat/read) and records (pread).
  *
  * Both read into a per-thread ll_buf that grows to fit (NOTE [ Scratch grows to fit ]) and
- * is reused, so steady state allocates nothing. Failures return LL_ERR_READ with the system's reason
- * (strerror) in msg; the Python owner adds the path or record key.
+ * is reused, so steady state allocates nothing. Failures return LL_ERR_READ with the
+ * system's reason (strerror) in msg; the Python owner adds the path or record key.
  */
 #ifndef LL_READ_H
 #define LL_READ_H

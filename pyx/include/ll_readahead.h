@@ -61,9 +61,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#ifdef __GLIBC__
-#include <malloc.h> /* malloc_trim */
-#endif
 #ifndef _WIN32
 #include <sys/resource.h> /* getrusage(RUSAGE_THREAD): voluntary context switches */
 #endif
@@ -360,9 +357,7 @@ static void ll_reader_trim(ll_reader *r) {
         ll_buf_free(&q->path);
     }
     ll_mutex_unlock(&r->mu);
-#ifdef __GLIBC__
-    malloc_trim(0); /* the buffers sit in the IO threads' arenas, below the mmap threshold */
-#endif
+    ll_release_free_memory(); /* the buffers sit in the IO threads' arenas, below LL_BUF_MAP_MIN */
 }
 
 /* Set the number of reads in flight; returns the IO threads running. */

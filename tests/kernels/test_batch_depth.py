@@ -7,14 +7,15 @@ the slots leased at once (the arena counts them), the output against an explicit
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 import loaderlib as ll
 from loaderlib import transforms as T
+from loaderlib._engines.base import Produced, Producer, RunState, Task, _Knobs, _Run
 from loaderlib._engines.depth import GROW_SHARE, SMALL_TEAM, WINDOW, BatchDepth, start_ahead
+from loaderlib._recorder import StageRecorder
+from loaderlib.sampler import EpochOrder
 
 from ._loader_images import make_image_folder
 
@@ -169,18 +170,61 @@ def test_a_consumer_that_keeps_every_batch_gets_them_all_intact(folder, num_thre
         assert any("keeps batches" in why for _, _, why in loader._knobs.depth.decisions)
 
 
+class _CountingProducer(Producer):
+    """Batches that lease at submit and finish at once; records what was submitted."""
+
+    lookahead = 2
+    leases_at_submit = True
+
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state=state, recorder=StageRecorder(enabled=False), on_error="raise")
+        self.submitted: list[int] = []
+
+    def submit(self, task: Task) -> Task:
+        self.submitted.append(task.number)
+        return task
+
+    def finish(self, task: Task) -> Produced:
+        return Produced(task.number, task.start + task.indices.size, task.indices.size, task.target)
+
+
+def test_a_warm_run_finishes_its_first_batch_before_it_is_iterated():
+    """NOTE [ Warm slots ]: a warm next epoch whose ring has no further free slot makes the batch
+    it started instead of waiting to be iterated for room for a second one. Single-threaded,
+    no clock: the room stays closed after the first batch, and the run must not ask to wait."""
+    order = EpochOrder(1, np.arange(12, dtype=np.int64), [4, 4, 4], False, np.empty(0, np.int64),
+                       np.empty(0, np.int64), {})
+    state = RunState(order, seed=0)
+    state.live.clear()   # a warm run nobody iterates yet
+    prod = _CountingProducer(state)
+    run = _Run(state=state, producer=prod, knobs=_Knobs(1, 2), recorder=StageRecorder(enabled=False),
+               timeout=None, threaded=False)
+    asked: list[int] = []
+
+    def room() -> bool:   # one slot was free: the one the first batch took
+        asked.append(len(run.pending))
+        return not prod.submitted
+
+    run.room = room
+
+    def wait_room() -> bool:   # waiting is for a run with nothing in production
+        if run.pending:
+            raise AssertionError("the warm run waited for room with a batch in production")
+        return room()
+
+    run._wait_room = wait_room   # type: ignore[method-assign]
+    out = run.step()
+    assert out is not None and out.batch == 0 and prod.submitted == [0]
+    assert asked == [0, 1]   # room before the first batch, and none for a second
+
+
 def test_the_next_epoch_is_prepared_within_the_cap(folder):
     loader = _loader(folder)
     batches = 0
     for x, _y in loader:   # x, the epoch's last batch, is still held afterwards
         batches += 1
     assert batches == 9
-    warm = loader._warm.run
-    assert warm is not None
-    deadline = time.monotonic() + 60
-    while len(warm.queue) == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(warm.queue) >= 1   # its first batch is ready, in a slot the current epoch gave back
+    assert loader._warm.run is not None
     depth = loader._knobs.depth
     assert loader._arena_ring.peak_leased <= 1 + depth.ahead
     assert x.shape == (4, 3, 32, 32)
