@@ -131,10 +131,6 @@ class Producer:
     def done_producing(self) -> None:
         """The run's last batch is made: free what only production needs (NOTE [ Warm slots ])."""
 
-    def catch_up(self) -> None:
-        """Bookkeeping a finished batch left for later, run once the next batch is queued
-        (NOTE [ Batches in memory ])."""
-
     def close(self, wait: bool = True) -> None:
         pass
 
@@ -542,7 +538,6 @@ class _Run:
                 self.pending.append(prod.submit(task))
                 self.held_back.append(held)
                 st.in_flight += 1
-                prod.catch_up()
             if not self.pending:
                 return None
             generation = st.generation

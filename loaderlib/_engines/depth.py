@@ -16,18 +16,16 @@ and ``ahead`` ready or in production.
 - At 1 ahead the kernel team idles between batches, from a batch's last image until the next
   batch is queued: the tail (the other threads have nothing to claim, NOTE [ One queue
   across batches ]) and the hand-over (the driver completes the batch, the consumer takes it
-  and gives the previous one back, the driver queues the next one; the read-ahead's
-  bookkeeping for a finished batch waits until the next one is queued,
-  ``Producer.catch_up``). With a model slower than the loader that costs nothing: the next
-  batch is ready before it is asked for. When the loader is the bottleneck it costs
-  throughput: 5%-6% of the steady state at 2 threads with batches of 64, the float RN50
-  chain after a warm-up epoch (``benchmarks/scaling.py --pin --prefetch default,2``: 0.94x
-  and 0.95x of ``prefetch=2`` in two runs), for half the batch memory; ``prefetch=2`` (a
-  fixed queue) is the choice for a loader-bound job with memory to spare. The fewer images
-  each thread gets per batch, the larger that share, so ``ahead`` starts at 1 only for small
-  teams, at most ``1 + batch_size / SMALL_TEAM`` threads (2 threads with batches of 64, 6
-  with 256), and at 2 otherwise (two batches in production, as the engine's lookahead plans:
-  16 threads keep 3 slots).
+  and gives the previous one back, the driver queues the next one). With a model slower than
+  the loader that costs nothing: the next batch is ready before it is asked for. When the
+  loader is the bottleneck it costs throughput: 6%-10% of the steady state at 2 threads with
+  batches of 64, the float RN50 chain after a warm-up epoch (``benchmarks/scaling.py --pin
+  --prefetch default,2``: 0.90x and 0.94x of ``prefetch=2`` in two runs), for half the batch
+  memory; ``prefetch=2`` (a fixed queue) is the choice for a loader-bound job with memory to
+  spare. The fewer images each thread gets per batch, the larger that share, so ``ahead``
+  starts at 1 only for small teams, at most ``1 + batch_size / SMALL_TEAM`` threads (2
+  threads with batches of 64, 6 with 256), and at 2 otherwise (two batches in production, as
+  the engine's lookahead plans: 16 threads keep 3 slots).
 - A consumer that keeps batches (a list of them, gradient accumulation) would wait for ever
   once it holds every slot the cap allows: when it waits with nothing queued and nothing in
   production, the driver takes one more slot and ``ahead`` rises by one (up to ``most``), so

@@ -97,7 +97,6 @@ class NativeProducer(Producer):
             self.reader.top_up(state.cursor)
         self.shards = shards          # per output part: num_shards (None: plain array) or a Pad
         self.arena = arena
-        self._catch_up: tuple | None = None   # the read-ahead's turn still to take (catch_up)
         self._layouts: dict[int, BatchLayout] = {}
         self._prev_end = 0            # NOTE [ Batch wall time ]
         self._arrays: Sequence[np.ndarray] = src.arrays or ()   # SourceKind.ARRAYS
@@ -123,24 +122,9 @@ class NativeProducer(Producer):
             lay = self._layouts[n] = BatchLayout.of([((n, *s), d) for s, d in self._part_specs])
         return lay
 
-    def catch_up(self) -> None:
-        # The read-ahead's turn after a batch (adapt the depth, queue further reads, record
-        # its counters). Under the batch cap the driver runs it once the next batch is queued:
-        # between two batches it would keep the kernel team idle (NOTE [ Batches in memory ]).
-        todo, self._catch_up = self._catch_up, None
-        reader = self.reader
-        if todo is None or reader is None:
-            return
-        nthreads, recording = todo
-        reader.adapt(nthreads)
-        reader.top_up()
-        if recording:
-            self.rec.extract(reader.counters())
-
     def done_producing(self) -> None:
         # The last batch is made: the kernel team, its scratch and the read-ahead go now, not
         # when the user has taken the last batches (NOTE [ Warm slots ]).
-        self.catch_up()
         had_plan = self.plan is not None
         self.close()
         self.reader = None
@@ -283,10 +267,12 @@ class NativeProducer(Producer):
                 todo_start = start
             else:
                 todo = todo[:0]
-        if self.reader is not None:
-            self._catch_up = (nthreads, recording)
-            if getattr(self.knobs, "depth", None) is None:
-                self.catch_up()
+        reader = self.reader
+        if reader is not None:
+            reader.adapt(nthreads)
+            reader.top_up()
+            if recording:
+                self.rec.extract(reader.counters())
         if filled == 0:
             return None
         sel = np.concatenate(final) if len(final) > 1 else final[0]

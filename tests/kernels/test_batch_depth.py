@@ -246,3 +246,17 @@ def test_ram_budget_bounds_how_far_ahead(folder):
     assert loader._knobs.depth.most == 2
     loader = _loader(folder, ram_budget=int(1.5 * one))
     assert loader._knobs.depth.most == 1
+
+
+def test_a_run_reading_inline_still_probes_its_storage(folder):
+    """NOTE [ Reads that are work ]: a run that starts reading inline (the loader's earlier runs
+    found reads to be work) still reads one batch in PROBE_EVERY ahead under the batch cap,
+    so a storage that turns slow is noticed: its probes reach the IO threads."""
+    loader = _loader(folder, profile=True)
+    loader._knobs.read_hint.update(inline=True, depth=16)
+    for _ in range(2):
+        for _batch in loader:
+            pass
+    ex = loader.stats.extract
+    assert ex is not None and ex.inline
+    assert ex.reads > 0
