@@ -52,8 +52,8 @@ cdef extern from *:
 # takes ~20 page faults instead of ~9,400, and the kernels' writes miss the TLB less. Only
 # the whole 2 MB ranges inside a slot are: slots mapped side by side merge into one mapping,
 # and a huge page across the boundary of two would make writing one slot's last bytes
-# resident 2 MB that are mostly the next slot's (1.2 MB more per float slot, measured with
-# /proc/self/smaps on the RN50 bench).
+# resident 2 MB that are mostly the next slot's (1.2 MB more per float slot, measured by a
+# profiling script reading /proc/self/smaps on the RN50 bench).
 cdef size_t _MMAP_MIN = 1 << 20
 cdef size_t _HUGE = 2 << 20
 

@@ -42,38 +42,39 @@ storage: each IO thread counts the reads during which it slept (a voluntary cont
 from ``getrusage(RUSAGE_THREAD)``). A read from a disk, a network filesystem or a FUSE mount
 sleeps; a page-cache read does not, however busy the cores are, except now and then on a
 lock of the process's memory map while other threads fault pages in (9% of the reads in one
-probe of the float RN50 bench, none in most). When at most ``INLINE_SLEPT`` of the reads
-slept, the stage stops queuing and the decode threads read their own samples again (the
-kernel pass reads any sample whose position was not queued); one batch in ``PROBE_EVERY`` is
-still read ahead, so the measurement goes on, and when reads wait again (a cold cache, a
-remote mount: at least ``WAIT_SLEPT`` of the reads slept) read-ahead resumes, once
-``SLOW_PROBES`` probes in a row say so. Where sleeping cannot be counted, the test is the IO
-threads' CPU time against the read's wall time (``INLINE_CPU_SHARE``), which a busy machine
-blurs: a read's wall time includes the wait for a core, and with the decode threads on both
-cores of the reference machine page-cache reads measured 6% to 51% CPU, so the first epoch
-of the float RN50 bench kept reading ahead (96 reads' buffers and 16 IO threads, 5 MB of its
-peak memory). A fixed ``io_depth`` always reads ahead. While reading inline the probes need
-only one measurement's worth of reads (``MIN_READS``), so the slot limit drops to that,
-``INLINE_DEPTH`` IO threads read them, and the buffers of the slots no longer used are freed
-(NOTE [ Read-ahead memory ]).
+probe of the float RN50 bench, none in most; a profiling script's counts). When at most
+``INLINE_SLEPT`` of the reads slept, the stage stops queuing and the decode threads read
+their own samples again (the kernel pass reads any sample whose position was not queued);
+one batch in ``PROBE_EVERY`` is still read ahead, so the measurement goes on, and when reads
+wait again (a cold cache, a remote mount: at least ``WAIT_SLEPT`` of the reads slept)
+read-ahead resumes, once ``SLOW_PROBES`` probes in a row say so. Where sleeping cannot be
+counted, the test is the IO threads' CPU time against the read's wall time
+(``INLINE_CPU_SHARE``), which a busy machine blurs: a read's wall time includes the wait for
+a core, and with the decode threads on both cores of the reference machine page-cache reads
+measured 6% to 51% CPU, so the first epoch of the float RN50 bench kept reading ahead (96
+reads' buffers and 16 IO threads, 5 MB of its peak memory; measured with a profiling script
+reading /proc/PID/smaps). A fixed ``io_depth`` always reads ahead. While reading inline the
+probes need only one measurement's worth of reads (``MIN_READS``), so the slot limit drops
+to that, ``INLINE_DEPTH`` IO threads read them, and the buffers of the slots no longer used
+are freed (NOTE [ Read-ahead memory ]).
 
 NOTE [ Read-ahead memory ]
-Bytes read ahead wait in the reader's slots until a kernel thread decodes them. The slots
-in use are bounded by ``limit``: the batches queued on the kernel threads (``lookahead``
+Bytes read ahead wait in the reader's slots until a kernel thread decodes them. The slots in
+use are bounded by ``limit``: the batches queued on the kernel threads (``lookahead``
 batches) plus twice the depth, and never more than the memory bound allows at the largest
 file size seen so far. The bound is ``ram_budget``'s read-ahead share (NOTE [ One memory
 budget ] in ``_autotune.py``) or, without a budget, ``DEFAULT_BYTES``. Free slots are reused
 last-in first-out, so only as many buffers as were ever in use at once hold memory. When the
-stage turns to reading inline (NOTE [ Reads that are work ]) the limit drops to ``MIN_READS``
-and the free slots' buffers are freed (``Reader.trim``): on warm local files the first batches'
-read-ahead (96 slots of about 100 KB for batches of 64 photos) would otherwise stay resident
-for the whole epoch, and each epoch's run has its own reader, so a warm next epoch's reader
-and the current one's overlap at the boundary. For the same reason a loader's first reader,
-which knows nothing of its storage yet, holds only ``depth`` reads (one measurement's worth)
-until its first measurement: on slow storage the rest of the first batch is read by the
-kernel threads, once; on warm local files the first batches' bytes would otherwise be the
-loader's peak memory. Slot buffers grow to fit (NOTE [ Scratch grows to fit ] in
-``pyx/include/ll_common.h``).
+stage turns to reading inline (NOTE [ Reads that are work ]) the limit drops to
+``MIN_READS`` and the free slots' buffers are freed (``Reader.trim``): on warm local files
+the first batches' read-ahead (96 slots of about 100 KB for batches of 64 photos, by a
+profiling script) would otherwise stay resident for the whole epoch, and each epoch's run
+has its own reader, so a warm next epoch's reader and the current one's overlap at the
+boundary. For the same reason a loader's first reader, which knows nothing of its storage
+yet, holds only ``depth`` reads (one measurement's worth) until its first measurement: on
+slow storage the rest of the first batch is read by the kernel threads, once; on warm local
+files the first batches' bytes would otherwise be the loader's peak memory. Slot buffers
+grow to fit (NOTE [ Scratch grows to fit ] in ``pyx/include/ll_common.h``).
 """
 
 from __future__ import annotations

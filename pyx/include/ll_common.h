@@ -77,17 +77,18 @@ static const char *ll_status_message(int code) {
  * read-ahead's slots).
  *
  * NOTE [ Scratch grows to fit ]
- * A buffer grows to the size asked for plus an eighth, in whole pages, not to the next power
- * of two: its memory is resident for as long as its owner lives (a kernel thread, a read
- * slot), and a power of two holds up to twice what the largest item needs (a 1.1 MB decoded
- * region took a 2 MB buffer per thread; 96 read slots of 47 KB photos held 9.3 MB). Sizes
- * of one dataset vary within a range, so the buffer is reallocated only when an item is
- * larger than any before it by an eighth: a few times per run.
- * Buffers of LL_BUF_MAP_MIN and more are mappings of their own, not malloc's: each kernel and
- * IO thread allocates in its own malloc arena, and memory freed there stays resident until
- * the allocator trims it, so a kernel team's scratch freed at the end of an epoch sat beside
- * the next team's, a few MB at every epoch boundary of the RN50 bench. A mapping is resident
- * for exactly as long as its buffer. */
+ * A buffer grows to the size asked for plus an eighth, in whole pages, not to the next
+ * power of two: its memory is resident for as long as its owner lives (a kernel thread, a
+ * read slot), and a power of two holds up to twice what the largest item needs (a 1.1 MB
+ * decoded region took a 2 MB buffer per thread; 96 read slots of 47 KB photos held 9.3 MB;
+ * both counted by a profiling script). Sizes of one dataset vary within a range, so the
+ * buffer is reallocated only when an item is larger than any before it by an eighth: a few
+ * times per run.
+ * Buffers of LL_BUF_MAP_MIN and more are mappings of their own, not malloc's: each kernel
+ * and IO thread allocates in its own malloc arena, and memory freed there stays resident
+ * until the allocator trims it, so a kernel team's scratch freed at the end of an epoch sat
+ * beside the next team's, a few MB at every epoch boundary of the RN50 bench (a profiling
+ * script's smaps). A mapping is resident for exactly as long as its buffer. */
 typedef struct {
     unsigned char *p;
     size_t cap;
