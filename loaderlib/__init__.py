@@ -29,6 +29,7 @@ from .datasets import (
     Dataset,
     ImageFolderDataset,
     ImageListDataset,
+    MixtureDataset,
     SimpleDataset,
     TupleDataset,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "ImageRecordDataset",
     "LoaderError",
     "LoaderTimeoutError",
+    "MixtureDataset",
     "Pipeline",
     "RandomSampler",
     "RecordFileDataset",

@@ -54,6 +54,7 @@ from ._loader.state import (
     state_between,
     state_of,
 )
+from ._mixture import source_counts
 from ._recorder import Recorder, StageRecorder
 from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
@@ -373,9 +374,9 @@ class DataLoader:
         loader was created (on the profiling clock, as ``stats.started_s``)."""
         snap = self.recorder.snapshot()
         tuner = getattr(self, "_tuner", None)
-        if tuner is not None and tuner.decisions:
-            snap = dataclasses.replace(snap, autotune=tuple(tuner.decisions))
-        return dataclasses.replace(snap, memory=self.memory())
+        auto = tuple(tuner.decisions) if tuner is not None and tuner.decisions else snap.autotune
+        sources = source_counts(self.dataset, self._last_state)   # NOTE [ Mixture epochs ] in _mixture.py
+        return dataclasses.replace(snap, autotune=auto, memory=self.memory(), sources=sources)
 
     def memory(self) -> dict[str, int]:
         """Bytes this loader holds now, by part: ``"batch slots"`` (the arena's ring, the warm
@@ -735,7 +736,6 @@ class DataLoader:
                 self._arena_ring.on_release = self._knobs.depth.wake
         self._arena_ring.num_slots = slots
         return self._arena_ring
-
 
     def _read_budget(self) -> int | None:
         """Bytes the read-ahead buffers may hold (NOTE [ Read-ahead memory ]): what
