@@ -14,7 +14,6 @@ from loaderlib import transforms as T
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
 from _loader_images import make_image_folder
 
-
 # -- the model of NOTE [ Mixture epochs ] -----------------------------------------------
 
 def model_counts(lengths, weights, size):
@@ -179,7 +178,7 @@ def test_resume_mid_epoch_is_exact(seed):
 
 
 def test_processes_engine_reads_the_epoch():
-    mix = ll.MixtureDataset([ll.SimpleDataset(list(range(0, 9))), ll.SimpleDataset(list(range(100, 104)))],
+    mix = ll.MixtureDataset([ll.SimpleDataset(list(range(9))), ll.SimpleDataset(list(range(100, 104)))],
                             [2, 1], size=12, seed=1)
     with ll.DataLoader(mix, batch_size=4, num_workers=2, seed=0) as loader:
         assert loader.engine == "processes"
@@ -322,7 +321,7 @@ def model_sample(sources, weights, seed, iteration, stop):
 
 @pytest.mark.parametrize("stop", [False, True])
 def test_sample_from_datasets_matches_tf_semantics(stop):
-    a, b, c = list(range(0, 12)), list(range(100, 104)), list(range(200, 207))
+    a, b, c = list(range(12)), list(range(100, 104)), list(range(200, 207))
     P = ll.Pipeline
     pipe = P.sample_from_datasets([P.from_arrays(np.array(s)) for s in (a, b, c)], [0.5, 0.2, 0.3], seed=4,
                                   stop_on_empty_dataset=stop)
