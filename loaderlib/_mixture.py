@@ -456,6 +456,8 @@ class _MixtureEpoch(Dataset):
 
 def _short(d: Any) -> str:
     r = repr(d)
+    if " object at 0x" in r:   # no repr of its own: its class and length
+        r = f"{type(d).__name__}({len(d)} samples)"
     return r if len(r) <= 60 else r[:40] + "..." + r[-16:]
 
 
