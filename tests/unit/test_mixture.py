@@ -383,3 +383,24 @@ def test_sample_from_datasets_bad_weights(weights, match):
         P.sample_from_datasets([P.from_arrays(np.arange(3)), P.from_arrays(np.arange(3))], weights)
     with pytest.raises(ValueError, match="pipelines is empty"):
         P.sample_from_datasets([])
+
+
+def test_dashboard_counts_per_source(folders):
+    pytest.importorskip("ipywidgets")
+    import re
+
+    from loaderlib.profiling import Dashboard
+
+    a, b = folders
+    mix = ll.MixtureDataset([a, b], [0.25, 0.75], size=12, seed=0)
+    loader = ll.DataLoader(mix.transform_first(CHAIN), batch_size=4, profile=True)
+    dash = Dashboard(loader, autostart=False)
+    for _ in loader:
+        pass
+    dash.update()
+    heads = re.findall(r"<th[^>]*>(.*?)</th>", dash.figures.value)
+    vals = re.findall(r"<td[^>]*>(.*?)</td>", dash.figures.value)
+    assert dict(zip(heads, vals))["per source"] == "[0] 3, [1] 9"
+    assert list(loader.stats.sources.values()) == [3, 9]
+    dash.close()
+    loader.close()
