@@ -404,3 +404,29 @@ def test_dashboard_counts_per_source(folders):
     assert list(loader.stats.sources.values()) == [3, 9]
     dash.close()
     loader.close()
+
+
+def test_record_shards_mix_natively(folders, tmp_path):
+    """Two record files (one of them in two shards): the SHARDS reads of both go through one
+    kernel pass, and equal the threads engine's (each record read from Python)."""
+    a, b = folders
+    ra = ll.RecordFileDataset(ll.write_records(tmp_path / "a", a.paths, a.labels.tolist(), shard_size=20_000))
+    rb = ll.RecordFileDataset(ll.write_records(tmp_path / "b", b.paths, b.labels.tolist()))
+    mix = ll.MixtureDataset([ra, rb], [0.5, 0.5], size=12, seed=3)
+    native = ll.DataLoader(mix.transform_first(CHAIN), batch_size=4, seed=1, num_threads=2)
+    tail = ll.DataLoader(mix.transform_first(T.Compose([*CHAIN.steps, lambda x: x])), batch_size=4, seed=1)
+    assert (native.engine, tail.engine) == ("native", "threads")
+    for _ in range(2):
+        got = [tuple(np.array(p).copy() for p in q) for q in native]
+        want = [tuple(np.array(p) for p in q) for q in tail]
+        assert len(got) == len(want) == 3
+        assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(got, want))
+
+
+def test_mixed_kinds_run_on_threads(folders, tmp_path):
+    a, b = folders
+    rb = ll.RecordFileDataset(ll.write_records(tmp_path / "b", b.paths, b.labels.tolist()))
+    loader = ll.DataLoader(ll.MixtureDataset([a, rb], seed=0).transform_first(CHAIN), batch_size=4)
+    assert loader.engine == "threads"
+    assert "read in different ways (0: files, 1: shards)" in loader.explain()
+    assert sum(len(x) for x, _ in loader) == len(a) + len(rb)
