@@ -16,7 +16,7 @@ and their ratio are printed. Expected (issue 37): the mixture at >= 0.95x one fo
 
 Usage::
 
-    python benchmarks/mixture.py [--data DIR] [--rounds 5] [--epochs 3] [--threads N]
+    python benchmarks/mixture.py [--data DIR] [--rounds 15] [--epochs 1] [--threads N]
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def _epochs(loader, n: int) -> tuple[int, float, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--data", help="image folder; default: the cached demo dataset")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
 
