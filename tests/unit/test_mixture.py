@@ -430,3 +430,18 @@ def test_mixed_kinds_run_on_threads(folders, tmp_path):
     assert loader.engine == "threads"
     assert "read in different ways (0: files, 1: shards)" in loader.explain()
     assert sum(len(x) for x, _ in loader) == len(a) + len(rb)
+
+
+def test_workers_with_a_native_prefix_read_the_epoch(folders):
+    """num_workers=2 with a Python tail: each worker binds the mixture's native source to the
+    task's epoch and gives the threads engine's samples."""
+    a, b = folders
+    mix = ll.MixtureDataset([a, b], [1, 2], size=12, seed=2)
+    chain = T.Compose([*CHAIN.steps, lambda x: x])
+    with ll.DataLoader(mix.transform_first(chain), batch_size=4, seed=0, num_workers=2) as workers:
+        threads = ll.DataLoader(mix.transform_first(chain), batch_size=4, seed=0)
+        assert (workers.engine, threads.engine) == ("processes", "threads")
+        for _ in range(2):
+            pairs = list(zip(workers, threads))
+            assert len(pairs) == 3
+            assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in pairs)
