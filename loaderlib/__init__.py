@@ -46,7 +46,7 @@ from .errors import (
 from .loader import DataLoader
 from .pipeline import Pipeline
 from .recordio import ImageRecordDataset
-from .records import RecordFileDataset, write_records
+from .records import PackReport, RecordFileDataset, pack, write_records
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
 from .stats import Stats
 from .webdataset import WebDataset
@@ -68,6 +68,7 @@ __all__ = [
     "ImageRecordDataset",
     "LoaderError",
     "LoaderTimeoutError",
+    "PackReport",
     "Pipeline",
     "RandomSampler",
     "RecordFileDataset",
@@ -93,6 +94,7 @@ __all__ = [
     "default_num_threads",
     "get_worker_info",
     "jpeg_info",
+    "pack",
     "sampler",
     "to_device",
     "transforms",
