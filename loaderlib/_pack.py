@@ -21,7 +21,15 @@ import numpy as np
 from . import _threads
 from ._ext import _pack
 from ._ext._jpeg import Status
-from .decoding import DEFAULT_MAX_PIXELS, RAW_MAGIC, decode, raw_record, status_message, status_tables, strict_level
+from .decoding import (
+    DEFAULT_MAX_PIXELS,
+    RAW_MAGIC,
+    decode,
+    raw_record,
+    status_message,
+    status_tables,
+    strict_level,
+)
 from .errors import DecodeError, DecodeWarning
 
 __all__ = ["KINDS", "PackOptions", "PackedItem", "pack_batch", "stored_size"]

@@ -37,10 +37,10 @@ from ._extract.remote.files import RemoteFiles, remote_files
 from ._extract.remote.store import expand_urls
 from ._extract.shardfiles import ShardFiles
 from ._extract.source import NativeSource, SourceKind
-from .datasets import Dataset, _check_index, _read_file
 from ._pack import PackOptions, pack_batch
+from .datasets import Dataset, _check_index, _read_file
 from .decoding import decode
-from .errors import DecodeError, LoaderError, SkipWarning
+from .errors import LoaderError, SkipWarning
 
 __all__ = ["INDEX_EXT", "RECORD_EXT", "PackReport", "RecordFileDataset", "pack", "parse_size", "record_paths",
            "write_records"]
