@@ -44,6 +44,7 @@ import os
 import statistics
 import sys
 import time
+import zlib
 
 import numpy as np
 
@@ -136,7 +137,7 @@ def main() -> None:
     print(f"loader: RN50 float train chain (RandomResizedCrop(S), flip, Normalize, ToCHW), batch 64, "
           f"{a.threads} threads, {a.epochs} epochs after a warm-up epoch, {a.rounds} interleaved rounds; "
           "the machine may be shared with other work")
-    out_dir = os.path.join(HERE, "out", f"packs-{abs(hash(root)) % 10**6}")
+    out_dir = os.path.join(HERE, "out", f"packs-{zlib.crc32(os.path.abspath(root).encode()):08x}")
     os.makedirs(out_dir, exist_ok=True)
     folder = ll.ImageFolderDataset(root)
     bytes_in = sum(os.path.getsize(p) for p, _ in folder.items)

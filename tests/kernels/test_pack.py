@@ -356,3 +356,52 @@ def test_damaged_raw_record_is_a_named_error(folder, tmp_path, damage):
         skipped = DataLoader(ll.RecordFileDataset(tmp_path / "bad").transform_first(T.RandomResizedCrop(16)),
                              batch_size=2, num_threads=2, on_error="skip")
         assert sum(len(x) for x, _ in skipped) == 1
+
+
+@pytest.mark.parametrize("chain", ["rrc", "resize-rrc"])
+def test_mutated_packed_records_never_crash(folder, tmp_path, chain):
+    """Random bytes in the first 48 bytes of packed JPEG and raw records (the APP9 segment with
+    the original size, the raw header) and cut records: each gives a sample or an error naming
+    it, never a crash, on one and two stages (an absurd original size meets the intermediate
+    image guard)."""
+    ll.pack(folder, tmp_path / "p", max_side=48, raw_below=2000, progress=False)
+    ds = ll.RecordFileDataset(tmp_path / "p")
+    assert set(ds.kinds) == {"jpeg", "raw"}
+    rng = np.random.default_rng(1)
+    bad = []
+    for k in range(160):
+        rec = bytearray(ds.read(k % len(ds)))
+        for _ in range(int(rng.integers(1, 4))):
+            rec[int(rng.integers(0, min(len(rec), 48)))] = int(rng.integers(0, 256))
+        if rng.random() < 0.25:
+            rec = rec[:int(rng.integers(0, len(rec) + 1))]
+        bad.append(bytes(rec))
+    ll.write_records(tmp_path / "m", bad)
+    steps = [T.Resize(40), T.RandomResizedCrop(16)] if chain == "resize-rrc" else [T.RandomResizedCrop(16)]
+    mutated = ll.RecordFileDataset(tmp_path / "m").transform_first(T.Compose([*steps, T.Normalize(MEAN, STD)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = DataLoader(mutated, batch_size=16, num_threads=2, on_error="skip")
+        n = sum(len(x) for x, _ in loader)
+    assert 0 < n < len(bad)
+    assert all(e.index is not None and e.source == f"record {e.index}" for e in loader.errors)
+
+
+def test_mutated_sources_never_crash_pack(folder, tmp_path):
+    src = ll.ImageFolderDataset(folder)
+    rng = np.random.default_rng(2)
+    blobs = []
+    for k in range(60):
+        data = bytearray(open(src.items[k % len(src)][0], "rb").read())
+        for _ in range(int(rng.integers(1, 6))):
+            data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        if rng.random() < 0.3:
+            data = data[:int(rng.integers(0, len(data) + 1))]
+        blobs.append(bytes(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        written = ll.write_records(tmp_path / "o", blobs, max_side=64, raw_below=1500, reencode=True,
+                                   on_error="skip", num_threads=2)
+    ds = ll.RecordFileDataset(written[0])
+    assert 0 < len(ds) <= len(blobs)
+    assert all(max(s) <= 64 for s in ds.stored_sizes.tolist())
