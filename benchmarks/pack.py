@@ -128,8 +128,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     a = p.parse_args()
 
-    import loaderlib as ll
     from _report import machine_summary
+
+    import loaderlib as ll
 
     root = a.data or make_data(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
     print(machine_summary())
