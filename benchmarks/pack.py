@@ -13,10 +13,12 @@ every image). For each:
 
 - pack time: ``ll.pack(..., num_threads=--threads)``, wall time of the whole call, and the
   bytes written;
-- loader throughput: the ResNet-50 float training chain (``RandomResizedCrop(S)``, flip,
+- loader throughput and CPU: the ResNet-50 float training chain (``RandomResizedCrop(S)``, flip,
   ``Normalize``, ``ToCHW``; float32 CHW) at S = 224 and 160, ``batch_size=64``,
   ``num_threads=--threads``, consumed by an infinitely fast model (iterate and drop); each
-  measurement builds a loader, runs one warm-up epoch, then times ``--epochs`` epochs. The
+  measurement builds a loader, runs one warm-up epoch, then times ``--epochs`` epochs (wall
+  time, and the process's CPU time over all its threads, per image: on a machine shared with
+  other work the CPU per image is the steadier figure of what an image costs). The
   variants alternate within each of ``--rounds`` rounds; a figure is the median over rounds and
   the ratio is the median of the per-round ratios to the unpacked folder measured in the
   same round;
@@ -89,7 +91,9 @@ def train_chain(size: int):
     return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.Normalize(MEAN, STD), T.ToCHW()])
 
 
-def rate(ds, size: int, threads: int, epochs: int) -> float:
+def rate(ds, size: int, threads: int, epochs: int) -> tuple[float, float]:
+    """Images/s over ``epochs`` warm epochs, and the process's CPU milliseconds per image (every
+    thread's: what the images cost whatever else runs on the machine)."""
     from loaderlib import DataLoader
 
     loader = DataLoader(ds.transform_first(train_chain(size)), batch_size=64, shuffle=True, num_threads=threads,
@@ -97,11 +101,11 @@ def rate(ds, size: int, threads: int, epochs: int) -> float:
     try:
         for _ in loader:   # warm-up epoch: arena slots touched, files in the page cache
             pass
-        n, t0 = 0, time.perf_counter()
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
         for _ in range(epochs):
             for x, _ in loader:
                 n += len(x)
-        return n / (time.perf_counter() - t0)
+        return n / (time.perf_counter() - t0), (time.process_time() - c0) / n * 1e3
     finally:
         loader.close()
 
@@ -154,15 +158,19 @@ def main() -> None:
 
     rates: dict[tuple[str, int], list[float]] = {}
     ratios: dict[tuple[str, int], list[float]] = {}
+    cpus: dict[tuple[str, int], list[float]] = {}
+    cpu_ratios: dict[tuple[str, int], list[float]] = {}
     for r in range(a.rounds):
         for size in SIZES:
-            base = None
+            base = cbase = 1.0
             for name, ds in dsets.items():
-                v = rate(ds, size, a.threads, a.epochs)
+                v, c = rate(ds, size, a.threads, a.epochs)
                 rates.setdefault((name, size), []).append(v)
+                cpus.setdefault((name, size), []).append(c)
                 if name == "folder":
-                    base = v
+                    base, cbase = v, c
                 ratios.setdefault((name, size), []).append(v / base)
+                cpu_ratios.setdefault((name, size), []).append(cbase / c)
         print(f"round {r + 1}: " + ", ".join(f"{n} {rates[(n, 224)][-1]:,.0f}" for n in dsets), flush=True)
 
     cost: dict[tuple[str, int], float] = {}
@@ -172,16 +180,22 @@ def main() -> None:
             cost[(name, size)] = float(np.abs(crops(ds, size, a.threads).astype(np.int16) - ref).mean())
 
     print()
-    print("| variant | pack s | MB | img/s 224 | x folder 224 | img/s 160 | x folder 160 | MAD 224 | MAD 160 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| variant | pack s | MB | img/s 224 | x folder | CPU ms/img 224 | x folder | img/s 160 | x folder | "
+          "CPU ms/img 160 | x folder | MAD 224 | MAD 160 |")
+    print("|---|" + "---:|" * 12)
     for name in dsets:
         secs, nbytes = info[name]
         row = [name, f"{secs:.1f}" if secs else "-", f"{nbytes / 1e6:.1f}"]
         for size in SIZES:
-            row += [f"{statistics.median(rates[(name, size)]):,.0f}", f"{statistics.median(ratios[(name, size)]):.2f}"]
+            key = (name, size)
+            row += [f"{statistics.median(rates[key]):,.0f}", f"{statistics.median(ratios[key]):.2f}x",
+                    f"{statistics.median(cpus[key]):.3f}", f"{statistics.median(cpu_ratios[key]):.2f}x"]
         row += [f"{cost[(name, s)]:.2f}" for s in SIZES]
         print("| " + " | ".join(row) + " |")
-    print("\nMAD: mean absolute difference (levels of 255) of the uint8 RandomResizedCrop + flip crops against the "
+    print("\nx folder: the median over rounds of the ratio to the folder measured in the same round (for CPU, "
+          "the folder's CPU per image over the variant's). CPU ms/img: the process's CPU time (all threads) "
+          "per image while the epochs ran.")
+    print("MAD: mean absolute difference (levels of 255) of the uint8 RandomResizedCrop + flip crops against the "
           "original files decoded at full scale, same seed.")
 
 
