@@ -405,3 +405,16 @@ def test_mutated_sources_never_crash_pack(folder, tmp_path):
     ds = ll.RecordFileDataset(written[0])
     assert 0 < len(ds) <= len(blobs)
     assert all(max(s) <= 64 for s in ds.stored_sizes.tolist())
+
+
+def test_write_records_unreadable_path_raises_or_skips(folder, tmp_path):
+    paths = [p for p, _ in ll.ImageFolderDataset(folder).items][:3]
+    missing = str(tmp_path / "gone.jpg")
+    with pytest.raises(ll.LoaderError, match=r"cannot read item 1 .*gone\.jpg"):
+        ll.write_records(tmp_path / "o", [paths[0], missing, paths[1]], [0, 1, 2], max_side=64)
+    assert not os.path.exists(tmp_path / "o.llrec")
+    with pytest.warns(ll.SkipWarning, match=r"gone\.jpg"):
+        ll.write_records(tmp_path / "o", [paths[0], missing, paths[1]], [0, 1, 2], on_error="skip")
+    ds = ll.RecordFileDataset(tmp_path / "o")
+    assert ds.keys == [paths[0], paths[1]] and ds.labels.tolist() == [0, 2] and ds.kinds == ["file", "file"]
+    assert (ds.original_sizes == -1).all()   # written without pack's options: sizes unknown
