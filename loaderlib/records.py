@@ -233,6 +233,12 @@ class PackReport:
         return self.bytes_in - self.bytes_out
 
 
+def _check_free(base: str, sharded: bool) -> None:
+    for p in record_paths((f"{base}-00000" if sharded else base) + RECORD_EXT):
+        if os.path.exists(p):
+            raise FileExistsError(f"{p!r} exists; pass overwrite=True (--force) to replace it")
+
+
 def _base_name(path: str | os.PathLike) -> str:
     base = os.fspath(path)
     for ext in (RECORD_EXT, INDEX_EXT, ".rec", ".idx"):
@@ -309,9 +315,7 @@ def _write(path: str | os.PathLike, items: Iterable[Any], labels: Sequence[int] 
             if seq is not None and len(seq) != len(items):
                 raise ValueError(f"write_records: {len(items)} records but {len(seq)} {what}")
     if not overwrite:   # before any work: the first shard's names
-        for p in record_paths((f"{base}-00000" if limit is not None else base) + RECORD_EXT):
-            if os.path.exists(p):
-                raise FileExistsError(f"{p!r} exists; pass overwrite=True (--force) to replace it")
+        _check_free(base, limit is not None)
     packing = opts.changes_images
     batch = 16 * _threads.resolve_num_threads(num_threads) if packing else 1
     report = PackReport()
@@ -446,6 +450,8 @@ def pack(image_dir: str | os.PathLike, out: str | os.PathLike, *, max_side: int 
     root = os.fspath(image_dir)
     if not os.path.isdir(root):
         raise NotADirectoryError(f"{root!r} is not a folder")
+    if not overwrite:
+        _check_free(_base_name(out), shard_size is not None)
     ds = ImageFolderDataset(root)
     if not len(ds):
         raise ValueError(f"no images under {root!r}")
