@@ -92,6 +92,7 @@ RUNS: dict[str, tuple[list[str], object]] = {
     "instrumentation.py": (["--data", DATA, "--rounds", "1", "--threads", "1", "--epochs-per-round", "1"], None),
     "loader.py": (["--data", DATA, "--images", "64", "--threads", "1", "--workers", "1", "--repeat", "1"], None),
     "pipeline.py": (["--data", DATA, "--images", "64", "--rounds", "1", "--epochs", "2"], None),
+    "pack.py": (["--data", DATA, "--rounds", "1", "--epochs", "1", "--threads", "1"], None),
     "ray_map_batches.py": (["--images", "32", "--rounds", "1", "--batch-size", "16"], _needs("ray", "ray[data]")),
     "remote_loader.py": (["--images", "32", "--rounds", "1", "--epochs", "1", "--threads", "1"], None),
     "remote_protocols.py": (["--shards", "2", "--shard-mb", "1", "--ranges", "16", "--rounds", "1", "--conc", "1,4"],

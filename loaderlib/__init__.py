@@ -47,7 +47,7 @@ from .errors import (
 from .loader import DataLoader
 from .pipeline import Pipeline
 from .recordio import ImageRecordDataset
-from .records import RecordFileDataset, write_records
+from .records import PackReport, RecordFileDataset, pack, write_records
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
 from .stats import Stats
 from .webdataset import WebDataset
@@ -70,6 +70,7 @@ __all__ = [
     "LoaderError",
     "LoaderTimeoutError",
     "MixtureDataset",
+    "PackReport",
     "Pipeline",
     "RandomSampler",
     "RecordFileDataset",
@@ -95,6 +96,7 @@ __all__ = [
     "default_num_threads",
     "get_worker_info",
     "jpeg_info",
+    "pack",
     "sampler",
     "to_device",
     "transforms",

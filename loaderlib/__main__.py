@@ -3,7 +3,9 @@
 ``bench``: the profiling harness (its options and code live in ``loaderlib.profiling.cli``,
 imported only when this subcommand runs: the core never imports profiling otherwise).
 ``pack IMAGE_DIR OUT``: pack an image folder (one sub-folder per class) into record shards
-(``OUT.llrec`` plus ``OUT.llidx``), readable with :class:`loaderlib.RecordFileDataset`.
+(``OUT.llrec`` plus ``OUT.llidx``), readable with :class:`loaderlib.RecordFileDataset`;
+``--max-side N --quality Q [--raw-below PIXELS] [--reencode]`` store images at a capped
+resolution (:func:`loaderlib.pack`).
 ``doctor``: what this installation was built with and why the defaults are what they are.
 
 Exit status: 0 success, 1 the command failed (a message says why), 2 bad command line (one
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
 import warnings
@@ -32,6 +33,10 @@ EXAMPLES = f"""examples:
 PACK_EXAMPLES = f"""examples:
   {PROG} pack photos/ photos                     writes photos.llrec and photos.llidx
   {PROG} pack ~/imagenet/train train --shard-size 1GB --force
+  {PROG} pack ~/imagenet/train train256 --max-side 256 --quality 90 --shard-size 1GB
+                                      longer sides over 256 px resized, re-encoded at q90
+  {PROG} pack photos/ small --max-side 160 --raw-below 30000
+                                      images under 30,000 pixels stored as raw pixels
 then read it with:  loaderlib.RecordFileDataset("train-*.llrec")
 """
 
@@ -56,6 +61,46 @@ def _shard_size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _max_side(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of pixels, got {text!r}") from None
+    if v < 16:
+        raise argparse.ArgumentTypeError(f"must be at least 16 pixels, got {v}")
+    return v
+
+
+def _quality(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a JPEG quality from 1 to 100, got {text!r}") from None
+    if not 1 <= v <= 100:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 100, got {v}")
+    return v
+
+
+def _pixels(text: str) -> int:
+    try:
+        v = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a pixel count, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
+def _threads(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of threads, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
 
 
 def _seconds(text: str) -> float:
@@ -101,6 +146,20 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                   "--shard-size)")
     pack.add_argument("--shard-size", type=_shard_size, default=None, metavar="SIZE",
                       help="start a new shard every SIZE bytes (e.g. 1GB)")
+    pack.add_argument("--max-side", type=_max_side, default=None, metavar="N",
+                      help="resize images whose longer side exceeds N pixels (at least 16), antialiased, and "
+                           "re-encode them; records keep the original size")
+    pack.add_argument("--quality", type=_quality, default=90, metavar="Q",
+                      help="JPEG quality of re-encoded images, 1-100 (default 90)")
+    pack.add_argument("--raw-below", type=_pixels, default=0, metavar="PIXELS",
+                      help="store images of fewer stored pixels than this as raw pixels (no decode when loading)")
+    pack.add_argument("--reencode", action="store_true",
+                      help="re-encode images within --max-side too (default: keep their bytes)")
+    pack.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                      help="an image that cannot be read or decoded: stop (raise, the default; nothing is written) "
+                           "or leave it out (skip)")
+    pack.add_argument("--threads", type=_threads, default=None, metavar="N",
+                      help="threads that pack images (default: the available CPUs)")
     pack.add_argument("--force", action="store_true", help="replace existing output files")
     pack.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -118,33 +177,36 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _pack(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
-
-    from .datasets import ImageFolderDataset
     from .errors import LoaderError
-    from .records import write_records
+    from .records import pack
 
-    if not os.path.isdir(args.image_dir):
-        print(f"error: {args.image_dir!r} is not a folder", file=sys.stderr)
-        return 1
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ds = ImageFolderDataset(args.image_dir)
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-    if not len(ds):
-        print(f"error: no images under {args.image_dir!r}", file=sys.stderr)
-        return 1
-    paths = [path for path, _ in ds.items]
-    try:
-        written = write_records(args.out, tqdm(paths, desc="packing", unit="img", disable=args.quiet), ds.labels,
-                                synsets=ds.synsets, overwrite=args.force, shard_size=args.shard_size)
-    except (OSError, LoaderError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    shards = written if isinstance(written, list) else [written]
-    print(f"packed {len(paths)} images in {len(ds.synsets)} classes into {len(shards)} shard(s): "
+        try:
+            report = pack(args.image_dir, args.out, max_side=args.max_side, quality=args.quality,
+                          raw_below=args.raw_below, reencode=args.reencode, shard_size=args.shard_size,
+                          overwrite=args.force, on_error=args.on_error, num_threads=args.threads,
+                          progress=not args.quiet)
+        except FileExistsError as e:
+            print(f"error: {str(e).replace('pass overwrite=True (--force)', 'pass --force')}", file=sys.stderr)
+            return 1
+        except (OSError, LoaderError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        finally:
+            for w in caught:
+                print(f"warning: {w.message}", file=sys.stderr)
+    shards = report.shards
+    mb_in, mb_out = report.bytes_in / 1e6, report.bytes_out / 1e6
+    kinds = ", ".join(f"{v} {k}" for k, v in report.kinds.items() if v)
+    print(f"packed {report.images} images in {report.classes} classes into {len(shards)} shard(s): "
           f"{shards[0][0]}{' ...' if len(shards) > 1 else ''}")
+    saved = report.bytes_saved
+    share = f" ({100 * saved / report.bytes_in:.0f}%)" if report.bytes_in else ""
+    print(f"{mb_in:,.1f} MB in, {mb_out:,.1f} MB out: {saved / 1e6:,.1f} MB saved{share}; records: {kinds}; "
+          f"{report.seconds:.1f} s ({report.images / max(report.seconds, 1e-9):,.0f} images/s)")
+    if report.skipped:
+        print(f"skipped {len(report.skipped)} image(s) that could not be read or decoded (listed above)")
     return 0
 
 

@@ -46,6 +46,10 @@ __all__ = [
 #: MAX_IMAGE_PIXELS of 89,478,485): about 179 megapixels, 537 MB as RGB.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
 
+#: The first bytes of a raw record (NOTE [ Packed records ] in pyx/include/ll_record.h).
+RAW_MAGIC = b"LLRAW\x01\x00\x00"
+_RAW_HEADER = 32
+
 _SUBSAMPLING = {444: "4:4:4", 422: "4:2:2", 420: "4:2:0", 440: "4:4:0", 411: "4:1:1", 410: "4:1:0", 0: "gray"}
 _INFO_COL = {name: k for k, name in enumerate(_jpeg.INFO_FIELDS)}
 
@@ -302,10 +306,12 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
     ``ceil(W/denom) x ceil(H/denom)`` and the crop box's scaled region is sliced from it.
     Raises DecodeError (without index/source; the caller adds them).
     """
-    from ._opencv import cv2
-
     buf = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data.reshape(-1)
     head = bytes(buf[:12])
+    if head.startswith(RAW_MAGIC):   # NOTE [ Packed records ] in pyx/include/ll_record.h
+        return _scale_crop(_raw_pixels(buf, mode, max_pixels), denom, crop)
+    from ._opencv import cv2
+
     kind = next((name for magic, name in _OPENCV_MAGIC if head.startswith(magic)), None)
     if kind == "WebP" and head[8:12] != b"WEBP":
         kind = None
@@ -334,8 +340,51 @@ def _decode_opencv(data: Any, mode: int, denom: int, crop: tuple, max_pixels: in
     elif mode == 0 and rgb_flag is None:
         for r in range(0, img.shape[0], 64):   # BGR -> RGB in place, 64 rows of scratch at a time
             img[r:r + 64] = img[r:r + 64, :, ::-1]
+    return _scale_crop(img, denom, crop)
+
+
+def raw_record(data: Any) -> tuple[np.ndarray, tuple[int, int]]:
+    """The pixels of a raw record (a read-only HWC uint8 view, RGB or one channel) and its
+    original ``(width, height)``; NOTE [ Packed records ] in pyx/include/ll_record.h, whose
+    parser this one follows. Raises DecodeError saying what is wrong with a bad record."""
+    buf = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data.reshape(-1)
+    n = buf.nbytes
+    if n < _RAW_HEADER or bytes(buf[:8]) != RAW_MAGIC:
+        raise DecodeError(f"raw record of {n} bytes is shorter than its {_RAW_HEADER}-byte header" if
+                          bytes(buf[:8]) == RAW_MAGIC[:n] else "not a raw record")
+    h, w, c, oh, ow = (int(v) for v in np.frombuffer(buf[8:28], "<u4"))
+    lim = 1 << 20
+    if not (1 <= h <= lim and 1 <= w <= lim and c in (1, 3) and 1 <= oh <= lim and 1 <= ow <= lim):
+        raise DecodeError(f"raw record header is damaged ({w}x{h}x{c} pixels, original {ow}x{oh})")
+    if n != _RAW_HEADER + h * w * c:
+        raise DecodeError(f"raw record of {w}x{h}x{c} pixels needs {_RAW_HEADER + h * w * c} bytes, has {n} "
+                          "(truncated?)")
+    return np.frombuffer(buf, np.uint8, h * w * c, _RAW_HEADER).reshape(h, w, c), (ow, oh)
+
+
+def _raw_pixels(buf: Any, mode: int, max_pixels: int) -> np.ndarray:
+    """A raw record's pixels in ``mode`` (NOTE [ Raw records need no decode ] in
+    pyx/include/ll_chain.h: the same channel conversions)."""
+    px, _ = raw_record(buf)
+    h, w, c = px.shape
+    if max_pixels and h * w > max_pixels:
+        raise DecodeError(f"raw record of {w}x{h} = {w * h} pixels, more than max_pixels={max_pixels}")
+    if mode == 2:
+        if c == 1:
+            return px.copy()
+        luma = px.astype(np.int32) @ np.array([4899, 9617, 1868], np.int32)
+        return ((luma + (1 << 13)) >> 14).astype(np.uint8)[:, :, None]
+    if c == 1:
+        return np.repeat(px, 3, axis=2)
+    return np.ascontiguousarray(px[:, :, ::-1]) if mode == 1 else px.copy()
+
+
+def _scale_crop(img: np.ndarray, denom: int, crop: tuple) -> np.ndarray:
+    """A decoded image at ``1/denom`` (INTER_AREA) cut to the scaled crop box."""
     H, W = img.shape[:2]
     if denom > 1:
+        from ._opencv import cv2
+
         sw, sh = math.ceil(W / denom), math.ceil(H / denom)
         img = cv2.resize(np.ascontiguousarray(img), (sw, sh), interpolation=cv2.INTER_AREA)
         if img.ndim == 2:

@@ -8,7 +8,10 @@ identifier, the data file's size, per-record offsets, sizes, labels and keys, th
 names, and a CRC-32 of all of those. Opening a shard checks the magic, that both files carry
 the same identifier (two ``pack`` runs racing to one name can never pair one's data with the
 other's index), the size, the checksum, and that every record lies inside the data file; a
-failure names the file and the record. Writing goes to unique temporary names in the target
+failure names the file and the record. Shards written by :func:`pack` (or ``write_records``
+with ``max_side`` / ``raw_below`` / ``reencode``) also hold, per record, its original size,
+its stored size and what it is (``file``, ``jpeg`` or ``raw``: NOTE [ Packed records ] in
+``pyx/include/ll_record.h``), covered by the checksum. Writing goes to unique temporary names in the target
 folder, is fsynced, and is published with ``link`` (refusing to overwrite unless asked) or
 ``rename``. The pre-2 format (``NAME.rec`` + ``NAME.idx`` without header) is still read. An
 MXNet RecordIO ``.rec`` is recognised by its magic number and pointed to
@@ -19,22 +22,28 @@ from __future__ import annotations
 
 import glob
 import os
+import time
+import warnings
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from . import _threads
 from ._checks import parse_bytes
 from ._extract.remote.files import RemoteFiles, remote_files
 from ._extract.remote.store import expand_urls
 from ._extract.shardfiles import ShardFiles
 from ._extract.source import NativeSource, SourceKind
+from ._pack import PackOptions, pack_batch
 from .datasets import Dataset, _check_index, _read_file
 from .decoding import decode
-from .errors import LoaderError
+from .errors import LoaderError, SkipWarning
 
-__all__ = ["INDEX_EXT", "RECORD_EXT", "RecordFileDataset", "parse_size", "record_paths", "write_records"]
+__all__ = ["INDEX_EXT", "RECORD_EXT", "PackReport", "RecordFileDataset", "pack", "parse_size", "record_paths",
+           "write_records"]
 
 RECORD_EXT, INDEX_EXT = ".llrec", ".llidx"
 _MAGIC = b"LLREC\x02\x00\x00"
@@ -62,12 +71,19 @@ def record_paths(path: str | os.PathLike) -> tuple[str, str]:
     return p + RECORD_EXT, p + INDEX_EXT
 
 
+_META = ("orig_sizes", "stored_sizes", "kinds")   # the per-record facts of a packed shard
+
+
 def _checksum(offsets: np.ndarray, sizes: np.ndarray, labels: np.ndarray, keys: Sequence[str],
-              ident: str, data_size: int) -> int:
+              ident: str, data_size: int, meta: dict | None = None) -> int:
     c = zlib.crc32(np.ascontiguousarray(offsets, np.int64).tobytes())
     c = zlib.crc32(np.ascontiguousarray(sizes, np.int64).tobytes(), c)
     c = zlib.crc32(np.ascontiguousarray(labels, np.int64).tobytes(), c)
     c = zlib.crc32("\0".join(keys).encode("utf-8", "surrogateescape"), c)
+    if meta is not None:
+        c = zlib.crc32(np.ascontiguousarray(meta["orig_sizes"], np.int64).tobytes(), c)
+        c = zlib.crc32(np.ascontiguousarray(meta["stored_sizes"], np.int64).tobytes(), c)
+        c = zlib.crc32("\0".join(str(k) for k in meta["kinds"]).encode(), c)
     return zlib.crc32(f"{ident}:{data_size}".encode(), c)
 
 
@@ -123,7 +139,8 @@ class _ShardWriter:
         self.sizes.append(n)
         self.off += n
 
-    def finish(self, labels: np.ndarray, keys: list[str], synsets: Sequence[str], overwrite: bool) -> tuple[str, str]:
+    def finish(self, labels: np.ndarray, keys: list[str], synsets: Sequence[str], overwrite: bool,
+               meta: dict | None = None) -> tuple[str, str]:
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
@@ -133,11 +150,14 @@ class _ShardWriter:
 
         fd, self.tmp_index = tempfile.mkstemp(prefix=f".{os.path.basename(self.index_path)}.", suffix=".tmp",
                                               dir=folder)
+        extra = {} if meta is None else {"orig_sizes": np.asarray(meta["orig_sizes"], np.int64).reshape(-1, 2),
+                                         "stored_sizes": np.asarray(meta["stored_sizes"], np.int64).reshape(-1, 2),
+                                         "kinds": np.asarray(meta["kinds"], dtype=str)}
         with os.fdopen(fd, "wb") as f:
             np.savez(f, version=np.int64(_VERSION), ident=np.asarray(self.ident), data_size=np.int64(self.off),
                      offsets=offsets, sizes=sizes, labels=labels, keys=np.asarray(keys, dtype=str),
                      synsets=np.asarray(list(synsets), dtype=str),
-                     checksum=np.int64(_checksum(offsets, sizes, labels, keys, self.ident, self.off)))
+                     checksum=np.int64(_checksum(offsets, sizes, labels, keys, self.ident, self.off, meta)), **extra)
             f.flush()
             os.fsync(f.fileno())
         _publish(self.tmp_data, self.data_path, overwrite)
@@ -159,24 +179,79 @@ class _ShardWriter:
                 os.unlink(t)
 
 
-def _blobs(items: Iterable[Any]) -> Iterator[tuple[Any, str]]:
+def _blobs(items: Iterable[Any]) -> Iterator[tuple[Any, str, str | None]]:
+    """Per item: its bytes (None when unreadable), its name, and why it could not be read."""
     for i, item in enumerate(items):
         if isinstance(item, (str, os.PathLike)):
             name = os.fspath(item)
             try:
-                yield _read_file(name), name
+                yield _read_file(name), name, None
             except OSError as e:
-                raise LoaderError(f"write_records: cannot read item {i} {name!r}: {e.strerror or e}") from None
+                yield None, name, f"cannot read item {i} {name!r}: {e.strerror or e}"
         else:
             try:
-                yield memoryview(item).cast("B"), f"record {i}"
+                yield memoryview(item).cast("B"), f"record {i}", None
             except TypeError:
                 raise TypeError(f"write_records: item {i} is {type(item).__name__}, not bytes or a path") from None
 
 
+@dataclass
+class PackReport:
+    """What :func:`pack` (or :func:`write_records`) wrote.
+
+    Attributes
+    ----------
+    shards : list of (str, str)
+        The ``(data, index)`` files written.
+    images : int
+        Records written.
+    skipped : list of (str, str)
+        ``(source, reason)`` of each image left out (``on_error="skip"``).
+    kinds : dict
+        Records per kind: ``"file"`` (the file's bytes), ``"jpeg"`` (resized or re-encoded),
+        ``"raw"`` (pixels).
+    bytes_in, bytes_out : int
+        Bytes of the written records' source files, and of the records.
+    seconds : float
+        Wall time of the whole call.
+    classes : int
+        Class folders (:func:`pack`).
+    """
+
+    shards: list = field(default_factory=list)
+    images: int = 0
+    skipped: list = field(default_factory=list)
+    kinds: dict = field(default_factory=lambda: {"file": 0, "jpeg": 0, "raw": 0})
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    classes: int = 0
+
+    @property
+    def bytes_saved(self) -> int:
+        """``bytes_in - bytes_out`` (negative when raw records outweigh their JPEGs)."""
+        return self.bytes_in - self.bytes_out
+
+
+def _check_free(base: str, sharded: bool) -> None:
+    for p in record_paths((f"{base}-00000" if sharded else base) + RECORD_EXT):
+        if os.path.exists(p):
+            raise FileExistsError(f"{p!r} exists; pass overwrite=True (--force) to replace it")
+
+
+def _base_name(path: str | os.PathLike) -> str:
+    base = os.fspath(path)
+    for ext in (RECORD_EXT, INDEX_EXT, ".rec", ".idx"):
+        if base.endswith(ext):
+            return base[:-len(ext)]
+    return base
+
+
 def write_records(path: str | os.PathLike, items: Iterable[Any], labels: Sequence[int] | None = None, *,
                   keys: Sequence[str] | None = None, synsets: Sequence[str] | None = None, overwrite: bool = False,
-                  shard_size: int | str | None = None) -> Any:
+                  shard_size: int | str | None = None, max_side: int | None = None, quality: int = 90,
+                  raw_below: int = 0, reencode: bool = False, on_error: str = "raise",
+                  num_threads: int | None = None) -> Any:
     """Pack encoded images into record shards (NOTE [ Record shard format ]).
 
     Parameters
@@ -187,9 +262,9 @@ def write_records(path: str | os.PathLike, items: Iterable[Any], labels: Sequenc
     items : iterable
         Each a bytes-like record, or a path whose file content becomes the record.
     labels : sequence of int, optional
-        One label per record (default 0).
+        One label per item (default 0).
     keys : sequence of str, optional
-        A name per record for error messages (default: the path for path items, else
+        A name per item for error messages (default: the path for path items, else
         ``"record <i>"``).
     synsets : sequence of str, optional
         Class names, stored in every index (``RecordFileDataset.synsets``).
@@ -197,52 +272,126 @@ def write_records(path: str | os.PathLike, items: Iterable[Any], labels: Sequenc
         Replace existing files (default: refuse with ``FileExistsError``).
     shard_size : int or str, optional
         Start a new shard once one holds this many bytes (``"1GB"``).
+    max_side : int, optional
+        Store images whose longer side exceeds this (at least 16) resized to it, antialiased,
+        and re-encoded at ``quality`` (NOTE [ Packing at a capped resolution ] in
+        ``pyx/include/ll_pack.h``). Records keep the original size, so the loader's crops
+        mean what they meant on the originals (NOTE [ Original coordinates ] in
+        ``pyx/include/ll_chain.h``). None (default): records are the items' bytes.
+    quality : int
+        JPEG quality (1 to 100) of re-encoded images.
+    raw_below : int
+        Store images whose stored pixel count is below this as raw pixels, which the loader
+        reads without decoding.
+    reencode : bool
+        Re-encode images within the cap too (default: keep their bytes).
+    on_error : {"raise", "skip"}
+        An item that cannot be read or, when packing, decoded: raise the error naming it
+        (nothing is written), or leave it out with a :class:`~loaderlib.SkipWarning`.
+    num_threads : int, optional
+        Threads that pack images (default: ``LOADERLIB_NUM_THREADS`` or the available CPUs);
+        the output does not depend on it.
 
     Returns
     -------
     ``(data_path, index_path)``, or a list of them with ``shard_size``.
     """
-    base = os.fspath(path)
-    for ext in (RECORD_EXT, INDEX_EXT, ".rec", ".idx"):
-        if base.endswith(ext):
-            base = base[:-len(ext)]
-            break
+    opts = PackOptions(max_side, quality, raw_below, reencode)
+    report = _write(path, items, labels, keys=keys, synsets=synsets, overwrite=overwrite, shard_size=shard_size,
+                    opts=opts, on_error=on_error, num_threads=num_threads)
+    return report.shards if shard_size is not None else report.shards[0]
+
+
+def _write(path: str | os.PathLike, items: Iterable[Any], labels: Sequence[int] | None, *,
+           keys: Sequence[str] | None, synsets: Sequence[str] | None, overwrite: bool,
+           shard_size: int | str | None, opts: PackOptions, on_error: str, num_threads: int | None) -> PackReport:
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    base = _base_name(path)
     limit = parse_size(shard_size) if shard_size is not None else None
     lab_all = None if labels is None else np.asarray(labels, dtype=np.int64).reshape(-1)
     if hasattr(items, "__len__"):
         for what, seq in (("labels", lab_all), ("keys", keys)):
             if seq is not None and len(seq) != len(items):
                 raise ValueError(f"write_records: {len(items)} records but {len(seq)} {what}")
-    out: list[tuple[str, str]] = []
+    if not overwrite:   # before any work: the first shard's names
+        _check_free(base, limit is not None)
+    packing = opts.changes_images
+    batch = 16 * _threads.resolve_num_threads(num_threads) if packing else 1
+    report = PackReport()
+    out = report.shards
     writer: _ShardWriter | None = None
-    names: list[str] = []
-    first = 0   # index of the shard's first record
-    n = 0
+    rec: dict[str, list] = {"labels": [], "keys": [], "orig_sizes": [], "stored_sizes": [], "kinds": []}
+    n = 0   # items seen
 
     def close_shard() -> None:
-        nonlocal writer, names, first
-        k = len(writer.offsets)
-        if lab_all is not None and lab_all.shape[0] < first + k:
+        nonlocal writer
+        meta = {k: rec[k] for k in _META} if packing else None
+        out.append(writer.finish(np.asarray(rec["labels"], np.int64), rec["keys"], synsets or [], overwrite, meta))
+        writer = None
+        for v in rec.values():
+            v.clear()
+
+    def label_of(i: int) -> int:
+        if lab_all is None:
+            return 0
+        if i >= lab_all.shape[0]:
             raise ValueError(f"write_records: more records than the {lab_all.shape[0]} labels given")
-        lab = np.zeros(k, np.int64) if lab_all is None else lab_all[first:first + k]
-        ks = names if keys is None else [str(x) for x in keys[first:first + k]]
-        out.append(writer.finish(lab, ks, synsets or [], overwrite))
-        writer, names, first = None, [], first + k
+        return int(lab_all[i])
+
+    def add(i: int, name: str, blob: Any, size_in: int, packed: Any) -> None:
+        nonlocal writer
+        if writer is None:
+            target = f"{base}-{len(out):05d}" if limit is not None else base
+            if not overwrite:
+                for p in record_paths(target + RECORD_EXT):
+                    if os.path.exists(p):
+                        raise FileExistsError(f"{p!r} exists; pass overwrite=True (--force) to replace it")
+            writer = _ShardWriter(target + RECORD_EXT)
+        writer.add(blob)
+        rec["labels"].append(label_of(i))
+        rec["keys"].append(name if keys is None else str(keys[i]))
+        kind = "file" if packed is None else packed.kind
+        rec["kinds"].append(kind)
+        rec["orig_sizes"].append(None if packed is None else packed.original_size)
+        rec["stored_sizes"].append(None if packed is None else packed.stored_size)
+        report.images += 1
+        report.kinds[kind] += 1
+        report.bytes_in += size_in
+        report.bytes_out += memoryview(blob).nbytes
+        if limit is not None and writer.off - _HEADER >= limit:
+            close_shard()
+
+    def fail(name: str, err: Exception) -> None:
+        if on_error == "raise":
+            raise err
+        report.skipped.append((name, getattr(err, "reason", None) or str(err)))
+        warnings.warn(f"write_records: skipped {name!r}: {report.skipped[-1][1]}", SkipWarning, stacklevel=4)
+
+    def flush(pending: list) -> None:
+        good = [(i, b, nm) for i, b, nm, why in pending if why is None]
+        packed = pack_batch([b for _, b, _ in good], [nm for _, _, nm in good], opts, num_threads) if packing \
+            else [None] * len(good)
+        results = dict(zip([i for i, _, _ in good], zip(good, packed)))
+        for i, b, nm, why in pending:
+            if why is not None:
+                fail(nm, LoaderError(f"write_records: {why}"))
+                continue
+            (_, blob, name), p = results[i]
+            if p is not None and p.error is not None:
+                fail(name, p.error)
+                continue
+            add(i, name, blob if p is None else p.data, memoryview(blob).nbytes, p)
 
     try:
-        for blob, name in _blobs(items):
-            if writer is None:
-                target = f"{base}-{len(out):05d}" if limit is not None else base
-                if not overwrite:
-                    for p in record_paths(target + RECORD_EXT):
-                        if os.path.exists(p):
-                            raise FileExistsError(f"{p!r} exists; pass overwrite=True (--force) to replace it")
-                writer = _ShardWriter(target + RECORD_EXT)
-            writer.add(blob)
-            names.append(name)
+        pending: list = []
+        for blob, name, why in _blobs(items):
+            pending.append((n, blob, name, why))
             n += 1
-            if limit is not None and writer.off - _HEADER >= limit:
-                close_shard()
+            if len(pending) >= batch:
+                flush(pending)
+                pending = []
+        flush(pending)
         if writer is None and not out:
             writer = _ShardWriter((f"{base}-00000" if limit is not None else base) + RECORD_EXT)
         if writer is not None:
@@ -258,7 +407,61 @@ def write_records(path: str | os.PathLike, items: Iterable[Any], labels: Sequenc
                 if os.path.exists(p):
                     os.unlink(p)
         raise
-    return out if limit is not None else out[0]
+    return report
+
+
+def pack(image_dir: str | os.PathLike, out: str | os.PathLike, *, max_side: int | None = None, quality: int = 90,
+         raw_below: int = 0, reencode: bool = False, shard_size: int | str | None = None, overwrite: bool = False,
+         on_error: str = "raise", num_threads: int | None = None, progress: bool = True) -> PackReport:
+    """Pack an image folder (one sub-folder per class) into record shards, optionally at a
+    capped resolution: what ``python -m loaderlib pack`` runs.
+
+    Parameters
+    ----------
+    image_dir : str or path
+        ``image_dir/<class>/<image>``, as :class:`~loaderlib.ImageFolderDataset` reads it.
+    out : str or path
+        Output name: ``OUT.llrec`` and ``OUT.llidx`` (``OUT-00000.llrec``, ... with ``shard_size``).
+    max_side, quality, raw_below, reencode, shard_size, overwrite, on_error, num_threads
+        As in :func:`write_records`.
+    progress : bool
+        Show a progress bar (``tqdm.auto``).
+
+    Returns
+    -------
+    PackReport
+        The shards, counts, bytes in and out (``bytes_saved``) and the time taken.
+
+    Raises
+    ------
+    ValueError
+        A bad option (the message names it and its command-line flag), or no images.
+    FileExistsError
+        The output exists and ``overwrite`` is False.
+    """
+    t0 = time.perf_counter()
+    opts = PackOptions(max_side, quality, raw_below, reencode)
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    from tqdm.auto import tqdm  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
+    from .datasets import ImageFolderDataset
+
+    root = os.fspath(image_dir)
+    if not os.path.isdir(root):
+        raise NotADirectoryError(f"{root!r} is not a folder")
+    if not overwrite:
+        _check_free(_base_name(out), shard_size is not None)
+    ds = ImageFolderDataset(root)
+    if not len(ds):
+        raise ValueError(f"no images under {root!r}")
+    paths = [p for p, _ in ds.items]
+    with tqdm(paths, desc="packing", unit="img", disable=not progress) as bar:
+        report = _write(out, bar, ds.labels, keys=None, synsets=ds.synsets, overwrite=overwrite,
+                        shard_size=shard_size, opts=opts, on_error=on_error, num_threads=num_threads)
+    report.classes = len(ds.synsets)
+    report.seconds = time.perf_counter() - t0
+    return report
 
 
 def _expand(paths: Any, remote: RemoteFiles | None = None) -> list[str]:
@@ -315,6 +518,12 @@ def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = No
     if sizes.shape[0] != n or labels.shape[0] != n or len(keys) != n:
         raise LoaderError(f"{index_path!r}: {n} offsets but {sizes.shape[0]} sizes, {labels.shape[0]} labels, "
                           f"{len(keys)} keys")
+    meta = None
+    if all(k in d for k in _META):
+        meta = {"orig_sizes": np.asarray(d["orig_sizes"], np.int64), "stored_sizes": np.asarray(d["stored_sizes"],
+                np.int64), "kinds": [str(k) for k in d["kinds"]]}
+        if meta["orig_sizes"].shape != (n, 2) or meta["stored_sizes"].shape != (n, 2) or len(meta["kinds"]) != n:
+            raise LoaderError(f"{index_path!r}: the packed-record sizes do not match its {n} records")
     start = 0
     if version == _VERSION:
         ident = str(d["ident"])
@@ -326,7 +535,7 @@ def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = No
         if int(d["data_size"]) != size:
             raise LoaderError(f"{data_path!r} has {size} bytes, its index expects {int(d['data_size'])} (truncated "
                               "or appended to?)")
-        if int(d["checksum"]) != _checksum(offsets, sizes, labels, keys, ident, size):
+        if int(d["checksum"]) != _checksum(offsets, sizes, labels, keys, ident, size, meta):
             raise LoaderError(f"{index_path!r}: checksum mismatch: the index was modified or damaged")
         start = _HEADER
     bad = np.flatnonzero((sizes < 0) | (offsets < start) | (offsets + sizes > size))
@@ -334,8 +543,11 @@ def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = No
         k = int(bad[0])
         raise LoaderError(f"{index_path!r}: record {k} ({keys[k]!r}) has offset {int(offsets[k])} and size "
                           f"{int(sizes[k])}, outside {data_path!r} ({size} bytes)")
+    if meta is None:   # not packed with pack's options: sizes unknown, every record its file's bytes
+        meta = {"orig_sizes": np.full((n, 2), -1, np.int64), "stored_sizes": np.full((n, 2), -1, np.int64),
+                "kinds": ["file"] * n}
     return {"offsets": offsets, "sizes": sizes, "labels": labels, "keys": keys,
-            "synsets": [str(s) for s in d["synsets"]]}
+            "synsets": [str(s) for s in d["synsets"]], **meta}
 
 
 class RecordFileDataset(ShardFiles, Dataset):
@@ -375,6 +587,14 @@ class RecordFileDataset(ShardFiles, Dataset):
         Per-record names (source paths when packed from files).
     synsets : list of str
         Class names stored at packing time (the first shard's).
+    original_sizes, stored_sizes : numpy.ndarray
+        int64 ``(n, 2)``: per record, ``(width, height)`` of the image it was packed from
+        and of the stored image; -1 in shards written without :func:`pack`'s options.
+        The native loader draws crops in original coordinates (NOTE [ Original
+        coordinates ] in ``pyx/include/ll_chain.h``).
+    kinds : list of str
+        Per record ``"file"`` (a file's bytes), ``"jpeg"`` (resized or re-encoded by
+        :func:`pack`) or ``"raw"`` (pixels, read without decoding).
     """
 
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], raw: bool = False, *,
@@ -398,6 +618,9 @@ class RecordFileDataset(ShardFiles, Dataset):
         self.labels = np.concatenate([s["labels"] for s in shards])
         self.shard_of = np.concatenate([np.full(s["offsets"].shape[0], k, np.int64) for k, s in enumerate(shards)])
         self.keys = [k for s in shards for k in s["keys"]]
+        self.original_sizes = np.concatenate([s["orig_sizes"] for s in shards]).reshape(-1, 2)
+        self.stored_sizes = np.concatenate([s["stored_sizes"] for s in shards]).reshape(-1, 2)
+        self.kinds = [k for s in shards for k in s["kinds"]]
         self.synsets = shards[0]["synsets"]
         self.raw = bool(raw)
         self._init_files()

@@ -39,3 +39,13 @@ cdef extern from "ll_jpeg.h":
                             int cx, int cy, int cw, int ch, long long max_pixels, int strict,
                             unsigned char* out, Py_ssize_t out_stride, int out_h, int out_w, int out_c,
                             char* msg, int fast) noexcept nogil
+
+    # The compressor (NOTE [ The encoder ] in include/ll_jpeg.h).
+    ctypedef struct ll_jpeg_enc:
+        ll_jpeg_err err
+
+    int ll_jpeg_enc_create(ll_jpeg_enc* e) noexcept nogil
+    void ll_jpeg_enc_destroy(ll_jpeg_enc* e) noexcept nogil
+    int ll_jpeg_encode(ll_jpeg_enc* e, const unsigned char* px, int h, int w, int c, Py_ssize_t stride,
+                       int quality, int app_marker, const unsigned char* app, unsigned int app_len, void* out,
+                       size_t* out_len, char* msg) noexcept nogil   # out: an ll_buf* (worker.pxd)

@@ -64,6 +64,7 @@
 #include "ll_common.h"
 #include "ll_jpeg.h"
 #include "ll_read.h"
+#include "ll_record.h"
 #include "ll_resize.h"
 #include "ll_rng.h"
 #include "ll_worker.h"
@@ -124,10 +125,14 @@ typedef struct {
 static void ll_axis_crop(ll_axis *x, long off, int len, int resampled) {
     x->b += x->a * (double)off;
     if (!resampled) {
-        /* a is +-1 here: the domain follows the crop in source pixels */
+        /* a is +-1 here, or +-(stored / original) on a packed record (NOTE [ Original
+         * coordinates ]): the domain is the source pixels the crop box overlaps, exactly the
+         * box when a is +-1 */
         double e0 = x->b, e1 = x->b + x->a * len;
-        x->d0 = (long)floor(e0 < e1 ? e0 : e1);
-        x->d1 = (long)floor(e0 < e1 ? e1 : e0);
+        double lo = e0 < e1 ? e0 : e1, hi = e0 < e1 ? e1 : e0;
+        x->d0 = (long)floor(lo + 1e-9);
+        x->d1 = (long)ceil(hi - 1e-9);
+        if (x->d1 <= x->d0) x->d1 = x->d0 + 1;
     }
     x->n = len;
 }
@@ -154,15 +159,31 @@ typedef struct {
     int interp, antialias, resampled, flip;
 } ll_geom;
 
+/* NOTE [ Original coordinates ]
+ * A packed record may hold its image at a smaller size than the original (NOTE [ Packed
+ * records ] in ll_record.h). The chain's geometry is then walked over the original size,
+ * width x height, so a RandomResizedCrop box is drawn with the same key from the same
+ * distribution, in the same place, as on the original file, and Resize(256) gives the
+ * shape it gave there; the walk's map starts at a = stored / original per axis instead of
+ * 1, which maps original coordinates to the stored pixels src_w x src_h: output pixel o
+ * samples stored coordinate a * (o + 0.5) + b, the box scaled to the stored image. A crop
+ * before the resize narrows the clamp domain to the stored pixels the scaled box overlaps
+ * (floor of its start, ceiling of its end). The DCT scale, the taps and the rest follow from
+ * the map as for any image; on an image that is its own original (a = 1) nothing changes.
+ * tests/kernels/test_pack.py checks it against OpenCV's decode of the packed bytes and a
+ * numpy model of this mapping. */
 LL_NO_CONTRACT
-/* Walk ops[start..] over an input of width x height until the chain would resize a
- * second time; *next gets the first op not consumed (pl->nops when the walk finished). */
-static int ll_chain_geometry(const ll_plan *pl, int start, int width, int height, uint64_t seed, uint64_t epoch,
-                             uint64_t index, ll_geom *g, int *next) {
+/* Walk ops[start..] over an input of width x height (mapped to src_w x src_h pixels: NOTE
+ * [ Original coordinates ]) until the chain would resize a second time; *next gets the first
+ * op not consumed (pl->nops when the walk finished). */
+static int ll_chain_geometry(const ll_plan *pl, int start, int width, int height, int src_w, int src_h,
+                             uint64_t seed, uint64_t epoch, uint64_t index, ll_geom *g, int *next) {
     memset(g, 0, sizeof(*g));
     *next = pl->nops;
-    g->x.n = width; g->x.a = 1.0; g->x.b = 0.0; g->x.d0 = 0; g->x.d1 = width;
-    g->y.n = height; g->y.a = 1.0; g->y.b = 0.0; g->y.d0 = 0; g->y.d1 = height;
+    g->x.n = width; g->x.a = width == src_w ? 1.0 : (double)src_w / width; g->x.b = 0.0; g->x.d0 = 0;
+    g->x.d1 = src_w;
+    g->y.n = height; g->y.a = height == src_h ? 1.0 : (double)src_h / height; g->y.b = 0.0; g->y.d0 = 0;
+    g->y.d1 = src_h;
     g->interp = LL_INTERP_LINEAR;
     for (int k = start; k < pl->nops; k++) {
         const ll_op *op = &pl->ops[k];
@@ -571,7 +592,7 @@ static int ll_chain_out_size(const ll_plan *pl, int width, int height, uint64_t 
     int op = 0, w = width, h = height;
     for (;;) {
         ll_geom g;
-        int next, st = ll_chain_geometry(pl, op, w, h, seed, epoch, index, &g, &next);
+        int next, st = ll_chain_geometry(pl, op, w, h, w, h, seed, epoch, index, &g, &next);
         if (st != LL_OK) return st;
         w = g.x.n;
         h = g.y.n;
@@ -629,7 +650,8 @@ nomem:
     return LL_ERR_NOMEM;
 }
 
-/* The stages of a chain (NOTE [ Fused geometry ]) from a source of in_w x in_h pixels:
+/* The stages of a chain (NOTE [ Fused geometry ]) from a source of in_w x in_h pixels, whose
+ * original was orig_w x orig_h (NOTE [ Original coordinates ]; the same for most images):
  * the JPEG whose header wk->dec holds (pixels == NULL: the first stage decodes only the
  * region its taps read, at a DCT scale), or an HWC uint8 image of pl->channels channels
  * already in memory (pixels: a cached decode; the taps read it directly).
@@ -639,7 +661,8 @@ nomem:
  * image, held in per-thread scratch, exactly as the step-by-step chain would. With
  * ``timed``, adds the nanoseconds spent decoding and transforming to the two counters. */
 static int ll_chain_stages(const ll_plan *pl, ll_worker *wk, const uint8_t *pixels, int in_w, int in_h,
-                           uint64_t seed, uint64_t epoch, uint64_t index, void *out, char *msg, int timed,
+                           int orig_w, int orig_h, uint64_t seed, uint64_t epoch, uint64_t index, void *out, char *msg,
+                           int timed,
                            int64_t *t_decode_io, int64_t *t_transform_io) {
     static const ll_plan intermediate; /* zero: uint8 HWC rows straight into the buffer */
     int64_t t_decode = 0, t_transform = 0;
@@ -653,7 +676,8 @@ static int ll_chain_stages(const ll_plan *pl, ll_worker *wk, const uint8_t *pixe
         int64_t t1 = t_dec ? ll_now_ns() : 0;
         ll_geom g;
         int next;
-        int gs = ll_chain_geometry(pl, op, in_w, in_h, seed, epoch, index, &g, &next);
+        int gs = stage == 0 ? ll_chain_geometry(pl, op, orig_w, orig_h, in_w, in_h, seed, epoch, index, &g, &next)
+                            : ll_chain_geometry(pl, op, in_w, in_h, in_w, in_h, seed, epoch, index, &g, &next);
         int last = next >= pl->nops;
         if (gs != LL_OK) {
             if (msg) snprintf(msg, LL_MSG_LEN, "transform chain gives an empty output for a %dx%d image",
@@ -744,20 +768,76 @@ nomem:
     return LL_ERR_NOMEM;
 }
 
-/* One sample: JPEG bytes -> the finished output (out_h x out_w x C, or C x out_h x out_w).
- * Returns LL_OK, LL_WARNED or an error code (reason in msg). t_dec / t_tr (may be NULL)
- * get the nanoseconds spent decoding and transforming. Thread-safe for distinct workers. */
+/* NOTE [ Raw records need no decode ]
+ * A raw record (NOTE [ Packed records ] in ll_record.h) holds its pixels: the chain reads
+ * them in place, as it reads a Pipeline's cached pixels, through the same stages into the
+ * same output slot, and no decode time is counted. When the plan wants other channels
+ * than the record has (BGR or GRAY from RGB pixels, RGB from gray ones) the pixels are
+ * converted first into the worker's region buffer, which only a JPEG decode uses: BGR
+ * swaps, GRAY is ITU-R BT.601 luma in 14-bit fixed point (as ll_cmyk_row's), RGB from gray
+ * repeats the value (as libjpeg does for a grayscale JPEG). The max_pixels guard applies to
+ * the stored size. */
+static int ll_chain_run_raw(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, size_t size, uint64_t seed,
+                            uint64_t epoch, uint64_t index, void *out, char *msg, int64_t *t_tr) {
+    ll_raw_info ri;
+    int64_t t_decode = 0, t_transform = 0;
+    int st = ll_raw_parse(buf, size, &ri, msg);
+    if (st != LL_OK) return st;
+    if (pl->max_pixels > 0 && (long long)ri.w * ri.h > pl->max_pixels) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "raw record of %dx%d = %lld pixels, more than max_pixels=%lld", ri.w, ri.h,
+                          (long long)ri.w * ri.h, pl->max_pixels);
+        return LL_ERR_TOO_LARGE;
+    }
+    int C = pl->channels, want = pl->mode == LL_MODE_GRAY ? 1 : 3;
+    if (C != want) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "a raw record gives %d channels, the chain wants %d", want, C);
+        return LL_ERR_UNSUPPORTED;
+    }
+    const uint8_t *px = buf + LL_RAW_HEADER;
+    if (ri.c != C || pl->mode == LL_MODE_BGR) {
+        size_t n = (size_t)ri.h * ri.w;
+        if (ll_buf_reserve(&wk->region, n * C + 16) != 0) {
+            if (msg) snprintf(msg, LL_MSG_LEN, "out of memory (per-thread scratch)");
+            return LL_ERR_NOMEM;
+        }
+        uint8_t *d = wk->region.p;
+        if (ri.c == 1) {
+            for (size_t i = 0; i < n; i++, d += 3) d[0] = d[1] = d[2] = px[i];
+        } else if (C == 1) {
+            for (size_t i = 0; i < n; i++, px += 3)
+                d[i] = (uint8_t)((px[0] * 4899 + px[1] * 9617 + px[2] * 1868 + (1 << 13)) >> 14);
+        } else {
+            for (size_t i = 0; i < n; i++, px += 3, d += 3) { d[0] = px[2]; d[1] = px[1]; d[2] = px[0]; }
+        }
+        px = wk->region.p;
+    }
+    st = ll_chain_stages(pl, wk, px, ri.w, ri.h, ri.orig_w, ri.orig_h, seed, epoch, index, out, msg, t_tr != NULL,
+                         &t_decode, &t_transform);
+    if (t_tr) *t_tr = t_transform;
+    return st;
+}
+
+/* One sample: JPEG bytes (or a raw record: NOTE [ Raw records need no decode ]) -> the
+ * finished output (out_h x out_w x C, or C x out_h x out_w). Returns LL_OK, LL_WARNED or an
+ * error code (reason in msg). t_dec / t_tr (may be NULL) get the nanoseconds spent decoding
+ * and transforming. Thread-safe for distinct workers. */
 static int ll_chain_run(const ll_plan *pl, ll_worker *wk, const uint8_t *buf, size_t size, uint64_t seed,
                         uint64_t epoch, uint64_t index, void *out, char *msg, int64_t *t_dec, int64_t *t_tr) {
+    if (ll_is_raw(buf, size)) {
+        if (t_dec) *t_dec = 0;
+        return ll_chain_run_raw(pl, wk, buf, size, seed, epoch, index, out, msg, t_dec ? t_tr : NULL);
+    }
     int64_t t0 = t_dec ? ll_now_ns() : 0, t_decode = 0, t_transform = 0;
     ll_jpeg_info info;
     int x0, y0, oh0, ow0, oc0;
     int st = ll_jpeg_plan_item(&wk->dec, buf, size, pl->mode, 1, 0, 0, 0, 0, pl->max_pixels, &info, &x0, &y0,
                                &oh0, &ow0, &oc0, msg);
     if (st != LL_OK) return st;
+    int orig_w = info.width, orig_h = info.height;
+    ll_pack_original(buf, size, &orig_w, &orig_h); /* NOTE [ Original coordinates ] */
     if (t_dec) t_decode = ll_now_ns() - t0;
-    st = ll_chain_stages(pl, wk, NULL, info.width, info.height, seed, epoch, index, out, msg, t_dec != NULL,
-                         &t_decode, &t_transform);
+    st = ll_chain_stages(pl, wk, NULL, info.width, info.height, orig_w, orig_h, seed, epoch, index, out, msg,
+                         t_dec != NULL, &t_decode, &t_transform);
     if (t_dec) {
         *t_dec = t_decode;
         *t_tr = t_transform;
@@ -776,32 +856,37 @@ static int ll_chain_run_pixels(const ll_plan *pl, ll_worker *wk, const uint8_t *
         if (msg) snprintf(msg, LL_MSG_LEN, "an empty %dx%d image", w, h);
         return LL_ERR_SHAPE;
     }
-    int st = ll_chain_stages(pl, wk, pixels, w, h, seed, epoch, index, out, msg, t_tr != NULL, &t_decode,
+    int st = ll_chain_stages(pl, wk, pixels, w, h, w, h, seed, epoch, index, out, msg, t_tr != NULL, &t_decode,
                              &t_transform);
     if (t_tr) *t_tr = t_transform;
     return st;
 }
 
-/* Resize a whole HWC uint8 image (the single-image path of Resize and
- * RandomResizedCrop): the same taps and passes as the fused executor, with the image as
- * the clamp domain. Allocates its scratch per call. Returns LL_OK or LL_ERR_NOMEM. */
-static int ll_resize_image(const uint8_t *src, int sh, int sw, int C, uint8_t *dst, int dh, int dw, int interp,
-                           int antialias) {
+/* Resize a whole HWC uint8 image with the scratch of worker wk (its taps, hbuf and misc
+ * buffers; pack's resize): the same taps and passes as the fused executor, with the image
+ * as the clamp domain. Returns LL_OK or LL_ERR_NOMEM. */
+static int ll_resize_image_wk(ll_worker *wk, const uint8_t *src, int sh, int sw, int C, uint8_t *dst, int dh,
+                              int dw, int interp, int antialias) {
     static const ll_plan direct_plan; /* zero: uint8 HWC, no LUT: rows go straight to dst */
-    ll_worker wk;
-    memset(&wk, 0, sizeof(wk));
     double ax = (double)sw / dw, ay = (double)sh / dh;
     int ix = ll_axis_interp(interp, ax, ay);
     int mx = ll_taps_max(ix, antialias, ax), my = ll_taps_max(ix, antialias, ay);
     ll_taps tx, ty;
     double *tmp;
-    int st = LL_ERR_NOMEM;
-    if (ll_chain_taps(&wk, &tx, &ty, dw, dh, mx, my, &tmp) == LL_OK) {
-        ll_taps_compute(&tx, ix, antialias, ax, 0.0, 0, sw, 0, sw, tmp);
-        ll_taps_compute(&ty, ix, antialias, ay, 0.0, 0, sh, 0, sh, tmp);
-        ll_plan *pl = (ll_plan *)&direct_plan;
-        st = ll_chain_resample(pl, &wk, src, (ptrdiff_t)sw * C, sw * C, &tx, &ty, C, dst);
-    }
+    if (ll_chain_taps(wk, &tx, &ty, dw, dh, mx, my, &tmp) != LL_OK) return LL_ERR_NOMEM;
+    ll_taps_compute(&tx, ix, antialias, ax, 0.0, 0, sw, 0, sw, tmp);
+    ll_taps_compute(&ty, ix, antialias, ay, 0.0, 0, sh, 0, sh, tmp);
+    return ll_chain_resample((ll_plan *)&direct_plan, wk, src, (ptrdiff_t)sw * C, sw * C, &tx, &ty, C, dst);
+}
+
+/* Resize a whole HWC uint8 image (the single-image path of Resize and
+ * RandomResizedCrop), as ll_resize_image_wk. Allocates its scratch per call. Returns LL_OK
+ * or LL_ERR_NOMEM. */
+static int ll_resize_image(const uint8_t *src, int sh, int sw, int C, uint8_t *dst, int dh, int dw, int interp,
+                           int antialias) {
+    ll_worker wk;
+    memset(&wk, 0, sizeof(wk));
+    int st = ll_resize_image_wk(&wk, src, sh, sw, C, dst, dh, dw, interp, antialias);
     ll_worker_free(&wk); /* no decoder was created: frees the scratch only */
     return st;
 }

@@ -511,4 +511,120 @@ static int ll_jpeg_decode_item(ll_jpeg_dec *d, const unsigned char *buf, size_t 
     return st;
 }
 
+/* NOTE [ The encoder ]
+ * ``pack`` re-encodes resized images with libjpeg's compressor, guarded as the decoder is
+ * (NOTE [ Why libjpeg is wrapped in C ]): a fatal error longjmps back into ll_jpeg_encode,
+ * which aborts the compressor (it stays reusable) and returns LL_ERR_DECODE with libjpeg's
+ * message. The output goes to a destination manager over an ll_buf that grows by doubling
+ * (NOTE [ Scratch grows to fit ]), so nothing is allocated per image once it has grown and a
+ * failed encode leaks nothing (libjpeg's own jpeg_mem_dest allocates a buffer of its own
+ * when it grows, which an abort would leak). Settings: baseline (sequential, not
+ * progressive: loaderlib's Huffman decoder takes baseline files), ISLOW DCT, optimised
+ * Huffman tables (smaller files, fewer bits for the entropy decoder the loader spends most
+ * of its time in: NOTE [ Our Huffman decoder ] in ll_huff.h), 4:2:0 chroma for colour
+ * (libjpeg's default, as cv2.imencode and PIL's), a JFIF header, and one application
+ * segment given by the caller right after it. One ll_jpeg_enc serves one thread at a time. */
+typedef struct {
+    struct jpeg_destination_mgr pub;
+    ll_buf *buf;
+    size_t len;
+} ll_jpeg_dest;
+
+typedef struct {
+    struct jpeg_compress_struct cinfo;
+    ll_jpeg_err err;
+    ll_jpeg_dest dest;
+    int created;
+} ll_jpeg_enc;
+
+static void ll_jpeg_dest_init(j_compress_ptr c) {
+    ll_jpeg_dest *d = (ll_jpeg_dest *)c->dest;
+    if (ll_buf_reserve(d->buf, 16384) != 0) ERREXIT(c, JERR_OUT_OF_MEMORY);
+    d->pub.next_output_byte = d->buf->p;
+    d->pub.free_in_buffer = d->buf->cap;
+    d->len = 0;
+}
+
+static boolean ll_jpeg_dest_grow(j_compress_ptr c) {
+    ll_jpeg_dest *d = (ll_jpeg_dest *)c->dest;
+    size_t used = d->buf->cap; /* libjpeg calls this when the whole buffer is full */
+    if (used * 2 < used || ll_buf_reserve(d->buf, used * 2) != 0) ERREXIT(c, JERR_OUT_OF_MEMORY);
+    d->pub.next_output_byte = d->buf->p + used;
+    d->pub.free_in_buffer = d->buf->cap - used;
+    return TRUE;
+}
+
+static void ll_jpeg_dest_term(j_compress_ptr c) {
+    ll_jpeg_dest *d = (ll_jpeg_dest *)c->dest;
+    d->len = (size_t)(d->pub.next_output_byte - d->buf->p);
+}
+
+/* Returns LL_OK, or LL_ERR_NOMEM when libjpeg could not allocate its state. */
+static int ll_jpeg_enc_create(ll_jpeg_enc *e) {
+    memset(e, 0, sizeof(*e));
+    e->cinfo.err = jpeg_std_error(&e->err.pub);
+    e->err.pub.error_exit = ll_jpeg_error_exit;
+    e->err.pub.emit_message = ll_jpeg_emit_message;
+    e->err.pub.output_message = ll_jpeg_output_message;
+    if (setjmp(e->err.jb)) return LL_ERR_NOMEM;
+    jpeg_create_compress(&e->cinfo);
+    e->created = 1;
+    e->dest.pub.init_destination = ll_jpeg_dest_init;
+    e->dest.pub.empty_output_buffer = ll_jpeg_dest_grow;
+    e->dest.pub.term_destination = ll_jpeg_dest_term;
+    return LL_OK;
+}
+
+static void ll_jpeg_enc_destroy(ll_jpeg_enc *e) {
+    if (e == NULL) return;
+    if (e->created) jpeg_destroy_compress(&e->cinfo);
+    e->created = 0;
+}
+
+/* Encodes h rows of w pixels of c channels (1: grayscale, 3: RGB), row stride ``stride``
+ * bytes, at ``quality`` (1-100), into *out (grown as needed); *out_len gets the length.
+ * ``app`` (app_len bytes, or NULL) is written as segment APP<app_marker> after the JFIF
+ * header. msg (LL_MSG_LEN bytes) gets the reason for any non-zero code. NOTE [ The encoder ] */
+static int ll_jpeg_encode(ll_jpeg_enc *e, const unsigned char *px, int h, int w, int c, ptrdiff_t stride,
+                          int quality, int app_marker, const unsigned char *app, unsigned int app_len, ll_buf *out,
+                          size_t *out_len, char *msg) {
+    struct jpeg_compress_struct *ci = &e->cinfo;
+    *out_len = 0;
+    if (!e->created || px == NULL || out == NULL || h < 1 || w < 1 || h > JPEG_MAX_DIMENSION ||
+        w > JPEG_MAX_DIMENSION || (c != 1 && c != 3) || quality < 1 || quality > 100 || app_len > 65533) {
+        if (msg) snprintf(msg, LL_MSG_LEN, "cannot encode a %dx%dx%d image at quality %d", w, h, c, quality);
+        return LL_ERR_SHAPE;
+    }
+    e->err.nwarn = 0;
+    e->err.msg[0] = 0;
+    e->dest.buf = out;
+    if (setjmp(e->err.jb)) {
+        jpeg_abort_compress(ci);
+        if (msg) ll_copy_msg(msg, e->err.msg[0] ? e->err.msg : "the encoder failed");
+        return LL_ERR_DECODE;
+    }
+    ci->dest = &e->dest.pub;
+    ci->image_width = (JDIMENSION)w;
+    ci->image_height = (JDIMENSION)h;
+    ci->input_components = c;
+    ci->in_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    jpeg_set_defaults(ci);
+    jpeg_set_quality(ci, quality, TRUE);
+    ci->optimize_coding = TRUE;
+    ci->dct_method = JDCT_ISLOW;
+    jpeg_start_compress(ci, TRUE);
+    if (app != NULL && app_len > 0) jpeg_write_marker(ci, JPEG_APP0 + app_marker, app, app_len);
+    while (ci->next_scanline < ci->image_height) {
+        JSAMPROW row = (JSAMPROW)(px + (ptrdiff_t)ci->next_scanline * stride);
+        if (jpeg_write_scanlines(ci, &row, 1) != 1) {
+            jpeg_abort_compress(ci);
+            if (msg) snprintf(msg, LL_MSG_LEN, "the encoder stopped at row %u", ci->next_scanline);
+            return LL_ERR_DECODE;
+        }
+    }
+    jpeg_finish_compress(ci);
+    *out_len = e->dest.len;
+    return LL_OK;
+}
+
 #endif
