@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_int
+from .errors import StateError
 
 __all__ = [
     "LAST_BATCH_MODES",
@@ -84,6 +85,14 @@ class Sampler:
         even if the sampler changed since (see :meth:`WeightedRandomSampler.set_weights`).
         """
         return {}
+
+    def key_for(self, epoch: int) -> dict:
+        """The order key of ``epoch`` (:meth:`order_key`, unless an elastic resume gave that
+        epoch its own part of the order: NOTE [ Elastic resume ] in ``_loader/elastic.py``)."""
+        return self.order_key()
+
+    def use_key(self, epoch: int, key: dict) -> None:
+        """A resumed ``epoch`` runs with order key ``key`` (taken from a saved state)."""
 
     def state_dict(self) -> dict:
         """JSON-serialisable state: the next epoch and the order key."""
@@ -309,6 +318,10 @@ class ShardedSampler(Sampler):
     positions ``k, k + num_shards, ...`` of the (shuffled) order, so shards are disjoint
     apart from the padding.
 
+    The full order is the same for every layout, so the states of all ranks, merged with
+    :func:`loaderlib.merge_state_dicts`, resume on any number of shards: the rest of the epoch
+    is split again (NOTE [ Elastic resume ] in ``_loader/elastic.py``).
+
     Parameters
     ----------
     num_shards, shard_id : int
@@ -333,13 +346,30 @@ class ShardedSampler(Sampler):
         self.seed = 0 if seed is None else int(seed)
         self.drop_last = bool(drop_last)
         self._length = None if length is None else _check_length(length)
+        self._segment: tuple[int, dict] | None = None   # (epoch, what is left of it) after an elastic resume
 
     def bind(self, length: int) -> ShardedSampler:
         """A copy of this sampler for a dataset of ``length`` samples (used by DataLoader)."""
         s = ShardedSampler(self.num_shards, self.shard_id, length, shuffle=self.shuffle,
                            seed=self.seed, drop_last=self.drop_last)
         s._next_epoch = self._next_epoch
+        s._segment = self._segment
         return s
+
+    def layout(self) -> dict:
+        """Where this shard sits: ``num_shards``, ``shard_id``, ``drop_last`` (plain JSON)."""
+        return {"num_shards": self.num_shards, "shard_id": self.shard_id, "drop_last": self.drop_last}
+
+    def global_order(self) -> dict:
+        """What the full order (before sharding) is a function of, besides the epoch."""
+        return {"shuffle": self.shuffle, "seed": self.seed}
+
+    def key_for(self, epoch: int) -> dict:
+        seg = self._segment
+        return {"segment": seg[1]} if seg is not None and seg[0] == int(epoch) else {}
+
+    def use_key(self, epoch: int, key: dict) -> None:
+        self._segment = (int(epoch), key["segment"]) if key and "segment" in key else None
 
     def _need_length(self) -> int:
         if self._length is None:
@@ -350,19 +380,92 @@ class ShardedSampler(Sampler):
         n, k = self._need_length(), self.num_shards
         return n // k if self.drop_last else -(-n // k)
 
+    def full_order(self, epoch: int) -> np.ndarray:
+        """The epoch's order before sharding: the same for every layout."""
+        n = self._need_length()
+        return _rng(self.seed, epoch).permutation(n) if self.shuffle else np.arange(n, dtype=np.int64)
+
     def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
-        n, k = self._need_length(), self.num_shards
-        full = _rng(self.seed, epoch).permutation(n) if self.shuffle else np.arange(n)
-        per = len(self)
-        total = per * k
-        if total > n:  # pad by wrapping around (n > 0 here, since per > 0)
-            full = np.resize(full, total)
-        else:
-            full = full[:total]
-        return full[self.shard_id::k].astype(np.int64, copy=False)
+        full = self.full_order(epoch)
+        seg = (self.key_for(epoch) if key is None else key).get("segment")
+        if seg is not None:   # an elastic resume: what was left of the epoch
+            full = segment_items(full, seg)
+        return shard_of(full, self.num_shards, self.shard_id, self.drop_last).astype(np.int64, copy=False)
 
     def __repr__(self) -> str:
         return f"ShardedSampler({self.num_shards}, {self.shard_id}, length={self._length})"
+
+
+def shard_of(items: np.ndarray, num_shards: int, shard_id: int, drop_last: bool) -> np.ndarray:
+    """Shard ``shard_id`` of ``items``: padded by wrapping around (or cut, ``drop_last``) to a
+    multiple of ``num_shards``, then every ``num_shards``-th item from ``shard_id``."""
+    return items[shard_positions(items.size, num_shards, drop_last)[shard_id::num_shards]]
+
+
+def shard_positions(size: int, num_shards: int, drop_last: bool) -> np.ndarray:
+    """The positions of ``size`` items that the shards of a layout take, in order: the padded
+    (wrapped-around) or cut sequence that shard ``k`` takes every ``num_shards``-th item of."""
+    per = size // num_shards if drop_last else -(-size // num_shards)
+    total = per * num_shards
+    return np.arange(total, dtype=np.int64) % size if size else np.zeros(0, np.int64)
+
+
+def segment_items(full: np.ndarray, segment: dict) -> np.ndarray:
+    """The items of what was left of an epoch (NOTE [ Elastic resume ]): the samples carried
+    in (``extra``), then the full order at the ``positions`` not yet delivered."""
+    extra = np.asarray(segment.get("extra", []), np.int64).reshape(-1)
+    left = full[np.flatnonzero(positions_from_json(segment["positions"], full.size))]
+    return np.concatenate([extra, left.astype(np.int64, copy=False)])
+
+
+#: Up to this many runs a position set is written as ranges; past it, also as a compressed
+#: bitmap, and the shorter one is kept.
+_MAX_RANGES = 512
+
+
+def positions_to_json(mask: np.ndarray) -> dict:
+    """A set of positions, given as a boolean mask, as compact JSON: ``{"ranges": [start0,
+    stop0, start1, stop1, ...]}`` or, when that is longer, ``{"bitmap": base64 of the zlib'd
+    bits, "length": n}``."""
+    m = np.asarray(mask, bool).reshape(-1)
+    edges = np.diff(np.concatenate([[0], m.view(np.int8), [0]]).astype(np.int8))
+    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    ranges = {"ranges": np.stack([starts, stops], 1).reshape(-1).tolist()}
+    if starts.size <= _MAX_RANGES:
+        return ranges
+    import base64   # noqa: PLC0415 - only elastic states need it (NOTE [ What import costs ])
+    import zlib     # noqa: PLC0415
+
+    bitmap = {"bitmap": base64.b64encode(zlib.compress(np.packbits(m).tobytes(), 6)).decode("ascii"),
+              "length": int(m.size)}
+    digits = len(str(max(m.size, 1))) + 2
+    return bitmap if len(bitmap["bitmap"]) < 2 * starts.size * digits else ranges
+
+
+def positions_from_json(d: Any, length: int) -> np.ndarray:
+    """The boolean mask over ``range(length)`` of :func:`positions_to_json`'s ``d``."""
+    if isinstance(d, dict) and "ranges" in d:
+        r = np.asarray(d["ranges"], np.int64).reshape(-1)
+        if r.size % 2 or (r.size and (r[0] < 0 or r[-1] > length or np.any(np.diff(r) < 0))):
+            raise StateError(f"the state's position ranges are not sorted pairs within [0, {length}]")
+        delta = np.zeros(length + 1, np.int64)
+        np.add.at(delta, r[0::2], 1)
+        np.add.at(delta, r[1::2], -1)
+        return np.cumsum(delta[:length]) > 0
+    if isinstance(d, dict) and "bitmap" in d:
+        import base64   # noqa: PLC0415
+        import zlib     # noqa: PLC0415
+
+        if int(d.get("length", -1)) != length:
+            raise StateError(f"the state's position bitmap covers {d.get('length')!r} positions, not {length}")
+        try:
+            bits = np.frombuffer(zlib.decompress(base64.b64decode(d["bitmap"])), np.uint8)
+        except (ValueError, zlib.error) as e:
+            raise StateError(f"the state's position bitmap is corrupt: {e}") from None
+        if bits.size * 8 < length:
+            raise StateError(f"the state's position bitmap is too short for {length} positions")
+        return np.unpackbits(bits, count=length).astype(bool)
+    raise StateError(f"a position set is {{'ranges': [...]}} or {{'bitmap': ..., 'length': n}}, got {d!r:.80}")
 
 
 class EpochOrder:
@@ -457,7 +560,7 @@ class BatchSampler:
         """
         if not isinstance(self.sampler, Sampler):
             raise TypeError("plan_epoch needs a loaderlib Sampler (its order is a pure function of the epoch)")
-        key = self.sampler.order_key() if key is None else key
+        key = self.sampler.key_for(int(epoch)) if key is None else key
         carry = self._carry if carry is None else np.asarray(carry, np.int64)
         return self._plan(self.sampler.order(int(epoch), key), epoch, key, carry)
 
