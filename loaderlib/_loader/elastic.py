@@ -10,7 +10,7 @@ records its layout (NOTE [ Iterator state ] holds the rest), so a state loaded i
 layout is refused instead of repeating or losing samples. :func:`merge_state_dicts` turns the
 states of all ranks into one: the epoch, the global order's key, and the *global positions*
 delivered (a rank's ``position`` consumed samples ``k, k + num_shards, ...`` of its shard), as
-compact ranges or a compressed bitmap (``sampler.positions_to_json``). The positions not
+compact ranges or a compressed bitmap (``_layout.positions_to_json``). The positions not
 delivered (and not cut by ``drop_last``) are what is left of the epoch. Loaded into a loader of
 the same layout, a merged state gives each rank back its own position, so the resume is
 bitwise the one of its own state. Into another layout, what is left is split again: the rest
@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from .._layout import positions_from_json, positions_to_json, shard_positions
 from ..errors import StateError
-from ..sampler import ShardedSampler, positions_from_json, positions_to_json, shard_positions
+from ..sampler import ShardedSampler
 
 __all__ = ["STATE_VERSION", "layout_error", "localize", "merge_state_dicts"]
 
@@ -268,7 +269,7 @@ def localize(mine: dict, sampler: Any, merged: dict) -> dict:
                 "carry": list(own.get("carry", [])), "order_key": merged.get("order_key") or {}}
     remaining = positions_from_json(merged["remaining"], n)
     pending = [int(v) for v in merged.get("pending", [])]
-    key: dict = {}
+    order_key: dict = {}
     if pending or not remaining.all():
-        key = {"segment": {"extra": pending, "positions": merged["remaining"]}}
-    return {**base, "delivered": 0, "position": 0, "carry": [], "order_key": key}
+        order_key = {"segment": {"extra": pending, "positions": merged["remaining"]}}
+    return {**base, "delivered": 0, "position": 0, "carry": [], "order_key": order_key}
