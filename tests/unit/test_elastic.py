@@ -13,7 +13,9 @@ with SIGKILL and restarts it on another number of ranks is in ``test_distributed
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 
 import cv2
 import numpy as np
@@ -413,3 +415,18 @@ def test_iterable_ranks_at_different_points_cannot_split_again():
         ld.close()
     with pytest.raises(ll.StateError, match=r"different points of its stream \(items taken per rank: \[8, 4\]\)"):
         ll.merge_state_dicts(states)
+
+
+def _guide_snippets() -> list[str]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "guide", "training-at-scale.md"), encoding="utf-8") as f:
+        return re.findall(r"```python\n(.*?)```", f.read(), re.S)
+
+
+def test_the_guides_in_process_snippet_runs():
+    """docs/guide/training-at-scale.md: the snippets that need no torchrun (the torchrun recipe
+    runs in test_distributed.py)."""
+    snippets = [s for s in _guide_snippets() if "init_process_group" not in s]
+    assert snippets
+    for code in snippets:
+        exec(compile(code, "training-at-scale.md", "exec"), {"__name__": "__doc_snippet__"})  # noqa: S102
