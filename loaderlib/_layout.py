@@ -44,7 +44,9 @@ def positions_to_json(mask: np.ndarray) -> dict:
     stop0, start1, stop1, ...]}`` or, when that is longer, ``{"bitmap": base64 of the zlib'd
     bits, "length": n}``."""
     m = np.asarray(mask, bool).reshape(-1)
-    edges = np.diff(np.concatenate([[0], m.view(np.int8), [0]]).astype(np.int8))
+    padded = np.zeros(m.size + 2, np.int8)
+    padded[1:-1] = m
+    edges = np.diff(padded)
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     ranges = {"ranges": np.stack([starts, stops], 1).reshape(-1).tolist()}
     if starts.size <= _MAX_RANGES:

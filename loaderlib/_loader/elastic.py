@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .._layout import positions_from_json, positions_to_json, shard_positions
+from .._layout import positions_from_json, positions_to_json
 from ..errors import StateError
 from ..sampler import ShardedSampler
 
@@ -186,8 +186,7 @@ def _merge_sharded(ranks: list[dict]) -> dict:
         extra, spos = [], np.arange(n, dtype=np.int64)
     x = len(extra)
     size = x + spos.size                            # the epoch's items: extra, then positions spos
-    taken = shard_positions(size, k, drop)          # item of each shard slot (shard r: taken[r::k])
-    per = taken.size // k
+    per = size // k if drop else -(-size // k)      # shard r takes items r, r + k, ... (mod size) of per * k
     done = np.zeros(size, bool)
     carried: list[int] = []
     for r, st in enumerate(ranks):
@@ -196,14 +195,19 @@ def _merge_sharded(ranks: list[dict]) -> dict:
         if not 0 <= q <= len(carry) + per:
             raise StateError(f"rank {r}'s position {q} is outside its shard ({len(carry)} carried + {per} samples)")
         carried += carry[q:]
-        done[taken[r::k][:max(0, q - len(carry))]] = True
+        j = max(0, q - len(carry))
+        if j and size:
+            done[np.arange(r, r + j * k, k) % size] = True
     untouched = seg is None and not any(int(st["position"]) for st in ranks)
     owed = np.ones(size, bool) if untouched else np.zeros(size, bool)
-    owed[taken] = True
+    owed[:per * k] = True                           # all of them, or what drop_last keeps
     left = owed & ~done
-    delivered, remaining = np.zeros(n, bool), np.zeros(n, bool)
-    delivered[spos[np.flatnonzero(done[x:])]] = True
-    remaining[spos[np.flatnonzero(left[x:])]] = True
+    if seg is None:
+        delivered, remaining = done, left
+    else:
+        delivered, remaining = np.zeros(n, bool), np.zeros(n, bool)
+        delivered[spos[np.flatnonzero(done[x:])]] = True
+        remaining[spos[np.flatnonzero(left[x:])]] = True
     pending = [extra[i] for i in np.flatnonzero(left[:x]).tolist()] + carried
     head = {key: first.get(key) for key in ("version", "dataset_length", "seed", "batch_size", "last_batch",
                                             "sampler", "order")}
