@@ -24,6 +24,8 @@ import pytest
 import loaderlib as ll
 from loaderlib import transforms as T
 
+from .test_recordio import _write as write_mxnet_rec
+
 N = 30          # a multiple of neither 4 nor the world sizes 4 and 7: padding and drop_last differ
 BATCH = 4
 SEED = 11       # the loader's seed (augmentation)
@@ -40,7 +42,8 @@ def _jpeg(i: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """The four kinds of dataset read by index, each of N samples whose label is its index."""
+    """The kinds of dataset read by index, each of N samples whose label is its index (the
+    Hugging Face one is made in ``_dataset``, only when a test needs it)."""
     root = tmp_path_factory.mktemp("elastic")
     folder = root / "folder"
     for i in range(N):
@@ -54,7 +57,8 @@ def data(tmp_path_factory):
             for i in range(s * 10, s * 10 + 10):
                 sink.write({"__key__": f"k{i:03d}", "jpg": _jpeg(i), "cls": str(i).encode()})
         shards.append(str(path))
-    return {"folder": str(folder), "records": str(root / "rec-*.llrec"), "wds": shards}
+    mxrec = write_mxnet_rec(root, "mx", list(range(N)), [_jpeg(i) for i in range(N)])
+    return {"folder": str(folder), "records": str(root / "rec-*.llrec"), "wds": shards, "mxrec": str(mxrec)}
 
 
 def _dataset(kind: str, engine: str, data):
@@ -66,6 +70,16 @@ def _dataset(kind: str, engine: str, data):
             ds = ll.ImageFolderDataset(data["folder"])
         elif kind == "records":
             ds = ll.RecordFileDataset(data["records"])
+        elif kind == "mxrec":
+            ds = ll.ImageRecordDataset(data["mxrec"])
+        elif kind == "hf":
+            datasets = pytest.importorskip("datasets")
+            from loaderlib.integrations.huggingface import HFImageDataset
+
+            features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+            ds = HFImageDataset(datasets.Dataset.from_dict(
+                {"image": [{"bytes": _jpeg(i), "path": None} for i in range(N)], "label": list(range(N))},
+                features=features))
         else:
             ds = ll.WebDataset(data["wds"])
         ds = ds.transform_first(T.Compose([T.RandomResizedCrop(6), T.RandomHorizontalFlip(), T.ToCHW()]))
@@ -145,6 +159,8 @@ CASES = [
     ("wds", 4, 1, ("native", 1, 0), ("threads", 2, 0), (1, 1, 1, 1), False, "keep"),
     ("wds", 2, 3, ("native", 1, 2), ("native", 1, 0), (3, 3), True, "keep"),
     ("wds", 2, 4, ("threads", 1, 0), ("native", 2, 0), (2, 2), False, "discard"),
+    ("mxrec", 2, 3, ("native", 2, 0), ("threads", 1, 0), (2, 1), False, "keep"),
+    ("hf", 3, 2, ("native", 1, 0), ("native", 2, 0), (1, 1, 1), True, "keep"),
 ]
 
 
