@@ -30,6 +30,7 @@ from .datasets import (
     Dataset,
     ImageFolderDataset,
     ImageListDataset,
+    MixtureDataset,
     SimpleDataset,
     TupleDataset,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "ImageRecordDataset",
     "LoaderError",
     "LoaderTimeoutError",
+    "MixtureDataset",
     "Pipeline",
     "RandomSampler",
     "RecordFileDataset",

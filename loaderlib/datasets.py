@@ -13,15 +13,17 @@ import errno
 import os
 import stat
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ._dataset_base import Dataset, SimpleDataset, _check_index, _TransformDataset  # noqa: F401 - re-exported
 from ._extract.remote.files import RemoteFiles, remote_files
 from ._extract.remote.store import expand_urls
 from ._extract.remote.urls import is_url
 from ._extract.source import NativeSource, SourceKind
+from ._mixture import MixtureDataset
 from .decoding import decode
 from .errors import RemoteReadError
 
@@ -31,6 +33,7 @@ __all__ = [
     "Dataset",
     "ImageFolderDataset",
     "ImageListDataset",
+    "MixtureDataset",
     "SimpleDataset",
     "TupleDataset",
 ]
@@ -38,128 +41,6 @@ __all__ = [
 #: File extensions (lower case) that the image datasets treat as images; matching is
 #: case-insensitive (ImageNet ships ``.JPEG``).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
-
-
-class Dataset:
-    """Base class: ``__len__``, ``__getitem__`` and lazy transforms."""
-
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def __getitem__(self, idx: int) -> Any:
-        raise NotImplementedError
-
-    def source(self, idx: int) -> str | None:
-        """Where sample ``idx`` comes from (a path or record key), for error messages."""
-        return None
-
-    def native_source(self) -> NativeSource | None:
-        """How the native kernels read this dataset's samples, or None when ``dataset[i]``
-        is read from Python (NOTE [ Datasets describe their own source ] in ``_extract/source.py``).
-
-        A dataset format the kernels can read overrides this; the loader and the Pipeline
-        never test dataset types.
-        """
-        return None
-
-    def transform(self, fn: Callable, lazy: bool = True) -> Dataset:
-        """A dataset whose items are ``fn(*item)`` for tuple items, ``fn(item)`` otherwise.
-
-        With ``lazy=False`` every item is transformed now and kept in memory.
-        """
-        return self._transformed(fn, False, lazy)
-
-    def transform_first(self, fn: Callable, lazy: bool = True) -> Dataset:
-        """A dataset whose items have ``fn`` applied to their first element only.
-
-        For the image datasets, ``fn`` made of :mod:`loaderlib.transforms` specs lets the
-        DataLoader run the whole pipeline natively.
-        """
-        return self._transformed(fn, True, lazy)
-
-    def _transformed(self, fn: Callable, first: bool, lazy: bool) -> Dataset:
-        if not callable(fn):
-            raise TypeError(f"{'transform_first' if first else 'transform'} needs a callable, got {fn!r}")
-        ds = _TransformDataset(self, fn, first=first)
-        return ds if lazy else SimpleDataset([ds[i] for i in range(len(ds))])
-
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
-
-
-def _source_of(data: Any, idx: int) -> str | None:
-    """``data.source(idx)`` when the wrapped object has one (a path or record key), else None."""
-    src = getattr(data, "source", None)
-    return src(idx) if callable(src) else None
-
-
-def _check_index(idx: Any, n: int) -> int:
-    if isinstance(idx, (bool, np.bool_)) or not isinstance(idx, (int, np.integer)):
-        raise TypeError(f"dataset indices must be integers, got {type(idx).__name__}")
-    i = int(idx)
-    if i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise IndexError(f"index {idx} out of range for a dataset of {n} samples")
-    return i
-
-
-class _TransformDataset(Dataset):
-    def __init__(self, base: Any, fn: Callable, first: bool) -> None:
-        self.base = base
-        self.fn = fn
-        self.first = first
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def source(self, idx: int) -> str | None:
-        return _source_of(self.base, idx)
-
-    def __getitem__(self, idx: int) -> Any:
-        return self.apply(self.base[idx])
-
-    def apply(self, item: Any) -> Any:
-        """This layer's function applied to an item of ``base``."""
-        if self.first:
-            if isinstance(item, tuple):
-                return (self.fn(item[0]), *item[1:])
-            return self.fn(item)
-        if isinstance(item, tuple):
-            return self.fn(*item)
-        return self.fn(item)
-
-    def unwrap(self) -> tuple[Any, list[_TransformDataset]]:
-        """The innermost dataset and the transform layers over it, innermost first."""
-        layers: list[_TransformDataset] = []
-        ds: Any = self
-        while isinstance(ds, _TransformDataset):
-            layers.append(ds)
-            ds = ds.base
-        return ds, layers[::-1]
-
-    def __repr__(self) -> str:
-        kind = "transform_first" if self.first else "transform"
-        return f"{self.base!r}.{kind}({self.fn!r})"
-
-
-class SimpleDataset(Dataset):
-    """Wrap any sequence (list, array, object with ``__len__``/``__getitem__``)."""
-
-    def __init__(self, data: Any) -> None:
-        if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
-            data = list(data)
-        self._data = data
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __getitem__(self, idx: int) -> Any:
-        return self._data[idx]
-
-    def source(self, idx: int) -> str | None:
-        return _source_of(self._data, idx)
 
 
 class ArrayDataset(Dataset):

@@ -54,6 +54,7 @@ from ._loader.state import (
     state_between,
     state_of,
 )
+from ._mixture import source_counts
 from ._recorder import Recorder, StageRecorder
 from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
@@ -373,9 +374,9 @@ class DataLoader:
         loader was created (on the profiling clock, as ``stats.started_s``)."""
         snap = self.recorder.snapshot()
         tuner = getattr(self, "_tuner", None)
-        if tuner is not None and tuner.decisions:
-            snap = dataclasses.replace(snap, autotune=tuple(tuner.decisions))
-        return dataclasses.replace(snap, memory=self.memory())
+        auto = tuple(tuner.decisions) if tuner is not None and tuner.decisions else snap.autotune
+        sources = source_counts(self.dataset, self._last_state)   # NOTE [ Mixture epochs ] in _mixture.py
+        return dataclasses.replace(snap, autotune=auto, memory=self.memory(), sources=sources)
 
     def memory(self) -> dict[str, int]:
         """Bytes this loader holds now, by part: ``"batch slots"`` (the arena's ring, the warm
@@ -543,9 +544,8 @@ class DataLoader:
             return self._state_of(last) if last is not None else state_between(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`, or :func:`loaderlib.merge_state_dicts`
-        of every rank's, which resumes on any number of ranks: NOTE [ Elastic resume ]) at the
-        next ``iter()``.
+        """Continue from ``state`` (:meth:`state_dict`, or :func:`loaderlib.merge_state_dicts` of
+        every rank's, which resumes on any layout: NOTE [ Elastic resume ]) at the next ``iter()``.
 
         Raises
         ------

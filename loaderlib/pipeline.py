@@ -46,7 +46,7 @@ import numpy as np
 
 from ._autotune import AUTOTUNE, attach, decisions_of, profiling_seconds, tune_knob
 from ._checks import check_int
-from ._pipeline import ops
+from ._pipeline import mix, ops
 from ._pipeline.cache import CachedImages, CacheFill, CacheNode, CacheStore
 from ._pipeline.engine import COUNT_KEEPING, _decodes, _Engine, _Head, _Source, _top_head, _warm_caller
 from ._pipeline.options import PipelineOptions
@@ -202,6 +202,53 @@ class Pipeline:
                 raise TypeError(f"Pipeline.zip takes pipelines, got {type(p).__name__}")
         return Pipeline(_Source("zip", None, parts=parts, keys=list(named) if named else None,
                                 what=f"zip of {len(parts)}"))
+
+    @staticmethod
+    def sample_from_datasets(pipelines: Sequence[Pipeline], weights: Sequence[float] | None = None,
+                             seed: int | None = None, stop_on_empty_dataset: bool = False) -> Pipeline:
+        """Elements drawn at random from ``pipelines``, pipeline ``k`` with probability
+        ``weights[k]``, as ``tf.data.Dataset.sample_from_datasets``.
+
+        Parameters
+        ----------
+        pipelines : sequence of Pipeline
+            Pipelines with compatible element specs.
+        weights : sequence of float, optional
+            Non-negative, finite, not all zero; normalised (default: uniform).
+        seed : int, optional
+            Keys the draws (default: this pipeline's seed); each iteration draws afresh.
+        stop_on_empty_dataset : bool
+            True: the output ends when a drawn pipeline has no element left. False (default):
+            that pipeline leaves the draw and the others continue with their weights
+            renormalised, until every pipeline of positive weight is used up.
+
+        Resume is exact (NOTE [ Mixing pipelines ] in ``_pipeline/mix.py``).
+        """
+        parts = _mix_parts(pipelines, "sample_from_datasets")
+        w = mix.check_weights(weights, len(parts))
+        if seed is not None:
+            check_int(seed, "seed")
+        what = (f"sample_from_datasets of {len(parts)}, weights {[round(float(x), 6) for x in w]}, seed {seed}, "
+                f"stop_on_empty_dataset={bool(stop_on_empty_dataset)}")
+        return Pipeline(_Source("sample", None, parts=parts, what=what,
+                                mix={"weights": w, "seed": seed, "stop": bool(stop_on_empty_dataset)}))
+
+    @staticmethod
+    def choose_from_datasets(pipelines: Sequence[Pipeline], choices: Pipeline,
+                             stop_on_empty_dataset: bool = True) -> Pipeline:
+        """For each integer ``c`` of ``choices``, the next element of ``pipelines[c]``, as
+        ``tf.data.Dataset.choose_from_datasets``.
+
+        A choice outside ``[0, len(pipelines))`` or not an integer raises, naming its position.
+        With ``stop_on_empty_dataset`` (default) the output ends when a chosen pipeline has no
+        element left; without it that choice is passed over. Resume is exact.
+        """
+        parts = _mix_parts(pipelines, "choose_from_datasets")
+        if not isinstance(choices, Pipeline):
+            raise TypeError(f"choose_from_datasets: choices must be a Pipeline of integers, got {type(choices).__name__}")
+        what = f"choose_from_datasets of {len(parts)}, stop_on_empty_dataset={bool(stop_on_empty_dataset)}"
+        return Pipeline(_Source("choose", None, parts=parts, what=what,
+                                mix={"choices": choices, "stop": bool(stop_on_empty_dataset)}))
 
     # -- steps -----------------------------------------------------------------------
     def _then(self, step: Step) -> Pipeline:
@@ -819,3 +866,16 @@ class PipelineIterator:
             ops.close(self._it)
         except Exception:  # noqa: BLE001, S110
             pass
+
+
+def _mix_parts(pipelines: Any, name: str) -> list[Pipeline]:
+    """The pipelines of a mixing source, checked (NOTE [ Mixing pipelines ] in ``_pipeline/mix.py``)."""
+    if isinstance(pipelines, Pipeline) or not hasattr(pipelines, "__iter__"):
+        raise TypeError(f"{name}: pipelines must be a sequence of Pipelines, got {type(pipelines).__name__}")
+    parts = list(pipelines)
+    if not parts:
+        raise ValueError(f"{name}: pipelines is empty")
+    for k, p in enumerate(parts):
+        if not isinstance(p, Pipeline):
+            raise TypeError(f"{name}: pipelines[{k}] is a {type(p).__name__}, not a Pipeline")
+    return parts

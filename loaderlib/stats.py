@@ -480,6 +480,9 @@ class Stats:
     memory : dict
         Bytes the loader holds now, by part (``DataLoader.memory()``); empty from a bare
         recorder.
+    sources : dict
+        For a :class:`~loaderlib.MixtureDataset`: samples of each source (named ``[k] repr``)
+        delivered so far in the current or last epoch; empty for other datasets.
     """
 
     enabled: bool
@@ -514,6 +517,7 @@ class Stats:
     extract: ExtractStats | None = None
     memory: dict = dataclasses.field(default_factory=dict)
     batch_log: tuple = ()
+    sources: dict = dataclasses.field(default_factory=dict)
 
     # -- derived figures -----------------------------------------------------------------
     @property

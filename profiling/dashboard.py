@@ -413,6 +413,9 @@ class Dashboard:
                 ("read MB/s", f"{ex.bytes_per_s / 1e6:,.1f}"),
                 ("waited for bytes", f"{ex.read_wait_s:.2f} thread-s"),
             ]
+        per_source = getattr(stats, "sources", None) or {}
+        if per_source:   # a MixtureDataset: samples delivered per source this epoch
+            cells.append(("per source", ", ".join(f"{k.split(' ', 1)[0]} {v:,}" for k, v in per_source.items())))
         mem = getattr(stats, "memory", None) or {}
         if mem:
             cells.append(("memory", ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in mem.items())))

@@ -77,6 +77,7 @@ class NativeProducer(Producer):
                  knobs: _Knobs, recorder: Recorder, on_error: str, batch_size: int, timeout: float | None = None,
                  read_budget: int | None = None) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
+        src = src.at_epoch(state.epoch, state.seed)   # NOTE [ Datasets that change with the epoch ]
         self.src = src
         self.knobs = knobs
         self.leases_at_submit = src.kind is not SourceKind.ARRAYS   # start() leases; arrays are taken at finish
@@ -144,7 +145,7 @@ class NativeProducer(Producer):
         t0 = _clock()
         _lease, views = self.arena.acquire(self._layout(idx.size))
         for a, v in zip(self._arrays, views):
-            np.take(a, idx, axis=0, out=v, mode=self._take_mode)
+            np.take(a, self.src.rows(idx), axis=0, out=v, mode=self._take_mode)
         if self.rec.enabled:
             dt = _clock() - t0
             self.rec.batch_done(idx.size, {"collate": dt}, dt, 1)
@@ -280,7 +281,7 @@ class NativeProducer(Producer):
         t_col = _clock()
         if self.src.labels is not None:
             lab = views[1][:filled]
-            np.take(self.src.labels, sel, axis=0, out=lab, mode=self._take_mode)
+            np.take(self.src.labels, self.src.rows(sel), axis=0, out=lab, mode=self._take_mode)
             out.append(lab)
         now = _clock()
         stages: dict[str, int] = {}

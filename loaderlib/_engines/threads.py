@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .. import _threads
+from .._dataset_base import at_epoch
 from .._extract.readahead import ReadAhead, read_ahead_for
 from .._extract.source import native_source_of
 from .._recorder import Recorder
@@ -303,6 +304,7 @@ class ThreadsProducer(Producer):
                  on_error: str, state: RunState, io_depth: int | None = 0, batch_size: int = 1,
                  timeout: float | None = None, read_budget: int | None = None, read_hint: dict | None = None) -> None:
         super().__init__(state=state, recorder=recorder, on_error=on_error)
+        dataset = at_epoch(dataset, state.epoch, state.seed)   # NOTE [ Datasets that change with the epoch ]
         self.dataset = dataset
         self.reader: ReadAhead | None = None   # NOTE [ Read-ahead for Python reads ] (_load_ahead)
         base = dataset.unwrap()[0] if isinstance(dataset, _TransformDataset) else dataset

@@ -27,6 +27,7 @@ import cloudpickle
 import numpy as np
 
 from .._chain import compile_chain
+from .._dataset_base import at_epoch
 from .._extract.readahead import ReadAhead
 from .._extract.source import NativeSource, SourceKind, native_error
 from .._iterable import RankStride
@@ -170,14 +171,15 @@ class NativePrefix:
         self._run: tuple = ()
         self._reader: ReadAhead | None = None
         self._pos = 0
+        self._bound: tuple = (None, None, None)   # (epoch, seed, source) of a source that changes with the epoch
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_plan=None, _buf=None, _run=(), _reader=None, _pos=0)
+        state.update(_plan=None, _buf=None, _run=(), _reader=None, _pos=0, _bound=(None, None, None))
         return state
 
     def source(self, i: int) -> str | None:
-        return self.src.source(i)
+        return (self._bound[2] or self.src).source(i)
 
     def run(self, indices: np.ndarray, seed: int, epoch: int) -> None:
         """Decode and transform ``indices`` natively; :meth:`item` then gives each sample."""
@@ -187,14 +189,22 @@ class NativePrefix:
         if self._buf is None or self._buf.shape[0] < n:
             self._buf = np.empty((max(n, 1), *plan.sample_shape), plan.dtype)
         out = self._buf[:n]
-        reader, pos = self._read_ahead(indices)
-        st = self.src.run(plan, indices, out, seed=seed, epoch=epoch, num_threads=1, timings=None, positions=pos,
-                          reader=reader)
+        if self.src.epoch_map is not None and self._bound[:2] != (epoch, seed):
+            # NOTE [ Datasets that change with the epoch ] (_mixture.py): rows of this task's epoch;
+            # the read-ahead stage reads through the bound source, so it is made again.
+            self._bound = (epoch, seed, self.src.at_epoch(epoch, seed))
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+        src = self._bound[2] if self.src.epoch_map is not None else self.src
+        reader, pos = self._read_ahead(src, indices)
+        st = src.run(plan, indices, out, seed=seed, epoch=epoch, num_threads=1, timings=None, positions=pos,
+                     reader=reader)
         if reader is not None:
             reader.adapt(1)
-        self._run = (indices, out, st, seed, epoch)
+        self._run = (indices, out, st, seed, epoch, src)
 
-    def _read_ahead(self, indices: np.ndarray) -> tuple[ReadAhead | None, np.ndarray | None]:
+    def _read_ahead(self, src: NativeSource, indices: np.ndarray) -> tuple[ReadAhead | None, np.ndarray | None]:
         """The read-ahead stage of this worker and the task's positions (None, None: none).
 
         NOTE [ Read-ahead in workers ]
@@ -204,11 +214,11 @@ class NativePrefix:
         task's reads at once on its IO threads, ``io_depth`` in flight (adaptive by default),
         and the thread decodes them as they arrive. Positions are the worker's own count of
         samples, so they only ever increase."""
-        if self.src.kind not in (SourceKind.FILES, SourceKind.SHARDS) or self.io_depth == 0 or not indices.size:
+        if src.kind not in (SourceKind.FILES, SourceKind.SHARDS) or self.io_depth == 0 or not indices.size:
             return None, None
         n = indices.size
         if self._reader is None or self._reader.held < n or not self._reader.native.usable:
-            self._reader = ReadAhead(self.src, np.zeros(0, np.int64), io_depth=self.io_depth, batch_size=n,
+            self._reader = ReadAhead(src, np.zeros(0, np.int64), io_depth=self.io_depth, batch_size=n,
                                      lookahead=1, timeout=self.timeout)
         pos = np.arange(self._pos, self._pos + n, dtype=np.int64)
         self._pos += n
@@ -218,16 +228,17 @@ class NativePrefix:
     def item(self, j: int) -> Any:
         """Sample ``j`` of the last :meth:`run`: its native output through the Python tail.
         Raises the sample's DecodeError when the native prefix failed on it."""
-        indices, out, st, seed, epoch = self._run
+        indices, out, st, seed, epoch, src = self._run
         i = int(indices[j])
         if not st.ok[j]:
-            raise native_error(self.src, st, j, indices)
+            raise native_error(src, st, j, indices)
         why = getattr(st, "warnings", {}).get(j)
         if why is not None:
-            warnings.warn(f"sample {i} {self.src.source(i)!r} decoded from corrupt data ({why}); pass "
+            warnings.warn(f"sample {i} {src.source(i)!r} decoded from corrupt data ({why}); pass "
                           "Decode(strict=True) to refuse such images", DecodeWarning, stacklevel=2)
-        labels = self.src.labels
-        item = out[j] if labels is None else (out[j], labels[i].item() if labels.ndim == 1 else labels[i].copy())
+        labels = src.labels
+        r = int(src.rows(indices[j:j + 1])[0]) if src.epoch_map is not None else i
+        item = out[j] if labels is None else (out[j], labels[r].item() if labels.ndim == 1 else labels[r].copy())
         return python_tail(item, self.suffix, self.position, self.others, seed, epoch, i)
 
 
@@ -255,6 +266,17 @@ def _run(conn: Connection) -> None:
     _send(conn, Ready(os.getpid()))
     maps = _Maps()
     src_of = prefix.source if prefix is not None else getattr(dataset, "source", None)
+    epochs: dict = {}
+
+    def bound(epoch: int, seed: int) -> Any:
+        """The dataset as a task of ``epoch`` reads it (NOTE [ Datasets that change with the epoch ])."""
+        nonlocal src_of
+        if (epoch, seed) not in epochs:
+            epochs.clear()
+            epochs[(epoch, seed)] = at_epoch(dataset, epoch, seed)
+        ds = epochs[(epoch, seed)]
+        src_of = getattr(ds, "source", None)
+        return ds
     pending: collections.deque[Work | IterStart] = collections.deque()
     cancelled: set[int] = set()
     own: Any = iter(())   # this worker's items of an iterable dataset's epoch
@@ -309,9 +331,10 @@ def _run(conn: Connection) -> None:
             except Exception as e:  # noqa: BLE001 - a failure of the whole call (not of one sample)
                 _send(conn, _failed(task_id, e))
                 continue
+        ds = dataset if prefix is not None else bound(msg.epoch, msg.seed)
         for j, i in enumerate(indices.tolist()):
             try:
-                samples.append(dataset[i] if prefix is None else prefix.item(j))
+                samples.append(ds[i] if prefix is None else prefix.item(j))
             except Exception as e:  # noqa: BLE001
                 src = None
                 if callable(src_of):

@@ -17,7 +17,7 @@ format (or a new store) is one dataset class with one method; the reading itself
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -80,6 +80,10 @@ class NativeSource:
         # one iteration (``repeat``) numbers the k-th pass's sample i as ``k * wrap + i``, so
         # each pass gets its own augmentation key; the data read is sample ``v % wrap``.
         self.wrap: int | None = None
+        # NOTE [ Datasets that change with the epoch ] (_mixture.py): ``epoch_map(epoch, seed)``
+        # gives an epoch's ``remap`` (stream index -> row); set by ``at_epoch``, needed to read.
+        self.epoch_map: Callable[[int, int], np.ndarray] | None = None
+        self.remap: np.ndarray | None = None
 
     def __repr__(self) -> str:
         return f"NativeSource({self.kind.name}, {self.description})"
@@ -96,26 +100,52 @@ class NativeSource:
         """Whether the samples are encoded images the kernels decode."""
         return self.kind in (SourceKind.FILES, SourceKind.SHARDS, SourceKind.BUFFERS)
 
-    def with_wrap(self, n: int) -> NativeSource:
-        """This source numbered with virtual indices modulo ``n`` (NOTE [ Virtual indices ])."""
+    def _copy(self) -> NativeSource:
         out = NativeSource(self.kind, stage=self.stage, paths=self.paths, dataset=self.dataset, labels=self.labels,
                            arrays=self.arrays, description=self.description)
+        out.wrap, out.epoch_map, out.remap = self.wrap, self.epoch_map, self.remap
+        return out
+
+    def with_wrap(self, n: int) -> NativeSource:
+        """This source numbered with virtual indices modulo ``n`` (NOTE [ Virtual indices ])."""
+        out = self._copy()
         out.wrap = int(n)
         return out
 
+    def at_epoch(self, epoch: int, seed: int) -> NativeSource:
+        """This source as a run of ``epoch`` (seeded ``seed``) reads it: itself, unless its rows
+        change with the epoch (NOTE [ Datasets that change with the epoch ] in ``_mixture.py``)."""
+        if self.epoch_map is None:
+            return self
+        out = self._copy()
+        out.remap = np.asarray(self.epoch_map(int(epoch), int(seed)), np.int64)
+        return out
+
     def data_index(self, idx: np.ndarray) -> np.ndarray:
-        """The dataset indices of the stream indices ``idx`` (NOTE [ Virtual indices ])."""
-        return idx % self.wrap if self.wrap else idx
+        """The dataset indices of the stream indices ``idx`` (NOTE [ Virtual indices ]; rows of an
+        epoch's ``remap``, NOTE [ Datasets that change with the epoch ])."""
+        d = idx % self.wrap if self.wrap else idx
+        if self.epoch_map is None:
+            return d
+        if self.remap is None:
+            raise RuntimeError(f"{self!r} changes with the epoch: read it through at_epoch(epoch, seed)")
+        return self.remap[d]
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """What ``np.take`` of the labels or arrays gets for stream indices ``idx``, with :attr:`take_mode`."""
+        return idx if self.epoch_map is None else self.data_index(np.asarray(idx, np.int64))
 
     @property
     def take_mode(self) -> Literal["raise", "wrap"]:
         """``np.take`` mode that maps stream indices to rows (NOTE [ Virtual indices ])."""
-        return "wrap" if self.wrap else "raise"
+        return "wrap" if self.wrap and self.epoch_map is None else "raise"
 
     def source(self, i: int) -> str | None:
         """The path or record key of stream index ``i``, for messages."""
-        i = int(i) % self.wrap if self.wrap else int(i)
+        i = int(self.data_index(np.asarray([int(i)], np.int64))[0])
         if self.kind is SourceKind.FILES:
+            if self.epoch_map is not None and self.dataset is not None:
+                return self.dataset.source(i)   # names the mixture's source too
             return self._file_paths()[i]
         if self.kind is SourceKind.ARRAYS:
             return None
@@ -196,7 +226,7 @@ def announce_order(src: NativeSource | None, stream: np.ndarray, start: int = 0)
     ``plan_epoch(indices)``; the loader calls it with the dataset indices of the stream, once
     per run, before the run's first read. Datasets without it are not asked.
     """
-    if src is None:
+    if src is None or src.epoch_map is not None:   # a mixture's sources are local (_mixture.py)
         return
     hook = getattr(src.dataset, "plan_epoch", None)
     if callable(hook):

@@ -20,10 +20,10 @@ from ..datasets import ArrayDataset, Dataset, ImageFolderDataset, ImageListDatas
 from ..loader import DataLoader
 from ..records import RecordFileDataset
 from ..sampler import EpochOrder
-from . import ops
+from . import mix, ops
 from .options import PipelineOptions
 from .plan import PipelineLike, PipelineView
-from .spec import TensorSpec, spec_of
+from .spec import TensorSpec, relax, spec_of
 
 #: Steps that keep the element count (a resume can skip inside the engine stage below them).
 COUNT_KEEPING = (ops.Map, ops.Prefetch)
@@ -36,23 +36,26 @@ class _Source:
     native = False
 
     def __init__(self, kind: str, dataset: Any = None, *, make: Callable | None = None, what: str = "",
-                 parts: Sequence[PipelineView] | None = None, keys: Any = None) -> None:
+                 parts: Sequence[PipelineView] | None = None, keys: Any = None, mix: dict | None = None) -> None:
         self.kind = kind
         self.dataset = dataset
         self.make = make
         self.what = what
         self.parts = list(parts) if parts is not None else None
         self.keys = keys
+        self.mix = mix or {}   # sample/choose: weights, seed, stop, choices (NOTE [ Mixing pipelines ])
         self._peeked: list | None = None
         self._lock = threading.Lock()
-        if kind in ("iterable", "zip"):
+        if kind in ("iterable", "zip", "sample", "choose"):
             self.indexable = False
 
     def fingerprint(self) -> Any:
         """What identifies the source's data (files with sizes and mtimes; array digests)."""
         ds = self.dataset
-        if self.kind == "zip":
-            return ["zip", [p._fingerprint() for p in self._parts()]]
+        if self.kind in ("zip", "sample", "choose"):
+            extra = ([self.mix["choices"]._fingerprint()] if self.kind == "choose" else
+                     [list(map(float, self.mix["weights"])), self.mix["seed"]] if self.kind == "sample" else [])
+            return [self.kind, [p._fingerprint() for p in self._parts()], *extra, self.mix.get("stop")]
         paths = getattr(ds, "paths", None)
         if paths is not None:
             files = []
@@ -79,6 +82,12 @@ class _Source:
         if self.kind == "zip":
             specs = [p.element_spec for p in self._parts()]
             return tuple(specs) if self.keys is None else dict(zip(self.keys, specs))
+        if self.kind in ("sample", "choose"):
+            parts = self._parts()
+            spec = parts[0].element_spec
+            for k, p in enumerate(parts[1:], 1):
+                spec = relax(spec, p.element_spec, f"{self.what}: pipeline {k}'s element spec differs from pipeline 0's: ")
+            return spec
         if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
             return image if ds.labels is None else (image, TensorSpec((), np.int64))
         if isinstance(ds, RecordFileDataset):
@@ -107,6 +116,10 @@ class _Source:
     def node(self, ctx: ops.Context) -> ops.Node:
         if self.kind == "zip":
             return ops.Zip(self._parts(), "tuple" if self.keys is None else list(self.keys), ctx)
+        if self.kind == "sample":
+            return mix.SampleFrom(self._parts(), self.mix["weights"], self.mix["seed"], self.mix["stop"], ctx)
+        if self.kind == "choose":
+            return mix.ChooseFrom(self._parts(), self.mix["choices"], self.mix["stop"], ctx)
         if not self.indexable:
             return ops.IterableSource(self._open_iterable, self.what)
         ds = self.dataset

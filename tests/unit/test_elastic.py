@@ -446,3 +446,30 @@ def test_the_guides_in_process_snippet_runs():
     assert snippets
     for code in snippets:
         exec(compile(code, "training-at-scale.md", "exec"), {"__name__": "__doc_snippet__"})  # noqa: S102
+
+
+def test_a_mixture_resumes_on_another_world_size():
+    """A MixtureDataset's index i of epoch e is a pure function of (seed, e, i): sharded, it
+    resumes on another world size like any dataset read by index."""
+    a, b = ll.ArrayDataset(np.arange(20)), ll.ArrayDataset(np.arange(1000, 1007))
+    mix = ll.MixtureDataset([a, b], weights=[0.6, 0.4], size=N, seed=3)
+    sources, samples = mix.epoch_indices(0)
+    value = np.where(sources == 0, samples, 1000 + samples)    # what mixture index i reads in epoch 0
+
+    def make(world, rank):
+        return ll.DataLoader(mix, batch_size=BATCH, seed=SEED, num_threads=1,
+                             sampler=ll.ShardedSampler(world, rank, shuffle=True, seed=ORDER_SEED))
+
+    states = []
+    for r in range(3):
+        ld = make(3, r)
+        next(iter(ld))
+        states.append(ld.state_dict())
+        ld.close()
+    merged = ll.merge_state_dicts(states)
+    want = _model(0, 3, [BATCH] * 3, 2, False, "keep")
+    for r in range(2):
+        ld = make(2, r)
+        ld.load_state_dict(merged)
+        assert [x.tolist() for x in ld] == [value[w].tolist() for w in want[r]]
+        ld.close()
