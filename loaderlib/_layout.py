@@ -63,7 +63,10 @@ def positions_to_json(mask: np.ndarray) -> dict:
 def positions_from_json(d: Any, length: int) -> np.ndarray:
     """The boolean mask over ``range(length)`` of :func:`positions_to_json`'s ``d``."""
     if isinstance(d, dict) and "ranges" in d:
-        r = np.asarray(d["ranges"], np.int64).reshape(-1)
+        try:
+            r = np.asarray(d["ranges"], np.int64).reshape(-1)
+        except (TypeError, ValueError):
+            raise StateError(f"the state's position ranges are not integers: {d['ranges']!r:.80}") from None
         if r.size % 2 or (r.size and (r[0] < 0 or r[-1] > length or np.any(np.diff(r) < 0))):
             raise StateError(f"the state's position ranges are not sorted pairs within [0, {length}]")
         delta = np.zeros(length + 1, np.int64)

@@ -243,14 +243,19 @@ def localize(mine: dict, sampler: Any, merged: dict) -> dict:
     ``merged`` (NOTE [ Elastic resume ]); raises StateError where it cannot."""
     if merged.get("version") != STATE_VERSION:
         raise StateError(f"state version {merged.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
-    for key in ("epoch", "layout", "ranks"):
+    iterable = merged.get("sampler") == "iterable"
+    for key in ("epoch", "layout", "ranks") + (() if iterable else ("dataset_length", "remaining")):
         if key not in merged:
             raise StateError(f"the merged state has no {key!r} entry")
     saved, lay = merged["layout"], mine.get("layout")
+    world = saved.get("world_size", saved.get("num_shards")) if isinstance(saved, dict) else None
+    if not isinstance(merged["ranks"], list) or len(merged["ranks"]) != world:
+        raise StateError(f"the merged state's layout has {world!r} ranks, but it lists the positions of "
+                         f"{len(merged['ranks']) if isinstance(merged['ranks'], list) else 'no'} ranks")
     head = {key: merged.get(key) for key in ("version", "dataset_length", "seed", "batch_size", "last_batch",
                                              "sampler", "order")}
     e = int(merged["epoch"])
-    if merged.get("sampler") == "iterable":
+    if iterable:
         if mine.get("sampler") != "iterable":
             raise StateError(f"the merged state is of an iterable dataset, this loader has sampler {mine['sampler']!r}")
         assert lay is not None   # an iterable loader's header has its layout

@@ -361,6 +361,12 @@ def test_corrupt_position_sets_are_refused(data):
         ld.load_state_dict(dict(merged, remaining={"bitmap": "not base64 zlib", "length": N}))
     with pytest.raises(ll.StateError, match="position set is"):
         ld.load_state_dict(dict(merged, remaining=[1, 2, 3]))
+    with pytest.raises(ll.StateError, match="not integers"):
+        ld.load_state_dict(dict(merged, remaining={"ranges": ["a", "b"]}))
+    with pytest.raises(ll.StateError, match="has no 'remaining' entry"):
+        ld.load_state_dict({k: v for k, v in merged.items() if k != "remaining"})
+    with pytest.raises(ll.StateError, match="layout has 2 ranks, but it lists the positions of 1"):
+        ld.load_state_dict(dict(merged, ranks=merged["ranks"][:1]))
 
 
 def test_position_sets_round_trip():
