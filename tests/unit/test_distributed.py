@@ -76,6 +76,7 @@ def _logged(out) -> list[list[int]]:
     return [[v for line in f.read_text().splitlines() for v in json.loads(line)] for f in files]
 
 
+@pytest.mark.slow   # three torchrun jobs: `make test` runs it, `make test-fast` leaves it out
 def test_torchrun_job_killed_mid_epoch_resumes_on_three_ranks_and_on_one(tmp_path):
     """A 2-rank job is SIGKILLed mid-epoch once rank 0 has saved every rank's state; restarted
     on 3 ranks, and (from the same checkpoint) on 1, it delivers the rest of the epoch: the
