@@ -414,6 +414,11 @@ def test_iterable_splits_again_after_a_round_every_rank_finished():
     with pytest.raises(ll.StateError, match="rank 0 of world_size 2.*rank 0 of world_size 3.*merge_state_dicts"):
         _iter_loader(3, 0).load_state_dict(states[0])
     merged = ll.merge_state_dicts(states)
+    for r in range(2):   # on the same world size: each rank's own state
+        own, again = _iter_loader(2, r), _iter_loader(2, r)
+        own.load_state_dict(states[r])
+        again.load_state_dict(merged)
+        assert [x.tolist() for x in again] == [x.tolist() for x in own]
     second, counts = [], []
     for r in range(3):
         ld = _iter_loader(3, r)
