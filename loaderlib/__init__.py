@@ -20,6 +20,7 @@ from . import batchify, sampler, transforms
 from ._autotune import AUTOTUNE
 from ._build import build_info
 from ._device import DeviceLoader, to_device
+from ._loader.elastic import merge_state_dicts
 from ._recorder import StageRecorder
 from ._threads import available_cpus, default_num_threads
 from ._worker_info import WorkerInfo, get_worker_info
@@ -96,6 +97,7 @@ __all__ = [
     "default_num_threads",
     "get_worker_info",
     "jpeg_info",
+    "merge_state_dicts",
     "pack",
     "sampler",
     "to_device",

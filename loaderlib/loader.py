@@ -523,9 +523,8 @@ class DataLoader:
                 target.set_epoch(int(epoch))
             self._epoch = int(epoch)
 
-    def _state_of(self, state: RunState) -> dict:
-        """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
-        return state_of(self, state)
+    #: ``_state_of(run_state)``: the loader state that continues after the last batch it delivered.
+    _state_of = state_of
 
     def state_dict(self) -> dict:
         """The position in the data as plain JSON (never pickle).
@@ -545,15 +544,16 @@ class DataLoader:
             return self._state_of(last) if last is not None else state_between(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`) at the next ``iter()``.
+        """Continue from ``state`` (:meth:`state_dict`, or :func:`loaderlib.merge_state_dicts` of
+        every rank's, which resumes on any layout: NOTE [ Elastic resume ]) at the next ``iter()``.
 
         Raises
         ------
         StateError
             The state is from another version, dataset length, seed, batch size,
-            ``last_batch`` mode or sampler; the message says which.
+            ``last_batch`` mode, sampler or shard layout; the message says which.
         """
-        check_state(self, state)
+        state = check_state(self, state)
         s = self._pure_sampler()
         with self._lock:
             self._warm.drop()

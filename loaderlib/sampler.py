@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_int
+from ._layout import segment_items, shard_of
 
 __all__ = [
     "LAST_BATCH_MODES",
@@ -84,6 +85,14 @@ class Sampler:
         even if the sampler changed since (see :meth:`WeightedRandomSampler.set_weights`).
         """
         return {}
+
+    def key_for(self, epoch: int) -> dict:
+        """The order key of ``epoch`` (:meth:`order_key`, unless an elastic resume gave that
+        epoch its own part of the order: NOTE [ Elastic resume ] in ``_loader/elastic.py``)."""
+        return self.order_key()
+
+    def use_key(self, epoch: int, key: dict) -> None:
+        """A resumed ``epoch`` runs with order key ``key`` (taken from a saved state)."""
 
     def state_dict(self) -> dict:
         """JSON-serialisable state: the next epoch and the order key."""
@@ -309,6 +318,10 @@ class ShardedSampler(Sampler):
     positions ``k, k + num_shards, ...`` of the (shuffled) order, so shards are disjoint
     apart from the padding.
 
+    The full order is the same for every layout, so the states of all ranks, merged with
+    :func:`loaderlib.merge_state_dicts`, resume on any number of shards: the rest of the epoch
+    is split again (NOTE [ Elastic resume ] in ``_loader/elastic.py``).
+
     Parameters
     ----------
     num_shards, shard_id : int
@@ -333,13 +346,30 @@ class ShardedSampler(Sampler):
         self.seed = 0 if seed is None else int(seed)
         self.drop_last = bool(drop_last)
         self._length = None if length is None else _check_length(length)
+        self._segment: tuple[int, dict] | None = None   # (epoch, what is left of it) after an elastic resume
 
     def bind(self, length: int) -> ShardedSampler:
         """A copy of this sampler for a dataset of ``length`` samples (used by DataLoader)."""
         s = ShardedSampler(self.num_shards, self.shard_id, length, shuffle=self.shuffle,
                            seed=self.seed, drop_last=self.drop_last)
         s._next_epoch = self._next_epoch
+        s._segment = self._segment
         return s
+
+    def layout(self) -> dict:
+        """Where this shard sits: ``num_shards``, ``shard_id``, ``drop_last`` (plain JSON)."""
+        return {"num_shards": self.num_shards, "shard_id": self.shard_id, "drop_last": self.drop_last}
+
+    def global_order(self) -> dict:
+        """What the full order (before sharding) is a function of, besides the epoch."""
+        return {"shuffle": self.shuffle, "seed": self.seed}
+
+    def key_for(self, epoch: int) -> dict:
+        seg = self._segment
+        return {"segment": seg[1]} if seg is not None and seg[0] == int(epoch) else {}
+
+    def use_key(self, epoch: int, key: dict) -> None:
+        self._segment = (int(epoch), key["segment"]) if key and "segment" in key else None
 
     def _need_length(self) -> int:
         if self._length is None:
@@ -350,16 +380,17 @@ class ShardedSampler(Sampler):
         n, k = self._need_length(), self.num_shards
         return n // k if self.drop_last else -(-n // k)
 
+    def full_order(self, epoch: int) -> np.ndarray:
+        """The epoch's order before sharding: the same for every layout."""
+        n = self._need_length()
+        return _rng(self.seed, epoch).permutation(n) if self.shuffle else np.arange(n, dtype=np.int64)
+
     def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
-        n, k = self._need_length(), self.num_shards
-        full = _rng(self.seed, epoch).permutation(n) if self.shuffle else np.arange(n)
-        per = len(self)
-        total = per * k
-        if total > n:  # pad by wrapping around (n > 0 here, since per > 0)
-            full = np.resize(full, total)
-        else:
-            full = full[:total]
-        return full[self.shard_id::k].astype(np.int64, copy=False)
+        full = self.full_order(epoch)
+        seg = (self.key_for(epoch) if key is None else key).get("segment")
+        if seg is not None:   # an elastic resume: what was left of the epoch
+            full = segment_items(full, seg)
+        return shard_of(full, self.num_shards, self.shard_id, self.drop_last).astype(np.int64, copy=False)
 
     def __repr__(self) -> str:
         return f"ShardedSampler({self.num_shards}, {self.shard_id}, length={self._length})"
@@ -457,7 +488,7 @@ class BatchSampler:
         """
         if not isinstance(self.sampler, Sampler):
             raise TypeError("plan_epoch needs a loaderlib Sampler (its order is a pure function of the epoch)")
-        key = self.sampler.order_key() if key is None else key
+        key = self.sampler.key_for(int(epoch)) if key is None else key
         carry = self._carry if carry is None else np.asarray(carry, np.int64)
         return self._plan(self.sampler.order(int(epoch), key), epoch, key, carry)
 

@@ -10,26 +10,29 @@ import numpy as np
 from .._engines.base import RunState
 from .._iterable import cannot_resume, is_stateful
 from ..errors import StateError
-from ..sampler import BatchSampler, EpochOrder
+from ..sampler import BatchSampler, EpochOrder, ShardedSampler
+from .elastic import STATE_VERSION, layout_error, localize
 
 if TYPE_CHECKING:   # loader.py imports this module
     from ..loader import DataLoader
 
-#: Version of the dict :meth:`DataLoader.state_dict` returns; bumped when its meaning changes.
-STATE_VERSION = 1
-
 
 def header(ld: DataLoader) -> dict:
     """What a state must match to be loaded: version, dataset length, seed, batch size,
-    last_batch mode, sampler (and rank and world size for an iterable)."""
+    last_batch mode, sampler, and the shard layout with the global order's key (a
+    ShardedSampler's; the rank and world size of an iterable): NOTE [ Elastic resume ]."""
     s = ld.sampler
     if ld._iterable:
         return {"version": STATE_VERSION, "dataset_length": None, "seed": int(ld.seed),
                 "batch_size": ld._batch_size, "last_batch": ld._last_batch, "sampler": "iterable",
-                "rank": ld.rank, "world_size": ld.world_size}
-    return {"version": STATE_VERSION, "dataset_length": len(ld.dataset), "seed": int(ld.seed),
-            "batch_size": ld._batch_size, "last_batch": ld._last_batch,
-            "sampler": type(s).__name__ if s is not None else type(ld._batch_sampler).__name__}
+                "rank": ld.rank, "world_size": ld.world_size, "layout": {"world_size": ld.world_size,
+                                                                         "rank": ld.rank}}
+    d = {"version": STATE_VERSION, "dataset_length": len(ld.dataset), "seed": int(ld.seed),
+         "batch_size": ld._batch_size, "last_batch": ld._last_batch,
+         "sampler": type(s).__name__ if s is not None else type(ld._batch_sampler).__name__}
+    if isinstance(s, ShardedSampler):
+        d["layout"], d["order"] = s.layout(), s.global_order()
+    return d
 
 
 def state_of(ld: DataLoader, state: RunState) -> dict:
@@ -66,28 +69,38 @@ def state_between(ld: DataLoader, epoch: int | None = None, carry: np.ndarray | 
     bsamp = ld._batch_sampler
     if carry is None:
         carry = bsamp._carry if isinstance(bsamp, BatchSampler) else np.zeros(0, np.int64)
-    d = {**header(ld), "epoch": int(ld.epoch if epoch is None else epoch), "delivered": 0, "position": 0,
-         "carry": np.asarray(carry, np.int64).tolist(), "order_key": s.order_key() if s is not None else {}}
+    d_epoch = int(ld.epoch if epoch is None else epoch)
+    d = {**header(ld), "epoch": d_epoch, "delivered": 0, "position": 0,
+         "carry": np.asarray(carry, np.int64).tolist(), "order_key": s.key_for(d_epoch) if s is not None else {}}
     if s is not None:
         d["sampler_state"] = s.state_dict()
         d["sampler_state"]["epoch"] = d["epoch"]
     return d
 
 
-def check_state(ld: DataLoader, state: Any) -> None:
-    """Raise StateError unless ``state`` can continue loader ``ld`` (NOTE [ Iterator state ])."""
+def check_state(ld: DataLoader, state: Any) -> dict:
+    """The state that continues loader ``ld`` from ``state`` (a merged one becomes this rank's:
+    NOTE [ Elastic resume ]); raise StateError unless it can (NOTE [ Iterator state ])."""
     if not isinstance(state, dict):
         raise StateError(f"a loader state is a dict, got {type(state).__name__}")
+    mine = header(ld)
+    if state.get("kind") == "merged":
+        state = localize(mine, ld._pure_sampler(), state)
     if state.get("version") != STATE_VERSION:
         raise StateError(f"state version {state.get('version')!r} is not {STATE_VERSION} (this loaderlib)")
-    mine = header(ld)
     for key, what in (("dataset_length", "dataset length"), ("seed", "seed"), ("batch_size", "batch size"),
-                      ("last_batch", "last_batch mode"), ("sampler", "sampler"), ("rank", "rank"),
-                      ("world_size", "world size")):
+                      ("last_batch", "last_batch mode"), ("sampler", "sampler"), ("order", "global order")):
         if key == "seed" and state.get(key) != mine[key] and not ld._seed_given and state.get(key) is not None:
             continue   # this loader drew its seed: it takes the saved run's (adopted below)
+        if key == "order" and "order" not in state:
+            continue   # a state of a loaderlib that recorded no layout yet
         if key in mine and state.get(key) != mine[key]:
             raise StateError(f"the state is for {what} {state.get(key)!r}, this loader has {mine[key]!r}")
+    saved = state.get("layout")
+    if saved is None and ld._iterable:   # a state of a loaderlib that recorded no layout yet
+        saved = {"world_size": state.get("world_size"), "rank": state.get("rank")}
+    if "layout" in mine and saved is not None and saved != mine["layout"]:
+        raise layout_error(saved, mine["layout"], mine["sampler"])
     for key in ("epoch", "delivered", "position", "carry"):
         if key not in state:
             raise StateError(f"the state has no {key!r} entry")
@@ -98,6 +111,7 @@ def check_state(ld: DataLoader, state: Any) -> None:
                              "has no load_state_dict()")
     elif s is None and "stream" not in state and (state["delivered"] or state["position"]):
         raise StateError("a mid-epoch state of a sampler that is not a loaderlib Sampler needs its 'stream'")
+    return state
 
 
 def next_order(bsamp: Any, pure: bool, epoch: int) -> tuple[EpochOrder, int]:
@@ -125,6 +139,7 @@ def resumed_order(bsamp: Any, d: dict, drop_short: bool) -> tuple[EpochOrder, in
         order = EpochOrder(epoch, np.asarray(d["stream"], np.int64), [int(t) for t in d["targets"]],
                            drop_short, empty, empty, {})
         return order, 0, 0, epoch + 1
+    bsamp.sampler.use_key(epoch, d.get("order_key") or {})   # flush() and the warm epoch plan with it too
     order = bsamp.plan_epoch(epoch, key=d.get("order_key") or None, carry=np.asarray(d["carry"], np.int64))
     bsamp._carry = order.carry_out
     bsamp.sampler.set_epoch(epoch + 1)
