@@ -28,6 +28,7 @@ import numpy as np
 from ._checks import parse_bytes
 from ._extract.remote.files import RemoteFiles, remote_files
 from ._extract.remote.store import expand_urls
+from ._extract.remote.urls import expand_braces
 from ._extract.shardfiles import ShardFiles
 from ._extract.source import NativeSource, SourceKind
 from .datasets import Dataset, _check_index, _read_file
@@ -267,6 +268,9 @@ def _expand(paths: Any, remote: RemoteFiles | None = None) -> list[str]:
                            suffixes=(RECORD_EXT, ".rec"))
     if isinstance(paths, (str, os.PathLike)):
         p = os.fspath(paths)
+        names = expand_braces(p)   # NOTE [ Brace patterns are bounded ] in _extract/remote/urls.py
+        if names != [p]:
+            return [f for q in names for f in _expand(q)]
         if any(c in p for c in "*?["):
             found = sorted(f for f in glob.glob(p) if not f.endswith((INDEX_EXT, ".idx")))
             if not found:

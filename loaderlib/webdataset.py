@@ -17,7 +17,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +25,7 @@ import numpy as np
 
 from ._extract.remote.files import remote_files
 from ._extract.remote.store import expand_urls
+from ._extract.remote.urls import expand_braces
 from ._extract.shardfiles import ShardFiles
 from ._extract.source import NativeSource, SourceKind
 from .datasets import Dataset
@@ -35,21 +35,19 @@ from .errors import LoaderError
 __all__ = ["WebDataset", "expand_shards"]
 
 IMAGE_FIELDS = ("jpg", "jpeg", "png")
-_BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
 def expand_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
     """Shard paths from a path, a list, a glob (``*.tar``) or a brace range
-    (``train-{0000..0099}.tar``, WebDataset's notation)."""
+    (``train-{0000..0099}.tar``, WebDataset's notation; at most ``MAX_BRACE_NAMES`` names,
+    NOTE [ Brace patterns are bounded ] in ``_extract/remote/urls.py``)."""
     if isinstance(shards, (str, os.PathLike)):
         pattern = os.fspath(shards)
-        m = _BRACES.search(pattern)
-        if m:
-            lo, hi = m.group(1), m.group(2)
-            width = len(lo)
+        names = expand_braces(pattern)
+        if names != [pattern]:
             out: list[str] = []
-            for k in range(int(lo), int(hi) + 1):
-                out += expand_shards(pattern[:m.start()] + str(k).zfill(width) + pattern[m.end():])
+            for name in names:
+                out += expand_shards(name)
             return out
         if any(c in pattern for c in "*?["):
             found = sorted(glob.glob(pattern))
