@@ -49,7 +49,7 @@ from .recordio import ImageRecordDataset
 from .records import RecordFileDataset, write_records
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
 from .stats import Stats
-from .webdataset import WebDataset
+from .webdataset import WebDataset, write_webdataset, write_webdataset_index
 
 __version__ = "0.1.0"
 
@@ -97,4 +97,6 @@ __all__ = [
     "to_device",
     "transforms",
     "write_records",
+    "write_webdataset",
+    "write_webdataset_index",
 ]
