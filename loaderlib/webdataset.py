@@ -89,8 +89,10 @@ class WebDataset(ShardFiles, Dataset):
         One shard, a list, a glob (``"train-*.tar"``) or a brace range
         (``"train-{0000..0009}.tar"``). See NOTE [ WebDataset layout ]. URLs too
         (``s3://``, ``gs://``, ``http(s)://``; globs in object stores); see
-        NOTE [ Remote datasets: cache or ranges ]. Without the cache each shard is read
-        whole once when the dataset opens, to index its members, then by byte range.
+        NOTE [ Remote datasets: cache or ranges ]. Without the cache the members are read by
+        byte range; they are found from the shard's ``.idx`` when one is beside it (NOTE
+        [ WebDataset sidecar index ]), else by reading the shard whole once when the dataset
+        opens. A brace range names at most 1,000,000 shards.
     storage_options : dict, optional
         For URLs: boto3's names (``endpoint_url``, ``aws_access_key_id``, ...), ``timeout``,
         ``max_retries``; the AWS environment variables otherwise.
