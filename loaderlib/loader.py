@@ -842,9 +842,7 @@ class DataLoader:
 
     def __del__(self) -> None:
         try:
-            # Bounded: a driver inside user code must not hang the collector (NOTE [ Threads at
-            # interpreter exit ] in _engines/base.py); the reads end as in close().
-            self._warm.drop_at_exit()
+            self._warm.drop_at_exit()   # bounded: the driver may be inside user code
             if self._pool is not None:
                 self._pool.close(wait=False)
             if self._workers is not None:

@@ -79,22 +79,18 @@ grow to fit (NOTE [ Scratch grows to fit ] in ``pyx/include/ll_common.h``).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
-import warnings
 from typing import Any
 
 import numpy as np
 
 from .._ext import _chain
+from . import closing
 from .source import NativeSource, SourceKind
 
-__all__ = ["CLOSE_WAIT_S", "DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth", "left_running",
-           "read_ahead_for"]
-
-_log = logging.getLogger(__name__)
+__all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth", "read_ahead_for"]
 
 #: Reads in flight at most (the native thread cap).
 MAX_DEPTH = int(_chain.MAX_IO_THREADS)
@@ -125,19 +121,6 @@ PROBE_EVERY = 8
 INLINE_DEPTH = 4
 #: Probes in a row that must find reads waiting before read-ahead resumes (NOTE [ Reads that are work ]).
 SLOW_PROBES = 2
-#: How long closing waits for reads in progress to return (NOTE [ Closing the read-ahead ] in
-#: ``pyx/include/ll_readahead.h``): a read normally returns within its latency; one that has not
-#: after this long (a hung mount, a stalled server) is left to its thread, with a warning.
-CLOSE_WAIT_S = 10.0
-
-
-def left_running(n: int, what: str) -> None:
-    """Warn that ``n`` reads were still in progress when a closing read-ahead stopped waiting."""
-    if n:
-        text = (f"loaderlib: {n} {what} still in progress {CLOSE_WAIT_S:g} s after close(); their threads are "
-                "left to finish on their own (the storage may be hung)")
-        _log.warning(text)
-        warnings.warn(text, ResourceWarning, stacklevel=3)
 
 
 def choose_depth(*, current: int, threads: int, latency_s: float, taken: int, wait_s: float,
@@ -373,11 +356,11 @@ class ReadAhead:
     def close(self, wait: bool = False) -> None:
         """Stop the IO threads (queued reads are dropped; batches still queued give up). With
         ``wait``, also wait for the reads in progress to return and the IO threads to exit, at
-        most ``CLOSE_WAIT_S`` (NOTE [ Closing the read-ahead ] in ``pyx/include/ll_readahead.h``)."""
+        most ``closing.CLOSE_WAIT_S`` (NOTE [ Closing the read-ahead ] in ``pyx/include/ll_readahead.h``)."""
         if not wait:
             self.native.stop()
             return
-        left_running(int(self.native.join(CLOSE_WAIT_S)), "reads")
+        closing.left_running(int(self.native.join(closing.CLOSE_WAIT_S)), "reads")
 
 
 def read_ahead_for(src: NativeSource | None, stream: np.ndarray, *, io_depth: int | None, **kw: Any) -> Any:

@@ -20,7 +20,7 @@ import loaderlib as ll
 from benchmarks._latencyfs import mount
 from loaderlib import transforms as T
 from loaderlib._ext import _chain
-from loaderlib._extract import readahead
+from loaderlib._extract import closing, readahead
 from tests._synth import encode_jpeg, photo_like
 
 #: The native threads' system names (NOTE [ Thread names ]). The loader's Python threads (its
@@ -135,7 +135,7 @@ def test_native_threads_carry_the_loaders_names(tmp_path):
 
 
 def test_a_read_that_does_not_return_bounds_close_and_is_reported(tmp_path, monkeypatch):
-    """A read held 3 s at open stands for a hung mount: closing waits ``CLOSE_WAIT_S`` (set to
+    """A read held 3 s at open stands for a hung mount: closing waits ``closing.CLOSE_WAIT_S`` (set to
     0.2 s here) at most for it, warns, and leaves the thread to end once the read returns."""
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "slow.bin").write_bytes(b"x" * 100)
@@ -147,7 +147,7 @@ def test_a_read_that_does_not_return_bounds_close_and_is_reported(tmp_path, monk
             time.sleep(0.01)
         ahead = readahead.ReadAhead.__new__(readahead.ReadAhead)   # the policy around this native reader
         ahead.native = reader
-        monkeypatch.setattr(readahead, "CLOSE_WAIT_S", 0.2)
+        monkeypatch.setattr(closing, "CLOSE_WAIT_S", 0.2)
         with pytest.warns(ResourceWarning, match=r"1 reads still in progress 0\.2 s after close\(\)"):
             ahead.close(wait=True)
         assert [n for n in thread_names() if n.startswith("ll-io")] == ["ll-io-0"]

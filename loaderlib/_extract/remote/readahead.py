@@ -85,7 +85,7 @@ import numpy as np
 
 from ..._threads import name_native_thread
 from ...errors import RemoteReadError
-from ..readahead import CLOSE_WAIT_S, left_running
+from .. import closing
 from .store import open_store
 
 __all__ = ["RemoteReadAhead"]
@@ -471,7 +471,7 @@ class RemoteReadAhead:
     def close(self, wait: bool = False) -> None:
         """Stop the reading threads (queued reads are dropped) and free the slots. With
         ``wait``, also wait for the requests in progress to return and the threads to exit, at
-        most ``CLOSE_WAIT_S`` in all (NOTE [ Closing the read-ahead ] in
+        most ``closing.CLOSE_WAIT_S`` in all (NOTE [ Closing the read-ahead ] in
         ``pyx/include/ll_readahead.h``: a request cannot be called back, but each thread is in
         at most one, so the wait lasts one request's latency)."""
         with self._lock:
@@ -481,7 +481,7 @@ class RemoteReadAhead:
             self._work.notify_all()
             self._arrived.notify_all()
         if wait:
-            left_running(self.join(CLOSE_WAIT_S), "requests to the store")
+            closing.left_running(self.join(closing.CLOSE_WAIT_S), "requests to the store")
 
     def join(self, timeout: float | None = None) -> int:
         """Wait for the reading threads to end after :meth:`close`, at most ``timeout`` seconds
