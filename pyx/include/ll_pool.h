@@ -151,6 +151,7 @@ struct ll_pool {
     ll_job *head, *tail;  /* jobs with unclaimed items, oldest first */
     int want;             /* threads asked for */
     int nthreads;         /* threads in the team (0 until it has started) */
+    int started;          /* threads that have named themselves and entered the work loop */
     int stop;
     ll_pid pid;
     ll_thread main;       /* the thread that opened the team's parallel region */
@@ -184,6 +185,8 @@ static void ll_pool_loop(ll_pool *p, int tid) {
     if (p->tids != NULL && tid < p->want) p->tids[tid] = (long)syscall(SYS_gettid);
 #endif
     ll_mutex_lock(&p->mu);
+    p->started++;   /* ll_pool_new returns once every thread is named and recorded */
+    ll_cond_broadcast(&p->fin);
     for (;;) {
         if (p->stop) break;
         ll_job *j = ll_pool_find(p, tid);
@@ -265,8 +268,8 @@ static ll_pool *ll_pool_new(int n) {
         free(p);
         return NULL;
     }
-    ll_mutex_lock(&p->mu);   /* until the team's size is known */
-    while (p->nthreads == 0) ll_cond_wait(&p->fin, &p->mu);
+    ll_mutex_lock(&p->mu);   /* until the team's size is known and all its threads run */
+    while (p->nthreads == 0 || p->started < p->nthreads) ll_cond_wait(&p->fin, &p->mu);
     ll_mutex_unlock(&p->mu);
     return p;
 }

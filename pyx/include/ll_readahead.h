@@ -350,6 +350,14 @@ static int ll_reader_grow(ll_reader *r) {
             free(a);
             break;
         }
+#if defined(__linux__)
+        {   /* named by its creator too, so the name is there as soon as this returns */
+            char name[32];
+            snprintf(name, sizeof name, "ll-io-%d", r->nthreads);
+            name[15] = 0; /* the kernel keeps 15 characters */
+            pthread_setname_np(t, name);
+        }
+#endif
         r->tids[r->ntids++] = t;
         r->nthreads++;
         r->alive++;
