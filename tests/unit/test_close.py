@@ -43,10 +43,13 @@ def thread_names() -> list[str]:
 
 
 def loader_threads() -> list[str]:
-    """The loader's threads still running: native ones by their system name, Python ones
-    (``loaderlib-*``) by ``threading``."""
+    """The loader's threads still running: native ones by their system name, Python ones by
+    ``threading``."""
     native = [n for n in thread_names() if n.startswith(NATIVE_THREADS)]
-    python = [t.name for t in threading.enumerate() if t.name.startswith("loaderlib-")]
+    # The store's fan-out pool ("loaderlib-remote") and a shard cache's downloaders belong to
+    # the process and its datasets, not to a loader: other tests of the session may have started them.
+    python = [t.name for t in threading.enumerate()
+              if t.name.startswith(("loaderlib-driver", "loaderlib-python", "loaderlib-remote-read"))]
     return sorted(native + python)
 
 
