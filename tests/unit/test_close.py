@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -179,3 +180,45 @@ def test_a_read_that_does_not_return_bounds_close_and_is_reported(tmp_path, monk
             warnings.simplefilter("error")
             assert reader.join(30.0) == 0
         assert reader.counters()["reads"] == 1
+
+
+_STUCK_WARM_EPOCH = r"""
+import gc, threading
+import numpy as np
+import loaderlib as ll
+from loaderlib._engines import base
+
+base.EXIT_JOIN_S = 0.5   # how long dropping a loader waits for a driver that never comes back
+entered, release = threading.Event(), threading.Event()
+calls = [0]
+
+
+def batchify(samples):
+    calls[0] += 1
+    if calls[0] > 2:          # the warm next epoch's first batch: stuck in user code
+        entered.set()
+        release.wait()
+    return np.stack(samples)
+
+
+loader = ll.DataLoader(ll.ArrayDataset(np.arange(8, dtype=np.float32)), batch_size=4, batchify_fn=batchify,
+                       num_threads=2)
+assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+assert entered.wait(30), "the warm next epoch never started"
+del loader
+gc.collect()
+print("done", flush=True)
+release.set()
+"""
+
+
+def test_a_collected_loader_joins_its_warm_epoch_with_a_bound(tmp_path):
+    """``DataLoader.__del__`` joins the driver of a warm next epoch for at most ``EXIT_JOIN_S``:
+    a driver inside a user's batchify_fn that never returns no longer hangs the collection (it
+    did, for ever). The subprocess timeout only guards against that hang."""
+    script = tmp_path / "child.py"
+    script.write_text(_STUCK_WARM_EPOCH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env,
+                       check=False)
+    assert r.returncode == 0 and "done" in r.stdout, (r.returncode, r.stdout, r.stderr[-3000:])
