@@ -408,7 +408,8 @@ class DelayProxy:
 
     asyncio on a thread of its own: many connections at once, each kept alive with one upstream
     connection of its own; bodies are relayed as they arrive (Content-Length, chunked, or until
-    the upstream closes). ``requests`` counts the requests forwarded.
+    the upstream closes). ``arrived`` counts the requests received and ``requests`` those
+    forwarded (once their delay has passed), so ``arrived - requests`` are held here now.
     """
 
     def __init__(self, upstream: str, rtt_ms: float, jitter: float = 0.0, seed: int = 0) -> None:
@@ -418,6 +419,7 @@ class DelayProxy:
         self.rtt = rtt_ms / 1000.0
         self.jitter = jitter
         self.requests = 0
+        self.arrived = 0
         self._rng = random.Random(seed)
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -486,6 +488,7 @@ class DelayProxy:
                 if "chunked" in req.get("transfer-encoding", "").lower():
                     return                        # not needed by the benchmark's clients
                 body = await reader.readexactly(int(req.get("content-length") or 0))
+                self.arrived += 1
                 await asyncio.sleep(self._delay())
                 if up_w is None:
                     up_r, up_w = await asyncio.open_connection(*self.upstream)

@@ -51,7 +51,7 @@ from .recordio import ImageRecordDataset
 from .records import PackReport, RecordFileDataset, pack, write_records
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, ShardedSampler, WeightedRandomSampler
 from .stats import Stats
-from .webdataset import WebDataset
+from .webdataset import WebDataset, write_webdataset, write_webdataset_index
 
 __version__ = "0.1.0"
 
@@ -103,4 +103,6 @@ __all__ = [
     "to_device",
     "transforms",
     "write_records",
+    "write_webdataset",
+    "write_webdataset_index",
 ]

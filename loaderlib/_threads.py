@@ -100,6 +100,15 @@ def available_cpus() -> int:
     return n
 
 
+def name_native_thread(name: str) -> None:
+    """Give the calling thread the operating system name ``name`` (15 characters kept), as
+    ``top -H``, py-spy and gdb show it (NOTE [ Thread names ] in ``pyx/include/ll_pool.h``):
+    a Python thread's ``threading`` name is not the system's, which stays "python"."""
+    from ._ext import _chain  # the compiled module loads with the engines, not with this module
+
+    _chain.name_thread(name.encode("ascii", "replace")[:15])
+
+
 def default_num_threads() -> int:
     """The default thread count: ``LOADERLIB_NUM_THREADS`` if set, else the available CPUs
     (:func:`available_cpus`) shared among the ranks on this node (``LOCAL_WORLD_SIZE``, set by

@@ -842,7 +842,7 @@ class DataLoader:
 
     def __del__(self) -> None:
         try:
-            self._warm.drop()
+            self._warm.drop_at_exit()   # bounded: the driver may be inside user code
             if self._pool is not None:
                 self._pool.close(wait=False)
             if self._workers is not None:

@@ -35,6 +35,7 @@ from . import _threads
 from ._checks import parse_bytes
 from ._extract.remote.files import RemoteFiles, remote_files
 from ._extract.remote.store import expand_urls
+from ._extract.remote.urls import expand_braces
 from ._extract.shardfiles import ShardFiles
 from ._extract.source import NativeSource, SourceKind
 from ._pack import PackOptions, pack_batch
@@ -470,6 +471,9 @@ def _expand(paths: Any, remote: RemoteFiles | None = None) -> list[str]:
                            suffixes=(RECORD_EXT, ".rec"))
     if isinstance(paths, (str, os.PathLike)):
         p = os.fspath(paths)
+        names = expand_braces(p)   # NOTE [ Brace patterns are bounded ] in _extract/remote/urls.py
+        if names != [p]:
+            return [f for q in names for f in _expand(q)]
         if any(c in p for c in "*?["):
             found = sorted(f for f in glob.glob(p) if not f.endswith((INDEX_EXT, ".idx")))
             if not found:

@@ -17,42 +17,42 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ._checks import parse_bytes
 from ._extract.remote.files import remote_files
-from ._extract.remote.store import expand_urls
+from ._extract.remote.store import _POOL, expand_urls
+from ._extract.remote.urls import expand_braces
 from ._extract.shardfiles import ShardFiles
 from ._extract.source import NativeSource, SourceKind
+from ._extract.wds_index import BLOCK, LABEL_GAP, check_header, index_path, parse_index, write_index
 from .datasets import Dataset
 from .decoding import decode
-from .errors import LoaderError
+from .errors import LoaderError, RemoteReadError
 
-__all__ = ["WebDataset", "expand_shards"]
+__all__ = ["WebDataset", "expand_shards", "write_webdataset", "write_webdataset_index"]
 
 IMAGE_FIELDS = ("jpg", "jpeg", "png")
-_BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
 def expand_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
     """Shard paths from a path, a list, a glob (``*.tar``) or a brace range
-    (``train-{0000..0099}.tar``, WebDataset's notation)."""
+    (``train-{0000..0099}.tar``, WebDataset's notation; at most ``MAX_BRACE_NAMES`` names,
+    NOTE [ Brace patterns are bounded ] in ``_extract/remote/urls.py``)."""
     if isinstance(shards, (str, os.PathLike)):
         pattern = os.fspath(shards)
-        m = _BRACES.search(pattern)
-        if m:
-            lo, hi = m.group(1), m.group(2)
-            width = len(lo)
+        names = expand_braces(pattern)
+        if names != [pattern]:
             out: list[str] = []
-            for k in range(int(lo), int(hi) + 1):
-                out += expand_shards(pattern[:m.start()] + str(k).zfill(width) + pattern[m.end():])
+            for name in names:
+                out += expand_shards(name)
             return out
         if any(c in pattern for c in "*?["):
-            found = sorted(glob.glob(pattern))
+            found = sorted(f for f in glob.glob(pattern) if not f.endswith(".idx"))   # not the sidecars
             if not found:
                 raise FileNotFoundError(f"no shard matches {pattern!r}")
             return found
@@ -89,8 +89,10 @@ class WebDataset(ShardFiles, Dataset):
         One shard, a list, a glob (``"train-*.tar"``) or a brace range
         (``"train-{0000..0009}.tar"``). See NOTE [ WebDataset layout ]. URLs too
         (``s3://``, ``gs://``, ``http(s)://``; globs in object stores); see
-        NOTE [ Remote datasets: cache or ranges ]. Without the cache each shard is read
-        whole once when the dataset opens, to index its members, then by byte range.
+        NOTE [ Remote datasets: cache or ranges ]. Without the cache the members are read by
+        byte range; they are found from the shard's ``.idx`` when one is beside it (NOTE
+        [ WebDataset sidecar index ]), else by reading the shard whole once when the dataset
+        opens. A brace range names at most 1,000,000 shards.
     storage_options : dict, optional
         For URLs: boto3's names (``endpoint_url``, ``aws_access_key_id``, ...), ``timeout``,
         ``max_retries``; the AWS environment variables otherwise.
@@ -140,8 +142,14 @@ class WebDataset(ShardFiles, Dataset):
                 # Held only while it is indexed (NOTE [ Shards held by a dataset ]).
                 with self._remote.cache.acquire(self.urls[s]) as lease:
                     members = self._index(lease.path)
+            elif self._ranges:
+                # NOTE [ WebDataset sidecar index ] in _extract/wds_index.py: with an .idx the
+                # shard is never downloaded whole.
+                members = self._index_sidecar(path)
+                if members is None:
+                    members = self._index(path, self._remote.open_bytes(path))
             else:
-                members = self._index(path, self._remote.open_bytes(path) if self._ranges else None)
+                members = self._index(path)
             for key, (field, off, size), label in members:
                 shard_of.append(s)
                 offsets.append(off)
@@ -166,6 +174,56 @@ class WebDataset(ShardFiles, Dataset):
     def _ranges(self) -> bool:
         """Members are read by byte range from a store (NOTE [ Remote datasets: cache or ranges ])."""
         return self._remote is not None and not self._remote.cached
+
+    def _index_sidecar(self, url: str) -> list | None:
+        """The members of the shard at ``url`` from its ``.idx`` (NOTE [ WebDataset sidecar
+        index ]), None when it has none; the image bytes are not read."""
+        remote = self._remote
+        assert remote is not None
+        where = index_path(url)
+        try:
+            text = remote.fetch(where)
+        except RemoteReadError as e:
+            if e.status == 404:
+                return None
+            raise
+        samples = parse_index(text.decode("utf-8", "replace"), where, remote.size(url))
+        images, labels = [], []
+        skipped = 0
+        for key, members in samples:
+            by_ext = {m.ext: m for m in members}
+            image = next((by_ext[f] for f in IMAGE_FIELDS if f in by_ext), None)
+            if image is None:
+                skipped += 1
+                continue
+            images.append((key, image))
+            labels.append(next((by_ext[f] for f in ("cls", "json") if f in by_ext), None))
+        if skipped:
+            warnings.warn(f"WebDataset shard {url!r}: {skipped} sample(s) without a {'/'.join(IMAGE_FIELDS)} "
+                          "member were skipped", RuntimeWarning, stacklevel=3)
+        if not images:
+            return []
+        # The tar headers of the first and last images must be the index's members.
+        ends = list(dict.fromkeys([images[0][1], images[-1][1]]))
+        jobs = [(m.offset - BLOCK, m.offset) for m in ends]
+        wanted = [m for m in labels if m is not None]
+        groups: list[list] = []   # label members whose ranges share a request
+        for m in sorted(wanted, key=lambda m: m.offset):
+            if groups and m.offset - (groups[-1][-1].offset + groups[-1][-1].size) <= LABEL_GAP:
+                groups[-1].append(m)
+            else:
+                groups.append([m])
+        jobs += [(g[0].offset, g[-1].offset + g[-1].size) for g in groups]
+        bufs = _POOL.run([lambda s=s, e=e: bytes(remote.read_range(url, s, e)) for s, e in jobs])
+        for m, buf in zip(ends, bufs):
+            check_header(buf, m, where)
+        text_of: dict[int, bytes] = {}
+        for g, buf in zip(groups, bufs[len(ends):]):
+            for m in g:
+                text_of[m.offset] = buf[m.offset - g[0].offset:m.offset - g[0].offset + m.size]
+        return [(key, (image.ext, image.offset, image.size),
+                 None if lab is None else _label(lab.ext, text_of[lab.offset], f"{url}:{key}.{lab.ext}"))
+                for (key, image), lab in zip(images, labels)]
 
     @staticmethod
     def _index(path: str, fileobj: Any = None) -> list:
@@ -273,3 +331,121 @@ class WebDataset(ShardFiles, Dataset):
 
     def __repr__(self) -> str:
         return f"WebDataset({len(self.paths)} shards, {len(self)} samples)"
+
+
+def write_webdataset_index(shard: str | os.PathLike, index: str | os.PathLike | None = None) -> str | None:
+    """Write the sidecar index of a local WebDataset tar shard, in NVIDIA DALI's ``wds2idx``
+    format (NOTE [ WebDataset sidecar index ] in ``_extract/wds_index.py``).
+
+    Upload it beside the shard (``train-0000.tar`` -> ``train-0000.idx``): a
+    :class:`WebDataset` over URLs without the shard cache then reads the members' places from
+    it instead of downloading the shard whole to find them.
+
+    Parameters
+    ----------
+    shard : str or path
+        A local, uncompressed tar shard.
+    index : str or path, optional
+        Where to write it (default: beside the shard, ``.tar`` replaced by ``.idx``).
+
+    Returns
+    -------
+    str or None
+        The index's path; None (with a warning) when a member name holds white space, which
+        the format cannot carry.
+    """
+    return write_index(os.fspath(shard), None if index is None else os.fspath(index))
+
+
+def write_webdataset(path: str | os.PathLike, items: Any, labels: Sequence[int] | None = None, *,
+                     keys: Sequence[str] | None = None, ext: str = "jpg", shard_size: int | str | None = None,
+                     overwrite: bool = False, index: bool = True) -> list[str]:
+    """Write encoded images (and integer labels) as WebDataset tar shards, each with its
+    sidecar ``.idx`` (NOTE [ WebDataset sidecar index ] in ``_extract/wds_index.py``).
+
+    Parameters
+    ----------
+    path : str or path
+        ``X`` (or ``X.tar``): writes ``X.tar``; with ``shard_size``, ``X-00000.tar``,
+        ``X-00001.tar``, ...
+    items : iterable
+        Each a bytes-like encoded image, or a path whose file content is one.
+    labels : sequence of int, optional
+        One label per image, written as the sample's ``.cls`` member.
+    keys : sequence of str, optional
+        Each sample's key (default: its number, ``"00000000"``, ...); no dots, slashes or
+        white space.
+    ext : str
+        The image members' extension (``"jpg"``, ``"png"``).
+    shard_size : int or str, optional
+        Start a new shard once one holds this many bytes (``"1GB"``).
+    overwrite : bool
+        Replace existing shards (default: refuse with ``FileExistsError``).
+    index : bool
+        Write each shard's ``.idx`` beside it (default True).
+
+    Returns
+    -------
+    list of str
+        The shards written, in order.
+    """
+    import io
+    import tarfile  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
+
+    base = os.fspath(path)
+    if base.endswith(".tar"):
+        base = base[:-4]
+    limit = parse_bytes(shard_size, "shard_size") if shard_size is not None else None
+    if ext not in IMAGE_FIELDS:
+        raise ValueError(f"write_webdataset: ext={ext!r}; expected one of {IMAGE_FIELDS}")
+    out: list[str] = []
+    tf: Any = None
+    held = 0
+
+    def open_next() -> Any:
+        name = f"{base}-{len(out):05d}.tar" if limit is not None else f"{base}.tar"
+        if os.path.exists(name) and not overwrite:
+            raise FileExistsError(f"write_webdataset: {name!r} exists (pass overwrite=True to replace it)")
+        out.append(name)
+        return tarfile.open(name, "w", format=tarfile.USTAR_FORMAT)
+
+    def member(name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = 0o644
+        tf.addfile(info, io.BytesIO(data))
+
+    try:
+        for i, item in enumerate(items):
+            if isinstance(item, (str, os.PathLike)):
+                with open(item, "rb") as f:
+                    data = f.read()
+            else:
+                data = bytes(item)
+            key = keys[i] if keys is not None else f"{i:08d}"
+            if not key or any(c in key for c in "./\\") or any(c.isspace() for c in key):
+                raise ValueError(f"write_webdataset: key {key!r} of sample {i} must be non-empty, without dots, "
+                                 "slashes or white space")
+            if tf is None or (limit is not None and held >= limit):
+                if tf is not None:
+                    tf.close()
+                tf, held = open_next(), 0
+            member(f"{key}.{ext}", data)
+            held += len(data)
+            if labels is not None:
+                member(f"{key}.cls", str(int(labels[i])).encode())
+        if tf is None:
+            raise ValueError("write_webdataset: no items")
+        tf.close()
+        tf = None
+    except BaseException:
+        if tf is not None:
+            tf.close()
+        for p in out:   # none may outlive a failed write
+            if os.path.exists(p):
+                os.unlink(p)
+        raise
+    if index:
+        for p in out:
+            write_index(p)
+    return out

@@ -198,6 +198,13 @@ cdef extern from "ll_pool.h":
     void ll_pool_wait(ll_pool* p, ll_job* job) noexcept nogil
     int ll_pool_done(ll_pool* p, ll_job* job) noexcept nogil
     void ll_pool_free(ll_pool* p) noexcept nogil
+    void ll_name_thread(const char* prefix, int id) noexcept nogil
+
+
+def name_thread(bytes name not None):
+    """Give the calling thread the native name ``name`` (at most 15 bytes are kept), as
+    ``top -H``, py-spy and gdb show it (NOTE [ Thread names ] in include/ll_pool.h)."""
+    ll_name_thread(<const char*>name, -1)
 
 
 cdef class Team:
@@ -255,6 +262,7 @@ cdef extern from "ll_readahead.h":
         int64_t reads, failures, bytes, lat_ns, cpu_ns, queue_ns, queued, taken, wait_ns
         int64_t blocked
         int64_t limit
+        int64_t fresh
         uint32_t hist[96]
     const int LL_LAT_BINS
     const int LL_READER_MAX_THREADS
@@ -270,7 +278,9 @@ cdef extern from "ll_readahead.h":
     void ll_reader_release(ll_reader* r, int64_t slot) noexcept nogil
     int64_t ll_reader_take(ll_reader* r, int64_t pos, int64_t timeout_ns, int64_t* waited) noexcept nogil
     void ll_reader_stop(ll_reader* r) noexcept nogil
+    int ll_reader_join(ll_reader* r, int64_t timeout_ns) noexcept nogil
     void ll_reader_close(ll_reader* r) noexcept nogil
+    int64_t ll_reader_buffer_bytes(ll_reader* r) noexcept nogil
 
 
 LAT_BINS = LL_LAT_BINS
@@ -331,6 +341,17 @@ cdef class Reader:
         """Drop queued reads and let the IO threads exit; batches still waiting give up."""
         with nogil:
             ll_reader_stop(self.r)
+
+    def join(self, double timeout=0.0):
+        """:meth:`stop`, then wait (without the GIL) for every IO thread to finish its read
+        and exit, at most ``timeout`` seconds (0: no limit), and join them (NOTE [ Closing
+        the read-ahead ] in include/ll_readahead.h). Returns how many were still in a read
+        when the time ran out (they are detached)."""
+        cdef int64_t tns = <int64_t>(timeout * 1e9) if timeout > 0 else 0
+        cdef int left
+        with nogil:
+            left = ll_reader_join(self.r, tns)
+        return left
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
@@ -402,17 +423,18 @@ cdef class Reader:
 
     def buffer_bytes(self):
         """Bytes the read slots' buffers hold (they grow to the largest sample each slot held)."""
-        cdef int64_t total = 0, i
-        cdef ll_reader* r = self.r
-        for i in range(r.cap):
-            total += r.slots[i].data.cap + r.slots[i].path.cap
+        cdef int64_t total
+        with nogil:
+            total = ll_reader_buffer_bytes(self.r)
         return int(total)
 
     def counters(self):
         """A snapshot: reads done, failures, bytes, summed latency / CPU / queue nanoseconds,
         reads during which an IO thread slept (``blocked``; -1 where not measurable), reads
         queued so far, items the kernel threads took and their summed wait for bytes,
-        reads in progress, depth, slot limit, IO threads, and the latency histogram
+        reads in progress, depth, slot limit, IO threads, the slots ever used
+        (``slots_touched``: the rest were never written, NOTE [ Read slots are touched lazily ]
+        in include/ll_readahead.h), and the latency histogram
         (LAT_BINS counts; bin b covers [2^(b/4), 2^((b+1)/4)) microseconds)."""
         cdef ll_reader* r = self.r
         # The counters are written under the reader's mutex; a torn read of one 64-bit
@@ -422,7 +444,8 @@ cdef class Reader:
                 "cpu_ns": int(r.cpu_ns), "blocked": int(r.blocked), "queue_ns": int(r.queue_ns),
                 "queued": int(r.queued),
                 "taken": int(r.taken), "wait_ns": int(r.wait_ns), "limit": int(r.limit),
-                "reading": int(r.reading), "depth": int(r.depth), "threads": int(r.nthreads), "hist": hist}
+                "reading": int(r.reading), "depth": int(r.depth), "threads": int(r.nthreads),
+                "slots_touched": int(r.fresh), "hist": hist}
 
 
 cdef struct RunCtx:

@@ -50,6 +50,7 @@ import numpy as np
 from .._autotune import Tuner, observe_batch
 from .._extract.readahead import ReadAhead
 from .._recorder import Recorder
+from .._threads import name_native_thread
 from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning, _add_context
 from ..sampler import EpochOrder
 from .depth import BatchDepth
@@ -457,8 +458,9 @@ class WarmStart:
             run.close_bounded(join_s)
 
     def drop_at_exit(self) -> None:
-        """:meth:`drop` for the interpreter's exit (NOTE [ Threads at interpreter exit ]): the
-        driver is joined for at most ``EXIT_JOIN_S`` (it may be inside user code)."""
+        """:meth:`drop` for the interpreter's exit and a collected loader (NOTE [ Threads at
+        interpreter exit ]): the driver is joined for at most ``EXIT_JOIN_S`` (it may be inside
+        user code)."""
         self.drop(EXIT_JOIN_S)
 
 
@@ -681,6 +683,7 @@ class _Run:
 
 def _drive(run: _Run, queue: _BatchQueue) -> None:
     """Driver thread body: produce ``run``'s batches in order and put them on its ``queue``."""
+    name_native_thread("ll-driver")   # NOTE [ Thread names ] in pyx/include/ll_pool.h
     try:
         while not run.state.stop.is_set():
             out = run.step()

@@ -134,11 +134,15 @@ class NativeProducer(Producer):
 
     def close(self, wait: bool = True) -> None:
         if self.reader is not None:
-            self.reader.close()   # queued reads dropped; a read in progress ends on its own
+            self.reader.close()   # queued reads dropped; batches waiting for bytes give up
         if wait:
             plan, self.plan = self.plan, None
             if plan is not None:
                 plan.close()   # its kernel threads stop now (no batch of this run is queued)
+            if self.reader is not None:
+                # Reads in progress return and the IO threads exit before close() does
+                # (NOTE [ Closing the read-ahead ] in pyx/include/ll_readahead.h).
+                self.reader.close(wait=True)
 
     def _finish_arrays(self, task: Task) -> Produced:
         idx = task.indices

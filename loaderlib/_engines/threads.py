@@ -88,6 +88,7 @@ class _DaemonThreadPool:
             t.start()
 
     def _work(self, initializer: Callable[[], None] | None) -> None:
+        _threads.name_native_thread(threading.current_thread().name.replace("loaderlib-", "ll-"))   # NOTE [ Thread names ]
         if initializer is not None:
             try:
                 initializer()
@@ -403,7 +404,7 @@ class ThreadsProducer(Producer):
     def close(self, wait: bool = True) -> None:
         self.cancel(None)
         if self.reader is not None:
-            self.reader.close()
+            self.reader.close(wait=wait)   # NOTE [ Closing the read-ahead ] in pyx/include/ll_readahead.h
 
 
 def python_tail(item: Any, suffix: Any, position: int, others: list, seed: int, epoch: int, index: int) -> Any:

@@ -87,6 +87,7 @@ from typing import Any
 import numpy as np
 
 from .._ext import _chain
+from . import closing
 from .source import NativeSource, SourceKind
 
 __all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth", "read_ahead_for"]
@@ -352,9 +353,14 @@ class ReadAhead:
                f"adaptive depth (now {self.depth}; Little's law on measured read latency and decode rate)")
         return f"read-ahead: {how}, native IO threads, at most {self.limit} samples' bytes held"
 
-    def close(self) -> None:
-        """Stop the IO threads (queued reads are dropped; batches still queued give up)."""
-        self.native.stop()
+    def close(self, wait: bool = False) -> None:
+        """Stop the IO threads (queued reads are dropped; batches still queued give up). With
+        ``wait``, also wait for the reads in progress to return and the IO threads to exit, at
+        most ``closing.CLOSE_WAIT_S`` (NOTE [ Closing the read-ahead ] in ``pyx/include/ll_readahead.h``)."""
+        if not wait:
+            self.native.stop()
+            return
+        closing.left_running(int(self.native.join(closing.CLOSE_WAIT_S)), "reads")
 
 
 def read_ahead_for(src: NativeSource | None, stream: np.ndarray, *, io_depth: int | None, **kw: Any) -> Any:

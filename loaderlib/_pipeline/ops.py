@@ -24,6 +24,7 @@ import numpy as np
 from .. import transforms as T
 from .._chain import compile_chain
 from .._engines.threads import _DaemonThreadPool
+from .._threads import name_native_thread
 from .._tree import is_namedtuple, tree_leaves, tree_map
 from ..errors import _add_context
 from .plan import PipelineLike
@@ -572,6 +573,7 @@ class Prefetch(Unary):
         depth = self.depth
 
         def fill() -> None:
+            name_native_thread("ll-prefetch")   # NOTE [ Thread names ] in pyx/include/ll_pool.h
             it = self.up.open()
             try:
                 for el in it:

@@ -90,6 +90,34 @@ static ll_pid ll_getpid(void) { return getpid(); }
 #define LL_RESTORE_SIGNALS(old) pthread_sigmask(SIG_SETMASK, &(old), NULL)
 #endif
 
+/* NOTE [ Thread names ]
+ * Every native thread of a loader carries a name of at most 15 characters ("ll-io-3",
+ * "ll-team-0"; the driver, a Python thread, is "ll-driver"), so ``top -H``, py-spy, gdb and
+ * /proc/PID/task/TID/comm show whose thread it is; unnamed, each inherits the interpreter's
+ * "python". Set with prctl(PR_SET_NAME) on Linux, pthread_setname_np on macOS, nothing
+ * elsewhere. */
+#if defined(__linux__)
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <errno.h>
+#include <time.h>
+#endif
+#include <stdio.h>
+
+static void ll_name_thread(const char *prefix, int id) {
+    char name[48];
+    if (id >= 0) snprintf(name, sizeof name, "%.30s-%d", prefix, id);
+    else snprintf(name, sizeof name, "%.30s", prefix);
+    name[15] = 0; /* the kernel keeps 15 characters */
+#if defined(__linux__)
+    prctl(PR_SET_NAME, (unsigned long)name, 0, 0, 0);
+#elif defined(__APPLE__)
+    pthread_setname_np(name);
+#else
+    (void)name;
+#endif
+}
+
 /* Atomic read-modify-write of the claim and completion counters (NOTE [ One queue across
  * batches ]: no lock per item). */
 #if defined(_MSC_VER)
@@ -123,9 +151,11 @@ struct ll_pool {
     ll_job *head, *tail;  /* jobs with unclaimed items, oldest first */
     int want;             /* threads asked for */
     int nthreads;         /* threads in the team (0 until it has started) */
+    int started;          /* threads that have named themselves and entered the work loop */
     int stop;
     ll_pid pid;
     ll_thread main;       /* the thread that opened the team's parallel region */
+    long *tids;           /* want entries: each team thread's kernel id (0: none), for ll_pool_free */
 };
 
 /* The oldest job with unclaimed items that thread ``tid`` may work on; caller holds mu. */
@@ -150,7 +180,13 @@ static void ll_pool_unlink(ll_pool *p, ll_job *job) {
 
 /* The work loop of team thread ``tid``, until stop. */
 static void ll_pool_loop(ll_pool *p, int tid) {
+    ll_name_thread("ll-team", tid);   /* NOTE [ Thread names ] */
+#if defined(__linux__)
+    if (p->tids != NULL && tid < p->want) p->tids[tid] = (long)syscall(SYS_gettid);
+#endif
     ll_mutex_lock(&p->mu);
+    p->started++;   /* ll_pool_new returns once every thread is named and recorded */
+    ll_cond_broadcast(&p->fin);
     for (;;) {
         if (p->stop) break;
         ll_job *j = ll_pool_find(p, tid);
@@ -217,6 +253,7 @@ static ll_pool *ll_pool_new(int n) {
     ll_cond_init(&p->fin);
     p->pid = ll_getpid();
     p->want = n;
+    p->tids = (long *)calloc((size_t)n, sizeof(long));   /* NULL: the exit wait is skipped */
 #ifndef _WIN32
     sigset_t old;
 #endif
@@ -227,11 +264,12 @@ static ll_pool *ll_pool_new(int n) {
         ll_cond_destroy(&p->work);
         ll_cond_destroy(&p->fin);
         ll_mutex_destroy(&p->mu);
+        free(p->tids);
         free(p);
         return NULL;
     }
-    ll_mutex_lock(&p->mu);   /* until the team's size is known */
-    while (p->nthreads == 0) ll_cond_wait(&p->fin, &p->mu);
+    ll_mutex_lock(&p->mu);   /* until the team's size is known and all its threads run */
+    while (p->nthreads == 0 || p->started < p->nthreads) ll_cond_wait(&p->fin, &p->mu);
     ll_mutex_unlock(&p->mu);
     return p;
 }
@@ -273,10 +311,40 @@ static int ll_pool_done(ll_pool *p, ll_job *job) {
     return d;
 }
 
-/* Stop the team and join its thread (the parallel region has ended when it returns), then
- * free it. Every submitted job must have been waited for. In a child after fork() the
- * threads do not exist: only the memory is freed (the mutex, copied in whatever state the
- * fork found it, is not touched). */
+/* NOTE [ A closed team has no threads ]
+ * The team's OpenMP threads other than its first belong to libgomp's thread pool of the
+ * team's native thread. When that thread ends (joined by ll_pool_free), libgomp releases
+ * them from a destructor and they exit detached: without a wait, a few of them are still in
+ * /proc/self/task, and still named "ll-team-N", when ll_pool_free returns, so "close() leaves
+ * no native thread" would hold only eventually. ll_pool_free therefore waits until each
+ * thread recorded in ``tids`` is gone (tgkill with signal 0 answers ESRCH), at most
+ * LL_POOL_EXIT_WAIT_NS: the threads have nothing left to do but exit, so the wait is
+ * microseconds; the bound only keeps a runtime that parks them instead from blocking. */
+#define LL_POOL_EXIT_WAIT_NS 2000000000LL
+
+static void ll_pool_wait_gone(ll_pool *p) {
+#if defined(__linux__)
+    if (p->tids == NULL) return;
+    const long pid = (long)getpid();
+    struct timespec step = {0, 100000}; /* 0.1 ms */
+    long long waited = 0;
+    for (int t = 1; t < p->want; t++) {
+        if (p->tids[t] <= 0) continue;
+        while (waited < LL_POOL_EXIT_WAIT_NS && syscall(SYS_tgkill, pid, p->tids[t], 0) == 0) {
+            nanosleep(&step, NULL);
+            waited += step.tv_nsec;
+        }
+    }
+#else
+    (void)p;
+#endif
+}
+
+/* Stop the team and join its thread (the parallel region has ended when it returns), wait
+ * for its other threads to be gone (NOTE [ A closed team has no threads ]), then free it.
+ * Every submitted job must have been waited for. In a child after fork() the threads do not
+ * exist: only the memory is freed (the mutex, copied in whatever state the fork found it, is
+ * not touched). */
 static void ll_pool_free(ll_pool *p) {
     if (p == NULL) return;
     if (ll_pool_usable(p)) {
@@ -285,10 +353,12 @@ static void ll_pool_free(ll_pool *p) {
         ll_cond_broadcast(&p->work);
         ll_mutex_unlock(&p->mu);
         ll_thread_join(p->main);
+        ll_pool_wait_gone(p);
         ll_cond_destroy(&p->work);
         ll_cond_destroy(&p->fin);
         ll_mutex_destroy(&p->mu);
     }
+    free(p->tids);
     free(p);
 }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import io
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import loaderlib as ll
 from loaderlib._extract.remote.readahead import GAIN, MIN_DEPTH, RemoteReadAhead
 from loaderlib._extract.source import NativeSource, SourceKind
 from loaderlib.errors import RemoteReadError
-from tests.remote.conftest import N
+from tests.remote.conftest import FAST, N
 from tests.remote.test_datasets import _base, _batches, _faulty_list, _loader, _make, _same
 
 
@@ -259,3 +260,32 @@ def test_delay_proxy_closes_quietly_with_connections_open(nginx, caplog):
     for c in conns:
         c.close()
     assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("engine", ["native", "threads"])
+def test_close_ends_the_requests_in_flight(ds_root, nginx, engine):
+    """NOTE [ Closing the read-ahead ] (pyx/include/ll_readahead.h): right after close(), every
+    request the read-ahead sent has been answered and no reading thread is left. A proxy that
+    holds each request 300 ms counts the requests it received and those it forwarded; before
+    the fix close() returned with requests still held there."""
+    from benchmarks._servers import DelayProxy
+
+    proxy = DelayProxy(nginx.url, rtt_ms=300)
+    try:
+        local = ll.ImageFolderDataset(f"{ds_root}/folder")
+        rel = [p[len(ds_root) + 1:] for p in local.paths]
+        ds = ll.ImageListDataset(rel, local.labels, root=f"{proxy.url}/ds", storage_options=dict(FAST))
+        loader = _loader(ds, engine, io_depth=8)
+        it = iter(loader)
+        next(it)
+        # Requests of the next batches are held at the proxy now (a bound, not a measurement).
+        deadline = time.monotonic() + 30
+        while proxy.arrived <= proxy.requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proxy.arrived > proxy.requests
+        loader.close()
+        assert proxy.arrived == proxy.requests   # each was forwarded, and answered before its thread ended
+        assert [t.name for t in threading.enumerate() if t.name.startswith("loaderlib-remote-read")] == []
+        del it
+    finally:
+        proxy.close()

@@ -251,21 +251,59 @@ def test_choose_depth_follows_littles_law():
 def test_no_io_threads_left_after_abandoned_iterators(folder):
     ds = ll.ImageFolderDataset(folder).transform_first(CHAIN)
     loader = ll.DataLoader(ds, batch_size=4, io_depth=12)
+    gc.collect()
     before = threading.active_count()
     tasks_before = len(os.listdir("/proc/self/task"))
+    io_before = {int(t) for t in os.listdir("/proc/self/task")}   # an earlier test's, if any
     for _ in range(30):
         it = iter(loader)
         next(it)
         del it
     loader.close()
-    gc.collect()
-    # The IO threads are detached and exit once stopped; wait for them (bounded).
-    for _ in range(200):
-        if len(os.listdir("/proc/self/task")) <= tasks_before:
-            break
-        threading.Event().wait(0.05)
-    assert len(os.listdir("/proc/self/task")) <= tasks_before
+    # Joined, not left to exit on their own (NOTE [ Closing the read-ahead ]): nothing to wait for.
+    native = []
+    for t in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{t}/comm") as f:
+            if int(t) not in io_before:
+                native.append(f.read().strip())
+    assert [n for n in native if n.startswith(("ll-io", "ll-team"))] == []
     assert threading.active_count() <= before
+    gc.collect()
+    assert len(os.listdir("/proc/self/task")) <= tasks_before
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_reader_touches_only_the_slots_it_uses(folder):
+    """NOTE [ Read slots are touched lazily ]: a reader sized for the deepest read-ahead (2,112
+    slots, as a loader with batches of 32 makes) writes none of them when it opens, and then
+    only as many as it has had reads queued at once; 60 such readers open at once cost well
+    under the 0.66 MB each that writing every slot did (their IO threads' stacks included)."""
+    paths = [os.fsencode(p) for p, _ in ll.ImageFolderDataset(folder).items]
+    cap = 64 + 2 * MAX_DEPTH
+    r = _chain.Reader(cap, 2)
+    assert r.counters()["slots_touched"] == 0 and r.buffer_bytes() == 0
+    assert r.queue_files(np.arange(5, dtype=np.int64), paths[:5]) == 5
+    assert r.counters()["slots_touched"] == 5
+    for pos in range(5):
+        data, _ = r.take(pos, 30.0)
+        with open(paths[pos], "rb") as f:
+            assert data == f.read()
+    # Freed slots are reused before an untouched one is taken.
+    assert r.queue_files(np.arange(5, 8, dtype=np.int64), paths[5:8]) == 3
+    assert r.counters()["slots_touched"] == 5
+    assert r.join(30.0) == 0
+    gc.collect()
+    before = _resident_bytes()
+    readers = [_chain.Reader(cap, 1) for _ in range(60)]
+    grown = _resident_bytes() - before
+    assert all(x.counters()["slots_touched"] == 0 for x in readers)
+    assert grown < 60 * 0.66e6 / 4, f"{grown / 60 / 1e3:.0f} KB per reader"
+    for x in readers:
+        assert x.join(30.0) == 0
 
 
 def test_reader_refuses_bad_ranges():

@@ -45,6 +45,77 @@ def shards(tmp_path_factory):
     return paths, images, labels
 
 
+def _jpegs(n: int, seed: int = 0) -> tuple[list[bytes], list[int]]:
+    """``n`` small JPEGs of varying sizes and their labels."""
+    rng = np.random.default_rng(seed)
+    return [_jpeg(rng, 24 + k % 5, 30 + 3 * (k % 4)) for k in range(n)], [k % 5 for k in range(n)]
+
+
+def _idx_lines(path):
+    """An .idx read by hand: (header fields, [[(ext, offset, size, name), ...] per sample])."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    rows = []
+    for line in lines[1:]:
+        tok = line.split()
+        rows.append([(tok[k], int(tok[k + 1]), int(tok[k + 2]), tok[k + 3]) for k in range(0, len(tok), 4)])
+    return lines[0].split(), rows
+
+
+def _tar_truth(path):
+    """Each file member of a tar as Python's tarfile sees it: (name, data offset, size, bytes)."""
+    with tarfile.open(path) as tf:
+        return [(m.name, m.offset_data, m.size, tf.extractfile(m).read()) for m in tf if m.isfile()]
+
+
+def test_write_webdataset_round_trips_with_dalis_index(tmp_path):
+    """NOTE [ WebDataset sidecar index ]: each shard written gets a v1.2 .idx whose ranges of
+    the shard are exactly its members (checked against tarfile and the bytes written), and the
+    webdataset library reads the shards back."""
+    images, labels = _jpegs(20)
+    paths = ll.write_webdataset(tmp_path / "train", images, labels, shard_size=6 * min(map(len, images)))
+    assert len(paths) >= 3 and paths[0].endswith("train-00000.tar")
+    k = 0
+    for path in paths:
+        head, rows = _idx_lines(path[:-4] + ".idx")
+        truth = _tar_truth(path)
+        assert head == ["v1.2", str(len(rows))] and len(truth) == 2 * len(rows)
+        blob = open(path, "rb").read()
+        flat = [c for row in rows for c in row]
+        assert [(n, o, s) for n, o, s, _ in truth] == [(name, o, s) for _, o, s, name in flat]
+        for row in rows:
+            (e1, o1, s1, _), (e2, o2, s2, _) = row
+            assert (e1, e2) == ("jpg", "cls")
+            assert blob[o1:o1 + s1] == images[k] and blob[o2:o2 + s2] == str(labels[k]).encode()
+            k += 1
+    assert k == len(images)
+    got = [(s["jpg"], int(s["cls"])) for p in paths for s in wds.WebDataset(p, shardshuffle=False)]
+    assert got == list(zip(images, labels))
+    ds = ll.WebDataset(str(tmp_path / "train-*"))   # the glob leaves the .idx files out
+    assert ds.paths == paths and np.array_equal(ds.labels, labels)
+
+
+def test_write_webdataset_index_of_a_shard_written_by_webdataset(shards):
+    paths, _images, _labels = shards
+    for path in paths:
+        idx = ll.write_webdataset_index(path)
+        assert idx == path[:-4] + ".idx"
+        _head, rows = _idx_lines(idx)
+        assert [(n, o, s) for n, o, s, _ in _tar_truth(path)] == [(name, o, s) for row in rows for _, o, s, name in row]
+
+
+def test_write_webdataset_refuses_bad_keys_and_existing_shards(tmp_path):
+    images, labels = _jpegs(2)
+    with pytest.raises(ValueError, match=r"key 'a\.b' of sample 0 must be non-empty, without dots"):
+        ll.write_webdataset(tmp_path / "x", images, labels, keys=["a.b", "c"])
+    assert not (tmp_path / "x.tar").exists()
+    ll.write_webdataset(tmp_path / "x", images, labels)
+    with pytest.raises(FileExistsError, match=r"x\.tar' exists \(pass overwrite=True"):
+        ll.write_webdataset(tmp_path / "x", images, labels)
+    assert ll.write_webdataset(tmp_path / "x", images[:1], overwrite=True) == [str(tmp_path / "x.tar")]
+    assert len(ll.WebDataset(tmp_path / "x.tar")) == 1
+
+
 def _rgb(data):
     return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)[:, :, ::-1]
 

@@ -63,7 +63,7 @@ from ...errors import RemoteReadError
 from .options import StoreOptions
 from .shard_cache import Lease, ShardCache
 from .store import open_store, read_objects, read_ranges
-from .urls import is_url
+from .urls import check_scheme, is_url
 
 __all__ = ["RemoteFiles", "remote_files"]
 
@@ -324,6 +324,8 @@ def remote_files(paths: Any, storage_options: Mapping[str, Any] | None, cache_di
     """A :class:`RemoteFiles` when ``paths`` (a path, URL or list) names URLs, else None;
     mixing URLs and local paths, or remote options without URLs, is a ``ValueError``."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    for p in items:
+        check_scheme(p, who)   # NOTE [ Unsupported URL schemes ] in urls.py
     remote = [is_url(p) for p in items]
     if any(remote) and not all(remote):
         raise ValueError(f"{who}: give either local paths or URLs, not both")

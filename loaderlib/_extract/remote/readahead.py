@@ -83,7 +83,9 @@ from typing import Any
 
 import numpy as np
 
+from ..._threads import name_native_thread
 from ...errors import RemoteReadError
+from .. import closing
 from .store import open_store
 
 __all__ = ["RemoteReadAhead"]
@@ -212,6 +214,7 @@ class RemoteReadAhead:
         return hit[0].quick_get(hit[1], start, end)
 
     def _run(self, k: int) -> None:
+        name_native_thread(f"ll-remote-{k}")   # NOTE [ Thread names ] in pyx/include/ll_pool.h
         data_index = self.src.data_index
         remote = getattr(self.dataset, "_remote", None)
         direct = getattr(self.dataset, "remote_request", None) if remote is not None else None
@@ -465,17 +468,27 @@ class RemoteReadAhead:
         return (f"read-ahead from the store: {how}, Python threads in the sampler's order, at most {self.limit} "
                 "samples' bytes held")
 
-    def close(self) -> None:
-        """Stop the reading threads (queued reads are dropped; a request in progress ends on
-        its own, bounded by the store's timeout) and free the slots."""
+    def close(self, wait: bool = False) -> None:
+        """Stop the reading threads (queued reads are dropped) and free the slots. With
+        ``wait``, also wait for the requests in progress to return and the threads to exit, at
+        most ``closing.CLOSE_WAIT_S`` in all (NOTE [ Closing the read-ahead ] in
+        ``pyx/include/ll_readahead.h``: a request cannot be called back, but each thread is in
+        at most one, so the wait lasts one request's latency)."""
         with self._lock:
             self._stopped = True
             self._queue.clear()
             self._slots.clear()
             self._work.notify_all()
             self._arrived.notify_all()
+        if wait:
+            closing.left_running(self.join(closing.CLOSE_WAIT_S), "requests to the store")
 
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the reading threads to end after :meth:`close`."""
+    def join(self, timeout: float | None = None) -> int:
+        """Wait for the reading threads to end after :meth:`close`, at most ``timeout`` seconds
+        in all; returns how many still run."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        me = threading.current_thread()
         for t in self._threads:
-            t.join(timeout)
+            if t is not me:
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return sum(t.is_alive() for t in self._threads if t is not me)

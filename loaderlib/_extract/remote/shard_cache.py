@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._checks import parse_bytes
+from ..._threads import name_native_thread
 from .options import StoreOptions
 from .store import ObjectInfo, open_store
 
@@ -392,6 +393,7 @@ class _Queue:
 
 
 def _worker(ref: weakref.ref, q: _Queue) -> None:
+    name_native_thread(threading.current_thread().name.replace("shard-cache", "cache"))   # ll-cache-N
     while True:
         with q.cond:
             while not q.items and not q.closed:

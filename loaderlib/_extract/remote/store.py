@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..._threads import name_native_thread
 from ...errors import RemoteReadError
 from . import _deps
 from .options import StoreOptions
@@ -377,6 +378,7 @@ class _Pool:
         self._lock = threading.Lock()
 
     def _worker(self) -> None:
+        name_native_thread("ll-fetch")   # NOTE [ Thread names ] in pyx/include/ll_pool.h
         while True:
             with self._lock:
                 self._idle += 1
