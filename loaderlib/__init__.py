@@ -44,6 +44,7 @@ from .errors import (
     WorkerError,
 )
 from .loader import DataLoader
+from ._probe import probe_storage
 from .pipeline import Pipeline
 from .recordio import ImageRecordDataset
 from .records import RecordFileDataset, write_records
@@ -93,6 +94,7 @@ __all__ = [
     "default_num_threads",
     "get_worker_info",
     "jpeg_info",
+    "probe_storage",
     "sampler",
     "to_device",
     "transforms",
