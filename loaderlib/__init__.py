@@ -20,6 +20,7 @@ from . import batchify, sampler, transforms
 from ._autotune import AUTOTUNE
 from ._build import build_info
 from ._device import DeviceLoader, to_device
+from ._probe import probe_storage
 from ._recorder import StageRecorder
 from ._threads import available_cpus, default_num_threads
 from ._worker_info import WorkerInfo, get_worker_info
@@ -44,7 +45,6 @@ from .errors import (
     WorkerError,
 )
 from .loader import DataLoader
-from ._probe import probe_storage
 from .pipeline import Pipeline
 from .recordio import ImageRecordDataset
 from .records import RecordFileDataset, write_records

@@ -519,7 +519,7 @@ def _summary(levels: Sequence[LevelStats], pred: dict, stalled: Sequence[str], s
             f"{pred['io_ceiling']:,.0f} samples/s at best where the cores could do {pred['cpu_rate']:,.0f}")
 
 
-def probe_storage(location: str | os.PathLike, *, seconds: float = 10.0, storage_options: dict | None = None,
+def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, seconds: float = 10.0, storage_options: dict | None = None,
                   transform: Any = None, batch_size: int = 64, num_threads: int | None = None,
                   cpu_rate: float | None = None, range_bytes: int = 128 << 10,
                   concurrency: Sequence[int] = LEVELS, seed: int = 0,
@@ -535,10 +535,11 @@ def probe_storage(location: str | os.PathLike, *, seconds: float = 10.0, storage
 
     Parameters
     ----------
-    location : str or os.PathLike
+    location : str, os.PathLike or sequence of them
         A folder (walked for images and shards), a file, a glob, or a URL: ``s3://``,
         ``gs://`` (a key, a prefix ending in ``/`` or a glob) or ``http(s)://`` (a file or a
-        brace range such as ``part-{0000..0099}.tar``).
+        brace range such as ``part-{0000..0099}.tar``); or a list of files or URLs (an
+        ``ImageListDataset``'s paths).
     seconds : float
         The probe's time budget, listing and the CPU run included (default 10).
     storage_options : dict, optional
@@ -592,13 +593,19 @@ def probe_storage(location: str | os.PathLike, *, seconds: float = 10.0, storage
         raise ValueError(f"concurrency must be reads in flight between 1 and 4096, got {list(concurrency)!r}")
     if range_bytes < 1:
         raise ValueError(f"range_bytes must be positive, got {range_bytes!r}")
-    where = os.fspath(location)
-    remote = is_url(where)
+    given = None if isinstance(location, (str, os.PathLike)) else [os.fspath(p) for p in location]
+    if given is not None and not given:
+        raise ValueError("an empty list of files to probe")
+    where = os.fspath(location) if given is None else f"{given[0]} and {len(given) - 1} more file(s)"
+    remote = is_url(where if given is None else given[0])
     t_start = clock()
     deadline = t_start + seconds
     notes: list[str] = []
-    done, listed = _in_thread((lambda: _list_remote(where, storage_options)) if remote else
-                              (lambda: _list_local(where)), LIST_SHARE * seconds)
+    if given is not None:
+        done, listed = True, [_Target(p, None) for p in given]
+    else:
+        done, listed = _in_thread((lambda: _list_remote(where, storage_options)) if remote else
+                                  (lambda: _list_local(where)), LIST_SHARE * seconds)
     if not done:
         report = StorageReport(where, "files", 0, 0, None, (), None, "not measured", num_threads or 0,
                                predict((), None, 1), (where,),

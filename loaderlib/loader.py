@@ -470,6 +470,11 @@ class DataLoader:
             lines.append(f"  {'batch transform':<17} {'numpy':<7} {self.batch_transform.describe()}")
         if self._knobs.depth is not None:
             lines.append(f"  {'batches':<17} {'native':<7} {self._knobs.depth.describe(kernel_threads(self._knobs))}")
+        if self.recorder.enabled:
+            # The same figures as the report's Extract line (NOTE [ Every read counts ] in ll_readahead.h).
+            ex = self.recorder.snapshot().extract
+            if ex is not None and ex.reads:
+                lines.append(f"  {'reads this epoch':<17} {'':<7} {ex.line()}")
         return "\n".join(lines)
 
     def _read_waiting(self) -> float:
