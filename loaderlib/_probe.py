@@ -49,6 +49,8 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 MAX_LISTED = 100_000
 #: Bytes and files of read files kept for the CPU run.
 CPU_BYTES, CPU_FILES = 64 << 20, 512
+#: The CPU run: samples in its one epoch (the copies repeated), and batches of warm-up.
+EPOCH_SAMPLES, WARMUP_BATCHES = 65536, 2
 #: Shares of the budget: listing, IO levels, the CPU run (the rest is slack).
 LIST_SHARE, IO_SHARE, CPU_SHARE = 0.2, 0.55, 0.2
 
@@ -477,15 +479,19 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
                 f.write(d)
             paths.append(q)
         bs = max(1, min(batch_size, len(paths)))
-        ds = ImageListDataset(paths, [0] * len(paths)).transform_first(chain)
+        # One long epoch of the copies repeated (no epoch boundary to refill at), as a training
+        # run's epoch is; its first batches start the threads and the read-ahead: warm-up.
+        many = paths * max(1, -(-EPOCH_SAMPLES // len(paths)))
+        ds = ImageListDataset(many, [0] * len(many)).transform_first(chain)
         loader = DataLoader(ds, batch_size=bs, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
         try:
             t_first = None
-            n = 0
+            n = batches = 0
             while clock() < t_end:
                 for x, _y in loader:
-                    if t_first is None:
-                        t_first = clock()   # the first batch starts threads and the read-ahead: warm-up
+                    batches += 1
+                    if batches <= WARMUP_BATCHES:
+                        t_first = clock()
                         continue
                     n += len(x)
                     if clock() >= t_end:
