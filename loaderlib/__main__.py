@@ -179,7 +179,7 @@ def _doctor_storage(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(report.to_dict(), indent=1) if args.json else str(report))
-    return 1 if report.stalled and not any(lv.reads for lv in report.levels) else 0
+    return 0 if any(lv.reads for lv in report.levels) else 1   # nothing answered: a problem
 
 
 def main(argv: list[str] | None = None) -> int:

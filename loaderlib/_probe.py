@@ -280,30 +280,14 @@ def _list_local(location: str) -> list[_Target]:
 
 
 def _list_remote(location: str, storage_options: Any) -> list[_Target]:
-    from ._extract.remote.store import open_store
-    from ._extract.remote.urls import expand_braces, has_glob, parse_url
+    from ._extract.remote.store import expand_urls
+    from ._extract.remote.urls import has_glob, parse_url
 
-    out: list[_Target] = []
-    for url in expand_braces(location)[:MAX_LISTED]:
-        u = parse_url(url)
-        if has_glob(u.path) or url.endswith("/") or u.path == "":
-            if not u.is_object_store:
-                raise ValueError(f"{url}: globs and prefixes need an object store (s3://, gs://); over HTTP name "
-                                 "the files or use a brace range")
-            static = []
-            for s in u.path.split("/"):
-                if has_glob(s):
-                    break
-                static.append(s)
-            prefix = "/".join(static)
-            if has_glob(u.path) and len(static) < len(u.path.split("/")):
-                prefix = prefix + "/" if static else ""
-            for o in open_store(url, storage_options).list(prefix):
-                if (not has_glob(u.path) or parse_url(o.url).matches(u.path)) and _wanted(o.url):
-                    out.append(_Target(o.url, o.size))
-        else:
-            out.append(_Target(url, None))
-    return out
+    u = parse_url(location)
+    listed = has_glob(u.path) or location.endswith("/") or u.path == ""
+    # A listing keeps the names the probe reads; named objects are read as named.
+    urls = expand_urls(location, storage_options, IMAGE_SUFFIXES + SHARD_SUFFIXES if listed else None)
+    return [_Target(url, None) for url in urls[:MAX_LISTED]]   # sizes: HEAD, for shards only
 
 
 class _Reader:
