@@ -10,10 +10,10 @@ from typing import Any
 from ..stats import FONT_CSS, STAGES, Stats, Window, _jsonable
 from .verdict import Verdict
 
-__all__ = ["Report", "extract_line"]
+__all__ = ["Report"]
 
 
-def extract_line(stats: Stats | None) -> str:
+def _extract_line(stats: Stats | None) -> str:
     """The Extract stage's line of a report (NOTE [ Every read counts ] in
     ``pyx/include/ll_readahead.h``): every read the loader did, or why none was counted."""
     ex = getattr(stats, "extract", None) if stats is not None else None
@@ -175,7 +175,7 @@ class Report:
             rows.append(("consumer alone", text))
         if self.busy_fraction is not None:
             rows.append(("pool busy", f"{100 * self.busy_fraction:.0f}%"))
-        rows.append(("Extract", extract_line(self.stats)))
+        rows.append(("Extract", _extract_line(self.stats)))
         cpu = f"{self.cpu_cores_used:.2f} of {self.cpus_available} cores used"
         if self.other_cores is not None:
             cpu += f"; other processes used {self.other_cores:.2f}"

@@ -73,8 +73,6 @@ def test_threads_engine_counts_its_reads(photos):
 
 
 def test_explain_on_a_running_loader_shows_the_reports_extract_line(photos):
-    from loaderlib.profiling.report import extract_line
-
     paths, _sizes = photos
     loader = ll.DataLoader(ll.ImageListDataset(paths, [0] * N).transform_first(T.RandomResizedCrop(32)),
                            batch_size=8, profile=True)
@@ -87,7 +85,7 @@ def test_explain_on_a_running_loader_shows_the_reports_extract_line(photos):
             text = loader.explain()
             after = loader.stats
             if before == after.extract:   # nothing read while explain() ran: the same figures
-                assert extract_line(after) in text
+                assert after.extract.line() in text   # the report's Extract line (profiling.report)
                 compared += 1
         assert compared, "the figures never held still long enough to compare"
         assert "reads this epoch" in text and "MB/s" in text
