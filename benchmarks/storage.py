@@ -50,6 +50,8 @@ Usage::
     python benchmarks/storage.py --remote            # HTTP and S3 at 5 and 20 ms round trip; 3 rounds
     python benchmarks/storage.py --remote --quick    # 256 photos, HTTP at 5 ms, PyTorch with 16 workers
     python benchmarks/storage.py --storage-cpus auto # storage on CPUs of its own (make bench-storage-split)
+    python benchmarks/storage.py --probe             # ll.probe_storage's prediction against the measured
+                                                     # default at 1, 4, 16, 64 ms, HTTP and S3 at 5 ms
 """
 
 from __future__ import annotations
@@ -213,6 +215,11 @@ def run_tfdata(root: str, epochs: int, cold: list[str] | None) -> dict:
 
 
 def child(argv: list[str]) -> None:
+    if argv[0] == "probe":
+        import _probe_bench
+
+        print(json.dumps(_probe_bench.child(argv[1])))
+        return
     if argv[0] == "remote":
         import _remote_bench
 
@@ -255,6 +262,20 @@ def measure_remote(spec: dict, timeout: float = 1800) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"{spec['kind']} on {spec['base']} ({spec['layout']}) failed (exit {out.returncode}):\n"
                            f"{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure_probe(spec: dict, timeout: float = 600) -> dict:
+    """One ``ll.probe_storage`` run (``_probe_bench.child``) in a fresh process on the loader's CPUs."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(spec, f)
+        f.flush()
+        out = subprocess.run(on_loader_cpus([sys.executable, os.path.abspath(__file__), "--child", "probe", f.name]),
+                             capture_output=True, text=True, check=False, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"probe failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -322,6 +343,11 @@ def main() -> None:
     p.add_argument("--storage-cpus", metavar="CPUS",
                    help="run the storage side (latencyfs, nginx, moto, the delay proxy) on these CPUs (1, 12-15; auto: "
                         "the last quarter, at least one) and the loaders on the others")
+    p.add_argument("--probe", action="store_true",
+                   help="validate ll.probe_storage: its predicted ceiling against the measured default loader at "
+                        "--latencies (default 1,4,16,64 here) and over --protocols at --rtts (default 5 here; "
+                        "benchmarks/_probe_bench.py)")
+    p.add_argument("--probe-seconds", type=float, default=10.0, help="the probe's time budget (--probe)")
     remote = p.add_argument_group("remote rows (--remote)")
     remote.add_argument("--remote", action="store_true",
                         help="HTTP and S3 rows instead of the local ones (benchmarks/_remote_bench.py)")
@@ -347,6 +373,15 @@ def main() -> None:
         a.images, a.rtts, a.protocols, a.torch_workers, a.repeat = 256, "5", "http", "16", 1
     elif a.quick:
         a.images, a.latencies, a.torch_workers, a.io_depths, a.repeat = 512, "0,4", "16", "64", 1
+    if a.probe:
+        import _probe_bench
+
+        if a.latencies == "0,1,4,16":
+            a.latencies = "1,4,16,64"
+        if a.rtts == "5,20":
+            a.rtts = "5"
+        _probe_bench.main(a, measure, measure_remote, measure_probe, summary, split)
+        return
     if a.remote:
         import _remote_bench
 

@@ -21,6 +21,7 @@ from ._autotune import AUTOTUNE
 from ._build import build_info
 from ._device import DeviceLoader, to_device
 from ._loader.elastic import merge_state_dicts
+from ._probe import probe_storage
 from ._recorder import StageRecorder
 from ._threads import available_cpus, default_num_threads
 from ._worker_info import WorkerInfo, get_worker_info
@@ -99,6 +100,7 @@ __all__ = [
     "jpeg_info",
     "merge_state_dicts",
     "pack",
+    "probe_storage",
     "sampler",
     "to_device",
     "transforms",

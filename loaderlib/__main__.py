@@ -44,6 +44,9 @@ DOCTOR_EXAMPLES = f"""examples:
   {PROG} doctor                         the report, with a 2-second decode self-check
   {PROG} doctor --seconds 0             without the self-check
   {PROG} doctor --json                  the same facts as JSON
+  {PROG} doctor --storage photos/       what the storage delivers: read latency, files/s at
+                                                  1 to 256 reads in flight, the io_depth and ceiling
+  {PROG} doctor --storage s3://bucket/train/ --seconds 20 --json
 """
 
 
@@ -170,9 +173,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                 "safety, the optional packages found, and a decode self-check. Exit status 1 when "
                                 "a problem is found.", 88),
                             epilog=DOCTOR_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    doctor.add_argument("--seconds", type=_seconds, default=2.0, metavar="S",
-                        help="length of the decode self-check (default 2; 0 skips it)")
+    doctor.add_argument("--seconds", type=_seconds, default=None, metavar="S",
+                        help="length of the decode self-check (default 2; 0 skips it); with --storage, the "
+                             "probe's time budget (default 10)")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--storage", metavar="PATH_OR_URL",
+                        help="probe where the data lives instead (a folder, file, glob, s3://, gs:// or http(s):// "
+                             "URL): read latency p50/p95/p99, bytes/s and files/s at 1, 8, 64 and 256 reads in "
+                             "flight, the io_depth the loader needs there and its ceiling, min(cores, storage)")
     return p
 
 
@@ -213,9 +221,27 @@ def _pack(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from ._doctor import diagnose, format_report
 
-    report = diagnose(seconds=args.seconds)
+    if args.storage is not None:
+        return _doctor_storage(args)
+    report = diagnose(seconds=2.0 if args.seconds is None else args.seconds)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     return 1 if report["problems"] else 0
+
+
+def _doctor_storage(args: argparse.Namespace) -> int:
+    from ._probe import probe_storage
+
+    seconds = 10.0 if args.seconds is None else args.seconds
+    if seconds <= 0:
+        print("error: --seconds must be above 0 with --storage", file=sys.stderr)
+        return 2
+    try:
+        report = probe_storage(args.storage, seconds=seconds)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(report.to_dict(), indent=1) if args.json else str(report))
+    return 0 if any(lv.reads for lv in report.levels) else 1   # nothing answered: a problem
 
 
 def main(argv: list[str] | None = None) -> int:

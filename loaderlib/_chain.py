@@ -86,11 +86,16 @@ class BatchStatus:
         key) and the reason.
     warnings : dict
         ``{index in batch: str}`` for items with status 1.
+    reads : tuple or None
+        The reads the kernel threads did themselves (files, records): ``(reads, bytes,
+        nanoseconds, latency histogram)`` (NOTE [ Every read counts ] in
+        ``pyx/include/ll_readahead.h``); None for a batch that read nothing.
     """
 
     status: np.ndarray
     errors: dict = field(default_factory=dict)
     warnings: dict = field(default_factory=dict)
+    reads: tuple | None = None
 
     @property
     def ok(self) -> np.ndarray:
@@ -311,6 +316,8 @@ class NativePlan:
 
         def finish() -> BatchStatus:
             result = BatchStatus(status=status)
+            if kind in (_chain.SOURCE_FILES, _chain.SOURCE_RECORDS):
+                result.reads = handle.inline_reads()
             for i in np.flatnonzero(status != Status.OK):
                 i = int(i)
                 reason = status_message(msgs, i)

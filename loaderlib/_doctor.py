@@ -31,7 +31,10 @@ EXTRAS = (
     ("datasets", "datasets", "Hugging Face image columns (loaderlib.integrations.huggingface)"),
     ("ray", "ray", "decoding inside ray.data pipelines"),
     ("jax", "jax", "moving batches to JAX devices"),
+    ("obstore", "obstore", "the [remote] extra: s3://, gs:// and http(s):// datasets, doctor --storage on URLs"),
 )
+# What installs each extra that is not found (the others: pip install NAME).
+INSTALL = {"obstore": "pip install loaderlib[remote]", "opencv": "pip install opencv-python-headless"}
 # The PyPI distributions that install the cv2 module (NOTE [ Optional OpenCV ]).
 OPENCV_DISTRIBUTIONS = ("opencv-python-headless", "opencv-python", "opencv-contrib-python-headless",
                         "opencv-contrib-python")
@@ -52,6 +55,8 @@ def _extras() -> dict[str, dict[str, Any]]:
         except (ImportError, ValueError):
             found = False
         entry: dict[str, Any] = {"module": module, "found": found, "used_for": use}
+        if not found:
+            entry["install"] = INSTALL.get(name, f"pip install {name}")
         if name == "opencv":
             dists = [d for d in OPENCV_DISTRIBUTIONS if _version(d) is not None]
             entry["distributions"] = dists
@@ -270,7 +275,7 @@ def format_report(r: dict[str, Any]) -> str:
               textwrap.fill(f["summary"], 100, initial_indent="  ", subsequent_indent="  "), ""]
     lines.append("optional packages")
     for name, e in r["extras"].items():
-        state = f"{e['version'] or 'found'}" if e["found"] else "not installed"
+        state = f"{e['version'] or 'found'}" if e["found"] else f"not installed ({e['install']})"
         if name == "opencv" and e.get("distributions"):
             state += f" ({', '.join(e['distributions'])})"
         lines.append(f"  {name:<15} {state:<34} {e['used_for']}")

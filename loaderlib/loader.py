@@ -36,7 +36,7 @@ from ._engines.native import NativeProducer, kernel_threads, native_worker_init
 from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
 from ._extract.source import SourceKind, announce_order
 from ._iterable import IterableProducer, IterableRunState, resume_source
-from ._loader.analysis import _analyze, _iterable_analysis, read_ahead_line
+from ._loader.analysis import _analyze, _iterable_analysis, read_ahead_line, reads_lines
 from ._loader.options import check_options
 from ._loader.output import (
     BatchTransformStep,
@@ -471,6 +471,7 @@ class DataLoader:
             lines.append(f"  {'batch transform':<17} {'numpy':<7} {self.batch_transform.describe()}")
         if self._knobs.depth is not None:
             lines.append(f"  {'batches':<17} {'native':<7} {self._knobs.depth.describe(kernel_threads(self._knobs))}")
+        lines += reads_lines(self.recorder)
         return "\n".join(lines)
 
     def _read_waiting(self) -> float:

@@ -359,6 +359,10 @@ class ExtractStats:
     inline : bool
         Whether the decode threads read their own samples now, reads being CPU work (warm
         page cache; NOTE [ Reads that are work ]), with one batch in 8 still read ahead.
+    inline_reads, inline_bytes : int
+        Of ``reads`` and ``bytes``, those the decode threads did themselves (samples not
+        read ahead). Every read counts: the latency figures cover both kinds
+        (NOTE [ Every read counts ] in ``pyx/include/ll_readahead.h``).
     """
 
     io_depth: int
@@ -376,6 +380,23 @@ class ExtractStats:
     queued_wait_ms: float
     slots_limit: int
     inline: bool = False
+    inline_reads: int = 0
+    inline_bytes: int = 0
+
+    def line(self) -> str:
+        """The Extract stage in one line, as the text report, the dashboard and ``explain()``
+        show it: depth, reads in flight, reads and bytes/s, latency p50/p95, the read wait."""
+        if self.io_depth:
+            depth = f"io_depth {self.io_depth}" + (" (adaptive" + (", decode threads reading" if self.inline else "")
+                                                   + ")" if self.adaptive else " (fixed)")
+        else:
+            depth = "no read-ahead (the decode threads read)"
+        by = (f", {self.inline_reads:,} by the decode threads" if self.inline_reads and self.inline_reads < self.reads
+              else ", all by the decode threads" if self.inline_reads else "")
+        fails = f", {self.failures:,} failed" if self.failures else ""
+        return (f"{depth}; {self.reads_in_flight} reads in flight; {self.reads:,} reads{by}{fails}, "
+                f"{self.bytes_per_s / 1e6:,.1f} MB/s; latency p50/p95 {self.latency_p50_ms:.2f}/"
+                f"{self.latency_p95_ms:.2f} ms; decode threads waited {self.read_wait_s:.2f} thread-s for bytes")
 
     @classmethod
     def from_counters(cls, c: dict, elapsed_s: float) -> ExtractStats:
@@ -400,7 +421,8 @@ class ExtractStats:
                    latency_mean_ms=c["lat_ns"] / reads / 1e6 if reads else 0.0, latency_p50_ms=pct(0.5),
                    latency_p95_ms=pct(0.95), read_cpu_s=c["cpu_ns"] / 1e9, read_wait_s=c["wait_ns"] / 1e9,
                    queued_wait_ms=c["queue_ns"] / reads / 1e6 if reads else 0.0,
-                   slots_limit=int(c.get("slots_limit", 0)), inline=bool(c.get("inline", False)))
+                   slots_limit=int(c.get("slots_limit", 0)), inline=bool(c.get("inline", False)),
+                   inline_reads=int(c.get("inline_reads", 0)), inline_bytes=int(c.get("inline_bytes", 0)))
 
 
 @dataclasses.dataclass(frozen=True)

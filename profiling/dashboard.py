@@ -405,14 +405,18 @@ class Dashboard:
         if others is not None:
             cells.append(("other processes", f"{others:.2f} cores"))
         ex = getattr(stats, "extract", None)
-        if ex is not None:
-            # NOTE [ Read-ahead ]: the Extract stage beside the compute figures.
+        if ex is not None and ex.reads:
+            # NOTE [ Read-ahead ]: the Extract stage beside the compute figures; every read, the
+            # decode threads' own included (NOTE [ Every read counts ] in include/ll_readahead.h).
             cells += [
                 ("reads in flight", f"{ex.reads_in_flight}/{ex.io_depth}" + (" (adaptive)" if ex.adaptive else "")),
+                ("reads", f"{ex.reads:,}" + (f" ({ex.inline_reads:,} by decode threads)" if ex.inline_reads else "")),
                 ("read latency p50/p95", f"{ex.latency_p50_ms:.2f}/{ex.latency_p95_ms:.2f} ms"),
                 ("read MB/s", f"{ex.bytes_per_s / 1e6:,.1f}"),
                 ("waited for bytes", f"{ex.read_wait_s:.2f} thread-s"),
             ]
+        else:
+            cells.append(("reads", "not counted (samples from memory, Python or workers)"))
         per_source = getattr(stats, "sources", None) or {}
         if per_source:   # a MixtureDataset: samples delivered per source this epoch
             cells.append(("per source", ", ".join(f"{k.split(' ', 1)[0]} {v:,}" for k, v in per_source.items())))

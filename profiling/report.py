@@ -13,6 +13,18 @@ from .verdict import Verdict
 __all__ = ["Report"]
 
 
+def _extract_line(stats: Stats | None) -> str:
+    """The Extract stage's line of a report (NOTE [ Every read counts ] in
+    ``pyx/include/ll_readahead.h``): every read the loader did, or why none was counted."""
+    ex = getattr(stats, "extract", None) if stats is not None else None
+    if ex is not None and ex.reads:
+        return ex.line()
+    if stats is None or not getattr(stats, "enabled", True):
+        return "not measured (the loader's recorder was off)"
+    return ("no reads counted: the samples came from memory, a Python dataset's own reads or worker processes, "
+            "which the Extract stage does not see")
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """The result of one :func:`~loaderlib.profiling.benchmark` run.
@@ -163,6 +175,7 @@ class Report:
             rows.append(("consumer alone", text))
         if self.busy_fraction is not None:
             rows.append(("pool busy", f"{100 * self.busy_fraction:.0f}%"))
+        rows.append(("Extract", _extract_line(self.stats)))
         cpu = f"{self.cpu_cores_used:.2f} of {self.cpus_available} cores used"
         if self.other_cores is not None:
             cpu += f"; other processes used {self.other_cores:.2f}"
@@ -171,6 +184,12 @@ class Report:
             rows.append(("confidence", f"{100 * self.verdict.confidence:.0f}% of {len(self.parts)} parts agree"))
         rows.append(("peak RSS", f"{self.peak_rss_bytes / 2**20:,.0f} MiB ({self.rss_source})"))
         return rows
+
+    @property
+    def extract(self) -> Any:
+        """The read stage's figures of the last epoch measured (``stats.extract``; None when
+        no read was counted)."""
+        return getattr(self.stats, "extract", None) if self.stats is not None else None
 
     def _stage_rows(self) -> list[tuple[str, str, str, str]]:
         if self.stage_s is None:

@@ -140,11 +140,14 @@ cdef _fill_augs(ll_aug* dst, int* count, list ops):
 
 cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* buf, size_t size,
                    const char* path, int fd, long long offset, uint64_t seed, uint64_t epoch, uint64_t index,
-                   void* out, char* msg, int64_t* times) noexcept nogil:
+                   void* out, char* msg, int64_t* times, int64_t* read_bytes=NULL,
+                   int64_t* read_ns=NULL) noexcept nogil:
     """One item: read (files, records), then decode and transform into ``out``; or, for
     SRC_PIXELS, transform the decoded HWC image ``buf`` of ``offset >> 32`` rows and
-    ``offset & 0xffffffff`` columns. ``times`` (or NULL): read, decode, transform nanoseconds."""
-    cdef int64_t t0 = 0
+    ``offset & 0xffffffff`` columns. ``times`` (or NULL): read, decode, transform nanoseconds.
+    ``read_bytes`` and ``read_ns`` (or NULL): the bytes this item read and the read's time
+    (0 when it read nothing: pixels, buffers), whether or not ``times`` is kept."""
+    cdef int64_t t0 = 0, dt = 0
     cdef int st = LL_OK
     cdef size_t n = size
     cdef long long ph, pw
@@ -161,7 +164,8 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
             return LL_ERR_SHAPE
         return ll_chain_run_pixels(plan, wk, buf, <int>ph, <int>pw, seed, epoch, index, out, msg,
                                    &times[2] if times != NULL else NULL)
-    if times != NULL:
+    cdef bint reads = kind == SRC_FILES or kind == SRC_RECORDS
+    if reads:
         t0 = ll_now_ns()
     if kind == SRC_FILES:
         st = ll_read_file(path, &wk.file, &n, msg)
@@ -172,8 +176,14 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
         else:
             st = ll_pread_all(fd, wk.file.p, size, offset, msg)
             buf = wk.file.p
+    if reads:
+        dt = ll_now_ns() - t0
+        if read_ns != NULL:
+            read_ns[0] = dt
+        if read_bytes != NULL:
+            read_bytes[0] = <int64_t>n if st == LL_OK else 0
     if times != NULL:
-        times[0] = ll_now_ns() - t0
+        times[0] = dt
         times[1] = 0
         times[2] = 0
     if st != LL_OK:
@@ -264,6 +274,10 @@ cdef extern from "ll_readahead.h":
         int64_t limit
         int64_t fresh
         uint32_t hist[96]
+    ctypedef struct ll_inline_reads:
+        int64_t reads, bytes, ns
+        uint32_t hist[96]
+    void ll_inline_count(ll_inline_reads* c, int64_t nbytes, int64_t ns) noexcept nogil
     const int LL_LAT_BINS
     const int LL_READER_MAX_THREADS
     ll_reader* ll_reader_new(int64_t cap, int depth) noexcept nogil
@@ -469,13 +483,14 @@ cdef struct RunCtx:
     ll_rwait wait
     int64_t timeout_ns       # the longest wait for bytes (0: no limit)
     double timeout_s
+    ll_inline_reads inl      # reads the kernel threads did themselves (NOTE [ Every read counts ])
 
 
 cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
     cdef RunCtx* c = <RunCtx*>ctx
     cdef int kind = c.kind
     cdef int64_t i = k
-    cdef int64_t waited = 0, s = -1
+    cdef int64_t waited = 0, s = -1, nbytes = 0, read_ns = 0
     cdef int64_t* times
     cdef char* msg
     cdef ll_rreq* q
@@ -517,7 +532,9 @@ cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
         <const uint8_t*>c.ptrs[i] if kind == SRC_BUFFERS or kind == SRC_PIXELS else NULL, c.sizes[i],
         <const char*>c.ptrs[i] if kind == SRC_FILES else NULL, c.fds[i] if c.fds != NULL else c.fd,
         c.offsets[i] if kind == SRC_RECORDS or kind == SRC_PIXELS else 0, c.seed, c.epoch, <uint64_t>c.indices[i],
-        c.base + i * c.item_bytes, msg, times)
+        c.base + i * c.item_bytes, msg, times, &nbytes, &read_ns)
+    if kind == SRC_FILES or kind == SRC_RECORDS:
+        ll_inline_count(&c.inl, nbytes, read_ns)
     if times != NULL:
         times[0] += waited
 
@@ -582,6 +599,13 @@ cdef class Pending:
         self.reader = None
         self.items = None
         self.refs = None
+
+    def inline_reads(self):
+        """The reads the kernel threads did themselves in this batch (samples not read ahead),
+        once it has finished: ``(reads, bytes, nanoseconds, histogram)``, the histogram in the
+        reader's bins (NOTE [ Every read counts ] in include/ll_readahead.h)."""
+        cdef ll_inline_reads* c = &self.ctx.inl
+        return int(c.reads), int(c.bytes), int(c.ns), [int(c.hist[b]) for b in range(LL_LAT_BINS)]
 
     def __dealloc__(self):
         if self.submitted and not self.finished and self.team is not None and ll_pool_usable(self.team.pool):

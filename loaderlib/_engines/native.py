@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _threads
 from .._ext import _arena
-from .._extract.readahead import ReadAhead, read_ahead_for
+from .._extract.readahead import ReadAhead, ReadTally, read_ahead_for
 from .._extract.source import NativeSource, SourceKind, native_error
 from .._recorder import Recorder
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
@@ -84,6 +84,7 @@ class NativeProducer(Producer):
         self.plan = plan
         # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
         self.reader: ReadAhead | None = None
+        self.tally = ReadTally()   # the kernel threads' own reads (NOTE [ Every read counts ])
         depth = getattr(knobs, "io_depth", None)
         if plan is not None:   # NOTE [ Remote read-ahead ] too (_extract/remote/readahead.py), via read_ahead_for
             # Under the batch cap (NOTE [ Batches in memory ]) fewer batches run at once than the lookahead.
@@ -233,6 +234,7 @@ class NativeProducer(Producer):
                 st = self.src.run(self.plan, todo, images[filled:filled + k], seed=seed, epoch=epoch,
                                   num_threads=min(nthreads, k), timings=tim, reader=self.reader,
                                   positions=np.arange(todo_start, todo_start + k, dtype=np.int64))
+            self.tally.add_batch(getattr(st, "reads", None))
             if recording and tim is not None:
                 stage += tim.sum(axis=0)
                 per_sample.append(tim)
@@ -276,8 +278,8 @@ class NativeProducer(Producer):
         if reader is not None:
             reader.adapt(nthreads)
             reader.top_up()
-            if recording:
-                self.rec.extract(reader.counters())
+        if recording and (reader is not None or self.tally.reads):
+            self.rec.extract(self.tally.merged(reader.counters() if reader is not None else None))
         if filled == 0:
             return None
         sel = np.concatenate(final) if len(final) > 1 else final[0]

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _threads
 from .._dataset_base import at_epoch
-from .._extract.readahead import ReadAhead, read_ahead_for
+from .._extract.readahead import ReadAhead, ReadTally, read_ahead_for
 from .._extract.source import native_source_of
 from .._recorder import Recorder
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
@@ -266,7 +266,8 @@ def _load(dataset: Any, i: int, timed: bool, ahead: tuple | None = None) -> tupl
     return item, wall - cpu, cpu + (_clock() - t1)
 
 
-def _load_ahead(dataset: Any, i: int, timed: bool, reader: ReadAhead, position: int) -> tuple[Any, int, int]:
+def _load_ahead(dataset: Any, i: int, timed: bool, reader: ReadAhead, position: int,
+                tally: ReadTally | None = None) -> tuple[Any, int, int]:
     """``dataset[i]`` built from bytes the read-ahead stage fetched, and its (read, python) ns.
 
     NOTE [ Read-ahead for Python reads ]
@@ -279,12 +280,22 @@ def _load_ahead(dataset: Any, i: int, timed: bool, reader: ReadAhead, position: 
     dataset's own ``item_from_bytes`` and applies the transform layers: the same item as
     ``dataset[i]``. A sample whose read was never queued (the slots were full) is read by
     ``dataset[i]`` as before. The wait is the sample's "read" time.
+    A sample read here with the dataset's ``read(i)`` is timed and counted in the run's
+    ``tally`` (NOTE [ Every read counts ] in ``pyx/include/ll_readahead.h``), its time being
+    the sample's "read" time too.
     """
     base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
-    d = reader.src.data_index(np.asarray([i]))[0]
+    d = int(reader.src.data_index(np.asarray([i]))[0])
     data, waited = reader.take(int(position), reader.timeout)
+    if data is None and callable(getattr(base, "read", None)):
+        t0 = _clock()
+        data = base.read(d)
+        dt = _clock() - t0
+        waited += dt
+        if tally is not None:
+            tally.add(len(data), dt)
     t1 = _clock()
-    item = base[int(d)] if data is None else base.item_from_bytes(int(d), data)
+    item = base[d] if data is None else base.item_from_bytes(d, data)
     for layer in layers:
         item = layer.apply(item)
     if not timed:
@@ -308,6 +319,7 @@ class ThreadsProducer(Producer):
         dataset = at_epoch(dataset, state.epoch, state.seed)   # NOTE [ Datasets that change with the epoch ]
         self.dataset = dataset
         self.reader: ReadAhead | None = None   # NOTE [ Read-ahead for Python reads ] (_load_ahead)
+        self.tally = ReadTally()                # reads not read ahead (NOTE [ Every read counts ])
         base = dataset.unwrap()[0] if isinstance(dataset, _TransformDataset) else dataset
         src = native_source_of(base)
         if callable(getattr(base, "item_from_bytes", None)):   # files, ranges, or a store's samples
@@ -334,7 +346,7 @@ class ThreadsProducer(Producer):
         if reader is not None:
             reader.top_up()
         for j, i in enumerate(indices.tolist()):
-            ahead = (reader, start + j) if reader is not None else None
+            ahead = (reader, start + j, self.tally) if reader is not None else None
             self._stream.append((i, start + j, ex.submit(_load, self.dataset, i, timed, ahead)))
 
     def submit(self, task: Task) -> Task:
@@ -384,7 +396,7 @@ class ThreadsProducer(Producer):
             self.reader.adapt(nthreads)
             self.reader.top_up()
             if self.rec.enabled:
-                self.rec.extract(self.reader.counters())
+                self.rec.extract(self.tally.merged(self.reader.counters()))
         batch = collate_recorded(self.batchify_fn, samples, self.arena, self.rec,
                                  {"read": read_ns, "python": python_ns}, t0, nthreads)
         self.pool.last_end = max(self.pool.last_end, _clock())

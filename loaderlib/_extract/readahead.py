@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from typing import Any
 
@@ -90,7 +91,7 @@ from .._ext import _chain
 from . import closing
 from .source import NativeSource, SourceKind
 
-__all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "choose_depth", "read_ahead_for"]
+__all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "ReadTally", "choose_depth", "read_ahead_for"]
 
 #: Reads in flight at most (the native thread cap).
 MAX_DEPTH = int(_chain.MAX_IO_THREADS)
@@ -361,6 +362,66 @@ class ReadAhead:
             self.native.stop()
             return
         closing.left_running(int(self.native.join(closing.CLOSE_WAIT_S)), "reads")
+
+
+def _lat_bin(ns: int) -> int:
+    """The reader's latency histogram bin of ``ns`` (``ll_lat_bin`` in ll_readahead.h: 4 bins
+    per octave of microseconds)."""
+    us = ns / 1000.0
+    if us < 2.0 ** 0.25:
+        return 0
+    return min(int(_chain.LAT_BINS) - 1, int(math.floor(4 * math.log2(us))))
+
+
+class ReadTally:
+    """The reads a run did outside the read-ahead's IO threads: the kernel threads' own reads
+    (each batch's ``BatchStatus.reads``) and the threads engine's ``dataset.read(i)`` of
+    samples not read ahead (NOTE [ Every read counts ] in ``pyx/include/ll_readahead.h``).
+    Thread-safe. :meth:`merged` adds them to the read-ahead's counters, so the Extract figures
+    count every read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.bytes = 0
+        self.ns = 0
+        self.hist = [0] * int(_chain.LAT_BINS)
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int, ns: int) -> None:
+        """One read of ``nbytes`` that took ``ns`` nanoseconds."""
+        with self._lock:
+            self.reads += 1
+            self.bytes += int(nbytes)
+            self.ns += int(ns)
+            self.hist[_lat_bin(ns)] += 1
+
+    def add_batch(self, reads: tuple | None) -> None:
+        """A kernel pass's own reads: ``(reads, bytes, nanoseconds, histogram)`` or None."""
+        if not reads or not reads[0]:
+            return
+        n, nbytes, ns, hist = reads
+        with self._lock:
+            self.reads += int(n)
+            self.bytes += int(nbytes)
+            self.ns += int(ns)
+            for b, k in enumerate(hist):
+                if k:
+                    self.hist[b] += int(k)
+
+    def merged(self, counters: dict | None) -> dict:
+        """The read-ahead's ``counters`` (None: a run without one) with these reads added;
+        ``inline_reads`` and ``inline_bytes`` say how many of them the decode threads did."""
+        c = dict(counters) if counters is not None else {
+            "reads": 0, "failures": 0, "bytes": 0, "lat_ns": 0, "cpu_ns": 0, "queue_ns": 0, "wait_ns": 0,
+            "reading": 0, "depth": 0, "hist": [0] * len(self.hist), "slots_limit": 0, "adaptive": False,
+            "inline": True}
+        with self._lock:
+            c["reads"] = c["reads"] + self.reads
+            c["bytes"] = c["bytes"] + self.bytes
+            c["lat_ns"] = c["lat_ns"] + self.ns
+            c["hist"] = [a + b for a, b in zip(c["hist"], self.hist)]
+            c["inline_reads"], c["inline_bytes"] = self.reads, self.bytes
+        return c
 
 
 def read_ahead_for(src: NativeSource | None, stream: np.ndarray, *, io_depth: int | None, **kw: Any) -> Any:

@@ -278,6 +278,14 @@ def _iterable_analysis(dataset: Any, rank: int, world_size: int, num_workers: in
     return _Analysis("threads", "an iterable dataset is read lazily, in order, by the producing thread", stages)
 
 
+def reads_lines(recorder: Any) -> list[str]:
+    """``explain()``'s line of the reads so far this epoch, the report's Extract line (NOTE [
+    Every read counts ] in ``pyx/include/ll_readahead.h``); none when not profiling or nothing
+    was read."""
+    ex = recorder.snapshot().extract if recorder.enabled else None
+    return [f"  {'reads this epoch':<17} {'':<7} {ex.line()}"] if ex is not None and ex.reads else []
+
+
 def read_ahead_line(a: _Analysis, depth: int | None, run: Any) -> str | None:
     """What ``explain()`` says of the read-ahead stage (NOTE [ Read-ahead ]) of a loader with
     analysis ``a``, ``io_depth`` ``depth`` and current run ``run`` (or None); None when it has

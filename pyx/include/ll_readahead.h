@@ -201,6 +201,26 @@ static void ll_lazy_free(void *p, size_t n) {
 #endif
 }
 
+/* NOTE [ Every read counts ]
+ * The reader's counters cover the reads of its IO threads. A sample whose read was not queued
+ * (reading inline on warm files, NOTE [ Reads that are work ] in _extract/readahead.py, or the
+ * slots were full, or there is no read-ahead stage) is read by the kernel thread that decodes
+ * it, and those reads are counted per batch here: the kernel threads add to the batch's tally
+ * with relaxed atomics (three adds and one histogram bin per sample, no lock), and the owner
+ * reads it once the batch has finished. So the Extract figures (reads, bytes/s, latency) count
+ * every byte the loader read, not only the read-ahead's. */
+typedef struct {
+    int64_t reads, bytes, ns;
+    uint32_t hist[LL_LAT_BINS];
+} ll_inline_reads;
+
+static void ll_inline_count(ll_inline_reads *c, int64_t nbytes, int64_t ns) {
+    __atomic_fetch_add(&c->reads, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->bytes, nbytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->ns, ns, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->hist[ll_lat_bin(ns)], 1u, __ATOMIC_RELAXED);
+}
+
 static void ll_reader_free_mem(ll_reader *r) {
     if (r->slots) {
         for (int64_t i = 0; i < r->fresh; i++) {

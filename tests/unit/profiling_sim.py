@@ -62,7 +62,7 @@ class SimLoader:
     engine = "sim"
 
     def __init__(self, clock, n_batches=1000, batch_s=0.01, shares=None, busy=0.95, threads=2,
-                 batch_size=16, prefetch=2, startup_s=0.0, gil_held=None):
+                 batch_size=16, prefetch=2, startup_s=0.0, gil_held=None, extract=None):
         self.clock = clock
         self.n_batches = n_batches
         self.batch_s = batch_s
@@ -72,6 +72,7 @@ class SimLoader:
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.startup_s = startup_s
+        self.extract = extract   # read-stage counters an engine would report after each batch
         self.recorder = StageRecorder()
         self.iters = 0
         self._it = None
@@ -139,6 +140,8 @@ class _SimIter:
             self.rec.batch_done(ld.batch_size, stage, round(self.cost * 1e9), threads)
             self.ready += 1
             self.rec.queue_depth(self.ready, ld.prefetch)
+            if ld.extract is not None:
+                self.rec.extract(ld.extract)
             if self.ready < ld.prefetch:
                 self._start(self.finish)
             else:

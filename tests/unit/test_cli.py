@@ -20,7 +20,8 @@ from loaderlib import _doctor
 from loaderlib.__main__ import main
 
 EXTRAS = {"torch": "torch", "opencv": "cv2", "matplotlib": "matplotlib", "ipywidgets": "ipywidgets",
-          "webdataset": "webdataset", "datasets": "datasets", "ray": "ray", "jax": "jax"}
+          "webdataset": "webdataset", "datasets": "datasets", "ray": "ray", "jax": "jax",
+          "obstore": "obstore"}
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -361,3 +361,40 @@ def test_report_exports_and_plot_keep_every_label(clock, monitor, tmp_path):
     line = fig.axes[1].lines[0]
     assert len(line.get_xdata()) == len(r.parts) + 1 >= 2  # one level per part, never a lone point
     assert math.isclose(line.get_ydata()[0], r.parts[0].samples_per_s)
+
+
+# -- the Extract line: every verdict shows it (NOTE [ Every read counts ]) ----------------------
+def _read_counters(reads: int, nbytes: int, lat_us: float, inline: int) -> dict:
+    hist = [0] * 96
+    hist[int(4 * np.log2(lat_us))] = reads
+    return {"reads": reads, "failures": 0, "bytes": nbytes, "lat_ns": int(reads * lat_us * 1e3), "cpu_ns": 0,
+            "queue_ns": 0, "wait_ns": int(0.25e9), "reading": 3, "depth": 24, "hist": hist, "slots_limit": 64,
+            "adaptive": True, "inline": False, "inline_reads": inline, "inline_bytes": nbytes * inline // reads}
+
+
+@pytest.mark.parametrize(("shares", "cores", "model_s", "verdict"), [
+    ({"decode": 0.9, "read": 0.05, "transform": 0.05}, 1.9, 0.0, "decode"),
+    ({"read": 0.9, "decode": 0.1}, 0.1, 0.0, "io"),
+    ({"python": 0.9, "read": 0.1}, 1.0, 0.0, "python"),
+    ({"decode": 0.9, "read": 0.05, "transform": 0.05}, 1.9, 0.02, "model"),
+])
+def test_the_report_shows_the_extract_line_whatever_the_verdict(clock, monitor, shares, cores, model_s, verdict):
+    monitor.cores = cores
+    loader = SimLoader(clock, shares=shares, busy=0.97, extract=_read_counters(1000, 45_000_000, 16_000.0, 400))
+    r = benchmark(loader, model_step=loader.model(model_s) if model_s else 0, seconds=3.0, replay=False)
+    assert r.bottleneck == verdict, r.verdict
+    line = next(x for x in repr(r).splitlines() if x.strip().startswith("Extract"))
+    ex = r.extract
+    assert ex is not None and ex.reads == 1000 and ex.inline_reads == 400
+    for part in ("io_depth 24 (adaptive)", "3 reads in flight", "1,000 reads, 400 by the decode threads",
+                 f"{ex.bytes_per_s / 1e6:,.1f} MB/s", f"latency p50/p95 {ex.latency_p50_ms:.2f}/{ex.latency_p95_ms:.2f}",
+                 "waited 0.25 thread-s"):
+        assert part in line, (part, line)
+    # 16 ms reads: the histogram bin's upper edge, within 19%.
+    assert 16.0 <= ex.latency_p50_ms <= 16.0 * 2 ** 0.25
+
+
+def test_the_extract_line_says_when_no_read_was_counted(clock, monitor):
+    r = benchmark(SimLoader(clock), seconds=1.0)
+    line = next(x for x in repr(r).splitlines() if x.strip().startswith("Extract"))
+    assert "no reads counted" in line

@@ -362,3 +362,25 @@ def test_the_read_ahead_stage_is_shown(root):
     assert cells["read MB/s"] == f"{ex.bytes_per_s / 1e6:,.1f}"
     dash.close()
     loader.close()
+
+
+def test_the_panel_counts_the_decode_threads_reads_too(root):
+    """Warm files, adaptive depth: the decode threads read most samples themselves; the panel's
+    read MB/s covers every byte of the epoch's files (NOTE [ Every read counts ])."""
+    import os
+
+    ds = ll.ImageFolderDataset(root)
+    total = sum(os.path.getsize(p) for p, _ in ds.items)
+    loader = ll.DataLoader(ds.transform_first(T.Compose([T.Resize((24, 24))])), batch_size=8, io_depth=0,
+                           profile=True)
+    dash = Dashboard(loader, autostart=False)
+    for _ in loader:
+        pass
+    dash.update()
+    ex = loader.stats.extract
+    cells = _cells(dash.figures.value)
+    assert ex.bytes == total and ex.inline_reads == len(ds)
+    assert cells["reads"] == f"{len(ds):,} ({len(ds):,} by decode threads)"
+    assert cells["read MB/s"] == f"{total / loader.stats.elapsed_s / 1e6:,.1f}"
+    dash.close()
+    loader.close()

@@ -98,7 +98,10 @@ def test_stats_and_explain_show_the_stage(folder):
     assert "off (io_depth=0)" in off.explain()
     for _ in off:
         pass
-    assert off.stats.extract is None
+    # No read-ahead: the decode threads' own reads are counted all the same (NOTE [ Every read counts ]).
+    ex = off.stats.extract
+    assert ex is not None and ex.io_depth == 0 and (ex.reads, ex.bytes) == (69, sizes)
+    assert ex.inline_reads == 69 and "no read-ahead" in ex.line()
 
 
 def test_resume_is_exact_with_read_ahead(shards):

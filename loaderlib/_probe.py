@@ -1,0 +1,656 @@
+"""``python -m loaderlib doctor --storage``: what a data location can deliver, before a run.
+
+NOTE [ Storage probe ]
+A bounded probe (``seconds``, 10 by default, start to report) of where the data lives: a
+local folder, file or glob, or ``s3://``, ``gs://`` and ``http(s)://`` URLs read through the
+remote store layer (``_extract/remote``). It lists the location, reads a sample of its files
+at 1, 8, 64 and 256 reads in flight (whole files; for shards, byte ranges of one sample's
+size at random offsets, as the loader reads them), each level on files the earlier levels
+did not read (a page cache would otherwise answer), and times every read. Then it decodes
+the bytes it read with the loader itself (a DataLoader over copies in a temporary folder,
+the ImageNet training crop unless a ``transform`` is given): the rate the cores reach when
+reads cost nothing.
+
+The prediction is Little's law, the read-ahead's own rule (NOTE [ Read-ahead depth ] in
+``_extract/readahead.py``): to keep the cores fed at ``rate`` samples/s with reads of mean
+latency ``L``, ``rate x L`` reads must be in flight. The latency is the one measured at the
+smallest level that delivered the CPU rate (latency grows with concurrency on a storage
+that saturates); the IO ceiling is the most files/s any level delivered (the loader's depth
+reaches ``MAX_DEPTH``, above the probe's 256); the loader's ceiling is ``min(CPU, IO)``.
+
+Every read runs on a daemon thread and the probe never waits for one past its deadline: on
+a storage that never answers (a hung mount, a FIFO without a writer, a server that accepts
+and stalls) the probe stops escalating after the first level with no answer, reports the
+paths still unanswered with how long they have waited, and returns on time. Those threads
+are left blocked in their read; they end when it returns, and a daemon thread does not keep
+the interpreter from exiting. The listing runs the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["LevelStats", "StorageReport", "level_stats", "predict", "probe_storage"]
+
+#: Reads in flight the probe measures at.
+LEVELS = (1, 8, 64, 256)
+#: Shard formats: read by byte range, one sample's size at random offsets.
+SHARD_SUFFIXES = (".llrec", ".tar", ".rec", ".bin")
+#: Image files (``loaderlib.datasets.IMAGE_EXTENSIONS``, repeated to keep this import-light).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+#: Names the listing collects at most before sampling (a huge folder is not walked whole).
+MAX_LISTED = 100_000
+#: Bytes and files of read files kept for the CPU run.
+CPU_BYTES, CPU_FILES = 64 << 20, 512
+#: The CPU run: samples in its one epoch (the copies repeated), and batches of warm-up.
+EPOCH_SAMPLES, WARMUP_BATCHES = 65536, 2
+#: Shares of the budget: listing, IO levels, the CPU run (the rest is slack).
+LIST_SHARE, IO_SHARE, CPU_SHARE = 0.2, 0.55, 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelStats:
+    """The reads of one concurrency level.
+
+    Attributes
+    ----------
+    concurrency : int
+        Reads in flight (threads reading).
+    reads, bytes : int
+        Reads completed in the level's time, and their bytes.
+    seconds : float
+        The level's wall time.
+    files_per_s, bytes_per_s : float
+        Completed reads and bytes over ``seconds``.
+    latency_mean_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms : float or None
+        Time per completed read (None when none completed).
+    unanswered : int
+        Reads still waiting at the level's end.
+    oldest_unanswered_ms : float
+        How long the oldest of those had waited.
+    """
+
+    concurrency: int
+    reads: int
+    bytes: int
+    seconds: float
+    files_per_s: float
+    bytes_per_s: float
+    latency_mean_ms: float | None
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    latency_p99_ms: float | None
+    unanswered: int
+    oldest_unanswered_ms: float
+
+
+def _percentile(sorted_ms: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of sorted values (``q`` in 0..100)."""
+    k = max(1, math.ceil(q / 100 * len(sorted_ms)))
+    return float(sorted_ms[k - 1])
+
+
+def level_stats(concurrency: int, latencies_s: Sequence[float], nbytes: int, seconds: float,
+                waiting_s: Sequence[float] = ()) -> LevelStats:
+    """One level's figures from its completed reads' latencies (seconds), their bytes, the
+    level's wall time and the ages of the reads still waiting at its end."""
+    ms = sorted(1e3 * x for x in latencies_s)
+    n = len(ms)
+    return LevelStats(concurrency=int(concurrency), reads=n, bytes=int(nbytes), seconds=float(seconds),
+                      files_per_s=n / seconds if seconds > 0 else 0.0,
+                      bytes_per_s=nbytes / seconds if seconds > 0 else 0.0,
+                      latency_mean_ms=sum(ms) / n if n else None,
+                      latency_p50_ms=_percentile(ms, 50) if n else None,
+                      latency_p95_ms=_percentile(ms, 95) if n else None,
+                      latency_p99_ms=_percentile(ms, 99) if n else None,
+                      unanswered=len(waiting_s), oldest_unanswered_ms=1e3 * max(waiting_s, default=0.0))
+
+
+def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int) -> dict[str, Any]:
+    """The io_depth and the loader's ceiling from the levels and the CPU rate
+    (NOTE [ Storage probe ]).
+
+    Returns a dict: ``io_ceiling`` (files/s), ``ceiling`` (samples/s), ``limit`` ("cores",
+    "storage" or None when nothing was measured), ``latency_ms`` (the latency the law used),
+    ``in_flight`` (Little's law: rate x latency), ``io_depth`` (what the adaptive depth
+    settles at: the law with the read-ahead's headroom, plus one read per thread).
+    """
+    from ._extract.readahead import HEADROOM, MAX_DEPTH
+
+    answered = [lv for lv in levels if lv.reads > 0]
+    if not answered:
+        return {"io_ceiling": None, "ceiling": None, "limit": None, "latency_ms": None, "in_flight": None,
+                "io_depth": None}
+    best = max(answered, key=lambda lv: lv.files_per_s)
+    io = best.files_per_s
+    if cpu_rate is None or cpu_rate <= 0:
+        return {"io_ceiling": io, "ceiling": None, "limit": None, "latency_ms": best.latency_mean_ms,
+                "in_flight": None, "io_depth": None}
+    enough = [lv for lv in answered if lv.files_per_s >= cpu_rate]
+    at = min(enough, key=lambda lv: lv.concurrency) if enough else best
+    lat_s = (at.latency_mean_ms or 0.0) / 1e3
+    rate = min(cpu_rate, io)
+    in_flight = rate * lat_s
+    depth = min(MAX_DEPTH, math.ceil(HEADROOM * in_flight) + max(1, int(threads)))
+    return {"io_ceiling": io, "ceiling": rate, "limit": "cores" if cpu_rate <= io else "storage",
+            "latency_ms": at.latency_mean_ms, "in_flight": in_flight, "io_depth": depth}
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageReport:
+    """What :func:`probe_storage` measured and predicts.
+
+    Attributes
+    ----------
+    location : str
+        What was probed.
+    kind : str
+        ``"files"`` (whole-file reads) or ``"shards"`` (byte ranges of ``range_bytes``).
+    listed, sampled : int
+        Files or shards found, and those read.
+    levels : tuple of LevelStats
+        One per concurrency measured.
+    cpu_rate : float or None
+        Samples/s the loader's cores reached on the read bytes (no reads), or as given.
+    cpu_source : str
+        How ``cpu_rate`` was obtained.
+    threads : int
+        The loader's thread count it was measured with.
+    prediction : dict
+        :func:`predict`'s result: ``io_ceiling``, ``ceiling``, ``limit``, ``latency_ms``,
+        ``in_flight``, ``io_depth``.
+    stalled : tuple of str
+        Paths whose reads never answered within the probe (empty when all did).
+    summary : str
+        One line: what to expect.
+    seconds : float
+        The probe's wall time.
+    notes : tuple of str
+        Caveats (files read twice, a cut-short listing, ...).
+    """
+
+    location: str
+    kind: str
+    listed: int
+    sampled: int
+    range_bytes: int | None
+    levels: tuple[LevelStats, ...]
+    cpu_rate: float | None
+    cpu_source: str
+    threads: int
+    prediction: dict
+    stalled: tuple[str, ...]
+    summary: str
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-serialisable data (``doctor --storage --json``)."""
+        d = dataclasses.asdict(self)
+        d["levels"] = [dataclasses.asdict(lv) for lv in self.levels]
+        d["stalled"] = list(self.stalled)
+        d["notes"] = list(self.notes)
+        return d
+
+    def __str__(self) -> str:
+        return format_storage_report(self)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.2f}" if v < 100 else f"{v:,.0f}"
+
+
+def format_storage_report(r: StorageReport) -> str:
+    """The report as text (what ``doctor --storage`` prints)."""
+    what = (f"{r.sampled} of {r.listed} file(s), whole-file reads" if r.kind == "files" else
+            f"{r.sampled} of {r.listed} shard(s), reads of {r.range_bytes:,} bytes at random offsets")
+    lines = [f"storage {r.location}", f"  {what}; probed in {r.seconds:.1f} s", "",
+             "  in flight  reads   files/s      MB/s   p50 ms   p95 ms   p99 ms  stuck"]
+    for lv in r.levels:
+        # Reads in progress at a level's end are normal; one waiting far past the others is not.
+        slow = lv.unanswered and lv.oldest_unanswered_ms > max(1000.0, 10 * (lv.latency_p99_ms or 0.0))
+        wait = f"{lv.unanswered} (oldest {lv.oldest_unanswered_ms / 1e3:.1f} s)" if slow else "-"
+        lines.append(f"  {lv.concurrency:>9} {lv.reads:>6} {lv.files_per_s:>9,.0f} {lv.bytes_per_s / 1e6:>9,.1f} "
+                     f"{_ms(lv.latency_p50_ms):>8} {_ms(lv.latency_p95_ms):>8} {_ms(lv.latency_p99_ms):>8}  {wait}")
+    p = r.prediction
+    lines.append("")
+    if r.cpu_rate is not None:
+        lines.append(f"  cores      {r.cpu_rate:,.0f} samples/s on {r.threads} thread(s) ({r.cpu_source})")
+    else:
+        lines.append(f"  cores      not measured ({r.cpu_source})")
+    if p.get("io_ceiling") is not None:
+        lines.append(f"  storage    {p['io_ceiling']:,.0f} files/s at best")
+    if p.get("ceiling") is not None:
+        lines.append(f"  loader     ceiling {p['ceiling']:,.0f} samples/s = min(cores, storage); Little's law: "
+                     f"{p['in_flight']:.1f} reads in flight at {_ms(p['latency_ms'])} ms each, io_depth "
+                     f"{p['io_depth']} with the read-ahead's headroom")
+    for n in r.notes:
+        lines.append(f"  note: {n}")
+    lines += ["", r.summary]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- listing and reading
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """One file or shard to read: its path or URL and size (None: unknown, read whole)."""
+
+    path: str
+    size: int | None
+
+
+def _kind_of(path: str) -> str:
+    return "shards" if path.lower().endswith(SHARD_SUFFIXES) else "files"
+
+
+def _wanted(name: str) -> bool:
+    return name.lower().endswith(IMAGE_SUFFIXES + SHARD_SUFFIXES)
+
+
+def _list_local(location: str) -> list[_Target]:
+    import glob
+
+    if os.path.isdir(location):
+        out: list[_Target] = []
+        stack = [location]
+        while stack and len(out) < MAX_LISTED:
+            top = stack.pop()
+            with os.scandir(top) as it:
+                for e in sorted(it, key=lambda e: e.name):
+                    if e.is_dir(follow_symlinks=True):
+                        stack.append(e.path)
+                    elif _wanted(e.name):
+                        out.append(_Target(e.path, None))   # sizes come with the reads
+        return out
+    if any(c in location for c in "*?["):
+        return [_Target(p, None) for p in sorted(glob.glob(location, recursive=True))[:MAX_LISTED]
+                if not os.path.isdir(p)]
+    if os.path.exists(location):
+        return [_Target(location, None)]
+    raise FileNotFoundError(f"{location!r} does not exist")
+
+
+def _list_remote(location: str, storage_options: Any) -> list[_Target]:
+    from ._extract.remote.store import expand_urls
+    from ._extract.remote.urls import has_glob, parse_url
+
+    u = parse_url(location)
+    listed = has_glob(u.path) or location.endswith("/") or u.path == ""
+    # A listing keeps the names the probe reads; named objects are read as named.
+    urls = expand_urls(location, storage_options, IMAGE_SUFFIXES + SHARD_SUFFIXES if listed else None)
+    return [_Target(url, None) for url in urls[:MAX_LISTED]]   # sizes: HEAD, for shards only
+
+
+class _Reader:
+    """Reads one target (a whole file, or ``range_bytes`` at a random offset of a shard) and
+    returns its bytes; thread-safe."""
+
+    def __init__(self, remote: bool, kind: str, range_bytes: int, storage_options: Any) -> None:
+        self.remote = remote
+        self.kind = kind
+        self.range_bytes = range_bytes
+        self.storage_options = storage_options
+        self._sizes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _size(self, t: _Target) -> int:
+        if t.size is not None:
+            return t.size
+        with self._lock:
+            known = self._sizes.get(t.path)
+        if known is None:
+            if self.remote:
+                from ._extract.remote.store import open_store
+
+                known = open_store(t.path, self.storage_options).head(t.path).size
+            else:
+                known = os.stat(t.path).st_size
+            with self._lock:
+                self._sizes[t.path] = known
+        return known
+
+    def read(self, t: _Target, rng: random.Random) -> bytes:
+        if self.kind == "shards":
+            size = self._size(t)
+            n = min(self.range_bytes, size)
+            start = rng.randrange(0, size - n + 1)
+            if self.remote:
+                from ._extract.remote.store import open_store
+
+                return bytes(open_store(t.path, self.storage_options).get_ranges(t.path, [start], [start + n])[0])
+            fd = os.open(t.path, os.O_RDONLY)
+            try:
+                return os.pread(fd, n, start)
+            finally:
+                os.close(fd)
+        if self.remote:
+            from ._extract.remote.store import open_store
+
+            return bytes(open_store(t.path, self.storage_options).get(t.path))
+        with open(t.path, "rb") as f:
+            return f.read()
+
+
+def _in_thread(fn: Callable[[], Any], timeout: float) -> tuple[bool, Any]:
+    """``fn()`` on a daemon thread, waited for at most ``timeout`` seconds: ``(True, result)``,
+    ``(True, exception)`` when it raised, ``(False, None)`` when it did not return in time."""
+    box: list = []
+
+    def go() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box.append((True, e))
+
+    th = threading.Thread(target=go, name="loaderlib-probe-list", daemon=True)
+    th.start()
+    th.join(max(0.0, timeout))
+    return box[0] if box else (False, None)
+
+
+class _Level:
+    """``concurrency`` daemon threads reading targets from a shared cursor until ``stop``."""
+
+    def __init__(self, reader: _Reader, targets: list[_Target], cursor: list[int], concurrency: int,
+                 clock: Callable[[], float], keep: list[tuple[str, bytes]], keep_bytes: list[int]) -> None:
+        self.reader = reader
+        self.targets = targets
+        self.cursor = cursor
+        self.clock = clock
+        self.keep, self.keep_bytes = keep, keep_bytes
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.latencies: list[float] = []
+        self.nbytes = 0
+        self.errors: list[str] = []
+        self.end = math.inf
+        self.busy: dict[int, tuple[float, str]] = {}   # thread number -> (start, path) of its read
+        self.threads = [threading.Thread(target=self._run, args=(k,), name=f"loaderlib-probe-{concurrency}-{k}",
+                                         daemon=True) for k in range(concurrency)]
+
+    def _next(self) -> _Target:
+        with self.lock:
+            t = self.targets[self.cursor[0] % len(self.targets)]
+            self.cursor[0] += 1
+        return t
+
+    def _run(self, k: int) -> None:
+        rng = random.Random(k)
+        # Each thread watches the deadline itself: with hundreds of threads on a few cores the
+        # coordinating thread may wait long for the GIL, and no read may start after the end.
+        while not self.stop.is_set() and self.clock() < self.end:
+            t = self._next()
+            t0 = self.clock()
+            with self.lock:
+                self.busy[k] = (t0, t.path)
+            try:
+                data = self.reader.read(t, rng)
+            except Exception as e:  # noqa: BLE001 - counted and reported, the probe goes on
+                with self.lock:
+                    self.busy.pop(k, None)
+                    self.errors.append(f"{t.path}: {type(e).__name__}: {e}")
+                continue
+            t1 = self.clock()
+            with self.lock:
+                self.busy.pop(k, None)
+                if self.stop.is_set() or t1 > self.end:
+                    return      # finished after the level's end: not in its time
+                self.latencies.append(t1 - t0)
+                self.nbytes += len(data)
+                if (self.reader.kind == "files" and self.keep_bytes[0] < CPU_BYTES and len(self.keep) < CPU_FILES
+                        and self.cursor[0] <= len(self.targets)):   # each file once
+                    self.keep.append((t.path, data))
+                    self.keep_bytes[0] += len(data)
+
+    def run(self, seconds: float, sleep: Callable[[float], None]) -> tuple[LevelStats, list[str]]:
+        start = self.clock()
+        end = self.end = start + seconds
+        for th in self.threads:
+            th.start()
+        while self.clock() < end:
+            sleep(min(0.02, max(0.0, end - self.clock())))
+        with self.lock:
+            self.stop.set()
+            now = self.clock()
+            waiting = [(now - t0, p) for t0, p in self.busy.values()]
+            lats = list(self.latencies)
+            nbytes = self.nbytes
+        # Threads still inside a read are left to finish it (NOTE [ Storage probe ]).
+        stats = level_stats(len(self.threads), lats, nbytes, now - start, [w for w, _ in waiting])
+        return stats, [p for _, p in sorted(waiting, reverse=True)]
+
+
+# --------------------------------------------------------------------------- the CPU rate
+
+
+def _default_chain() -> Any:
+    from . import transforms as T
+
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+
+
+def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, batch_size: int,
+              num_threads: int | None, clock: Callable[[], float]) -> tuple[float | None, str, int]:
+    """Samples/s of a DataLoader over copies of ``kept`` in a temporary folder (the cores'
+    rate when reads cost nothing), for about ``seconds``; the first batch is warm-up."""
+    import tempfile
+
+    t_end = clock() + seconds     # writing the copies, the loader's start and its warm-up count too
+    from ._threads import default_num_threads
+    from .datasets import ImageListDataset
+    from .loader import DataLoader
+
+    threads = num_threads or default_num_threads()
+    images = [(p, d) for p, d in kept if p.lower().endswith((".jpg", ".jpeg"))]
+    if not images:
+        return None, "no JPEG among the files read: pass cpu_rate=", threads
+    chain = _default_chain() if transform is None else transform
+    what = "RandomResizedCrop(224) + flip" if transform is None else "the given transform"
+    with tempfile.TemporaryDirectory(prefix="loaderlib-probe-") as tmp:
+        paths = []
+        for k, (p, d) in enumerate(images):
+            q = os.path.join(tmp, f"{k:06d}{os.path.splitext(p)[1].lower()}")
+            with open(q, "wb") as f:
+                f.write(d)
+            paths.append(q)
+        bs = max(1, min(batch_size, len(paths)))
+        # One long epoch of the copies repeated (no epoch boundary to refill at), as a training
+        # run's epoch is; its first batches start the threads and the read-ahead: warm-up.
+        many = paths * max(1, -(-EPOCH_SAMPLES // len(paths)))
+        ds = ImageListDataset(many, [0] * len(many)).transform_first(chain)
+        loader = DataLoader(ds, batch_size=bs, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
+        try:
+            t_first = None
+            n = batches = 0
+            while clock() < t_end:
+                for x, _y in loader:
+                    batches += 1
+                    if batches <= WARMUP_BATCHES:
+                        t_first = clock()
+                        continue
+                    n += len(x)
+                    if clock() >= t_end:
+                        break
+            elapsed = clock() - t_first if t_first is not None else 0.0
+        finally:
+            loader.close()
+    if n == 0 or elapsed <= 0:
+        return None, f"the decode run of {len(paths)} image(s) did not finish a batch in time", threads
+    return n / elapsed, (f"a DataLoader with {what} over {len(paths)} of the files read, from a temporary "
+                         "copy: no read cost"), threads
+
+
+# --------------------------------------------------------------------------- the probe
+
+
+def _summary(levels: Sequence[LevelStats], pred: dict, stalled: Sequence[str], seconds: float) -> str:
+    if stalled and not any(lv.reads for lv in levels):
+        return (f"the storage did not answer: no read returned within {seconds:.1f} s ({stalled[0]} "
+                f"{'and more ' if len(stalled) > 1 else ''}still waiting); a hung mount, a pipe without a "
+                "writer or a stalled server")
+    lat = pred.get("latency_ms")
+    if pred.get("ceiling") is None:
+        return (f"reads are {_ms(lat)} ms and the storage gives {pred['io_ceiling']:,.0f} files/s at best; the "
+                "cores' rate was not measured") if pred.get("io_ceiling") else "nothing was read"
+    if pred["limit"] == "cores":
+        return (f"reads are {_ms(lat)} ms; with {math.ceil(pred['in_flight'])} in flight the cores, not the storage, "
+                f"limit the loader (about {pred['ceiling']:,.0f} samples/s; the adaptive io_depth settles near "
+                f"{pred['io_depth']})")
+    return (f"reads are {_ms(lat)} ms; the storage, not the cores, limits the loader: about "
+            f"{pred['io_ceiling']:,.0f} samples/s at best where the cores could do {pred['cpu_rate']:,.0f}")
+
+
+def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, seconds: float = 10.0, storage_options: dict | None = None,
+                  transform: Any = None, batch_size: int = 64, num_threads: int | None = None,
+                  cpu_rate: float | None = None, range_bytes: int = 128 << 10,
+                  concurrency: Sequence[int] = LEVELS, seed: int = 0,
+                  clock: Callable[[], float] = time.perf_counter,
+                  sleep: Callable[[float], None] = time.sleep) -> StorageReport:
+    """Measure where the data lives, and predict the loader's io_depth and ceiling there.
+
+    Reads a sample of the files (or shards) at 1, 8, 64 and 256 reads in flight, times every
+    read, measures the loader's rate on the cores with the bytes read, and applies Little's
+    law (NOTE [ Storage probe ]). Bounded: it returns within about ``seconds`` also when the
+    storage never answers, naming the paths still waiting (their reads are left on daemon
+    threads). ``python -m loaderlib doctor --storage LOCATION`` prints the same report.
+
+    Parameters
+    ----------
+    location : str, os.PathLike or sequence of them
+        A folder (walked for images and shards), a file, a glob, or a URL: ``s3://``,
+        ``gs://`` (a key, a prefix ending in ``/`` or a glob) or ``http(s)://`` (a file or a
+        brace range such as ``part-{0000..0099}.tar``); or a list of files or URLs (an
+        ``ImageListDataset``'s paths).
+    seconds : float
+        The probe's time budget, listing and the CPU run included (default 10).
+    storage_options : dict, optional
+        For URLs: boto3's names (``endpoint_url``, ...), as the datasets take them.
+    transform : optional
+        The chain the loader will run, to measure its CPU rate (default:
+        ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip()``, uint8).
+    batch_size : int
+        The loader's batch size for the CPU run.
+    num_threads : int, optional
+        The loader's threads (default: ``loaderlib.default_num_threads()``).
+    cpu_rate : float, optional
+        Samples/s the loader reaches on warm data, when known: skips the CPU run (needed for
+        shards, whose samples the probe does not decode).
+    range_bytes : int
+        Shards: the bytes of one read (one sample's size).
+    concurrency : sequence of int
+        Reads in flight to measure at.
+    seed : int
+        Which files are sampled.
+    clock, sleep : callable
+        Seconds and waiting (tests inject their own).
+
+    Returns
+    -------
+    StorageReport
+        ``levels`` (latency p50/p95/p99, bytes/s and files/s per concurrency),
+        ``cpu_rate``, ``prediction`` (``io_depth``, ``ceiling``, ``limit``), ``stalled``,
+        ``summary``; ``str(report)`` is the text ``doctor --storage`` prints and
+        ``report.to_dict()`` its JSON.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing to read at ``location``.
+    ValueError
+        A bad argument.
+
+    Examples
+    --------
+    >>> report = ll.probe_storage("photos/", seconds=5)      # doctest: +SKIP
+    >>> print(report.summary)                                 # doctest: +SKIP
+    reads are 16 ms; with 34 in flight the cores, not the storage, limit the loader ...
+    """
+    from ._extract.remote.urls import is_url
+
+    if not (isinstance(seconds, (int, float)) and 0 < seconds <= 3600):
+        raise ValueError(f"seconds must be in (0, 3600], got {seconds!r}")
+    levels_wanted = [int(c) for c in concurrency]
+    if not levels_wanted or any(c < 1 or c > 4096 for c in levels_wanted):
+        raise ValueError(f"concurrency must be reads in flight between 1 and 4096, got {list(concurrency)!r}")
+    if range_bytes < 1:
+        raise ValueError(f"range_bytes must be positive, got {range_bytes!r}")
+    given = None if isinstance(location, (str, os.PathLike)) else [os.fspath(p) for p in location]
+    if given is not None and not given:
+        raise ValueError("an empty list of files to probe")
+    where = os.fspath(location) if given is None else f"{given[0]} and {len(given) - 1} more file(s)"
+    remote = is_url(where if given is None else given[0])
+    t_start = clock()
+    deadline = t_start + seconds
+    notes: list[str] = []
+    if given is not None:
+        done, listed = True, [_Target(p, None) for p in given]
+    else:
+        done, listed = _in_thread((lambda: _list_remote(where, storage_options)) if remote else
+                                  (lambda: _list_local(where)), LIST_SHARE * seconds)
+    if not done:
+        report = StorageReport(where, "files", 0, 0, None, (), None, "not measured", num_threads or 0,
+                               predict((), None, 1), (where,),
+                               f"the storage did not answer: listing {where} took more than "
+                               f"{LIST_SHARE * seconds:.1f} s (a hung mount or a stalled server)",
+                               clock() - t_start)
+        return report
+    if isinstance(listed, BaseException):
+        raise listed
+    if not listed:
+        raise FileNotFoundError(f"no images or shards at {where!r} (looked for {', '.join(IMAGE_SUFFIXES + SHARD_SUFFIXES)})")
+    if len(listed) >= MAX_LISTED:
+        notes.append(f"the listing stopped at {MAX_LISTED:,} names; the sample is drawn from those")
+    kinds = {_kind_of(t.path) for t in listed}
+    kind = "shards" if kinds == {"shards"} else "files"
+    targets = [t for t in listed if _kind_of(t.path) == kind]
+    random.Random(seed).shuffle(targets)
+    reader = _Reader(remote, kind, int(range_bytes), storage_options)
+    cursor = [0]
+    kept: list[tuple[str, bytes]] = []
+    kept_bytes = [0]
+    io_left = max(0.0, min(IO_SHARE * seconds, deadline - clock() - CPU_SHARE * seconds))
+    per_level = io_left / len(levels_wanted)
+    levels: list[LevelStats] = []
+    stalled: list[str] = []
+    errors: list[str] = []
+    for c in levels_wanted:
+        lv = _Level(reader, targets, cursor, c, clock, kept, kept_bytes)
+        stats, waiting = lv.run(per_level, sleep)
+        levels.append(stats)
+        errors += lv.errors
+        if stats.reads == 0:
+            stalled = waiting
+            break   # a storage that answers nothing gets no more threads (NOTE [ Storage probe ])
+    if errors:
+        notes.append(f"{len(errors)} read(s) failed, first: {errors[0]}")
+    if kind == "files" and cursor[0] > len(targets):
+        notes.append(f"{cursor[0]:,} reads of {len(targets):,} files: some were read twice, and a page cache may "
+                     "have answered those")
+    threads = num_threads or 0
+    source = "given"
+    rate = cpu_rate
+    if rate is None and not stalled:
+        cpu_s = max(0.5 * CPU_SHARE * seconds, deadline - clock())
+        rate, source, threads = _cpu_rate(kept, cpu_s, transform, batch_size, num_threads, clock)
+    elif stalled:
+        source = "not measured: the storage did not answer"
+    if not threads:
+        from ._threads import default_num_threads
+
+        threads = default_num_threads()
+    pred = predict(levels, rate, threads)
+    pred["cpu_rate"] = rate
+    summary = _summary(levels, pred, stalled, clock() - t_start)
+    return StorageReport(location=where, kind=kind, listed=len(listed), sampled=min(cursor[0], len(targets)),
+                         range_bytes=int(range_bytes) if kind == "shards" else None, levels=tuple(levels),
+                         cpu_rate=rate, cpu_source=source, threads=threads, prediction=pred,
+                         stalled=tuple(stalled), summary=summary, seconds=clock() - t_start, notes=tuple(notes))

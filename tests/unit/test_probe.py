@@ -1,0 +1,163 @@
+"""``ll.probe_storage`` and ``python -m loaderlib doctor --storage`` (NOTE [ Storage probe ]):
+the statistics against numpy and a hand-worked Little's law, a real run on a temp folder and
+on a shard, a FIFO that never gets a writer (the probe returns and names it), the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import loaderlib as ll
+from loaderlib import __main__ as cli
+from loaderlib import _doctor
+from loaderlib._extract.readahead import HEADROOM, MAX_DEPTH
+from loaderlib._probe import LevelStats, level_stats, predict
+from tests._synth import encode_jpeg, photo_like
+
+
+def _level(c: int, files_per_s: float, mean_ms: float) -> LevelStats:
+    return LevelStats(concurrency=c, reads=100, bytes=100 * 50_000, seconds=100 / files_per_s,
+                      files_per_s=files_per_s, bytes_per_s=files_per_s * 50_000, latency_mean_ms=mean_ms,
+                      latency_p50_ms=mean_ms, latency_p95_ms=mean_ms, latency_p99_ms=mean_ms, unanswered=0,
+                      oldest_unanswered_ms=0.0)
+
+
+def test_level_stats_match_numpy_nearest_rank_percentiles():
+    rng = np.random.default_rng(3)
+    lat = rng.lognormal(np.log(0.016), 0.5, 997).tolist()      # seconds
+    s = level_stats(64, lat, 997 * 1000, seconds=2.5, waiting_s=[0.1, 3.0])
+    ms = np.asarray(lat) * 1e3
+    for q, got in ((50, s.latency_p50_ms), (95, s.latency_p95_ms), (99, s.latency_p99_ms)):
+        assert got == pytest.approx(np.percentile(ms, q, method="inverted_cdf"))
+    assert s.latency_mean_ms == pytest.approx(ms.mean())
+    assert (s.reads, s.files_per_s, s.bytes_per_s) == (997, pytest.approx(997 / 2.5), pytest.approx(997_000 / 2.5))
+    assert (s.unanswered, s.oldest_unanswered_ms) == (2, pytest.approx(3000.0))
+    empty = level_stats(1, [], 0, 1.0, [7.0])
+    assert empty.reads == 0 and empty.latency_p50_ms is None and empty.oldest_unanswered_ms == pytest.approx(7000)
+
+
+def test_prediction_is_littles_law_with_the_cores_or_the_storage_as_the_limit():
+    # 16 ms reads that scale: 8 in flight give 500 files/s, 64 give 4,000; cores 2,000/s.
+    levels = [_level(1, 62.5, 16.0), _level(8, 500, 16.0), _level(64, 4000, 16.5), _level(256, 9000, 28.0)]
+    p = predict(levels, cpu_rate=2000.0, threads=2)
+    assert p["limit"] == "cores" and p["ceiling"] == 2000.0 and p["io_ceiling"] == 9000
+    assert p["latency_ms"] == 16.5                       # the first level that keeps up: 64
+    assert p["in_flight"] == pytest.approx(2000 * 0.0165)
+    assert p["io_depth"] == math.ceil(HEADROOM * 2000 * 0.0165) + 2
+    # The storage saturates at 1,200 files/s: it is the limit, at the best level's latency.
+    slow = [_level(1, 60, 16.0), _level(8, 450, 17.0), _level(64, 1200, 50.0), _level(256, 1100, 230.0)]
+    p = predict(slow, cpu_rate=2000.0, threads=2)
+    assert (p["limit"], p["ceiling"], p["latency_ms"]) == ("storage", 1200, 50.0)
+    assert p["io_depth"] == min(MAX_DEPTH, math.ceil(HEADROOM * 1200 * 0.05) + 2)
+    assert predict(slow, None, 2)["ceiling"] is None
+    assert predict([], 2000.0, 2)["limit"] is None
+
+
+def _photos(folder, n: int) -> list[int]:
+    os.makedirs(folder, exist_ok=True)
+    sizes = []
+    for i in range(n):
+        data = encode_jpeg(photo_like(96 + 8 * (i % 5), 80 + 4 * (i % 3), seed=i))
+        with open(os.path.join(folder, f"img{i:03d}.jpg"), "wb") as f:
+            f.write(data)
+        sizes.append(len(data))
+    return sizes
+
+
+def test_a_real_run_on_a_temp_folder(tmp_path):
+    sizes = _photos(tmp_path / "a", 12)
+    _photos(tmp_path / "b", 12)
+    r = ll.probe_storage(tmp_path, seconds=4, concurrency=(1, 8), batch_size=8, num_threads=2)
+    assert r.kind == "files" and r.listed == 24 and not r.stalled
+    assert [lv.concurrency for lv in r.levels] == [1, 8]
+    for lv in r.levels:
+        assert lv.reads > 0
+        # Whole-file reads: the bytes per read are those of the files.
+        assert min(sizes) * 0.5 <= lv.bytes / lv.reads <= max(sizes) * 2
+        assert lv.latency_p50_ms <= lv.latency_p95_ms <= lv.latency_p99_ms
+    assert r.cpu_rate and r.cpu_rate > 0 and "DataLoader" in r.cpu_source
+    p = r.prediction
+    assert p["ceiling"] == pytest.approx(min(r.cpu_rate, p["io_ceiling"]))
+    assert p["limit"] in ("cores", "storage") and p["io_depth"] >= 1
+    text = str(r)
+    assert "p50 ms" in text and r.summary in text and "samples/s" in r.summary
+    assert json.loads(json.dumps(r.to_dict()))["levels"][0]["concurrency"] == 1
+
+
+def test_shards_are_read_by_range(tmp_path):
+    data = encode_jpeg(photo_like(120, 90, seed=1))
+    ll.write_records(tmp_path / "part", [data] * 40, [0] * 40)
+    r = ll.probe_storage(tmp_path / "part.llrec", seconds=2, concurrency=(1, 4), range_bytes=10_000, cpu_rate=1500.0)
+    assert r.kind == "shards" and r.range_bytes == 10_000 and r.cpu_source == "given"
+    for lv in r.levels:
+        assert lv.reads > 0 and lv.bytes == 10_000 * lv.reads
+    assert r.prediction["ceiling"] == pytest.approx(min(1500.0, r.prediction["io_ceiling"]))
+
+
+def test_a_fifo_that_never_answers_is_named_and_the_probe_returns(tmp_path):
+    folder = tmp_path / "hung"
+    folder.mkdir()
+    fifo = folder / "never.jpg"
+    os.mkfifo(fifo)
+    out: list = []
+    th = threading.Thread(target=lambda: out.append(ll.probe_storage(folder, seconds=2)), daemon=True)
+    try:
+        th.start()
+        th.join(120)   # a generous bound: the probe's own limit is 2 s; a hang fails here
+        assert not th.is_alive(), "probe_storage did not return on a storage that never answers"
+        r = out[0]
+        assert r.stalled == (str(fifo),)
+        assert len(r.levels) == 1 and r.levels[0].reads == 0 and r.levels[0].unanswered == 1
+        assert r.cpu_rate is None and r.prediction["ceiling"] is None
+        assert "did not answer" in r.summary and str(fifo) in r.summary
+    finally:
+        # Release the reader left blocked in open(): a writer that opens and closes at once.
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+
+
+def test_bad_locations_and_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ll.probe_storage(tmp_path / "missing")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="no images or shards"):
+        ll.probe_storage(tmp_path)
+    with pytest.raises(ValueError, match="seconds must be"):
+        ll.probe_storage(tmp_path, seconds=0)
+    with pytest.raises(ValueError, match="concurrency must be"):
+        ll.probe_storage(tmp_path, concurrency=(0,))
+
+
+def test_cli_doctor_storage_json_and_errors(tmp_path, capsys):
+    _photos(tmp_path, 6)
+    assert cli.main(["doctor", "--storage", str(tmp_path), "--seconds", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["location"] == str(tmp_path) and [lv["concurrency"] for lv in d["levels"]][:1] == [1]
+    assert {"io_ceiling", "ceiling", "io_depth", "limit"} <= set(d["prediction"]) and d["summary"]
+    assert cli.main(["doctor", "--storage", str(tmp_path / "nope"), "--seconds", "1"]) == 1
+    assert "nope" in capsys.readouterr().err
+
+
+def test_plain_doctor_lists_the_remote_extra():
+    extras = _doctor._extras()
+    e = extras["obstore"]
+    assert "[remote]" in e["used_for"]
+    report = {"loaderlib": {"version": "0", "location": "/", "python": "3", "platform": "p"},
+              "build": {"openmp": True, "libraries": {}}, "threads": {"default": 2, "reason": "r", "affinity_cpus": 2,
+                                                                     "cgroup_quota_cpus": None, "os_cpu_count": 2,
+                                                                     "LOCAL_WORLD_SIZE": None,
+                                                                     "LOADERLIB_NUM_THREADS": None,
+                                                                     "OMP_NUM_THREADS": None},
+              "fork": {"start_method": "fork", "start_method_is_default": True, "at_fork_guard": True, "summary": "s"},
+              "extras": {"obstore": {**e, "found": False, "version": None, "install": "pip install loaderlib[remote]"}},
+              "self_check": None, "problems": []}
+    text = _doctor.format_report(report)
+    line = next(x for x in text.splitlines() if x.strip().startswith("obstore"))
+    assert "not installed (pip install loaderlib[remote])" in line
+    found = dict(report, extras={"obstore": {**e, "found": True, "version": "0.12.0"}})
+    assert "0.12.0" in next(x for x in _doctor.format_report(found).splitlines() if x.strip().startswith("obstore"))
