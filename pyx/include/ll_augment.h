@@ -131,8 +131,12 @@ static double ll_aug_magnitude(int prim, int k, int n, int randaug, int h, int w
 
 static inline int ll_prim_signed(int prim) { return prim >= LL_PRIM_SHEAR_X && prim <= LL_PRIM_SHARPNESS; }
 
-/* torchvision's AutoAugmentPolicy.IMAGENET: 25 pairs of (op, probability, magnitude bin). */
-static const struct { int op; double p; int mag; } ll_autoaug_imagenet[25][2] = {
+/* torchvision's AutoAugmentPolicy tables: 25 sub-policies, each a pair of (op, probability,
+ * magnitude bin of 10; 0 for ops without a magnitude), in torchvision's order (the sub-policy
+ * drawn is an index into it). ll_autoaug_policies[ia[0]] is the one an op uses: 0 IMAGENET,
+ * 1 CIFAR10, 2 SVHN (the order of transforms/_auto_augment.py AutoAugmentPolicy). */
+typedef struct { int op; double p; int mag; } ll_autoaug_pair;
+static const ll_autoaug_pair ll_autoaug_imagenet[25][2] = {
     {{LL_PRIM_POSTERIZE, 0.4, 8}, {LL_PRIM_ROTATE, 0.6, 9}},
     {{LL_PRIM_SOLARIZE, 0.6, 5}, {LL_PRIM_AUTOCONTRAST, 0.6, 0}},
     {{LL_PRIM_EQUALIZE, 0.8, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
@@ -159,6 +163,64 @@ static const struct { int op; double p; int mag; } ll_autoaug_imagenet[25][2] = 
     {{LL_PRIM_COLOR, 0.6, 4}, {LL_PRIM_CONTRAST, 1.0, 8}},
     {{LL_PRIM_EQUALIZE, 0.8, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
 };
+
+static const ll_autoaug_pair ll_autoaug_cifar10[25][2] = {
+    {{LL_PRIM_INVERT, 0.1, 0}, {LL_PRIM_CONTRAST, 0.2, 6}},
+    {{LL_PRIM_ROTATE, 0.7, 2}, {LL_PRIM_TRANSLATE_X, 0.3, 9}},
+    {{LL_PRIM_SHARPNESS, 0.8, 1}, {LL_PRIM_SHARPNESS, 0.9, 3}},
+    {{LL_PRIM_SHEAR_Y, 0.5, 8}, {LL_PRIM_TRANSLATE_Y, 0.7, 9}},
+    {{LL_PRIM_AUTOCONTRAST, 0.5, 0}, {LL_PRIM_EQUALIZE, 0.9, 0}},
+    {{LL_PRIM_SHEAR_Y, 0.2, 7}, {LL_PRIM_POSTERIZE, 0.3, 7}},
+    {{LL_PRIM_COLOR, 0.4, 3}, {LL_PRIM_BRIGHTNESS, 0.6, 7}},
+    {{LL_PRIM_SHARPNESS, 0.3, 9}, {LL_PRIM_BRIGHTNESS, 0.7, 9}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_EQUALIZE, 0.5, 0}},
+    {{LL_PRIM_CONTRAST, 0.6, 7}, {LL_PRIM_SHARPNESS, 0.6, 5}},
+    {{LL_PRIM_COLOR, 0.7, 7}, {LL_PRIM_TRANSLATE_X, 0.5, 8}},
+    {{LL_PRIM_EQUALIZE, 0.3, 0}, {LL_PRIM_AUTOCONTRAST, 0.4, 0}},
+    {{LL_PRIM_TRANSLATE_Y, 0.4, 3}, {LL_PRIM_SHARPNESS, 0.2, 6}},
+    {{LL_PRIM_BRIGHTNESS, 0.9, 6}, {LL_PRIM_COLOR, 0.2, 8}},
+    {{LL_PRIM_SOLARIZE, 0.5, 2}, {LL_PRIM_INVERT, 0.0, 0}},
+    {{LL_PRIM_EQUALIZE, 0.2, 0}, {LL_PRIM_AUTOCONTRAST, 0.6, 0}},
+    {{LL_PRIM_EQUALIZE, 0.2, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_COLOR, 0.9, 9}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_AUTOCONTRAST, 0.8, 0}, {LL_PRIM_SOLARIZE, 0.2, 8}},
+    {{LL_PRIM_BRIGHTNESS, 0.1, 3}, {LL_PRIM_COLOR, 0.7, 0}},
+    {{LL_PRIM_SOLARIZE, 0.4, 5}, {LL_PRIM_AUTOCONTRAST, 0.9, 0}},
+    {{LL_PRIM_TRANSLATE_Y, 0.9, 9}, {LL_PRIM_TRANSLATE_Y, 0.7, 9}},
+    {{LL_PRIM_AUTOCONTRAST, 0.9, 0}, {LL_PRIM_SOLARIZE, 0.8, 3}},
+    {{LL_PRIM_EQUALIZE, 0.8, 0}, {LL_PRIM_INVERT, 0.1, 0}},
+    {{LL_PRIM_TRANSLATE_Y, 0.7, 9}, {LL_PRIM_AUTOCONTRAST, 0.9, 0}},
+};
+static const ll_autoaug_pair ll_autoaug_svhn[25][2] = {
+    {{LL_PRIM_SHEAR_X, 0.9, 4}, {LL_PRIM_INVERT, 0.2, 0}},
+    {{LL_PRIM_SHEAR_Y, 0.9, 8}, {LL_PRIM_INVERT, 0.7, 0}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_SOLARIZE, 0.6, 6}},
+    {{LL_PRIM_INVERT, 0.9, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_ROTATE, 0.9, 3}},
+    {{LL_PRIM_SHEAR_X, 0.9, 4}, {LL_PRIM_AUTOCONTRAST, 0.8, 0}},
+    {{LL_PRIM_SHEAR_Y, 0.9, 8}, {LL_PRIM_INVERT, 0.4, 0}},
+    {{LL_PRIM_SHEAR_Y, 0.9, 5}, {LL_PRIM_SOLARIZE, 0.2, 6}},
+    {{LL_PRIM_INVERT, 0.9, 0}, {LL_PRIM_AUTOCONTRAST, 0.8, 0}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_ROTATE, 0.9, 3}},
+    {{LL_PRIM_SHEAR_X, 0.9, 4}, {LL_PRIM_SOLARIZE, 0.3, 3}},
+    {{LL_PRIM_SHEAR_Y, 0.8, 8}, {LL_PRIM_INVERT, 0.7, 0}},
+    {{LL_PRIM_EQUALIZE, 0.9, 0}, {LL_PRIM_TRANSLATE_Y, 0.6, 6}},
+    {{LL_PRIM_INVERT, 0.9, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_CONTRAST, 0.3, 3}, {LL_PRIM_ROTATE, 0.8, 4}},
+    {{LL_PRIM_INVERT, 0.8, 0}, {LL_PRIM_TRANSLATE_Y, 0.0, 2}},
+    {{LL_PRIM_SHEAR_Y, 0.7, 6}, {LL_PRIM_SOLARIZE, 0.4, 8}},
+    {{LL_PRIM_INVERT, 0.6, 0}, {LL_PRIM_ROTATE, 0.8, 4}},
+    {{LL_PRIM_SHEAR_Y, 0.3, 7}, {LL_PRIM_TRANSLATE_X, 0.9, 3}},
+    {{LL_PRIM_SHEAR_X, 0.1, 6}, {LL_PRIM_INVERT, 0.6, 0}},
+    {{LL_PRIM_SOLARIZE, 0.7, 2}, {LL_PRIM_TRANSLATE_Y, 0.6, 7}},
+    {{LL_PRIM_SHEAR_Y, 0.8, 4}, {LL_PRIM_INVERT, 0.8, 0}},
+    {{LL_PRIM_SHEAR_X, 0.7, 9}, {LL_PRIM_TRANSLATE_Y, 0.8, 3}},
+    {{LL_PRIM_SHEAR_Y, 0.8, 5}, {LL_PRIM_AUTOCONTRAST, 0.7, 0}},
+    {{LL_PRIM_SHEAR_X, 0.7, 2}, {LL_PRIM_INVERT, 0.1, 0}},
+};
+#define LL_AUTOAUG_POLICIES 3
+static const ll_autoaug_pair (*const ll_autoaug_policies[LL_AUTOAUG_POLICIES])[2] = {
+    ll_autoaug_imagenet, ll_autoaug_cifar10, ll_autoaug_svhn};
 
 /* ------------------------------------------------------------------ parameter sampling */
 
@@ -187,8 +249,8 @@ static void ll_aug_push(double *prm, int prim, int bin, int nbins, int randaug, 
  * BLUR          ia[0], ia[1] kernel x, y; da[0..1] sigma range.  prm[0] sigma (counter 0).
  * TRIVIAL       ia[0] bins.  op list: id below(14) (counter 0), bin below(bins) (1), sign (2).
  * RANDAUG       ia[0] num_ops, ia[1] magnitude bin, ia[2] bins.  op k: id (3k), sign (3k+1).
- * AUTOAUG       policy below(25) (counter 0, in prm[LL_AUG_NPRM-1]); sub-op k: applied when
- *               uniform (1+2k) <= p, sign (2+2k).
+ * AUTOAUG       ia[0] the policy (index of ll_autoaug_policies).  sub-policy below(25) (counter
+ *               0, in prm[LL_AUG_NPRM-1]); sub-op k: applied when uniform (1+2k) <= p, sign (2+2k).
  * RANDOM_CROP   ia[0..1] out h, w; ia[2..5] pad left, right, top, bottom; ia[6] pad_if_needed;
  *               da[0] padding mode.  prm[0..1] top, left (counters 0, 1), prm[2..5] pad left,
  *               top, right, bottom; an image too small gives LL_ERR_SHAPE.
@@ -235,12 +297,13 @@ static int ll_aug_sample(const ll_aug *op, uint64_t key, int h, int w, int C, do
         }
         return LL_OK;
     case LL_AUG_AUTOAUG: {
+        if (op->ia[0] < 0 || op->ia[0] >= LL_AUTOAUG_POLICIES) return LL_ERR_STATE;
+        const ll_autoaug_pair (*table)[2] = ll_autoaug_policies[op->ia[0]];
         int pol = (int)ll_rng_below(key, 0, 25);
         prm[LL_AUG_NPRM - 1] = pol;
         for (int k = 0; k < 2; k++) {
-            if (!(ll_rng_uniform(key, 1 + 2 * (uint64_t)k) <= ll_autoaug_imagenet[pol][k].p)) continue;
-            ll_aug_push(prm, ll_autoaug_imagenet[pol][k].op, ll_autoaug_imagenet[pol][k].mag, 10, 1, key,
-                        2 + 2 * (uint64_t)k, h, w);
+            if (!(ll_rng_uniform(key, 1 + 2 * (uint64_t)k) <= table[pol][k].p)) continue;
+            ll_aug_push(prm, table[pol][k].op, table[pol][k].mag, 10, 1, key, 2 + 2 * (uint64_t)k, h, w);
         }
         return LL_OK;
     }

@@ -358,8 +358,9 @@ def test_policy_primitives_match_reference(name, gray):
 
 
 @pytest.mark.parametrize("op", [T.TrivialAugmentWide(), T.RandAugment(num_ops=3, magnitude=14), T.AutoAugment(),
+                                T.AutoAugment(T.AutoAugmentPolicy.CIFAR10), T.AutoAugment("svhn", fill=(10, 200, 30)),
                                 T.TrivialAugmentWide(fill=(10, 200, 30))],
-                         ids=["trivial", "randaug", "autoaug", "trivial-fill"])
+                         ids=["trivial", "randaug", "autoaug", "autoaug-cifar10", "autoaug-svhn-fill", "trivial-fill"])
 def test_policies_match_reference_on_drawn_ops(op):
     img = _img(40, 56, seed=7)
     fill = op.fill
