@@ -765,9 +765,46 @@ static inline long ll_symmetric(long i, long n) {
     return i < n ? i : period - 1 - i;
 }
 
-/* gaussian_blur: kernel exp(-x^2 / (2 sigma^2)) over x = -(k-1)/2 .. (k-1)/2, normalised;
- * reflect padding; separable passes in float32 (torchvision convolves with the outer
- * product), rounded half to even. Needs (h * w * C) floats of scratch. */
+/* NOTE [ Blur taps ]
+ * torchvision's Gaussian kernel keeps every tap of kernel_size, however small: at sigma 0.3-0.8
+ * with kernel 23 the outer taps are 1e-40 to 1e-300 (subnormal floats, or 0 after the
+ * float32 exp), and on CPUs that take a microcode assist for a multiply-add with a subnormal
+ * operand or result (many x86 cores, about 100 cycles each) a 224x224 blur took 1.7 ms at sigma
+ * 0.3-0.8 against 0.34 ms at 1.0-2.0 (docs/augment.md, round 3). The kernel cuts the taps under LL_BLUR_TAP_MIN (2^-60, 8.7e-19) after normalising with
+ * all of them, so no subnormal arises anywhere: a kept tap times a pixel (>= 1) is >= 2^-60,
+ * so a nonzero value of the horizontal pass is too, and the vertical pass's products are
+ * >= 2^-120, above FLT_MIN (2^-126). A cut tap changes a blurred value by at most
+ * 2 x (k / 2) x 2^-60 x 255, 3e-15 for k = 23, far under the float32 spacing of any value
+ * that could round the other way, so the output equals the uncut convolution's up to the
+ * summation-order tolerance torchvision comparisons already allow (the NOTE above the
+ * file's functions). Cut taps are the outer ones (the kernel falls off from its centre), so
+ * the loops run over taps lo..k-1-lo, fewer multiply-adds at small sigma. */
+#define LL_BLUR_TAP_MIN 8.673617379884035e-19f /* 2^-60 */
+
+/* The k float32 taps of gaussian_blur at sigma (torch: linspace(-lim, lim, k).pow(2).neg().exp()
+ * / sum), those under LL_BLUR_TAP_MIN set to 0 (NOTE [ Blur taps ]); returns the first kept
+ * tap's index lo (taps lo..k-1-lo are kept: the kernel is symmetric). */
+static int ll_blur_taps(int k, double sigma, float *wt) {
+    double sum = 0.0;
+    float lim = (float)((k - 1) / (2.0 * sqrt(2.0) * sigma));
+    for (int i = 0; i < k; i++) {
+        float x = (float)ll_aug_linspace(-lim, lim, k, i);
+        wt[i] = expf(-(x * x));
+        sum += wt[i];
+    }
+    int lo = k / 2;
+    for (int i = 0; i < k; i++) {
+        wt[i] = (float)(wt[i] / sum);
+        if (!(wt[i] >= LL_BLUR_TAP_MIN)) wt[i] = 0.0f;
+        else if (i < lo) lo = i;
+    }
+    return lo;
+}
+
+/* gaussian_blur: kernel exp(-x^2 / (2 sigma^2)) over x = -(k-1)/2 .. (k-1)/2, normalised, the
+ * taps under LL_BLUR_TAP_MIN cut (NOTE [ Blur taps ]); reflect padding; separable passes in
+ * float32 (torchvision convolves with the outer product), rounded half to even. Needs
+ * (h * w * C) floats of scratch. */
 LL_NO_CONTRACT
 static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int kx, int ky, double sigma,
                         ll_buf *scratch) {
@@ -781,20 +818,8 @@ static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int k
     float *wx = tmp + (size_t)h * w * C, *wy = wx + kx;
     float *pad = wy + ky;             /* one reflect-padded row, float */
     int *rows = (int *)(pad + prow);  /* reflect-padded row indices */
-    for (int pass = 0; pass < 2; pass++) {
-        int k = pass ? ky : kx;
-        float *wt = pass ? wy : wx;
-        double half = (k - 1) * 0.5, sum = 0.0;
-        float lim = (float)((k - 1) / (2.0 * sqrt(2.0) * sigma));
-        for (int i = 0; i < k; i++) {
-            /* torch: linspace(-lim, lim, k).pow(2).neg().exp() / sum, in float32 */
-            float x = (float)ll_aug_linspace(-lim, lim, k, i);
-            wt[i] = expf(-(x * x));
-            sum += wt[i];
-        }
-        (void)half;
-        for (int i = 0; i < k; i++) wt[i] = (float)(wt[i] / sum);
-    }
+    int lox = ll_blur_taps(kx, sigma, wx), loy = ll_blur_taps(ky, sigma, wy);
+    int hix = kx - 1 - lox, hiy = ky - 1 - loy;
     /* horizontal pass into float scratch, from a reflect-padded float copy of each row; the
      * loops along the row run as twins (NOTE [ Augmentation twins ]) */
     for (int y = 0; y < h; y++) {
@@ -810,22 +835,22 @@ static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int k
         }
         /* taps outermost so the inner loop runs along the row; each value still sums tap 0, 1, ... */
         float *o = tmp + (size_t)y * st;
-        LL_TWIN(axpy0, o, pad, st, wx[0]);
-        int t = 1;
-        for (; t + 4 <= kx; t += 4)
+        LL_TWIN(axpy0, o, pad + (size_t)lox * C, st, wx[lox]);
+        int t = lox + 1;
+        for (; t + 4 <= hix + 1; t += 4)
             LL_TWIN(axpy4, o, pad + (size_t)t * C, pad + (size_t)(t + 1) * C, pad + (size_t)(t + 2) * C,
                     pad + (size_t)(t + 3) * C, st, wx + t);
-        for (; t < kx; t++) LL_TWIN(axpy, o, pad + (size_t)t * C, st, wx[t]);
+        for (; t <= hix; t++) LL_TWIN(axpy, o, pad + (size_t)t * C, st, wx[t]);
     }
     for (int y = -ry; y < h + ry; y++) rows[y + ry] = (int)ll_reflect101(y, h);
     float *acc = pad; /* the padded row is free now and at least one row long */
     for (int y = 0; y < h; y++) {
-        LL_TWIN(axpy0, acc, tmp + (size_t)rows[y] * st, st, wy[0]);
-        int t = 1;
-        for (; t + 4 <= ky; t += 4)
+        LL_TWIN(axpy0, acc, tmp + (size_t)rows[y + loy] * st, st, wy[loy]);
+        int t = loy + 1;
+        for (; t + 4 <= hiy + 1; t += 4)
             LL_TWIN(axpy4, acc, tmp + (size_t)rows[y + t] * st, tmp + (size_t)rows[y + t + 1] * st,
                     tmp + (size_t)rows[y + t + 2] * st, tmp + (size_t)rows[y + t + 3] * st, st, wy + t);
-        for (; t < ky; t++) LL_TWIN(axpy, acc, tmp + (size_t)rows[y + t] * st, st, wy[t]);
+        for (; t <= hiy; t++) LL_TWIN(axpy, acc, tmp + (size_t)rows[y + t] * st, st, wy[t]);
         LL_TWIN(round_u8, acc, st, d + (size_t)y * st); /* a weighted mean of 0..255 values: small */
     }
     return LL_OK;
