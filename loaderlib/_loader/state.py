@@ -3,7 +3,7 @@ epoch order a fresh or resumed epoch runs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -12,14 +12,37 @@ from .._iterable import cannot_resume, is_stateful
 from ..errors import StateError
 from ..sampler import BatchSampler, EpochOrder
 
-if TYPE_CHECKING:   # loader.py imports this module
-    from ..loader import DataLoader
+
+
+class LoaderView(Protocol):
+    """What a state is read from and checked against: the DataLoader's fields used here
+    (``loader.py`` imports this module: a Protocol here instead of an import back)."""
+
+    dataset: Any
+    seed: int
+    rank: int
+    world_size: int
+    num_workers: int
+    _iterable: bool
+    _batch_size: Any
+    _last_batch: str
+    _batch_sampler: Any
+    _epoch: int
+    _seed_given: bool
+
+    @property
+    def sampler(self) -> Any: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def _pure_sampler(self) -> Any: ...
 
 #: Version of the dict :meth:`DataLoader.state_dict` returns; bumped when its meaning changes.
 STATE_VERSION = 1
 
 
-def header(ld: DataLoader) -> dict:
+def header(ld: LoaderView) -> dict:
     """What a state must match to be loaded: version, dataset length, seed, batch size,
     last_batch mode, sampler (and rank and world size for an iterable)."""
     s = ld.sampler
@@ -32,7 +55,7 @@ def header(ld: DataLoader) -> dict:
             "sampler": type(s).__name__ if s is not None else type(ld._batch_sampler).__name__}
 
 
-def state_of(ld: DataLoader, state: RunState) -> dict:
+def state_of(ld: LoaderView, state: RunState) -> dict:
     """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
     if ld._iterable and (ld.num_workers > 0 or not is_stateful(ld.dataset)):
         raise cannot_resume(ld.dataset, ld.num_workers)
@@ -55,7 +78,7 @@ def state_of(ld: DataLoader, state: RunState) -> dict:
     return d
 
 
-def state_between(ld: DataLoader, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
+def state_between(ld: LoaderView, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
     """The loader state at the start of ``epoch`` (default: the next one)."""
     if ld._iterable:
         if ld.num_workers > 0 or not is_stateful(ld.dataset):
@@ -74,7 +97,7 @@ def state_between(ld: DataLoader, epoch: int | None = None, carry: np.ndarray | 
     return d
 
 
-def check_state(ld: DataLoader, state: Any) -> None:
+def check_state(ld: LoaderView, state: Any) -> None:
     """Raise StateError unless ``state`` can continue loader ``ld`` (NOTE [ Iterator state ])."""
     if not isinstance(state, dict):
         raise StateError(f"a loader state is a dict, got {type(state).__name__}")
