@@ -22,6 +22,7 @@ from ._extract.remote.files import RemoteFiles, remote_files
 from ._extract.remote.store import expand_urls
 from ._extract.remote.urls import is_url
 from ._extract.source import NativeSource, SourceKind
+from ._tensor_spec import TensorSpec
 from .decoding import decode
 from .errors import RemoteReadError
 
@@ -59,6 +60,27 @@ class Dataset:
 
         A dataset format the kernels can read overrides this; the loader and the Pipeline
         never test dataset types.
+        """
+        return None
+
+    def unwrap(self) -> tuple[Any, list]:
+        """The innermost dataset and the ``transform``/``transform_first`` layers over it,
+        innermost first (this dataset and no layer, unless it is such a layer)."""
+        return self, []
+
+    def zipped_arrays(self) -> list | None:
+        """The numpy arrays whose rows, zipped, are this dataset's items, when it is made of
+        plain arrays and can be gathered as an :class:`ArrayDataset` of them; else None."""
+        return None
+
+    def element_spec(self) -> Any:
+        """The structure, shapes and dtypes of this dataset's items (a nest of
+        :class:`~loaderlib.pipeline.TensorSpec`, unknown dimensions None), or None when
+        they are known only by reading an item.
+
+        A dataset that knows its items without reading one overrides this; a Pipeline over
+        it (``Pipeline.from_dataset`` and the other sources) takes its ``element_spec``
+        from here, never from the dataset's type, and traces the first item otherwise.
         """
         return None
 
@@ -195,6 +217,13 @@ class ArrayDataset(Dataset):
     def arrays(self) -> list:
         return list(self._data)
 
+    def element_spec(self) -> Any:
+        """A row of each array when every column is a numpy array (one spec for one array)."""
+        if not all(isinstance(a, np.ndarray) for a in self._data):
+            return None
+        specs = [TensorSpec(a.shape[1:], a.dtype) for a in self._data]
+        return specs[0] if len(specs) == 1 else tuple(specs)
+
     def native_source(self) -> NativeSource | None:
         """ARRAYS when every column is a numeric numpy array (rows gathered with ``take``)."""
         if not all(isinstance(a, np.ndarray) and a.dtype != object and a.ndim >= 1 for a in self._data):
@@ -233,6 +262,22 @@ class TupleDataset(Dataset):
 
     def __getitem__(self, idx: int) -> tuple:
         return tuple(d[idx] for d in self.datasets)
+
+    def zipped_arrays(self) -> list | None:
+        """The parts' arrays when every part is a numeric numpy array or a one-array
+        :class:`ArrayDataset` (the loader then gathers the same items natively)."""
+        arrays = [_single_array(d) for d in self.datasets]
+        return arrays if all(a is not None for a in arrays) else None
+
+
+def _single_array(d: Any) -> np.ndarray | None:
+    """The array behind a one-array ArrayDataset or a bare array (items are its rows)."""
+    if isinstance(d, np.ndarray) and d.ndim >= 1 and d.dtype != object:
+        return d
+    if type(d) is ArrayDataset and len(d.arrays) == 1 and isinstance(d.arrays[0], np.ndarray) \
+            and d.arrays[0].dtype != object:
+        return d.arrays[0]
+    return None
 
 
 #: Largest file one sample may be read from (NOTE [ One sample's file size limit ] in
@@ -343,6 +388,11 @@ class _ImageFiles(Dataset):
             return (f"{type(self).__name__}(special_files=True): FIFOs and devices are read from Python, each to "
                     "end of file")
         return None
+
+    def element_spec(self) -> Any:
+        """An HWC uint8 RGB image of unknown size, with an int64 label when there are labels."""
+        image = TensorSpec((None, None, 3), np.uint8)
+        return image if self.labels is None else (image, TensorSpec((), np.int64))
 
     def native_source(self) -> NativeSource | None:
         """FILES: each sample's file is opened and read by the kernels (None with

@@ -26,7 +26,7 @@ from .._extract.source import native_source_of
 from .._recorder import Recorder
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena
-from ..datasets import _TransformDataset
+from ..datasets import Dataset
 from .base import Produced, Producer, RunState, Task, _clock, _Knobs, _Stopped, annotate
 from .collate import collate_recorded
 from .native import NativeProducer
@@ -251,7 +251,7 @@ def _load(dataset: Any, i: int, timed: bool, ahead: tuple | None = None) -> tupl
         return _load_ahead(dataset, i, timed, *ahead)
     if not timed:
         return dataset[i], 0, 0
-    base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
+    base, layers = dataset.unwrap() if isinstance(dataset, Dataset) else (dataset, [])
     t0 = _clock()
     c0 = time.thread_time_ns()
     item = base[i]
@@ -278,7 +278,7 @@ def _load_ahead(dataset: Any, i: int, timed: bool, reader: ReadAhead, position: 
     ``dataset[i]``. A sample whose read was never queued (the slots were full) is read by
     ``dataset[i]`` as before. The wait is the sample's "read" time.
     """
-    base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
+    base, layers = dataset.unwrap() if isinstance(dataset, Dataset) else (dataset, [])
     d = reader.src.data_index(np.asarray([i]))[0]
     data, waited = reader.take(int(position), reader.timeout)
     t1 = _clock()
@@ -305,7 +305,7 @@ class ThreadsProducer(Producer):
         super().__init__(state=state, recorder=recorder, on_error=on_error)
         self.dataset = dataset
         self.reader: ReadAhead | None = None   # NOTE [ Read-ahead for Python reads ] (_load_ahead)
-        base = dataset.unwrap()[0] if isinstance(dataset, _TransformDataset) else dataset
+        base = dataset.unwrap()[0] if isinstance(dataset, Dataset) else dataset
         src = native_source_of(base)
         if callable(getattr(base, "item_from_bytes", None)):   # files, ranges, or a store's samples
             self.reader = read_ahead_for(src, state.order.stream, io_depth=io_depth, batch_size=batch_size,

@@ -13,7 +13,6 @@ from ..errors import StateError
 from ..sampler import BatchSampler, EpochOrder
 
 
-
 class LoaderView(Protocol):
     """What a state is read from and checked against: the DataLoader's fields used here
     (``loader.py`` imports this module: a Protocol here instead of an import back)."""
