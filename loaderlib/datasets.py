@@ -219,9 +219,10 @@ class ArrayDataset(Dataset):
 
     def element_spec(self) -> Any:
         """A row of each array when every column is a numpy array (one spec for one array)."""
-        if not all(isinstance(a, np.ndarray) for a in self._data):
+        arrays = [a for a in self._data if isinstance(a, np.ndarray)]
+        if len(arrays) != len(self._data):
             return None
-        specs = [TensorSpec(a.shape[1:], a.dtype) for a in self._data]
+        specs = [TensorSpec(a.shape[1:], a.dtype) for a in arrays]
         return specs[0] if len(specs) == 1 else tuple(specs)
 
     def native_source(self) -> NativeSource | None:
