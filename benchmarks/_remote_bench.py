@@ -125,8 +125,8 @@ def _loaderlib_dataset(spec: dict, cache_dir: str | None):
 
 
 def run_loaderlib(spec: dict) -> dict:
+    from _epochs import timed_epochs
     from loader import rn50_chain
-    from storage import timed_epochs
 
     import loaderlib as ll
 
@@ -183,8 +183,8 @@ def run_torch(spec: dict) -> dict:
     import cv2
     import numpy as np
     import torch
+    from _epochs import timed_epochs
     from loader import CvPipeline
-    from storage import timed_epochs
 
     cv2.setNumThreads(1)
     samples = spec["samples"]

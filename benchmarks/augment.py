@@ -18,13 +18,16 @@ Three parts, each pipeline in a fresh process, in interleaved rounds (medians re
 3. The CPU cost per image of each op on one thread (``time.process_time``, best of blocks): the
    marginal cost of adding the op to the fused chain (in-memory JPEGs, ``num_threads=1``), and
    each primitive's kernel on a 224x224 image; with ``--baseline`` the baseline build's figure
-   beside it (before -> after), both measured in alternating child processes.
+   beside it (before -> after), both measured in alternating child processes. The Gaussian
+   blur's kernel is timed at several sigmas (NOTE [ Blur taps ]: small ones used to make
+   subnormal taps); ``--blur-only`` times just that, on one 224x224 photo.
 
 Usage::
 
     python benchmarks/augment.py                    # generates photo-like JPEGs once
     python benchmarks/augment.py --baseline /tmp/before --repeat 5
     python benchmarks/augment.py --costs-only --baseline /tmp/before
+    python benchmarks/augment.py --blur-only --repeat 5 [--baseline /tmp/before]
 """
 
 from __future__ import annotations
@@ -400,6 +403,24 @@ def chain_variants():
 
 
 PRIMS = (*TRIVIAL, "Invert", "Hue")
+BLUR_SIGMAS = (0.3, 0.5, 0.8, 1.5, 3.0)
+
+
+def blur_costs(img: np.ndarray) -> dict:
+    """CPU ms of GaussianBlur(23) at each of BLUR_SIGMAS on one image (one thread), the sigmas
+    interleaved block by block."""
+    from loaderlib import transforms as T
+
+    ops = []
+    for sigma in BLUR_SIGMAS:
+        op = T.GaussianBlur(23, sigma)
+        ops.append((f"GaussianBlur(23), sigma {sigma:g}", op, op.get_params(*img.shape, T._Rng(0, 0, 0, 0))))
+    best: dict = {}
+    for _ in range(3):
+        for name, op, prm in ops:
+            ms = cpu_ms(lambda op=op, prm=prm: op.apply_params(img, prm), 2 if SMOKE else 40, blocks=1)
+            best[name] = min(best.get(name, math.inf), ms)
+    return best
 
 
 def op_costs(root: str, with_cv: bool = True) -> dict:
@@ -445,6 +466,7 @@ def op_costs(root: str, with_cv: bool = True) -> dict:
         res["prims"][name] = cpu_ms(lambda prm=prm: op.apply_params(img, prm), 100)
         if with_cv and name in TRIVIAL:
             res["cv"][name] = cpu_ms(lambda name=name, mag=mag: cv_trivial_op(name, mag, img), 100)
+    res["prims"].update(blur_costs(img))
     x = np.random.default_rng(0).standard_normal((BATCH, 3, 224, 224)).astype(np.float32)
     y = np.arange(BATCH) % CLASSES
     for mix in (T.MixUp(0.2, CLASSES), T.CutMix(1.0, CLASSES)):
@@ -517,6 +539,31 @@ def run_costs(root: str, repeat: int, baseline: str | None) -> None:
     print_costs(after, before)
 
 
+def run_blur(root: str, repeat: int, baseline: str | None) -> None:
+    """GaussianBlur(23) by sigma, in child processes alternating with the baseline build's."""
+    after: list[dict] = []
+    before: list[dict] = []
+    for _ in range(max(1, repeat)):
+        after.append(measure(["blur", root]))
+        if baseline:
+            before.append(measure(["blur", root], tree=baseline))
+    print(f"\nGaussianBlur(23) on one 224x224 photo, CPU ms per image, one thread (median of {len(after)} rounds, "
+          "each the best of 3 blocks of 40 calls" + (", alternating with the baseline build" if baseline else "")
+          + "; process_time)")
+    for name in after[0]:
+        a = float(np.median([r[name] for r in after]))
+        line = f"  {name:<32} {a:7.3f} ms"
+        if before:
+            b = float(np.median([r[name] for r in before]))
+            line = f"  {name:<32} {b:7.3f} -> {a:7.3f} ms ({b / a:4.1f}x)"
+        print(line)
+    key = "GaussianBlur(23), sigma {:g}"
+    ratios = [r[key.format(0.5)] / r[key.format(1.5)] for r in after]
+    print(f"  sigma 0.5 / sigma 1.5: {np.median(ratios):.2f}x (per round " + ", ".join(f"{x:.2f}" for x in ratios)
+          + ")" + (f"; baseline build {np.median([r[key.format(0.5)] / r[key.format(1.5)] for r in before]):.2f}x"
+                   if before else ""))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: generate photo-like JPEGs)")
@@ -527,6 +574,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians are reported")
     p.add_argument("--baseline", help="a loaderlib source tree built in place: its figures join every part")
     p.add_argument("--costs-only", action="store_true", help="only the per-op CPU costs (part 3)")
+    p.add_argument("--blur-only", action="store_true", help="only GaussianBlur(23)'s cost by sigma")
     p.add_argument("--skip-costs", action="store_true", help="skip the per-op CPU costs (part 3)")
     p.add_argument("--skip-peers", action="store_true", help="skip torchvision's recipe against PyTorch (part 2)")
     p.add_argument("--tv-python", default=os.path.join(os.path.dirname(HERE), ".venv-tv", "bin", "python"),
@@ -544,6 +592,11 @@ def main() -> None:
         kind, root, *rest = a.child
         if kind == "costs":
             res = op_costs(root)
+        elif kind == "blur":
+            import cv2
+
+            img = np.ascontiguousarray(cv2.resize(cv2.imread(image_files(root)[0][0])[:, :, ::-1], (224, 224)))
+            res = blur_costs(img)
         elif kind == "torch":
             res = run_torch(root, int(rest[0]), int(rest[1]))
         elif kind == "tv":
@@ -562,6 +615,9 @@ def main() -> None:
           + (f"; baseline build: {a.baseline}" if a.baseline else ""))
     if a.costs_only:
         run_costs(root, a.repeat, a.baseline)
+        return
+    if a.blur_only:
+        run_blur(root, a.repeat, a.baseline)
         return
     # part 1: the recipe against the plain chain
     print(f"\n1. recipe = RandomResizedCrop(224), flip, TrivialAugmentWide, ColorJitter(0.4, 0.4, 0.4), Normalize, "

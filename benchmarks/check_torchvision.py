@@ -178,7 +178,10 @@ def main() -> int:
     base = v2.TrivialAugmentWide()
     for kind, tv_op, op in (("TrivialAugmentWide", v2.TrivialAugmentWide(), T.TrivialAugmentWide()),
                             ("RandAugment", v2.RandAugment(), T.RandAugment()),
-                            ("AutoAugment", v2.AutoAugment(), T.AutoAugment())):
+                            ("AutoAugment", v2.AutoAugment(), T.AutoAugment()),
+                            ("AutoAugment(CIFAR10)", v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10),
+                             T.AutoAugment(T.AutoAugmentPolicy.CIFAR10)),
+                            ("AutoAugment(SVHN)", v2.AutoAugment(v2.AutoAugmentPolicy.SVHN), T.AutoAugment("svhn"))):
         pairs, geo = [], []
         for k, img in enumerate(imgs + gray):
             for s in range(40):

@@ -67,6 +67,7 @@ import subprocess
 import sys
 import time
 
+from _epochs import evict, timed_epochs
 from loader import BATCH, _torch_dataset, image_files, make_dataset, rn50_chain, tf_train_image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -113,44 +114,6 @@ def split_cpus(spec: str) -> str:
 
 
 # --------------------------------------------------------------------------- one measurement (child)
-
-
-def evict(paths: list[str]) -> None:
-    """Drop the files' clean pages from the page cache."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def timed_epochs(make_epoch, epochs: int, cold_paths: list[str] | None) -> dict:
-    """Run ``1 + epochs`` epochs (``make_epoch()`` returns a fresh iterable of batches); the rate
-    is over the last ``epochs``, each timed from ``iter()`` to its last batch, and so is the
-    process's CPU time per image (every thread of this process: loaderlib's work; a PyTorch
-    DataLoader's worker processes are not in it)."""
-    seen = 0
-    busy = 0.0
-    cpu = 0.0
-    t_start = time.perf_counter()
-    first = None
-    for e in range(1 + epochs):
-        if cold_paths is not None:
-            evict(cold_paths)
-        t0 = time.perf_counter()
-        c0 = time.process_time()
-        n = 0
-        for x, _y in make_epoch():
-            n += len(x)
-            if first is None:
-                first = time.perf_counter() - t_start
-        if e > 0:
-            busy += time.perf_counter() - t0
-            cpu += time.process_time() - c0
-            seen += n
-    return {"images_per_s": seen / busy, "images": seen, "first_batch_s": first,
-            "cpu_ms_per_image": 1e3 * cpu / seen}
 
 
 def run_loaderlib(root: str, epochs: int, cold: list[str] | None, threads: str, io_depth: int | None) -> dict:

@@ -1,4 +1,4 @@
-"""Does the verdict name the right stage? Five injected bottlenecks, each measured several times.
+"""Does the verdict name the right stage? Seven injected bottlenecks, each measured several times.
 
 Each scenario builds a real loaderlib DataLoader on the demo dataset with one bottleneck
 injected, measures it with ``loaderlib.profiling.benchmark`` (a steady window of
@@ -18,6 +18,10 @@ Scenarios:
   ``decode``;
 - slow model: a fast native loader consumed by a simulated 100 ms model step per batch of
   16; expected ``model``;
+- very slow model: the same loader under a 300 ms model step, so that a 1 s window holds
+  3-4 steady-state batches (as ``benchmark(loader, model_step=1.5, seconds=6)`` does): a
+  10x-100x separation that the verdict must decide from a handful of batches; expected
+  ``model``;
 - slow storage, read-ahead: the native loader over latencyfs (``benchmarks/latencyfs.c``, 8 ms
   +-50% per file, page cache bypassed) with ``io_depth=2``, so storage limits it; expected
   ``io`` with the storage latency named in the summary (NOTE [ Storage in the verdict ]): a
@@ -29,26 +33,43 @@ decides early when the separation is large, NOTE [ Verdict rules ]), and a table
 not enough evidence / wrong per scenario and window length ends the output, with the number
 of batches in the windows.
 
-Measured (``--runs 5 --seconds 1 3``, 2 CPUs shared with other jobs, load average 9-15), with
-the per-batch intervals of NOTE [ Verdict rules ]::
+Measured without a floor on the batches (NOTE [ Verdict rules ]: the interval alone decides),
+2 CPUs shared with other jobs. ``--runs 3 --seconds 1 3`` (load average 3-10)::
 
-             scenario  window   batches   separation  right  not enough  wrong
-         slow storage      1s   13-15     6.2-8.3  x      5           0      0
-     slow Python step      1s   14-16     3.6-5.4  x      5           0      0
-     GIL-holding step      1s   16-22     1.0-1.8  x      4           1      0
-      too few threads      1s   35-58     2.4-3.0  x      5           0      0
-           slow model      1s   10-10     3.9-8.9  x      5           0      0
-         slow storage      3s   39-42     7.0-7.6  x      5           0      0
-     slow Python step      3s   33-47     2.5-5.9  x      5           0      0
-     GIL-holding step      3s   38-72     1.1-1.8  x      3           2      0
-      too few threads      3s   82-123    2.8-4.1  x      5           0      0
-           slow model      3s   28-30     4.9-6.0  x      5           0      0
-    right 47 of 50, not enough evidence 3, wrong 0
-    runs with a separation of at least 2x over at least 8 batches: 40, of which not enough evidence: 0
+                 scenario  window   batches   separation  right  not enough  wrong
+ slow storage, read-ahead      1s   16-17     6.3-7.9  x      3           0      0
+             slow storage      1s   10-12     4.8-6.2  x      3           0      0
+         slow Python step      1s   14-15     2.6-4.4  x      3           0      0
+         GIL-holding step      1s    9-12     2.2-2.8  x      3           0      0
+          too few threads      1s   11-22     1.8-3.3  x      2           1      0
+               slow model      1s   10-10     2.6-3.8  x      3           0      0
+          very slow model      1s    4-4      6.6-9.6  x      3           0      0
+ slow storage, read-ahead      3s   31-37     3.0-4.7  x      3           0      0
+             slow storage      3s   13-18    11.2-17.8 x      3           0      0
+         slow Python step      3s   21-23     1.9-2.9  x      3           0      0
+         GIL-holding step      3s   12-22     2.1-3.6  x      3           0      0
+          too few threads      3s   27-30     2.1-2.9  x      3           0      0
+               slow model      3s   27-28     1.8-2.2  x      3           0      0
+          very slow model      3s   10-10     4.9-5.6  x      3           0      0
+    right 41 of 42, not enough evidence 1, wrong 0
+    runs with a separation of at least 2x over at least 8 batches: 35, of which not enough evidence: 0
+    runs with fewer than 6 batches (the former floor): 3, of which decided right: 3
 
-The three undecided runs are the GIL-holding step at a separation of 1.0-1.1x (on a loaded
-machine its Python step and the decode take about the same thread time). With the former
-fixed minimum (2 s and 20 batches) every 1 s window was "not enough evidence".
+``--runs 3 --seconds 0.5`` (load average 13)::
+
+ slow storage, read-ahead    0.5s    6-8      9.7-13.8 x      3           0      0
+             slow storage    0.5s    4-6      8.3-11.0 x      3           0      0
+         slow Python step    0.5s    7-8      2.7-4.8  x      3           0      0
+         GIL-holding step    0.5s    4-6      1.7-3.3  x      3           0      0
+          too few threads    0.5s    9-12     1.9-3.1  x      2           1      0
+               slow model    0.5s    5-5      1.9-2.8  x      3           0      0
+          very slow model    0.5s    2-2      6.4-6.6  x      0           3      0
+    right 17 of 21, not enough evidence 4, wrong 0
+    runs with fewer than 6 batches (the former floor): 9, of which decided right: 6
+
+The very slow model's 1 s windows (4 batches each) were "not enough evidence" with the former
+floor of 6 batches; its 0.5 s windows hold 2 batches, too few for any interval to clear the
+line (the t quantile at 1 degree of freedom is 31.8), and say to measure 3.
 
 Usage::
 
@@ -123,6 +144,8 @@ def scenarios(root, mounted=None):
                                batch_size=16, shuffle=True, num_threads=1, seed=0)),
         ("slow model", "model", 0.1,
          lambda: ll.DataLoader(ds.transform_first(small), batch_size=16, shuffle=True, num_threads=2, seed=0)),
+        ("very slow model", "model", 0.3,
+         lambda: ll.DataLoader(ds.transform_first(small), batch_size=16, shuffle=True, num_threads=2, seed=0)),
     ]
 
 
@@ -168,7 +191,8 @@ def run(args, root, n_images: int, mounted: str | None) -> int:
     for seconds in args.seconds:
         for name, expected, step, make in scenarios(root, mounted):
             row = table.setdefault((name, seconds), {"right": 0, "not enough evidence": 0, "wrong": 0,
-                                                     "batches": [], "separation": [], "clear_undecided": 0})
+                                                     "batches": [], "separation": [], "clear_undecided": 0,
+                                                     "few": 0, "few_decided": 0})
             for run in range(1, args.runs + 1):
                 loader = make()
                 try:
@@ -187,6 +211,8 @@ def run(args, root, n_images: int, mounted: str | None) -> int:
                 sep = separation(r, expected)
                 row["separation"].append(sep)
                 row["clear_undecided"] += sep >= 2 and r.batches >= 8 and outcome == "not enough evidence"
+                row["few"] += r.batches < 6
+                row["few_decided"] += r.batches < 6 and outcome == "right"
                 conf = f"{100 * v.confidence:.0f}%" if v.confidence is not None else "-"
                 print(f"{name:>17} {seconds:g} s #{run}: expected {expected:<7} got {r.bottleneck!s:<7} {outcome:<19} "
                       f"({r.batches} batches, separation {sep:.1f}x, confidence {conf}, {r.samples_per_s:,.0f} samples/s, "
@@ -200,7 +226,7 @@ def run(args, root, n_images: int, mounted: str | None) -> int:
     print(f"\n{'scenario':>17} {'window':>7} {'batches':>9} {'separation':>12} {'right':>6} {'not enough':>11} "
           f"{'wrong':>6}")
     total = {k: 0 for k in outcomes}
-    clear = clear_undecided = 0
+    clear = clear_undecided = few = few_decided = 0
     for (name, seconds), row in table.items():
         b, sep = row["batches"], row["separation"]
         print(f"{name:>17} {seconds:>6g}s {min(b):>4}-{max(b):<4} {min(sep):>5.1f}-{max(sep):<5.1f}x {row['right']:>6} "
@@ -209,11 +235,14 @@ def run(args, root, n_images: int, mounted: str | None) -> int:
             total[k] += row[k]
         clear += sum(1 for x, nb in zip(sep, b) if x >= 2 and nb >= 8)
         clear_undecided += row["clear_undecided"]
+        few += row["few"]
+        few_decided += row["few_decided"]
     n = sum(total.values())
     print(f"\nright {total['right']} of {n}, not enough evidence {total['not enough evidence']}, "
           f"wrong {total['wrong']}")
     print(f"runs with a separation of at least 2x over at least 8 batches: {clear}, of which not enough evidence: "
           f"{clear_undecided}")
+    print(f"runs with fewer than 6 batches (the former floor): {few}, of which decided right: {few_decided}")
     return 1 if total["wrong"] and not args.smoke else 0
 
 

@@ -14,7 +14,7 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SOURCES = ("loaderlib", "profiling", "pyx", "fuzz", "benchmarks", "tests", "setup.py", "Makefile")
+SOURCES = ("loaderlib", "profiling", "pyx", "fuzz", "benchmarks", "tests", "setup.py", "Makefile", "docs/_hooks.py")
 SUFFIXES = {".py", ".pyx", ".pxd", ".h", ".c"}
 DEFINITION = re.compile(r"^\s*(?:#+|//|/\*+|\*+)?\s*NOTE \[ (?P<title>[^]]+?) \]\s*$")
 COLON_DEFINITION = re.compile(r"^\s*(?:#+|//|/\*+|\*+)?\s*NOTE \[ (?P<title>[^]]+?) \]:\s*\S")
@@ -50,6 +50,7 @@ TOPICS = [
     ("fuzz", "Build, tests and fuzzing"),
     ("Makefile", "Build, tests and fuzzing"),
     ("setup.py", "Build, tests and fuzzing"),
+    ("docs", "Build, tests and fuzzing"),
     ("tests", "Build, tests and fuzzing"),
     ("benchmarks", "Benchmarks"),
 ]

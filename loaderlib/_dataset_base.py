@@ -38,6 +38,27 @@ class Dataset:
         """
         return None
 
+    def unwrap(self) -> tuple[Any, list]:
+        """The innermost dataset and the ``transform``/``transform_first`` layers over it,
+        innermost first (this dataset and no layer, unless it is such a layer)."""
+        return self, []
+
+    def zipped_arrays(self) -> list | None:
+        """The numpy arrays whose rows, zipped, are this dataset's items, when it is made of
+        plain arrays and can be gathered as an :class:`ArrayDataset` of them; else None."""
+        return None
+
+    def element_spec(self) -> Any:
+        """The structure, shapes and dtypes of this dataset's items (a nest of
+        :class:`~loaderlib.pipeline.TensorSpec`, unknown dimensions None), or None when
+        they are known only by reading an item.
+
+        A dataset that knows its items without reading one overrides this; a Pipeline over
+        it (``Pipeline.from_dataset`` and the other sources) takes its ``element_spec``
+        from here, never from the dataset's type, and traces the first item otherwise.
+        """
+        return None
+
     def transform(self, fn: Callable, lazy: bool = True) -> Dataset:
         """A dataset whose items are ``fn(*item)`` for tuple items, ``fn(item)`` otherwise.
 

@@ -24,6 +24,7 @@ from ._extract.remote.store import expand_urls
 from ._extract.remote.urls import is_url
 from ._extract.source import NativeSource, SourceKind
 from ._mixture import MixtureDataset
+from ._tensor_spec import TensorSpec
 from .decoding import decode
 from .errors import RemoteReadError
 
@@ -76,6 +77,14 @@ class ArrayDataset(Dataset):
     def arrays(self) -> list:
         return list(self._data)
 
+    def element_spec(self) -> Any:
+        """A row of each array when every column is a numpy array (one spec for one array)."""
+        arrays = [a for a in self._data if isinstance(a, np.ndarray)]
+        if len(arrays) != len(self._data):
+            return None
+        specs = [TensorSpec(a.shape[1:], a.dtype) for a in arrays]
+        return specs[0] if len(specs) == 1 else tuple(specs)
+
     def native_source(self) -> NativeSource | None:
         """ARRAYS when every column is a numeric numpy array (rows gathered with ``take``)."""
         if not all(isinstance(a, np.ndarray) and a.dtype != object and a.ndim >= 1 for a in self._data):
@@ -114,6 +123,22 @@ class TupleDataset(Dataset):
 
     def __getitem__(self, idx: int) -> tuple:
         return tuple(d[idx] for d in self.datasets)
+
+    def zipped_arrays(self) -> list | None:
+        """The parts' arrays when every part is a numeric numpy array or a one-array
+        :class:`ArrayDataset` (the loader then gathers the same items natively)."""
+        arrays = [_single_array(d) for d in self.datasets]
+        return arrays if all(a is not None for a in arrays) else None
+
+
+def _single_array(d: Any) -> np.ndarray | None:
+    """The array behind a one-array ArrayDataset or a bare array (items are its rows)."""
+    if isinstance(d, np.ndarray) and d.ndim >= 1 and d.dtype != object:
+        return d
+    if type(d) is ArrayDataset and len(d.arrays) == 1 and isinstance(d.arrays[0], np.ndarray) \
+            and d.arrays[0].dtype != object:
+        return d.arrays[0]
+    return None
 
 
 #: Largest file one sample may be read from (NOTE [ One sample's file size limit ] in
@@ -224,6 +249,11 @@ class _ImageFiles(Dataset):
             return (f"{type(self).__name__}(special_files=True): FIFOs and devices are read from Python, each to "
                     "end of file")
         return None
+
+    def element_spec(self) -> Any:
+        """An HWC uint8 RGB image of unknown size, with an int64 label when there are labels."""
+        image = TensorSpec((None, None, 3), np.uint8)
+        return image if self.labels is None else (image, TensorSpec((), np.int64))
 
     def native_source(self) -> NativeSource | None:
         """FILES: each sample's file is opened and read by the kernels (None with

@@ -39,6 +39,7 @@ from ._extract.remote.urls import expand_braces
 from ._extract.shardfiles import ShardFiles
 from ._extract.source import NativeSource, SourceKind
 from ._pack import PackOptions, pack_batch
+from ._tensor_spec import TensorSpec
 from .datasets import Dataset, _check_index, _read_file
 from .decoding import decode
 from .errors import LoaderError, SkipWarning
@@ -650,6 +651,12 @@ class RecordFileDataset(ShardFiles, Dataset):
     def _ranges(self) -> bool:
         """Records are read by byte range from a store (NOTE [ Remote datasets: cache or ranges ])."""
         return self._remote is not None and not self._remote.cached
+
+    def element_spec(self) -> Any:
+        """(image, int64 label), the image an HWC uint8 RGB array, or a 1-D uint8 array of the
+        record's bytes with ``raw=True``."""
+        data = TensorSpec((None,), np.uint8) if self.raw else TensorSpec((None, None, 3), np.uint8)
+        return (data, TensorSpec((), np.int64))
 
     def native_source(self) -> NativeSource | None:
         """SHARDS: records read with ``pread`` by the kernels (None with ``raw=True``: the items

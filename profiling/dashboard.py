@@ -11,6 +11,20 @@ enough for every label (large rates print as "1.2k"), because a constrained layo
 every frame costs several times the drawing; a test checks that no text leaves the figure.
 The update thread slows down rather than take more than a third of a core.
 
+NOTE [ Dashboard static view ]
+A widget shows only where a kernel or a saved widget state and the widget manager's
+JavaScript are at hand: a static page (the docs site, GitHub's notebook viewer, nbviewer)
+shows nothing of it. So the dashboard's MIME bundle carries, beside the widget view, a
+static view of its last frame: ``image/png`` (the plots, drawn by the same figure) and
+``text/html`` (the title, the figures strip, that image and the verdict), which a frontend
+without widgets renders instead. Displayed with ``display(dash)`` or as a cell's last
+expression, the output gets a display id, and every :meth:`Dashboard.update` called from
+the notebook (not the update thread: a display update from a thread may be tied to a cell
+that is no longer running) replaces that output's static view with the new frame, so a
+notebook executed top to bottom keeps the final picture. The docs build keeps it
+(``docs/_hooks.py``: it drops the widget view where a static one is beside it, and checks
+that the dashboard page shows the image of each dashboard).
+
 NOTE [ Dashboard history ]
 The recorder keeps a time series of the current epoch only (``loader.stats`` is per epoch).
 The dashboard keeps the last snapshot of the previous epoch too, so its "now" window (the
@@ -50,9 +64,11 @@ all of the pipeline's tuners' (``Pipeline.stats["autotune"]``), timed from one o
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import html
+import io
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -68,6 +84,10 @@ RECENT_S = 4.0
 POINT_S = 1.0
 # The most autotune decisions listed (the newest; the count says how many there were).
 AUTOTUNE_ROWS = 12
+# The static view's image: pixels per inch of the 10 x 3.3 inch figure (NOTE [ Dashboard static view ]).
+STATIC_DPI = 96
+# The figures strip wraps into rows of cells at most this wide, in a box of at most 980 px.
+CELL_PX = 150
 
 
 def _loader_closed(loader: Any) -> bool:
@@ -157,6 +177,8 @@ class Dashboard:
         self._epoch_starts: list[float] = []    # profiling-clock seconds
         self._t_seen = -1.0                     # end of the last window a history point covers
         self._t0 = _now()
+        self._display_id: str | None = None      # NOTE [ Dashboard static view ]
+        self._png: bytes | None = None
         self.history: collections.deque = collections.deque(maxlen=int(history))
 
         cpus = available_cpus()
@@ -183,13 +205,52 @@ class Dashboard:
             self.start()
 
     # -- display ---------------------------------------------------------------------------
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        """The widget view, and a static view of the last frame beside it (NOTE [ Dashboard
+        static view ]): ``image/png`` of the plots and ``text/html`` of the title, the
+        figures, that image and the verdict."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = dict(bundle[0] if isinstance(bundle, tuple) else bundle or {})
+        png = self.frame_png()
+        data["image/png"] = base64.b64encode(png).decode("ascii")
+        data["text/html"] = self.static_html(png)
+        return data
 
     def _ipython_display_(self) -> None:
+        import uuid
+
         from IPython.display import display
 
-        display(self.widget)
+        if self._display_id is None:
+            self._display_id = f"loaderlib-dashboard-{uuid.uuid4().hex}"
+        display(self._repr_mimebundle_(), raw=True, display_id=self._display_id)
+
+    def _refresh_display(self) -> None:
+        """Replace the displayed output's static view with the current frame."""
+        if self._display_id is None:
+            return
+        from IPython.display import update_display
+
+        update_display(self._repr_mimebundle_(), raw=True, display_id=self._display_id)
+
+    def frame_png(self) -> bytes:
+        """The plots of the last frame as PNG bytes (``STATIC_DPI``)."""
+        with self._lock:
+            if self._fig is None:
+                self._build_figure()
+            buf = io.BytesIO()
+            self._fig.savefig(buf, format="png", dpi=STATIC_DPI)
+            self._png = buf.getvalue()
+            return self._png
+
+    def static_html(self, png: bytes | None = None) -> str:
+        """The last frame as self-contained HTML: title, figures, the plots as an image, the
+        verdict and the autotune decisions (NOTE [ Dashboard static view ])."""
+        png = png if png is not None else self.frame_png()
+        img = (f"<img class='loaderlib-dashboard-frame' alt='loaderlib dashboard plots' style='width:100%;"
+               f"max-width:980px;height:auto' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
+        return (f"<div class='loaderlib-dashboard-static' style=\"{self._box}\">{self.title.value}"
+                f"{self.figures.value}{img}{self.verdict.value}{self.autotune.value}</div>")
 
     # -- knobs -----------------------------------------------------------------------------
     def _on_threads(self, change: dict) -> None:
@@ -216,7 +277,16 @@ class Dashboard:
 
     # -- updating --------------------------------------------------------------------------
     def update(self) -> Stats:
-        """Refresh every widget from a new ``loader.stats`` snapshot; return that snapshot."""
+        """Refresh every widget from a new ``loader.stats`` snapshot; return that snapshot.
+
+        Called from the notebook, it also replaces the displayed output's static view with
+        the new frame (NOTE [ Dashboard static view ])."""
+        stats = self._update()
+        if threading.current_thread() is not self._thread:
+            self._refresh_display()
+        return stats
+
+    def _update(self) -> Stats:
         from .. import available_cpus
         from .verdict import diagnose
 
@@ -278,7 +348,7 @@ class Dashboard:
             if _loader_closed(self.loader):
                 break
             t = time.monotonic()
-            stats = self.update()
+            stats = self._update()
             # A redraw holds the GIL; on a slow or busy machine, update less often rather
             # than take more than about a third of one core from the loader being watched.
             wait = max(self.interval, 2 * (time.monotonic() - t))
@@ -423,9 +493,13 @@ class Dashboard:
         mem = getattr(stats, "memory", None) or {}
         if mem:
             cells.append(("memory", ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in mem.items())))
-        head = "".join(f"<th style='padding:0 10px;font-weight:600'>{html.escape(k)}</th>" for k, _ in cells)
-        body = "".join(f"<td style='padding:0 10px;text-align:center'>{html.escape(v)}</td>" for _, v in cells)
-        return f"<div style=\"{self._box}\"><table><tr>{head}</tr><tr>{body}</tr></table></div>"
+        # One cell per figure (label over value), wrapping into rows: 15 columns of a table
+        # overflowed a 1,280 px page.
+        cell = (f"<div class='loaderlib-kpi' style='box-sizing:border-box;width:{CELL_PX}px;padding:2px 6px;"
+                "text-align:center'><div style='font-weight:600'>{}</div><div>{}</div></div>")
+        body = "".join(cell.format(html.escape(k), html.escape(v)) for k, v in cells)
+        return (f"<div class='loaderlib-kpis' style=\"{self._box};display:flex;flex-wrap:wrap;"
+                f"row-gap:4px\">{body}</div>")
 
     def _verdict_html(self, stats: Stats) -> str:
         v = self.last_verdict

@@ -15,11 +15,19 @@ each), in this order:
    close to independent), and a one-sided Student-t interval at ``LEVEL`` (99%) is put
    around the blocks' mean, its spread never taken below ``SD_FLOOR`` (a scripted or very
    regular run would otherwise look infinitely sure). The decision stands when the interval
-   lies wholly on one side of its line; with fewer than ``MIN_BATCHES`` batches, or an
-   interval that straddles the line, the verdict is "not enough evidence", what the figures
-   point at so far, and how many batches (and seconds) would make the interval clear the line
-   at the measured spread. A 2x separation (a wait near 0 or near 50%, one stage with twice
-   the next one's time) clears its line within 8-10 batches; a 5% difference needs hundreds.
+   lies wholly on one side of its line; with an interval that straddles the line (or a single
+   batch, which has no spread to measure), the verdict is "not enough evidence", what the
+   figures point at so far, and how many batches (and seconds) would make the interval clear
+   the line at the measured spread. There is no fixed floor on the batches: the interval alone
+   decides, and it is wide when the batches are few (the t quantile is 31.8 at 2 batches, 6.97
+   at 3, 3.36 at 6). At the spread floor, 3 steady-state batches settle a wait under 2% (a
+   model 10x slower than the loader: a 6 s window over a 1.5 s model step holds about 4) and a
+   lead of more than 8 points; 2 batches settle only a lead of more than 45 points with
+   batches that agree. A 2x separation (a wait near 0 or near 50%, one stage with twice the
+   next one's time) clears its line within 8-10 batches at a typical spread; a 5% difference
+   needs hundreds. (Round 3 kept a floor of 6 batches on top of the interval; it left a 10x
+   separation undecided in windows of 3-5 batches, and ``benchmarks/verdict_check.py`` found
+   no wrong answer without it.)
    Batches that were already waiting in the prefetch queue when the window opened are left
    out of the wait (they say nothing about the pipeline's rate), as many as the queue lost
    over the window (batches taken minus batches the pipeline finished in it): a queue the
@@ -30,8 +38,9 @@ each), in this order:
    2.4x separation (decode 67%, transform 32%) stayed undecided (lead 31% +- 31%); at 99% it
    decides. A wrong answer still needs the whole interval on the wrong side of the line.
    The dashboard judges again at every update (repeated looks raise the chance that one of
-   them is wrong); its parts are half a second each, so it needs 3 s of data before it can
-   decide at all. Measured with ``benchmarks/verdict_check.py`` (its docstring has the table).
+   them is wrong); its parts are half a second each, so it decides a large separation after
+   1-1.5 s of data (2-3 parts, each the mean of many batches) and a 2x one after about 4-5 s.
+   Measured with ``benchmarks/verdict_check.py`` (its docstring has the table).
 1. Model or data. When a model step ran, the steady-state share of the window the consumer
    blocked in ``next()`` decides: under ``MODEL_BOUND_WAIT`` (10%) the accelerator was almost
    never idle on data and the verdict is ``model``. Waits at epoch boundaries (the refill at
@@ -86,8 +95,9 @@ IO_WAIT_CORES = 0.5
 GIL_CORES = (0.6, 1.3)
 CONTENDED_CORES = 0.7
 OTHER_CORES = 0.25
-MIN_BATCHES = 6
 MAX_BLOCKS = 16
+# The fewest batches that can settle the clearest case at the spread floor (a wait of 0, rule 1).
+_FEWEST = 3
 LEVEL = 0.99
 SD_FLOOR = 0.02
 BOUNDARY_NOTE = 0.02
@@ -212,7 +222,7 @@ class _Interval:
         gap = abs(self.mean - line)
         if gap <= 1e-9:
             return None
-        for n in range(MIN_BATCHES, MAX_BLOCKS + 1):
+        for n in range(2, MAX_BLOCKS + 1):
             if _t_quantile(n - 1) * self.sd_batch / math.sqrt(n) < gap:
                 return n
         return math.ceil((_t_quantile(MAX_BLOCKS - 1) * self.sd_batch / gap) ** 2)
@@ -232,7 +242,9 @@ def _interval(items: Sequence[Any], stat: Any) -> _Interval | None:
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else math.inf
     sd = max(sd, SD_FLOOR)
     half = _t_quantile(len(vals) - 1) * sd / math.sqrt(len(vals))
-    return _Interval(mean, half, sd * math.sqrt(n / len(vals)), len(vals), n)
+    # One value has no spread: plan the batches that would settle it at the floor's.
+    per_batch = sd * math.sqrt(n / len(vals)) if len(vals) > 1 else SD_FLOOR
+    return _Interval(mean, half, per_batch, len(vals), n)
 
 
 def _wait_share(block: Sequence[tuple]) -> float | None:
@@ -245,6 +257,10 @@ def _lead(top: int, second: int) -> Any:
         total = sum(sum(b) for b in block)
         return (sum(b[top] for b in block) - sum(b[second] for b in block)) / total if total > 0 else None
     return stat
+
+
+def _unit(unit: str, n: int) -> str:
+    return {"batches": "batch", "parts": "part"}[unit] if n == 1 else unit
 
 
 def _pct(x: float) -> str:
@@ -289,14 +305,18 @@ def _evidence(w: Window, parts: Sequence[Window], model_ran: bool, buffered_samp
                 skip = min(skip, max(0, len(waits) - len(w.batch_stage_s)))
             ev["buffered_batches"] = skip
         steady = waits[skip:]
-        if len(steady) < MIN_BATCHES:
-            why = (f"it held {len(steady)} {unit} in steady state (at least {MIN_BATCHES} needed)" if not skip else
-                   f"it held {len(waits)} batches, the first {skip} already waiting in the prefetch queue when it "
-                   f"opened, leaving {len(steady)} (at least {MIN_BATCHES} needed)")
-            return why, MIN_BATCHES + skip
         iv = _interval(steady, _wait_share)
         if iv is None:   # neither a wait nor a model step was timed: nothing to judge the model on
+            if skip and not steady:
+                return (f"it held {len(waits)} batches, all already waiting in the prefetch queue when it opened",
+                        _FEWEST + skip)
             return f"its {len(steady)} {unit} timed no consumer wait or model step", None
+        if iv.blocks < 2:
+            held = (f"it held {len(steady)} {_unit(unit, len(steady))} in steady state" if not skip else
+                    f"it held {len(waits)} batches, the first {skip} already waiting in the prefetch queue when it "
+                    f"opened, leaving {len(steady)}")
+            need = iv.batches_to_clear(MODEL_BOUND_WAIT)
+            return held + " (an interval needs at least 2)", (need if need is not None else _FEWEST) + skip
         ev["wait_interval"] = (iv.mean - iv.half, iv.mean + iv.half)
         side = iv.side(MODEL_BOUND_WAIT)
         if side == 0:
@@ -310,12 +330,18 @@ def _evidence(w: Window, parts: Sequence[Window], model_ran: bool, buffered_samp
     if not w.has_stages:
         ev["decided"] = None
         return None, None
-    if len(stages) < MIN_BATCHES:
-        return f"it held {len(stages)} {stage_unit} with stage timings (at least {MIN_BATCHES} needed)", MIN_BATCHES
+    if not stages:
+        return f"it held no {stage_unit} with stage timings", _FEWEST
     totals = [sum(b[i] for b in stages) for i in range(len(STAGES))]
     order = sorted(range(len(STAGES)), key=lambda i: -totals[i])
     top, second = order[0], order[1]
     iv = _interval(stages, _lead(top, second))
+    if iv is None:
+        return f"its {len(stages)} {stage_unit} timed no stage", None
+    if iv.blocks < 2:
+        need = iv.batches_to_clear(0.0)
+        return (f"it held {len(stages)} {_unit(stage_unit, len(stages))} with stage timings "
+                "(an interval needs at least 2)"), need if need is not None else _FEWEST
     ev["stage_lead_interval"] = (iv.mean - iv.half, iv.mean + iv.half)
     if iv.side(0.0) > 0:
         ev["decided"] = _STAGE_TO_BOTTLENECK[STAGES[top]]

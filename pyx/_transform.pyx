@@ -107,6 +107,17 @@ def aug_params(int kind, tuple ints, tuple dbls, uint64_t key, int height, int w
     return out
 
 
+def blur_taps(int k, double sigma):
+    """The ``k`` float32 taps the Gaussian blur kernel convolves with at ``sigma`` (each pass),
+    those cut as negligible set to 0 (NOTE [ Blur taps ] in ll_augment.h); thread-safe."""
+    if k < 1 or k > 4097:
+        raise ValueError(f"blur_taps: kernel size {k} outside 1..4097")
+    out = np.zeros(k, np.float32)
+    cdef float[::1] wt = out
+    ll_blur_taps(k, sigma, &wt[0])
+    return out
+
+
 def aug_apply(int kind, tuple ints, tuple dbls, const double[::1] prm not None, const uint8_t[:, :, ::1] src not None):
     """Apply a uint8 augmentation with parameters ``prm`` to one HWC image; returns a new
     image. Runs without the GIL; thread-safe (scratch per call)."""

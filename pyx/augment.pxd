@@ -24,6 +24,7 @@ cdef extern from "ll_augment.h":
         ll_aug erase[16]
 
     int ll_aug_sample(const ll_aug* op, uint64_t key, int h, int w, int C, double* prm) noexcept nogil
+    int ll_blur_taps(int k, double sigma, float* wt) noexcept nogil
     void ll_aug_out_size(const ll_aug* op, int h, int w, int* oh, int* ow) noexcept nogil
     int ll_aug_apply(const ll_aug* op, const double* prm, const uint8_t* src, int h, int w, int C, uint8_t* dst,
                      ll_buf* tmp8, ll_buf* tmpf) noexcept nogil

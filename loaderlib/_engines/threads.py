@@ -27,7 +27,7 @@ from .._extract.source import native_source_of
 from .._recorder import Recorder
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena
-from ..datasets import _TransformDataset
+from ..datasets import Dataset
 from .base import Produced, Producer, RunState, Task, _clock, _Knobs, _Stopped, annotate
 from .collate import collate_recorded
 from .native import NativeProducer
@@ -253,7 +253,7 @@ def _load(dataset: Any, i: int, timed: bool, ahead: tuple | None = None) -> tupl
         return _load_ahead(dataset, i, timed, *ahead)
     if not timed:
         return dataset[i], 0, 0
-    base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
+    base, layers = dataset.unwrap() if isinstance(dataset, Dataset) else (dataset, [])
     t0 = _clock()
     c0 = time.thread_time_ns()
     item = base[i]
@@ -284,7 +284,7 @@ def _load_ahead(dataset: Any, i: int, timed: bool, reader: ReadAhead, position: 
     ``tally`` (NOTE [ Every read counts ] in ``pyx/include/ll_readahead.h``), its time being
     the sample's "read" time too.
     """
-    base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
+    base, layers = dataset.unwrap() if isinstance(dataset, Dataset) else (dataset, [])
     d = int(reader.src.data_index(np.asarray([i]))[0])
     data, waited = reader.take(int(position), reader.timeout)
     if data is None and callable(getattr(base, "read", None)):
@@ -320,7 +320,7 @@ class ThreadsProducer(Producer):
         self.dataset = dataset
         self.reader: ReadAhead | None = None   # NOTE [ Read-ahead for Python reads ] (_load_ahead)
         self.tally = ReadTally()                # reads not read ahead (NOTE [ Every read counts ])
-        base = dataset.unwrap()[0] if isinstance(dataset, _TransformDataset) else dataset
+        base = dataset.unwrap()[0] if isinstance(dataset, Dataset) else dataset
         src = native_source_of(base)
         if callable(getattr(base, "item_from_bytes", None)):   # files, ranges, or a store's samples
             self.reader = read_ahead_for(src, state.order.stream, io_depth=io_depth, batch_size=batch_size,

@@ -11,7 +11,12 @@ dataset answers None (``Dataset.native_source``'s default) and is read with ``da
 from Python. ``DataLoader``'s analysis and the Pipeline's head both ask the dataset, so a new
 format (or a new store) is one dataset class with one method; the reading itself is here, in
 :meth:`NativeSource.run`, one branch per kind, where the read-ahead stage plugs in
-(NOTE [ Read-ahead ] in ``_extract/readahead.py``).
+(NOTE [ Read-ahead ] in ``_extract/readahead.py``). The same holds for what a dataset's
+items are: ``Dataset.element_spec()`` (a nest of ``TensorSpec``, or None to trace an item),
+which the Pipeline's sources take as their ``element_spec``; how a dataset is layered
+(``Dataset.unwrap()``: the transform layers over the innermost dataset) and whether it is a
+zip of plain arrays (``Dataset.zipped_arrays()``) are asked the same way, and a test keeps
+the Pipeline, the loader and the engines free of dataset type tests.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from .._chain import NativePlan, compile_chain
 from .._extract.source import NativeSource, SourceKind, native_source_of
 from .._iterable import is_iterable_dataset
 from ..batchify import Pad, Stack, Tuple, default_batchify_fn
-from ..datasets import ArrayDataset, SimpleDataset, TupleDataset, _TransformDataset
+from ..datasets import ArrayDataset, Dataset, SimpleDataset
 
 
 @dataclass
@@ -50,13 +50,10 @@ def _describe(fn: Any) -> str:
 
 def _unwrap(dataset: Any) -> tuple[Any, list]:
     """Peel transform layers: (base dataset, [(is_first, fn), ...] innermost first)."""
-    layers: list = []
-    ds = dataset
-    while isinstance(ds, _TransformDataset):
-        layers.append((ds.first, ds.fn))
-        ds = ds.base
-    layers.reverse()
-    return ds, layers
+    if not isinstance(dataset, Dataset):
+        return dataset, []
+    base, layers = dataset.unwrap()
+    return base, [(layer.first, layer.fn) for layer in layers]
 
 
 def _steps(fns: list) -> list:
@@ -238,25 +235,14 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     return _Analysis(fallback, reason, stages)
 
 
-def _single_array(d: Any) -> np.ndarray | None:
-    """The array behind a one-array ArrayDataset or a bare array (items are its rows)."""
-    if isinstance(d, np.ndarray) and d.ndim >= 1 and d.dtype != object:
-        return d
-    if type(d) is ArrayDataset and len(d.arrays) == 1 and isinstance(d.arrays[0], np.ndarray) \
-            and d.arrays[0].dtype != object:
-        return d.arrays[0]
-    return None
-
-
 def _as_dataset(dataset: Any) -> Any:
     if is_iterable_dataset(dataset):
         return dataset   # consumed lazily (NOTE [ Iterable shards ])
     if isinstance(dataset, np.ndarray) and dataset.ndim >= 1 and dataset.dtype != object:
         return ArrayDataset(dataset)   # runs natively: rows gathered with take
-    if isinstance(dataset, TupleDataset):
-        arrays = [_single_array(d) for d in dataset.datasets]
-        if all(a is not None for a in arrays):
-            return ArrayDataset(*arrays)   # the same items, gathered natively
+    arrays = dataset.zipped_arrays() if isinstance(dataset, Dataset) else None
+    if arrays is not None:
+        return ArrayDataset(*arrays)   # the same items, gathered natively
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         return dataset
     if hasattr(dataset, "__iter__"):

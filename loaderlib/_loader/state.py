@@ -3,7 +3,7 @@ epoch order a fresh or resumed epoch runs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -13,11 +13,33 @@ from ..errors import StateError
 from ..sampler import BatchSampler, EpochOrder, ShardedSampler
 from .elastic import STATE_VERSION, layout_error, localize
 
-if TYPE_CHECKING:   # loader.py imports this module
-    from ..loader import DataLoader
+
+class LoaderView(Protocol):
+    """What a state is read from and checked against: the DataLoader's fields used here
+    (``loader.py`` imports this module: a Protocol here instead of an import back)."""
+
+    dataset: Any
+    seed: int
+    rank: int
+    world_size: int
+    num_workers: int
+    _iterable: bool
+    _batch_size: Any
+    _last_batch: str
+    _batch_sampler: Any
+    _epoch: int
+    _seed_given: bool
+
+    @property
+    def sampler(self) -> Any: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def _pure_sampler(self) -> Any: ...
 
 
-def header(ld: DataLoader) -> dict:
+def header(ld: LoaderView) -> dict:
     """What a state must match to be loaded: version, dataset length, seed, batch size,
     last_batch mode, sampler, and the shard layout with the global order's key (a
     ShardedSampler's; the rank and world size of an iterable): NOTE [ Elastic resume ]."""
@@ -35,7 +57,7 @@ def header(ld: DataLoader) -> dict:
     return d
 
 
-def state_of(ld: DataLoader, state: RunState) -> dict:
+def state_of(ld: LoaderView, state: RunState) -> dict:
     """The loader state that continues after the last batch ``state`` (a RunState) delivered."""
     if ld._iterable and (ld.num_workers > 0 or not is_stateful(ld.dataset)):
         raise cannot_resume(ld.dataset, ld.num_workers)
@@ -58,7 +80,7 @@ def state_of(ld: DataLoader, state: RunState) -> dict:
     return d
 
 
-def state_between(ld: DataLoader, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
+def state_between(ld: LoaderView, epoch: int | None = None, carry: np.ndarray | None = None) -> dict:
     """The loader state at the start of ``epoch`` (default: the next one)."""
     if ld._iterable:
         if ld.num_workers > 0 or not is_stateful(ld.dataset):
@@ -78,7 +100,7 @@ def state_between(ld: DataLoader, epoch: int | None = None, carry: np.ndarray | 
     return d
 
 
-def check_state(ld: DataLoader, state: Any) -> dict:
+def check_state(ld: LoaderView, state: Any) -> dict:
     """The state that continues loader ``ld`` from ``state`` (a merged one becomes this rank's:
     NOTE [ Elastic resume ]); raise StateError unless it can (NOTE [ Iterator state ])."""
     if not isinstance(state, dict):

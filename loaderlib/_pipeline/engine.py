@@ -16,14 +16,13 @@ from .. import transforms as T
 from .._engines.base import LoaderIterator, RunState, WarmStart
 from .._extract.source import NativeSource, SourceKind, native_source_of
 from .._tree import tree_leaves, tree_map
-from ..datasets import ArrayDataset, Dataset, ImageFolderDataset, ImageListDataset
+from ..datasets import Dataset
 from ..loader import DataLoader
-from ..records import RecordFileDataset
 from ..sampler import EpochOrder
 from . import mix, ops
 from .options import PipelineOptions
 from .plan import PipelineLike, PipelineView
-from .spec import TensorSpec, relax, spec_of
+from .spec import relax, spec_of
 
 #: Steps that keep the element count (a resume can skip inside the engine stage below them).
 COUNT_KEEPING = (ops.Map, ops.Prefetch)
@@ -78,7 +77,6 @@ class _Source:
 
     def spec(self) -> Any:
         ds = self.dataset
-        image = TensorSpec((None, None, 3), np.uint8)
         if self.kind == "zip":
             specs = [p.element_spec for p in self._parts()]
             return tuple(specs) if self.keys is None else dict(zip(self.keys, specs))
@@ -88,13 +86,11 @@ class _Source:
             for k, p in enumerate(parts[1:], 1):
                 spec = relax(spec, p.element_spec, f"{self.what}: pipeline {k}'s element spec differs from pipeline 0's: ")
             return spec
-        if isinstance(ds, (ImageFolderDataset, ImageListDataset)):
-            return image if ds.labels is None else (image, TensorSpec((), np.int64))
-        if isinstance(ds, RecordFileDataset):
-            return (TensorSpec((None,), np.uint8) if ds.raw else image, TensorSpec((), np.int64))
-        if isinstance(ds, ArrayDataset) and all(isinstance(a, np.ndarray) for a in ds.arrays):
-            specs = [TensorSpec(a.shape[1:], a.dtype) for a in ds.arrays]
-            return specs[0] if len(specs) == 1 else tuple(specs)
+        # Each dataset answers for its items (Dataset.element_spec), as for its native source.
+        described = getattr(ds, "element_spec", None)
+        spec = described() if callable(described) else None
+        if spec is not None:
+            return spec
         first = self.first()
         if first is ops.EMPTY:
             raise ValueError(f"source {self.what}: the element spec cannot be traced from an empty source")

@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .. import transforms as T
 from .._autotune import AUTOTUNE
 from .._checks import check_int
 from .._loader.analysis import _describe
 
-if TYPE_CHECKING:   # engine.py imports this module
-    from .engine import _Source
-
-__all__ = ["INDEX_STEPS", "PipelineLike", "PipelineView", "Step", "check_parallel", "draws_random", "fn_key", "plan_digest", "step_kwargs", "step_label",
+__all__ = ["INDEX_STEPS", "PipelineLike", "PipelineView", "SourceView", "Step", "check_parallel", "draws_random", "fn_key", "plan_digest", "step_kwargs", "step_label",
            "steps_key"]
 
 #: Steps that only choose and order samples (NOTE [ Pipeline compilation ] in ``pipeline.py``).
@@ -58,6 +55,20 @@ class PipelineLike(Protocol):
         ...
 
 
+class SourceView(Protocol):
+    """What the spec computation reads of a pipeline's source (``engine._Source``, which
+    imports this module: a Protocol here instead of an import back)."""
+
+    @property
+    def one_shot(self) -> bool:
+        """Whether the source can be iterated once only (a plain iterator)."""
+        ...
+
+    def first(self) -> Any:
+        """The source's first element (traced once)."""
+        ...
+
+
 class PipelineView(PipelineLike, Protocol):
     """A :class:`PipelineLike` with what the spec computation reads besides its methods: the
     seed, the element spec and the source. For type checking only: not ``runtime_checkable``,
@@ -70,7 +81,7 @@ class PipelineView(PipelineLike, Protocol):
     def element_spec(self) -> Any: ...
 
     @property
-    def _src(self) -> _Source: ...
+    def _src(self) -> SourceView: ...
 
 
 @dataclass(frozen=True)

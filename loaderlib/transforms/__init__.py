@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from .._ext import _transform  # noqa: F401  (the kernels' constants, read by the tests)
 from ._augment import RandomErasing
-from ._auto_augment import AutoAugment, RandAugment, TrivialAugmentWide
+from ._auto_augment import AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
 from ._base import (  # noqa: F401  (private names: the chain compiler, the cache and the tests use them)
     ImageSpec,
     Size,
@@ -68,6 +68,7 @@ from ._rng import _Rng, _rrc_params, random_resized_crop_box  # noqa: F401
 
 __all__ = [
     "AutoAugment",
+    "AutoAugmentPolicy",
     "BatchTransform",
     "Cast",
     "CenterCrop",

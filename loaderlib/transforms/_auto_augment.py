@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,24 +61,58 @@ class RandAugment(_Augment):
                 (0.0,) * 12 + tuple(fill))
 
 
+class AutoAugmentPolicy(str, enum.Enum):
+    """The policies AutoAugment learned on three datasets (torchvision's ``AutoAugmentPolicy``).
+
+    Each is a table of 25 sub-policies of two ops (op, probability, magnitude bin), copied
+    from torchvision v2 in its order. The members are also their strings (``"imagenet"``,
+    ``"cifar10"``, ``"svhn"``), which :class:`AutoAugment` accepts too.
+    """
+
+    IMAGENET = "imagenet"
+    CIFAR10 = "cifar10"
+    SVHN = "svhn"
+
+
+# The index of each policy's table in pyx/include/ll_augment.h ll_autoaug_policies.
+_POLICY_TABLE = {AutoAugmentPolicy.IMAGENET: 0, AutoAugmentPolicy.CIFAR10: 1, AutoAugmentPolicy.SVHN: 2}
+
+
 @dataclass(frozen=True)
 class AutoAugment(_Augment):
-    """AutoAugment with torchvision's ImageNet policy: one of 25 sub-policies chosen
-    uniformly, each of its two ops applied with its probability at its magnitude bin (of 10)."""
+    """AutoAugment (torchvision v2) with one of its learned policies.
 
-    policy: Any = "imagenet"
+    One of the policy's 25 sub-policies is chosen uniformly, then each of its two ops is
+    applied with its probability at its magnitude bin (of 10), signed ops negated with
+    probability 1/2.
+
+    Parameters
+    ----------
+    policy : AutoAugmentPolicy or str
+        ``AutoAugmentPolicy.IMAGENET`` (default), ``CIFAR10`` or ``SVHN``, or their strings
+        ``"imagenet"``, ``"cifar10"``, ``"svhn"`` (torchvision's enum is accepted too).
+    interpolation : str
+        ``"nearest"`` (default) or ``"bilinear"``, for the geometric ops.
+    fill : number or sequence, optional
+        Pixel value of the area the geometric ops uncover (0 when not given).
+    """
+
+    policy: Any = AutoAugmentPolicy.IMAGENET
     interpolation: str = "nearest"
     fill: Any = None
 
     _kind = _transform.AUG_AUTOAUG
 
     def __post_init__(self) -> None:
-        name = str(getattr(self.policy, "value", self.policy)).lower()
-        if name != "imagenet":
-            raise ValueError(f"AutoAugment supports policy='imagenet' natively, got {self.policy!r}")
-        object.__setattr__(self, "policy", "imagenet")
+        name = getattr(self.policy, "value", self.policy)
+        try:
+            policy = AutoAugmentPolicy(name.lower() if isinstance(name, str) else name)
+        except ValueError:
+            raise ValueError(f"AutoAugment policy must be one of {[p.value for p in AutoAugmentPolicy]} "
+                             f"(or AutoAugmentPolicy.IMAGENET, CIFAR10, SVHN), got {self.policy!r}") from None
+        object.__setattr__(self, "policy", policy)
         _policy_fill(self.fill, self.interpolation)
 
     def _config(self) -> tuple[tuple, tuple]:
         (bil, has_fill), fill = _policy_fill(self.fill, self.interpolation)
-        return (0, 0, 0, 0, 0, 0, bil, has_fill), (0.0,) * 12 + tuple(fill)
+        return (_POLICY_TABLE[self.policy], 0, 0, 0, 0, 0, bil, has_fill), (0.0,) * 12 + tuple(fill)

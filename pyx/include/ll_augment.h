@@ -131,8 +131,12 @@ static double ll_aug_magnitude(int prim, int k, int n, int randaug, int h, int w
 
 static inline int ll_prim_signed(int prim) { return prim >= LL_PRIM_SHEAR_X && prim <= LL_PRIM_SHARPNESS; }
 
-/* torchvision's AutoAugmentPolicy.IMAGENET: 25 pairs of (op, probability, magnitude bin). */
-static const struct { int op; double p; int mag; } ll_autoaug_imagenet[25][2] = {
+/* torchvision's AutoAugmentPolicy tables: 25 sub-policies, each a pair of (op, probability,
+ * magnitude bin of 10; 0 for ops without a magnitude), in torchvision's order (the sub-policy
+ * drawn is an index into it). ll_autoaug_policies[ia[0]] is the one an op uses: 0 IMAGENET,
+ * 1 CIFAR10, 2 SVHN (the order of transforms/_auto_augment.py AutoAugmentPolicy). */
+typedef struct { int op; double p; int mag; } ll_autoaug_pair;
+static const ll_autoaug_pair ll_autoaug_imagenet[25][2] = {
     {{LL_PRIM_POSTERIZE, 0.4, 8}, {LL_PRIM_ROTATE, 0.6, 9}},
     {{LL_PRIM_SOLARIZE, 0.6, 5}, {LL_PRIM_AUTOCONTRAST, 0.6, 0}},
     {{LL_PRIM_EQUALIZE, 0.8, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
@@ -159,6 +163,64 @@ static const struct { int op; double p; int mag; } ll_autoaug_imagenet[25][2] = 
     {{LL_PRIM_COLOR, 0.6, 4}, {LL_PRIM_CONTRAST, 1.0, 8}},
     {{LL_PRIM_EQUALIZE, 0.8, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
 };
+
+static const ll_autoaug_pair ll_autoaug_cifar10[25][2] = {
+    {{LL_PRIM_INVERT, 0.1, 0}, {LL_PRIM_CONTRAST, 0.2, 6}},
+    {{LL_PRIM_ROTATE, 0.7, 2}, {LL_PRIM_TRANSLATE_X, 0.3, 9}},
+    {{LL_PRIM_SHARPNESS, 0.8, 1}, {LL_PRIM_SHARPNESS, 0.9, 3}},
+    {{LL_PRIM_SHEAR_Y, 0.5, 8}, {LL_PRIM_TRANSLATE_Y, 0.7, 9}},
+    {{LL_PRIM_AUTOCONTRAST, 0.5, 0}, {LL_PRIM_EQUALIZE, 0.9, 0}},
+    {{LL_PRIM_SHEAR_Y, 0.2, 7}, {LL_PRIM_POSTERIZE, 0.3, 7}},
+    {{LL_PRIM_COLOR, 0.4, 3}, {LL_PRIM_BRIGHTNESS, 0.6, 7}},
+    {{LL_PRIM_SHARPNESS, 0.3, 9}, {LL_PRIM_BRIGHTNESS, 0.7, 9}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_EQUALIZE, 0.5, 0}},
+    {{LL_PRIM_CONTRAST, 0.6, 7}, {LL_PRIM_SHARPNESS, 0.6, 5}},
+    {{LL_PRIM_COLOR, 0.7, 7}, {LL_PRIM_TRANSLATE_X, 0.5, 8}},
+    {{LL_PRIM_EQUALIZE, 0.3, 0}, {LL_PRIM_AUTOCONTRAST, 0.4, 0}},
+    {{LL_PRIM_TRANSLATE_Y, 0.4, 3}, {LL_PRIM_SHARPNESS, 0.2, 6}},
+    {{LL_PRIM_BRIGHTNESS, 0.9, 6}, {LL_PRIM_COLOR, 0.2, 8}},
+    {{LL_PRIM_SOLARIZE, 0.5, 2}, {LL_PRIM_INVERT, 0.0, 0}},
+    {{LL_PRIM_EQUALIZE, 0.2, 0}, {LL_PRIM_AUTOCONTRAST, 0.6, 0}},
+    {{LL_PRIM_EQUALIZE, 0.2, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_COLOR, 0.9, 9}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_AUTOCONTRAST, 0.8, 0}, {LL_PRIM_SOLARIZE, 0.2, 8}},
+    {{LL_PRIM_BRIGHTNESS, 0.1, 3}, {LL_PRIM_COLOR, 0.7, 0}},
+    {{LL_PRIM_SOLARIZE, 0.4, 5}, {LL_PRIM_AUTOCONTRAST, 0.9, 0}},
+    {{LL_PRIM_TRANSLATE_Y, 0.9, 9}, {LL_PRIM_TRANSLATE_Y, 0.7, 9}},
+    {{LL_PRIM_AUTOCONTRAST, 0.9, 0}, {LL_PRIM_SOLARIZE, 0.8, 3}},
+    {{LL_PRIM_EQUALIZE, 0.8, 0}, {LL_PRIM_INVERT, 0.1, 0}},
+    {{LL_PRIM_TRANSLATE_Y, 0.7, 9}, {LL_PRIM_AUTOCONTRAST, 0.9, 0}},
+};
+static const ll_autoaug_pair ll_autoaug_svhn[25][2] = {
+    {{LL_PRIM_SHEAR_X, 0.9, 4}, {LL_PRIM_INVERT, 0.2, 0}},
+    {{LL_PRIM_SHEAR_Y, 0.9, 8}, {LL_PRIM_INVERT, 0.7, 0}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_SOLARIZE, 0.6, 6}},
+    {{LL_PRIM_INVERT, 0.9, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_ROTATE, 0.9, 3}},
+    {{LL_PRIM_SHEAR_X, 0.9, 4}, {LL_PRIM_AUTOCONTRAST, 0.8, 0}},
+    {{LL_PRIM_SHEAR_Y, 0.9, 8}, {LL_PRIM_INVERT, 0.4, 0}},
+    {{LL_PRIM_SHEAR_Y, 0.9, 5}, {LL_PRIM_SOLARIZE, 0.2, 6}},
+    {{LL_PRIM_INVERT, 0.9, 0}, {LL_PRIM_AUTOCONTRAST, 0.8, 0}},
+    {{LL_PRIM_EQUALIZE, 0.6, 0}, {LL_PRIM_ROTATE, 0.9, 3}},
+    {{LL_PRIM_SHEAR_X, 0.9, 4}, {LL_PRIM_SOLARIZE, 0.3, 3}},
+    {{LL_PRIM_SHEAR_Y, 0.8, 8}, {LL_PRIM_INVERT, 0.7, 0}},
+    {{LL_PRIM_EQUALIZE, 0.9, 0}, {LL_PRIM_TRANSLATE_Y, 0.6, 6}},
+    {{LL_PRIM_INVERT, 0.9, 0}, {LL_PRIM_EQUALIZE, 0.6, 0}},
+    {{LL_PRIM_CONTRAST, 0.3, 3}, {LL_PRIM_ROTATE, 0.8, 4}},
+    {{LL_PRIM_INVERT, 0.8, 0}, {LL_PRIM_TRANSLATE_Y, 0.0, 2}},
+    {{LL_PRIM_SHEAR_Y, 0.7, 6}, {LL_PRIM_SOLARIZE, 0.4, 8}},
+    {{LL_PRIM_INVERT, 0.6, 0}, {LL_PRIM_ROTATE, 0.8, 4}},
+    {{LL_PRIM_SHEAR_Y, 0.3, 7}, {LL_PRIM_TRANSLATE_X, 0.9, 3}},
+    {{LL_PRIM_SHEAR_X, 0.1, 6}, {LL_PRIM_INVERT, 0.6, 0}},
+    {{LL_PRIM_SOLARIZE, 0.7, 2}, {LL_PRIM_TRANSLATE_Y, 0.6, 7}},
+    {{LL_PRIM_SHEAR_Y, 0.8, 4}, {LL_PRIM_INVERT, 0.8, 0}},
+    {{LL_PRIM_SHEAR_X, 0.7, 9}, {LL_PRIM_TRANSLATE_Y, 0.8, 3}},
+    {{LL_PRIM_SHEAR_Y, 0.8, 5}, {LL_PRIM_AUTOCONTRAST, 0.7, 0}},
+    {{LL_PRIM_SHEAR_X, 0.7, 2}, {LL_PRIM_INVERT, 0.1, 0}},
+};
+#define LL_AUTOAUG_POLICIES 3
+static const ll_autoaug_pair (*const ll_autoaug_policies[LL_AUTOAUG_POLICIES])[2] = {
+    ll_autoaug_imagenet, ll_autoaug_cifar10, ll_autoaug_svhn};
 
 /* ------------------------------------------------------------------ parameter sampling */
 
@@ -187,8 +249,8 @@ static void ll_aug_push(double *prm, int prim, int bin, int nbins, int randaug, 
  * BLUR          ia[0], ia[1] kernel x, y; da[0..1] sigma range.  prm[0] sigma (counter 0).
  * TRIVIAL       ia[0] bins.  op list: id below(14) (counter 0), bin below(bins) (1), sign (2).
  * RANDAUG       ia[0] num_ops, ia[1] magnitude bin, ia[2] bins.  op k: id (3k), sign (3k+1).
- * AUTOAUG       policy below(25) (counter 0, in prm[LL_AUG_NPRM-1]); sub-op k: applied when
- *               uniform (1+2k) <= p, sign (2+2k).
+ * AUTOAUG       ia[0] the policy (index of ll_autoaug_policies).  sub-policy below(25) (counter
+ *               0, in prm[LL_AUG_NPRM-1]); sub-op k: applied when uniform (1+2k) <= p, sign (2+2k).
  * RANDOM_CROP   ia[0..1] out h, w; ia[2..5] pad left, right, top, bottom; ia[6] pad_if_needed;
  *               da[0] padding mode.  prm[0..1] top, left (counters 0, 1), prm[2..5] pad left,
  *               top, right, bottom; an image too small gives LL_ERR_SHAPE.
@@ -235,12 +297,13 @@ static int ll_aug_sample(const ll_aug *op, uint64_t key, int h, int w, int C, do
         }
         return LL_OK;
     case LL_AUG_AUTOAUG: {
+        if (op->ia[0] < 0 || op->ia[0] >= LL_AUTOAUG_POLICIES) return LL_ERR_STATE;
+        const ll_autoaug_pair (*table)[2] = ll_autoaug_policies[op->ia[0]];
         int pol = (int)ll_rng_below(key, 0, 25);
         prm[LL_AUG_NPRM - 1] = pol;
         for (int k = 0; k < 2; k++) {
-            if (!(ll_rng_uniform(key, 1 + 2 * (uint64_t)k) <= ll_autoaug_imagenet[pol][k].p)) continue;
-            ll_aug_push(prm, ll_autoaug_imagenet[pol][k].op, ll_autoaug_imagenet[pol][k].mag, 10, 1, key,
-                        2 + 2 * (uint64_t)k, h, w);
+            if (!(ll_rng_uniform(key, 1 + 2 * (uint64_t)k) <= table[pol][k].p)) continue;
+            ll_aug_push(prm, table[pol][k].op, table[pol][k].mag, 10, 1, key, 2 + 2 * (uint64_t)k, h, w);
         }
         return LL_OK;
     }
@@ -335,6 +398,14 @@ static inline uint8_t ll_u8_trunc(float v) { /* clamp to [0, 255] (NaN to 0), tr
     v = v < 255.0f ? v : 255.0f;
     return (uint8_t)(int)v;
 }
+
+/* torchvision's _blend of one value before the clamp: x * r + other * (1 - r) as its float32
+ * FMA, given xr = (float)x * r and oq = other * (1 - r) exact in double (the double sum
+ * rounded once to float is the FMA's single rounding). The one definition of the blend: the
+ * contrast table and the contrast and saturation twins use it. A macro, not a function: the
+ * twins carry their own optimisation attributes, and GCC does not inline a function whose
+ * attributes differ, which would keep their loops from vectorising (4-5x slower). */
+#define LL_BLEND_F(xr, oq) ((float)((double)(oq) + (double)(xr)))
 
 /* ll_rint_f for values known to be small (|v| < 2**22): no range check. */
 static inline float ll_rint_small(float v) {
@@ -514,7 +585,7 @@ static void ll_prim_contrast(const uint8_t *s, uint8_t *d, size_t npx, int C, do
     float r = (float)f, q = (float)(1.0 - f);
     if (ll_simd_level() < LL_SIMD_AVX512) { LL_TWIN(scale_add, s, npx * C, r, (double)mean * (double)q, d); return; }
     uint8_t lut[256]; /* NOTE [ Point ops as tables ] */
-    for (int v = 0; v < 256; v++) lut[v] = ll_u8_trunc(ll_fma_f(mean, q, (float)v * r));
+    for (int v = 0; v < 256; v++) lut[v] = ll_u8_trunc(LL_BLEND_F((float)v * r, (double)mean * (double)q));
     ll_lut_apply(s, npx * C, lut, d);
 }
 
@@ -702,9 +773,46 @@ static inline long ll_symmetric(long i, long n) {
     return i < n ? i : period - 1 - i;
 }
 
-/* gaussian_blur: kernel exp(-x^2 / (2 sigma^2)) over x = -(k-1)/2 .. (k-1)/2, normalised;
- * reflect padding; separable passes in float32 (torchvision convolves with the outer
- * product), rounded half to even. Needs (h * w * C) floats of scratch. */
+/* NOTE [ Blur taps ]
+ * torchvision's Gaussian kernel keeps every tap of kernel_size, however small: at sigma 0.3-0.8
+ * with kernel 23 the outer taps are 1e-40 to 1e-300 (subnormal floats, or 0 after the
+ * float32 exp), and on CPUs that take a microcode assist for a multiply-add with a subnormal
+ * operand or result (many x86 cores, about 100 cycles each) a 224x224 blur took 1.7 ms at sigma
+ * 0.3-0.8 against 0.34 ms at 1.0-2.0 (docs/augment.md, round 3). The kernel cuts the taps under LL_BLUR_TAP_MIN (2^-60, 8.7e-19) after normalising with
+ * all of them, so no subnormal arises anywhere: a kept tap times a pixel (>= 1) is >= 2^-60,
+ * so a nonzero value of the horizontal pass is too, and the vertical pass's products are
+ * >= 2^-120, above FLT_MIN (2^-126). A cut tap changes a blurred value by at most
+ * 2 x (k / 2) x 2^-60 x 255, 3e-15 for k = 23, far under the float32 spacing of any value
+ * that could round the other way, so the output equals the uncut convolution's up to the
+ * summation-order tolerance torchvision comparisons already allow (the NOTE above the
+ * file's functions). Cut taps are the outer ones (the kernel falls off from its centre), so
+ * the loops run over taps lo..k-1-lo, fewer multiply-adds at small sigma. */
+#define LL_BLUR_TAP_MIN 8.673617379884035e-19f /* 2^-60 */
+
+/* The k float32 taps of gaussian_blur at sigma (torch: linspace(-lim, lim, k).pow(2).neg().exp()
+ * / sum), those under LL_BLUR_TAP_MIN set to 0 (NOTE [ Blur taps ]); returns the first kept
+ * tap's index lo (taps lo..k-1-lo are kept: the kernel is symmetric). */
+static int ll_blur_taps(int k, double sigma, float *wt) {
+    double sum = 0.0;
+    float lim = (float)((k - 1) / (2.0 * sqrt(2.0) * sigma));
+    for (int i = 0; i < k; i++) {
+        float x = (float)ll_aug_linspace(-lim, lim, k, i);
+        wt[i] = expf(-(x * x));
+        sum += wt[i];
+    }
+    int lo = k / 2;
+    for (int i = 0; i < k; i++) {
+        wt[i] = (float)(wt[i] / sum);
+        if (!(wt[i] >= LL_BLUR_TAP_MIN)) wt[i] = 0.0f;
+        else if (i < lo) lo = i;
+    }
+    return lo;
+}
+
+/* gaussian_blur: kernel exp(-x^2 / (2 sigma^2)) over x = -(k-1)/2 .. (k-1)/2, normalised, the
+ * taps under LL_BLUR_TAP_MIN cut (NOTE [ Blur taps ]); reflect padding; separable passes in
+ * float32 (torchvision convolves with the outer product), rounded half to even. Needs
+ * (h * w * C) floats of scratch. */
 LL_NO_CONTRACT
 static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int kx, int ky, double sigma,
                         ll_buf *scratch) {
@@ -718,20 +826,8 @@ static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int k
     float *wx = tmp + (size_t)h * w * C, *wy = wx + kx;
     float *pad = wy + ky;             /* one reflect-padded row, float */
     int *rows = (int *)(pad + prow);  /* reflect-padded row indices */
-    for (int pass = 0; pass < 2; pass++) {
-        int k = pass ? ky : kx;
-        float *wt = pass ? wy : wx;
-        double half = (k - 1) * 0.5, sum = 0.0;
-        float lim = (float)((k - 1) / (2.0 * sqrt(2.0) * sigma));
-        for (int i = 0; i < k; i++) {
-            /* torch: linspace(-lim, lim, k).pow(2).neg().exp() / sum, in float32 */
-            float x = (float)ll_aug_linspace(-lim, lim, k, i);
-            wt[i] = expf(-(x * x));
-            sum += wt[i];
-        }
-        (void)half;
-        for (int i = 0; i < k; i++) wt[i] = (float)(wt[i] / sum);
-    }
+    int lox = ll_blur_taps(kx, sigma, wx), loy = ll_blur_taps(ky, sigma, wy);
+    int hix = kx - 1 - lox, hiy = ky - 1 - loy;
     /* horizontal pass into float scratch, from a reflect-padded float copy of each row; the
      * loops along the row run as twins (NOTE [ Augmentation twins ]) */
     for (int y = 0; y < h; y++) {
@@ -747,22 +843,22 @@ static int ll_prim_blur(const uint8_t *s, uint8_t *d, int h, int w, int C, int k
         }
         /* taps outermost so the inner loop runs along the row; each value still sums tap 0, 1, ... */
         float *o = tmp + (size_t)y * st;
-        LL_TWIN(axpy0, o, pad, st, wx[0]);
-        int t = 1;
-        for (; t + 4 <= kx; t += 4)
+        LL_TWIN(axpy0, o, pad + (size_t)lox * C, st, wx[lox]);
+        int t = lox + 1;
+        for (; t + 4 <= hix + 1; t += 4)
             LL_TWIN(axpy4, o, pad + (size_t)t * C, pad + (size_t)(t + 1) * C, pad + (size_t)(t + 2) * C,
                     pad + (size_t)(t + 3) * C, st, wx + t);
-        for (; t < kx; t++) LL_TWIN(axpy, o, pad + (size_t)t * C, st, wx[t]);
+        for (; t <= hix; t++) LL_TWIN(axpy, o, pad + (size_t)t * C, st, wx[t]);
     }
     for (int y = -ry; y < h + ry; y++) rows[y + ry] = (int)ll_reflect101(y, h);
     float *acc = pad; /* the padded row is free now and at least one row long */
     for (int y = 0; y < h; y++) {
-        LL_TWIN(axpy0, acc, tmp + (size_t)rows[y] * st, st, wy[0]);
-        int t = 1;
-        for (; t + 4 <= ky; t += 4)
+        LL_TWIN(axpy0, acc, tmp + (size_t)rows[y + loy] * st, st, wy[loy]);
+        int t = loy + 1;
+        for (; t + 4 <= hiy + 1; t += 4)
             LL_TWIN(axpy4, acc, tmp + (size_t)rows[y + t] * st, tmp + (size_t)rows[y + t + 1] * st,
                     tmp + (size_t)rows[y + t + 2] * st, tmp + (size_t)rows[y + t + 3] * st, st, wy + t);
-        for (; t < ky; t++) LL_TWIN(axpy, acc, tmp + (size_t)rows[y + t] * st, st, wy[t]);
+        for (; t <= hiy; t++) LL_TWIN(axpy, acc, tmp + (size_t)rows[y + t] * st, st, wy[t]);
         LL_TWIN(round_u8, acc, st, d + (size_t)y * st); /* a weighted mean of 0..255 values: small */
     }
     return LL_OK;

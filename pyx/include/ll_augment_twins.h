@@ -39,11 +39,11 @@ LL_TW_ATTR static void LL_TW(scale)(const uint8_t *restrict s, size_t n, float r
     }
 }
 
-/* d = trunc(clamp((float)(a + (double)((float)s * r)))): the contrast blend (a = mean * (1 - f),
+/* d = trunc(clamp(LL_BLEND_F(s * r, a))): the contrast blend (a = mean * (1 - f),
  * exact in double) over n values. */
 LL_TW_ATTR static void LL_TW(scale_add)(const uint8_t *restrict s, size_t n, float r, double a, uint8_t *restrict d) {
     for (size_t i = 0; i < n; i++) {
-        float v = (float)(a + (double)((float)s[i] * r));
+        float v = LL_BLEND_F((float)s[i] * r, a);
         v = v > 0.0f ? v : 0.0f;
         v = v < 255.0f ? v : 255.0f;
         d[i] = (uint8_t)(int)v;
@@ -75,7 +75,7 @@ LL_TW_ATTR static void LL_TW(blend_gray)(const uint8_t *restrict s, const uint8_
     for (size_t i = 0; i < npx; i++) {
         double gq = (double)g[i] * (double)q;
         for (int c = 0; c < 3; c++) {
-            float v = (float)(gq + (double)((float)s[3 * i + c] * r));
+            float v = LL_BLEND_F((float)s[3 * i + c] * r, gq);
             v = v > 0.0f ? v : 0.0f;
             v = v < 255.0f ? v : 255.0f;
             d[3 * i + c] = (uint8_t)(int)v;

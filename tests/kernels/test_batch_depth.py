@@ -14,6 +14,7 @@ import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._engines.base import Produced, Producer, RunState, Task, _Knobs, _Run
 from loaderlib._engines.depth import GROW_SHARE, SMALL_TEAM, WINDOW, BatchDepth, start_ahead
+from loaderlib._extract.readahead import ReadAhead
 from loaderlib._recorder import StageRecorder
 from loaderlib.sampler import EpochOrder
 
@@ -260,3 +261,34 @@ def test_a_run_reading_inline_still_probes_its_storage(folder):
     ex = loader.stats.extract
     assert ex is not None and ex.inline
     assert ex.reads > 0
+
+
+@pytest.mark.parametrize("batch_size", [2, 4])
+def test_every_probe_of_a_run_reading_inline_is_read_by_the_io_threads(folder, monkeypatch, batch_size):
+    """Each position a probe queues is read by the IO threads, epoch after epoch.
+
+    The reverted ff2f0c9 (Producer.catch_up) ran the read-ahead's top-up after the next batch
+    was queued; a probe made then queued positions that batch had already attached, which
+    the kernel threads read themselves: those reads never reached the IO threads (on a
+    16-batch epoch every probe did so, 0 reads per epoch). Counting that some read happened
+    misses it; the read counter must equal the positions the probes queued."""
+    queued: list[int] = []
+    queue = ReadAhead.queue
+
+    def counting_queue(self, positions, idx):
+        took = queue(self, positions, idx)
+        queued.append(took)
+        return took
+
+    monkeypatch.setattr(ReadAhead, "queue", counting_queue)
+    loader = _loader(folder, profile=True, batch_size=batch_size)
+    loader._knobs.read_hint.update(inline=True, depth=16)
+    for _epoch in range(3):
+        queued.clear()
+        for _batch in loader:
+            pass
+        ex = loader.stats.extract
+        assert ex is not None and ex.inline
+        # 36 images in batches of 2 or 4: 18 or 9 batches, at least 2 probes an epoch.
+        assert len([t for t in queued if t]) >= 2, queued
+        assert ex.reads == sum(queued), (ex.reads, queued)

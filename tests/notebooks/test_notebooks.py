@@ -38,3 +38,29 @@ def test_notebook_runs(path, cache_home, monkeypatch):
     client.execute()  # raises CellExecutionError naming the cell if any cell raises
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    _check_static_page(path, nb)
+
+
+def _hooks():
+    import importlib.util
+
+    where = pathlib.Path(__file__).resolve().parents[2] / "docs" / "_hooks.py"
+    spec = importlib.util.spec_from_file_location("loaderlib_docs_hooks", where)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_static_page(path, nb):
+    """NOTE [ Static dashboards in the docs ]: the page nbconvert builds from the executed
+    notebook, as the docs build prepares it, shows the last frame of every dashboard."""
+    hooks = _hooks()
+    want = hooks.dashboards_expected(path.read_text(encoding="utf-8"))
+    if not want:
+        return
+    nbconvert = pytest.importorskip("nbconvert")
+    page, _ = nbconvert.HTMLExporter().from_notebook_node(hooks.keep_static_views(nb))
+    assert page.count(f'class="{hooks.FRAME_MARK}"') + page.count(f"class='{hooks.FRAME_MARK}'") == want
+    assert 'src="data:image/png;base64,' in page or "src='data:image/png;base64," in page
+    # The final frame, not the empty one shown when the cell ran: the run's verdict is in it.
+    assert page.count("run finished: figures frozen at its last seconds") >= want

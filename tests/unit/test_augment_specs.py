@@ -201,30 +201,99 @@ IMAGENET_POLICY = [
 ]  # torchvision's AutoAugmentPolicy.IMAGENET
 
 
-def test_auto_augment_distribution():
+CIFAR10_POLICY = [
+    (("Invert", 0.1, None), ("Contrast", 0.2, 6)), (("Rotate", 0.7, 2), ("TranslateX", 0.3, 9)),
+    (("Sharpness", 0.8, 1), ("Sharpness", 0.9, 3)), (("ShearY", 0.5, 8), ("TranslateY", 0.7, 9)),
+    (("AutoContrast", 0.5, None), ("Equalize", 0.9, None)), (("ShearY", 0.2, 7), ("Posterize", 0.3, 7)),
+    (("Color", 0.4, 3), ("Brightness", 0.6, 7)), (("Sharpness", 0.3, 9), ("Brightness", 0.7, 9)),
+    (("Equalize", 0.6, None), ("Equalize", 0.5, None)), (("Contrast", 0.6, 7), ("Sharpness", 0.6, 5)),
+    (("Color", 0.7, 7), ("TranslateX", 0.5, 8)), (("Equalize", 0.3, None), ("AutoContrast", 0.4, None)),
+    (("TranslateY", 0.4, 3), ("Sharpness", 0.2, 6)), (("Brightness", 0.9, 6), ("Color", 0.2, 8)),
+    (("Solarize", 0.5, 2), ("Invert", 0.0, None)), (("Equalize", 0.2, None), ("AutoContrast", 0.6, None)),
+    (("Equalize", 0.2, None), ("Equalize", 0.6, None)), (("Color", 0.9, 9), ("Equalize", 0.6, None)),
+    (("AutoContrast", 0.8, None), ("Solarize", 0.2, 8)), (("Brightness", 0.1, 3), ("Color", 0.7, 0)),
+    (("Solarize", 0.4, 5), ("AutoContrast", 0.9, None)), (("TranslateY", 0.9, 9), ("TranslateY", 0.7, 9)),
+    (("AutoContrast", 0.9, None), ("Solarize", 0.8, 3)), (("Equalize", 0.8, None), ("Invert", 0.1, None)),
+    (("TranslateY", 0.7, 9), ("AutoContrast", 0.9, None)),
+]  # torchvision's AutoAugmentPolicy.CIFAR10
+
+SVHN_POLICY = [
+    (("ShearX", 0.9, 4), ("Invert", 0.2, None)), (("ShearY", 0.9, 8), ("Invert", 0.7, None)),
+    (("Equalize", 0.6, None), ("Solarize", 0.6, 6)), (("Invert", 0.9, None), ("Equalize", 0.6, None)),
+    (("Equalize", 0.6, None), ("Rotate", 0.9, 3)), (("ShearX", 0.9, 4), ("AutoContrast", 0.8, None)),
+    (("ShearY", 0.9, 8), ("Invert", 0.4, None)), (("ShearY", 0.9, 5), ("Solarize", 0.2, 6)),
+    (("Invert", 0.9, None), ("AutoContrast", 0.8, None)), (("Equalize", 0.6, None), ("Rotate", 0.9, 3)),
+    (("ShearX", 0.9, 4), ("Solarize", 0.3, 3)), (("ShearY", 0.8, 8), ("Invert", 0.7, None)),
+    (("Equalize", 0.9, None), ("TranslateY", 0.6, 6)), (("Invert", 0.9, None), ("Equalize", 0.6, None)),
+    (("Contrast", 0.3, 3), ("Rotate", 0.8, 4)), (("Invert", 0.8, None), ("TranslateY", 0.0, 2)),
+    (("ShearY", 0.7, 6), ("Solarize", 0.4, 8)), (("Invert", 0.6, None), ("Rotate", 0.8, 4)),
+    (("ShearY", 0.3, 7), ("TranslateX", 0.9, 3)), (("ShearX", 0.1, 6), ("Invert", 0.6, None)),
+    (("Solarize", 0.7, 2), ("TranslateY", 0.6, 7)), (("ShearY", 0.8, 4), ("Invert", 0.8, None)),
+    (("ShearX", 0.7, 9), ("TranslateY", 0.8, 3)), (("ShearY", 0.8, 5), ("AutoContrast", 0.7, None)),
+    (("ShearX", 0.7, 2), ("Invert", 0.1, None)),
+]  # torchvision's AutoAugmentPolicy.SVHN
+
+POLICIES = {"imagenet": IMAGENET_POLICY, "cifar10": CIFAR10_POLICY, "svhn": SVHN_POLICY}
+AUTO_OPS = (*TRIVIAL, "Invert")
+
+
+def auto_augment_magnitude(name, b, h, w):
+    """torchvision v2 AutoAugment._AUGMENTATION_SPACE at 10 bins (unsigned; 0 for ops without one)."""
+    if b is None:
+        return 0.0
+    return {"ShearX": linspace(0, 0.3, 10, b), "ShearY": linspace(0, 0.3, 10, b),
+            "TranslateX": linspace(0, 150 / 331 * w, 10, b), "TranslateY": linspace(0, 150 / 331 * h, 10, b),
+            "Rotate": linspace(0, 30, 10, b), "Posterize": round(8 - b / (9 / 4)),
+            "Solarize": linspace(1.0, 0.0, 10, b)}.get(name, linspace(0, 0.9, 10, b))
+
+
+@pytest.mark.parametrize("policy", ["imagenet", "cifar10", "svhn"])
+def test_auto_augment_distribution(policy):
+    table = POLICIES[policy]
+    h, w = 48, 80
     r = random.Random(8)
-    names = (*TRIVIAL, "Invert")
-    draws = native_draws(T.AutoAugment(), h=64, w=64)
+    draws = native_draws(T.AutoAugment(policy), h=h, w=w)
     model = []
     for _ in range(N_DRAWS):
         pol = r.randrange(25)
         ops = []
-        for name, p, b in IMAGENET_POLICY[pol]:
+        for name, p, b in table[pol]:
             if not r.random() <= p:
                 continue
-            mag = {"Rotate": linspace(0, 30, 10, b or 0), "Posterize": round(8 - (b or 0) / (9 / 4)),
-                   "Solarize": linspace(1.0, 0.0, 10, b or 0), "ShearX": linspace(0, 0.3, 10, b or 0)}.get(
-                       name, linspace(0, 0.9, 10, b or 0))
-            if b is None:
-                mag = 0.0
+            mag = auto_augment_magnitude(name, b, h, w)
             if name in SIGNED and r.random() <= 0.5:
                 mag = -mag
-            ops.append(names.index(name) * 1000 + mag)
+            ops.append(AUTO_OPS.index(name) * 1000 + mag)
         model.append((pol, len(ops), round(sum(ops), 3)))
     assert_same_distribution([p[-1] for p in draws], [m[0] for m in model], "policy")
     assert_same_distribution([p[0] for p in draws], [m[1] for m in model], "ops applied")
     got = [round(sum(p[1 + 2 * k] * 1000 + p[2 + 2 * k] for k in range(int(p[0]))), 3) for p in draws]
     assert_same_distribution(got, [m[2] for m in model], "ops and magnitudes")
+    # Draw by draw: the ops applied are the drawn sub-policy's, in its order, at its magnitudes.
+    seen = set()
+    for p in draws:
+        pol, n = int(p[-1]), int(p[0])
+        ops = [(AUTO_OPS[int(p[1 + 2 * k])], abs(float(p[2 + 2 * k]))) for k in range(n)]
+        pairs = [(name, auto_augment_magnitude(name, b, h, w)) for name, _, b in table[pol]]
+        subsets = [pairs, pairs[:1], pairs[1:], []]
+        assert any(len(ops) == len(s) and all(a == c and m == pytest.approx(abs(d), abs=1e-4)
+                                              for (a, m), (c, d) in zip(ops, s)) for s in subsets), (policy, pol, ops)
+        seen.update((pol, k) for k, op in enumerate(pairs) if op[0] in {o for o, _ in ops})
+    # Every sub-op with a probability above 0 was applied at least once in 10,000 draws.
+    assert seen >= {(pol, k) for pol in range(25) for k in range(2) if table[pol][k][1] > 0}
+
+
+def test_auto_augment_policy_names():
+    assert [p.value for p in T.AutoAugmentPolicy] == ["imagenet", "cifar10", "svhn"]
+    assert T.AutoAugment().policy is T.AutoAugmentPolicy.IMAGENET
+    for given in (T.AutoAugmentPolicy.CIFAR10, "cifar10", "CIFAR10"):
+        assert T.AutoAugment(given).policy is T.AutoAugmentPolicy.CIFAR10
+    assert T.AutoAugment(T.AutoAugmentPolicy.SVHN) == T.AutoAugment("svhn")
+    # The same key draws the same sub-policy index; the tables then differ.
+    a, b = (T.AutoAugment(p).get_params(32, 32, 3, T._Rng(5, 1, 7, 3)) for p in ("imagenet", "svhn"))
+    assert a[-1] == b[-1]
+    assert [draw[1:3].tolist() for draw in native_draws(T.AutoAugment("cifar10"), 32, 32, n=50)] != \
+        [draw[1:3].tolist() for draw in native_draws(T.AutoAugment("imagenet"), 32, 32, n=50)]
 
 
 @pytest.mark.parametrize("alpha", [0.2, 1.0, 3.0])
@@ -382,7 +451,7 @@ def test_loader_batch_transform_deterministic_threads_and_resume(tmp_path):
     (lambda: T.RandAugment(magnitude=31), ValueError, "magnitude must be a non-negative integer <= 30, got 31"),
     (lambda: T.RandAugment(num_ops=-1), ValueError, "num_ops must be a non-negative integer, got -1"),
     (lambda: T.RandAugment(fill="red"), TypeError, "fill must be a number"),
-    (lambda: T.AutoAugment("cifar10"), ValueError, "policy='imagenet'"),
+    (lambda: T.AutoAugment("cifar100"), ValueError, r"policy must be one of \['imagenet', 'cifar10', 'svhn'\]"),
     (lambda: T.RandomCrop(0), ValueError, "size must be positive"),
     (lambda: T.RandomCrop(32, padding=(1, 2, 3)), TypeError, "padding must be"),
     (lambda: T.RandomCrop(32, padding=-1), ValueError, "non-negative"),

@@ -3,7 +3,8 @@
 Every module under ``loaderlib/`` is parsed with ``ast`` (nothing is imported), and each
 ``import``/``from ... import`` that names a loaderlib module becomes an edge, wherever it
 stands: at module level or inside a function (a function-local import is still a dependency,
-only a later one). Imports under ``if TYPE_CHECKING:`` are left out (they never run).
+only a later one). Imports under ``if TYPE_CHECKING:`` count too: a circle that only type
+checkers follow still ties the modules together (a small ``Protocol`` breaks it).
 ``from . import x`` is an edge to the submodule ``x`` when ``x`` is one, else to the package.
 ``from .x import y`` is an edge to ``x``. Importing ``a.b.c`` runs the packages ``a`` and
 ``a.b`` too, but a package's ``__init__`` is an edge only when it is named. Modules that are
@@ -31,27 +32,9 @@ def modules() -> dict[str, pathlib.Path]:
     return out
 
 
-def _type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of ``tree`` except those under ``if TYPE_CHECKING:``."""
-    out: list = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            out.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return out
+    """Every import statement of ``tree``, those under ``if TYPE_CHECKING:`` included."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def edges(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
@@ -157,6 +140,17 @@ def test_the_graph_sees_relative_and_function_local_imports(tmp_path):
     assert all(m.startswith(PACKAGE) for deps in g.values() for m in deps)
 
 
+def test_type_only_imports_are_edges(tmp_path):
+    pkg = tmp_path / "loaderlib"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    (pkg / "b.py").write_text("from . import a\n")
+    known = {"loaderlib.a", "loaderlib.b"}
+    g = {"loaderlib.a": edges("loaderlib.a", pkg / "a.py", known), "loaderlib.b": edges("loaderlib.b", pkg / "b.py", known)}
+    assert g == {"loaderlib.a": {"loaderlib.b"}, "loaderlib.b": {"loaderlib.a"}}
+    assert cycles(g) == [["loaderlib.a", "loaderlib.b", "loaderlib.a"]]
+
+
 def test_cycles_finds_a_circle_and_prints_its_path():
     g = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert cycles(g) == [["a", "b", "c", "a"]]
@@ -180,3 +174,30 @@ def test_no_import_cycle():
     g = graph()
     found = components(g)
     assert not found, "import cycles between loaderlib modules:\n" + _report(g, found)
+
+
+def benchmark_graph() -> dict[str, set[str]]:
+    """The same graph for the scripts in ``benchmarks/``, which import each other by their
+    bare names (the folder is on ``sys.path`` when one runs); ``benchmarks.x`` counts too."""
+    where = ROOT / "benchmarks"
+    names = {f.stem for f in where.glob("*.py")}
+    out: dict[str, set[str]] = {}
+    for f in sorted(where.glob("*.py")):
+        deps = set()
+        for node in _imports(ast.parse(f.read_text(), str(f))):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for m in mods:
+                parts = m.split(".")
+                if parts[0] == "benchmarks" and len(parts) > 1:
+                    parts = parts[1:]
+                if parts[0] in names and parts[0] != f.stem and not (isinstance(node, ast.ImportFrom) and node.level):
+                    deps.add(parts[0])
+        out[f.stem] = deps
+    return out
+
+
+def test_no_import_cycle_between_benchmark_scripts():
+    g = benchmark_graph()
+    assert "loader" in g["storage"] and "loader" in g["_remote_bench"]   # the graph sees them
+    found = components(g)
+    assert not found, "import cycles between benchmarks/ scripts:\n" + _report(g, found)

@@ -229,17 +229,24 @@ def test_model_bound_with_epoch_refills_is_not_blamed_on_a_stage(clock, monitor)
 
 
 def test_too_short_a_run_says_so_and_how_long_to_run(clock, monitor):
-    loader = SimLoader(clock, batch_s=0.02)
+    # decode leads transform by 2 points of thread time: 5 batches at the spread floor cannot say.
+    loader = SimLoader(clock, batch_s=0.02, shares={"decode": 0.49, "transform": 0.47, "read": 0.04})
     r = benchmark(loader, seconds=0.08, warmup_batches=2)
     _consistent(r)
     v = r.verdict
     assert v.bottleneck is None and not v.enough and r.batches == 4
     # Five batches finished in the window (the pool works one ahead of the consumer).
-    assert v.summary == ("not enough evidence: it held 5 batches with stage timings (at least 6 needed); so far "
-                         "the figures point at decode")
-    # 6 batches at this window's 20 ms each, with a 20% margin.
-    assert v.seconds_needed == pytest.approx(0.14) and f"seconds={v.seconds_needed:g}" in v.suggestion
-    assert "measure about 6 batches" in v.suggestion
+    assert v.summary.startswith("not enough evidence: over 5 batches decode and transform took 49% and 47% of "
+                                "thread time")
+    assert v.summary.endswith("does not settle which of them limits; so far the figures point at decode")
+    # At the floor's spread (2 points) a 2-point lead needs t(n - 1) / sqrt(n) < 1: 9 batches,
+    # at this window's 20 ms each, with a 20% margin.
+    assert "measure about 9 batches" in v.suggestion
+    assert v.seconds_needed == pytest.approx(0.22) and f"seconds={v.seconds_needed:g}" in v.suggestion
+    # The same window with decode at 90%: 5 batches settle it.
+    loader = SimLoader(clock, batch_s=0.02)
+    r = benchmark(loader, seconds=0.08, warmup_batches=2)
+    assert r.verdict.enough and r.verdict.bottleneck == "decode"
 
 
 def _jittered(top, second, spread, seed=0):

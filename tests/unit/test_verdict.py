@@ -193,13 +193,40 @@ def test_close_stages_are_not_enough_evidence_and_say_how_many_batches_would_set
     assert f"seconds={v.seconds_needed:g}" in v.suggestion
 
 
-def test_few_batches_are_not_enough_evidence_whatever_the_separation():
-    v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 5))
+def test_a_tenfold_separation_is_decided_from_three_batches():
+    """Done-when of issue 41, item 1: no fixed floor of batches; the interval alone decides."""
+    # benchmark(loader, model_step=1.5, seconds=6) on a loader 100x faster than the model: the
+    # window holds 4 steady-state batches, each waiting well under a millisecond of a 1.5 s step.
+    rng = np.random.default_rng(4)
+    waits = [(float(rng.uniform(0, 0.001)), 1.5) for _ in range(4)]
+    v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 4, ms=7000.0), waits, model_ran=True)
+    assert v.enough and v.bottleneck == "model", v
+    assert v.evidence["wait_interval"][1] < MODEL_BOUND_WAIT
+    v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 3), waits[:3], model_ran=True)
+    assert v.enough and v.bottleneck == "model", v
+    # Decode ten times transform, each batch's shares jittered by +-30%: 3 batches settle it.
+    v = _judge(_batches({"decode": 0.91, "transform": 0.09}, 3, jitter=0.3))
+    assert v.enough and v.bottleneck == "decode", v
+    assert v.evidence["stage_lead_interval"][0] > 0
+
+
+def test_few_batches_decide_only_what_their_interval_settles():
+    # One batch has no spread: never a decision, whatever the separation; it says how many would do.
+    v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 1))
     assert not v.enough
-    assert v.summary == ("not enough evidence: it held 5 batches with stage timings (at least 6 needed); so far "
-                         "the figures point at decode")
-    assert v.seconds_needed == pytest.approx(0.072) and "measure about 6 batches" in v.suggestion
-    assert _judge(_batches({"decode": 0.9, "transform": 0.1}, 6)).bottleneck == "decode"
+    assert v.summary == ("not enough evidence: it held 1 batch with stage timings (an interval needs at least 2); "
+                         "so far the figures point at decode")
+    assert "measure about 2 batches" in v.suggestion
+    v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 1), [(0.0, 1.5)], model_ran=True)
+    assert not v.enough and "it held 1 batch in steady state (an interval needs at least 2)" in v.summary
+    assert "measure about 3 batches" in v.suggestion
+    # Two batches: the t quantile (31.8) leaves a wait of 0 undecided (a 45-point half-width) ...
+    v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 2), [(0.0, 1.5)] * 2, model_ran=True)
+    assert not v.enough and "over 2 batches the accelerator waited 0% \u00b1 45%" in v.summary
+    assert "measure about 3 batches" in v.suggestion
+    # ... and a 2x separation over 5 batches jittered by +-30% stays open where 8 decide (above).
+    v = _judge(_batches({"decode": 0.6, "transform": 0.3, "read": 0.1}, 3, jitter=0.3))
+    assert not v.enough and v.summary.startswith("not enough evidence: over 3 batches decode and transform")
 
 
 def test_a_wait_near_the_line_is_not_enough_evidence():
@@ -221,10 +248,11 @@ def test_batches_fed_from_the_prefetch_queue_are_left_out_of_the_wait():
     v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 8), waits, model_ran=True, buffered=64.0)
     assert v.enough and v.bottleneck == "decode" and v.evidence["buffered_batches"] == 4
     assert v.evidence["wait_interval"][0] > 0.4
-    # With only 3 steady batches after the queued ones, it says so.
-    v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 3), waits[:7], model_ran=True, buffered=64.0)
+    # With only 1 steady batch after the queued ones, it says so.
+    v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 1), waits[:5], model_ran=True, buffered=64.0)
     assert not v.enough
-    assert "the first 4 already waiting in the prefetch queue when it opened, leaving 3 (at least 6" in v.summary
+    assert ("it held 5 batches, the first 4 already waiting in the prefetch queue when it opened, leaving 1 "
+            "(an interval needs at least 2)") in v.summary
     # A queue the pipeline kept full (as many batches finished as were taken) hid no wait: all count.
     v = _judge(_batches({"decode": 0.9, "transform": 0.1}, 8), [(0.0, 0.1)] * 8, model_ran=True, buffered=64.0)
     assert v.enough and v.bottleneck == "model" and v.evidence["buffered_batches"] == 0
@@ -238,8 +266,8 @@ def test_without_per_batch_figures_the_parts_stand_for_the_batches():
     assert "over 8 parts the accelerator waited 20% \u00b1" in v.summary
     v = _diag(model_ran=True, wait=0.01, parts=[model] * 8)
     assert v.enough and v.bottleneck == "model" and v.confidence == 1.0
-    v = _diag(parts=[_window(wall=0.5, batches=12)] * 5)
-    assert not v.enough and "it held 5 parts with stage timings" in v.summary
+    v = _diag(parts=[_window(wall=0.5, batches=12)])
+    assert not v.enough and "it held 1 part with stage timings (an interval needs at least 2)" in v.summary
 
 
 def test_delivered_above_the_ceiling_says_the_ceiling_run_was_disturbed():
