@@ -398,9 +398,9 @@ def test_dashboard_counts_per_source(folders):
     for _ in loader:
         pass
     dash.update()
-    heads = re.findall(r"<th[^>]*>(.*?)</th>", dash.figures.value)
-    vals = re.findall(r"<td[^>]*>(.*?)</td>", dash.figures.value)
-    assert dict(zip(heads, vals))["per source"] == "[0] 3, [1] 9"
+    cells = dict(re.findall(r"<div class='loaderlib-kpi'[^>]*><div[^>]*>(.*?)</div><div>(.*?)</div></div>",
+                            dash.figures.value))
+    assert cells["per source"] == "[0] 3, [1] 9"
     assert list(loader.stats.sources.values()) == [3, 9]
     dash.close()
     loader.close()
