@@ -65,7 +65,8 @@ import subprocess
 import sys
 import time
 
-from loader import BATCH, _torch_dataset, image_files, make_dataset, rn50_chain, tf_train_image
+from _photos import add_data_kind, photos_for
+from loader import BATCH, _torch_dataset, image_files, rn50_chain, tf_train_image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -308,6 +309,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder of JPEGs (default: generated photo-like JPEGs)")
     p.add_argument("--images", type=int, default=1024, help="photos to generate when --data is not given")
+    add_data_kind(p)
     p.add_argument("--latencies", default="0,1,4,16", help="per-file latencies through latencyfs, ms")
     p.add_argument("--jitter", type=float, default=0.5, help="each latency is L x uniform[1 - J, 1 + J]")
     p.add_argument("--epochs", type=int, default=1, help="timed epochs per measurement, after one warm-up epoch")
@@ -350,14 +352,14 @@ def main() -> None:
     if a.remote:
         import _remote_bench
 
-        root = a.data or make_dataset(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
+        root = photos_for(a, a.images, os.path.join(HERE, "out"))
         _remote_bench.main(a, root, measure_remote, summary, split)
         return
 
     import io_mechanism
     from _latencyfs import mount
 
-    root = a.data or make_dataset(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
+    root = photos_for(a, a.images, os.path.join(HERE, "out"))
     paths = image_files(root)[0]
     n = len(paths)
     latencies = [float(x) for x in a.latencies.split(",") if x != ""]
