@@ -134,6 +134,28 @@ class Producer:
     def close(self, wait: bool = True) -> None:
         pass
 
+    # The gate (NOTE [ Batches in memory ]): producers that lease at submit may queue the next
+    # batch into the slot the user still holds, behind a gate that slot's release opens.
+    def gate_target(self) -> Any:
+        """The lease a gated batch may follow now, or None (no gating)."""
+        return None
+
+    def submit_after(self, task: Task, lease: Any) -> Any:
+        """:meth:`submit` into ``lease``'s slot behind its gate."""
+        return self.submit(task)
+
+    def gate_closed(self, handle: Any) -> bool:
+        """Whether ``handle`` waits behind a closed gate."""
+        return False
+
+    def gate_opened_ns(self, handle: Any) -> int:
+        """When ``handle``'s gate opened (``perf_counter_ns``; 0: not gated or not yet)."""
+        return 0
+
+    def ungate(self, handle: Any) -> Any:
+        """``handle`` again in a slot of its own, if its gate is still closed (else itself)."""
+        return handle
+
     def timed_out(self) -> str | None:
         """The consumer gave up waiting: free what is stuck; returns what was done, for the error."""
         return None
@@ -484,6 +506,7 @@ class _Run:
         self.room: Callable[[], bool] | None = None      # NOTE [ Warm slots ]: a batch slot is free (None: always)
         self.failed = False        # ended by an error (the loader then drops a warm next epoch)
         self.produced_all = False  # every batch made, the producer's production resources freed
+        self._last_done = 0        # when the last batch was finished (a gated batch's held-back time)
         self.serial = next(_RUN_SERIALS)   # tells the AUTOTUNE tuner a new stream began (NOTE [ Autotune ])
 
     @property
@@ -527,15 +550,20 @@ class _Run:
                     if not self.pending and not self._wait_room():
                         break
                 held = 0
+                after = None
                 cap = getattr(self.knobs, "depth", None)
                 if cap is not None and prod.leases_at_submit:
                     held = self._wait_cap(cap)
                     if held < 0:
-                        break
+                        after = self._gate_target()
+                        if after is None:
+                            break
+                        held = 0
                 task = st.next_task()
                 if task is None:
                     break
-                self.pending.append(prod.submit(task))
+                self.pending.append(prod.submit(task) if after is None else prod.submit_after(task, after))
+                after = None
                 self.held_back.append(held)
                 st.in_flight += 1
             if not self.pending:
@@ -544,7 +572,13 @@ class _Run:
             handle = self.pending.popleft()
             held = self.held_back.popleft()
             try:
+                if prod.gate_closed(handle):
+                    handle = self._wait_gate(handle)
+                opened = prod.gate_opened_ns(handle)
+                if opened:
+                    held = max(0, opened - self._last_done)   # how long it waited for the user's slot
                 out = prod.finish(handle)
+                self._last_done = _clock()
             except BaseException:
                 st.in_flight -= 1
                 try:
@@ -599,6 +633,43 @@ class _Run:
             finally:
                 depth.waiting = False
         return _clock() - t0
+
+    def _gate_target(self) -> Any:
+        """The lease of the slot the next batch may follow behind a gate (NOTE [ Batches in
+        memory ]), or None: only a live run with a driver thread and a batch in production
+        gates (the synchronous run's caller is the one holding the slot)."""
+        st = self.state
+        if self.queue is None or not self.pending or st.stop.is_set() or not st.live.is_set():
+            return None
+        return self.producer.gate_target()
+
+    def _wait_gate(self, handle: Any) -> Any:
+        """Wait until ``handle``'s gate opens (the user gave its slot back). A consumer that
+        waits for this batch while it still holds that slot keeps batches: the batch is taken
+        back and queued into a slot of its own, one more batch ahead (NOTE [ Batches in
+        memory ]). Raises :class:`_Stopped` when the run stops."""
+        st, prod, q = self.state, self.producer, self.queue
+        depth = getattr(self.knobs, "depth", None)
+        while prod.gate_closed(handle):
+            if depth is not None:
+                depth.waiting = True
+            try:
+                if st.stop.is_set():
+                    raise _Stopped()   # step() cancels the handle
+                if not prod.gate_closed(handle):
+                    break
+                if q is None or (q.waiting and not len(q) and st.live.is_set()):
+                    if depth is not None:
+                        depth.forced()
+                    return prod.ungate(handle)
+                if depth is not None:
+                    depth.wait(0.05)
+                else:
+                    st.stop.wait(0.005)
+            finally:
+                if depth is not None:
+                    depth.waiting = False
+        return handle
 
     def _wait_room(self) -> bool:
         """Wait for a slot a warm run may take.
