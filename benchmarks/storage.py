@@ -134,22 +134,45 @@ def timed_epochs(make_epoch, epochs: int, cold_paths: list[str] | None) -> dict:
     cpu = 0.0
     t_start = time.perf_counter()
     first = None
+    starts: list[float] = []   # per timed epoch: iter() to its first batch (the boundary wait)
+    gaps: list[float] = []     # between batches inside the timed epochs
     for e in range(1 + epochs):
         if cold_paths is not None:
             evict(cold_paths)
         t0 = time.perf_counter()
         c0 = time.process_time()
         n = 0
+        last = None
         for x, _y in make_epoch():
+            now = time.perf_counter()
             n += len(x)
             if first is None:
-                first = time.perf_counter() - t_start
+                first = now - t_start
+            if e > 0:
+                if last is None:
+                    starts.append(now - t0)
+                else:
+                    gaps.append(now - last)
+            last = now
         if e > 0:
             busy += time.perf_counter() - t0
             cpu += time.process_time() - c0
             seen += n
     return {"images_per_s": seen / busy, "images": seen, "first_batch_s": first,
-            "cpu_ms_per_image": 1e3 * cpu / seen}
+            "cpu_ms_per_image": 1e3 * cpu / seen,
+            # NOTE [ Batches in memory ]: an infinitely fast model's wait at each epoch start,
+            # against its wait between batches mid-epoch.
+            "boundary": boundary_waits(starts, gaps, busy)}
+
+
+def boundary_waits(starts: list[float], gaps: list[float], window: float) -> dict:
+    """The consumer's waits at epoch starts against its waits mid-epoch (seconds in): ``share``
+    of the window spent waiting for first batches, ``excess`` the share spent waiting at epoch
+    starts beyond the median wait between two batches mid-epoch (an infinitely fast model waits
+    for every batch of a loader-bound run; what the boundary adds is the excess)."""
+    gap = statistics.median(gaps) if gaps else 0.0
+    return {"share": sum(starts) / window, "excess": sum(max(0.0, s - gap) for s in starts) / window,
+            "start_ms": 1e3 * statistics.median(starts), "gap_ms": 1e3 * gap, "starts": len(starts)}
 
 
 def run_loaderlib(root: str, epochs: int, cold: list[str] | None, threads: str, io_depth: int | None) -> dict:
@@ -319,6 +342,7 @@ def main() -> None:
     p.add_argument("--peers", default=os.path.join(os.path.dirname(HERE), ".venv-peers", "bin", "python"),
                    help="an interpreter with tensorflow (make bench-peers builds .venv-peers)")
     p.add_argument("--no-cold", action="store_true", help="leave out the cold local disk row")
+    p.add_argument("--no-autotune", action="store_true", help="leave out the loaderlib AUTOTUNE column")
     p.add_argument("--quick", action="store_true",
                    help="a short run: 512 photos, 0 and 4 ms, PyTorch with 16 workers, io_depth 64, one round")
     p.add_argument("--storage-cpus", metavar="CPUS",
@@ -403,11 +427,13 @@ def main() -> None:
         for m in mounts:
             print(m.describe())
 
-        cols = ["loaderlib default", "loaderlib AUTOTUNE"] + [f"io_depth={d}" for d in io_depths]
+        cols = ["loaderlib default"] + ([] if a.no_autotune else ["loaderlib AUTOTUNE"])
+        cols += [f"io_depth={d}" for d in io_depths]
         cols += [f"torch {w}w" for w in workers] if have_torch else []
         cols += ["tf.data"] if have_tf else []
         runs: dict = {}
         reads: dict = {}   # the default's read-ahead stage, last epoch, per round
+        bounds: dict = {}  # per cell and round: the wait for each timed epoch's first batch
         t_run = time.perf_counter()
         for r in range(a.repeat):
             for name, where, cold in rows:
@@ -425,6 +451,8 @@ def main() -> None:
                     runs.setdefault((name, c), []).append(res["images_per_s"])
                     if c == "loaderlib default" and "read" in res:
                         reads.setdefault(name, []).append(res["read"])
+                    if "boundary" in res:
+                        bounds.setdefault((name, c), []).append(res["boundary"])
                     print(f"  round {r + 1}: {name} / {c}: {res['images_per_s']:,.0f} img/s", flush=True)
                 where_paths = [os.path.join(where, os.path.relpath(x, root)) for x in paths]
                 runs.setdefault((name, "io ceiling"), []).append(io_ceiling(exe, where_paths, cold))
@@ -436,9 +464,30 @@ def main() -> None:
         print(m.report)
     print_table(runs, rows, cols, f"medians of {a.repeat} round(s)")
     print_read_ahead(runs, rows, reads)
+    print_boundaries(bounds, rows, a.epochs)
     print("\nevery cell, images/s per round: " + "; ".join(
         f"{name} / {c}: " + ", ".join(f"{x:.0f}" for x in runs[name, c]) for name, _w, _c in rows
         for c in [*cols, "io ceiling"]))
+
+
+def print_boundaries(bounds: dict, rows: list, epochs: int) -> None:
+    """The epoch boundary (NOTE [ Batches in memory ]): the share of the timed window the consumer
+    spent waiting for an epoch's first batch, and that wait against the median wait between two
+    batches inside an epoch, for the loaderlib columns."""
+    cells = [(name, c) for name, _w, _c in rows for (n2, c) in bounds if n2 == name and c.startswith("loaderlib")]
+    if not cells:
+        return
+    print(f"\nepoch boundaries ({epochs} timed epochs per run, each timed from iter()): share of the window spent "
+          "waiting for epochs' first batches, and beyond the median wait between two batches mid-epoch (the "
+          "boundary's own cost); median wait for a first batch / median interval between batches mid-epoch "
+          "(medians of rounds)")
+    for name, c in cells:
+        b = bounds[name, c]
+        print(f"  {name} / {c}: {100 * statistics.median(x['share'] for x in b):.1f}% of the window, "
+              f"{100 * statistics.median(x['excess'] for x in b):.1f}% beyond mid-epoch waits, "
+              f"first batch {statistics.median(x['start_ms'] for x in b):.1f} ms vs "
+              f"{statistics.median(x['gap_ms'] for x in b):.1f} ms between batches "
+              f"({b[0]['starts']} epoch starts per run)")
 
 
 def print_read_ahead(runs: dict, rows: list, reads: dict) -> None:
@@ -456,12 +505,12 @@ def print_read_ahead(runs: dict, rows: list, reads: dict) -> None:
                       f"p50 {statistics.median(x['latency_p50_ms'] for x in r):.2f} ms, "
                       f"waiting {100 * statistics.median(x['waiting'] for x in r):.1f}%")
     if ("latencyfs 0 ms", "loaderlib default") in med:
-        fs0 = max(med["latencyfs 0 ms", c] for c in ("loaderlib default", "loaderlib AUTOTUNE"))
+        fs0 = max(med.get(("latencyfs 0 ms", c), 0.0) for c in ("loaderlib default", "loaderlib AUTOTUNE"))
         print(f"\nagainst the same filesystem at 0 ms per file (its CPU ceiling on these cores, {fs0:,.0f} img/s):")
         for name, _w, _c in rows:
             if name.startswith("latencyfs") and name != "latencyfs 0 ms":
                 print(f"  {name}: default {med[name, 'loaderlib default'] / fs0:.2f}x, "
-                      f"AUTOTUNE {med[name, 'loaderlib AUTOTUNE'] / fs0:.2f}x")
+                      f"AUTOTUNE {med.get((name, 'loaderlib AUTOTUNE'), float('nan')) / fs0:.2f}x")
 
 
 def print_table(runs: dict, rows: list, cols: list[str], title: str) -> None:
@@ -489,7 +538,8 @@ def print_table(runs: dict, rows: list, cols: list[str], title: str) -> None:
     for name, _where, _cold in rows:
         io = med[name, "io ceiling"]
         ideal = min(cpu_ceiling, io)
-        d, auto = med[name, "loaderlib default"], med[name, "loaderlib AUTOTUNE"]
+        d = med[name, "loaderlib default"]
+        auto = med.get((name, "loaderlib AUTOTUNE"), float("nan"))
         cells = [name, f"{d:,.0f}", f"{auto:,.0f}"]
         if has["io_depth="]:
             dep, c = best(name, "io_depth=")

@@ -73,6 +73,11 @@ class PendingBatch:
         """Whether the batch waits behind its closed gate."""
         return bool(self._handle.gated())
 
+    def wait_open(self, timeout: float) -> bool:
+        """Wait (without the GIL) for the gate to open, at most ``timeout`` seconds; returns
+        whether it is still closed."""
+        return bool(self._handle.wait_open(float(timeout)))
+
     def open(self) -> None:
         """Open the batch's gate (``gated=True``): its items may start."""
         self._handle.open()

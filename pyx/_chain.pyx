@@ -202,6 +202,7 @@ cdef extern from "ll_pool.h":
     void ll_pool_open(ll_pool* p, ll_job* job) noexcept nogil
     int ll_pool_withdraw(ll_pool* p, ll_job* job) noexcept nogil
     int ll_pool_gated(ll_pool* p, ll_job* job) noexcept nogil
+    int ll_pool_wait_open(ll_pool* p, ll_job* job, int64_t timeout_ns) noexcept nogil
     void ll_pool_free(ll_pool* p) noexcept nogil
 
 
@@ -543,6 +544,17 @@ cdef class Pending:
     def gated(self):
         """Whether the batch waits behind its closed gate (``start_into(..., gated=True)``)."""
         return self.submitted and not self.finished and bool(ll_pool_gated(self.team.pool, &self.job))
+
+    def wait_open(self, double timeout):
+        """Wait (without the GIL) until the gate opens or ``timeout`` seconds pass; returns
+        whether it is still closed."""
+        cdef int64_t ns = <int64_t>(timeout * 1e9)
+        cdef int g
+        if not self.submitted or self.finished:
+            return False
+        with nogil:
+            g = ll_pool_wait_open(self.team.pool, &self.job, ns)
+        return bool(g)
 
     def open(self):
         """Open the batch's gate: the team's threads may start its items (a no-op when open)."""

@@ -140,12 +140,23 @@ class Producer:
         """The lease a gated batch may follow now, or None (no gating)."""
         return None
 
+    def reads_issued(self) -> bool:
+        """Whether the run's read-ahead has queued the reads of every sample it still needs
+        (then the next epoch's reads may start, NOTE [ Warm epochs ] in loader.py)."""
+        r = self.reader
+        return (r is not None and not getattr(r, "inline", True)
+                and getattr(r, "next", 0) >= getattr(getattr(r, "stream", None), "size", 1 << 62))
+
     def submit_after(self, task: Task, lease: Any) -> Any:
         """:meth:`submit` into ``lease``'s slot behind its gate."""
         return self.submit(task)
 
     def gate_closed(self, handle: Any) -> bool:
         """Whether ``handle`` waits behind a closed gate."""
+        return False
+
+    def wait_gate(self, handle: Any, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for ``handle``'s gate; whether it is still closed."""
         return False
 
     def gate_opened_ns(self, handle: Any) -> int:
@@ -438,6 +449,10 @@ _RUN_SERIALS = itertools.count(1)
 #   ``NativePlan.close`` takes no lock). A script that ended while its warm epoch's driver
 #   was starting the plan's team hung at exit this way (tests/unit/test_exit.py).
 
+#: How often a driver waiting for a batch's gate checks that its run goes on and that the
+#: consumer is not waiting for that batch while holding its slot (NOTE [ Batches in memory ]).
+GATE_POLL_S = 0.01
+
 #: How long dropping a warm run at interpreter exit waits for its driver thread.
 EXIT_JOIN_S = 5.0
 
@@ -507,6 +522,10 @@ class _Run:
         self.failed = False        # ended by an error (the loader then drops a warm next epoch)
         self.produced_all = False  # every batch made, the producer's production resources freed
         self._last_done = 0        # when the last batch was finished (a gated batch's held-back time)
+        # NOTE [ Warm slots ]: the lease of a slot of the epoch before that this (warm) run's next
+        # batch may follow behind a gate, or None; set by the loader.
+        self.follow: Callable[[], Any] | None = None
+        self._room_after: Any = None
         self.serial = next(_RUN_SERIALS)   # tells the AUTOTUNE tuner a new stream began (NOTE [ Autotune ])
 
     @property
@@ -526,6 +545,23 @@ class _Run:
 
         return room
 
+    @staticmethod
+    def warm_follow(before: _Run | None) -> Callable[[], Any]:
+        """A warm next epoch's ``follow`` (NOTE [ Warm slots ], NOTE [ Batches in memory ]): once
+        ``before`` (held weakly) has planned all its batches, so it gates no more of its own,
+        the lease of its slot that the user gives back next, for the warm run's batch to follow
+        behind a gate: the next epoch's first batch then starts as a batch mid-epoch does,
+        when the user gives back the slot, with no new slot and no Python thread in between."""
+        ahead = weakref.ref(before) if before is not None else None
+
+        def follow() -> Any:
+            b = ahead() if ahead is not None else None
+            if b is None or b.closed or not b.state.exhausted:
+                return None
+            return b.producer.gate_target()
+
+        return follow
+
     def start(self) -> None:
         if self.queue is not None:
             self.thread = threading.Thread(target=_drive, args=(self, self.queue), name="loaderlib-driver",
@@ -544,15 +580,21 @@ class _Run:
             start()
         while not st.stop.is_set():
             while len(self.pending) < prod.lookahead:
+                if st.exhausted:
+                    break   # nothing left to plan: never wait for room or at the cap for it
+                after = None
                 if not st.live.is_set() and self.room is not None:
                     if self.pending and not self.room():
                         break   # finish the batch in production first: its slot may be the last free one
-                    if not self.pending and not self._wait_room():
-                        break
+                    if not self.pending:
+                        self._room_after = None
+                        if not self._wait_room():
+                            break
+                        # or behind the gate of the epoch before's slot (never kept: it holds the user's batch)
+                        after, self._room_after = self._room_after, None
                 held = 0
-                after = None
                 cap = getattr(self.knobs, "depth", None)
-                if cap is not None and prod.leases_at_submit:
+                if cap is not None and prod.leases_at_submit and after is None:
                     held = self._wait_cap(cap)
                     if held < 0:
                         after = self._gate_target()
@@ -575,7 +617,7 @@ class _Run:
                 if prod.gate_closed(handle):
                     handle = self._wait_gate(handle)
                 opened = prod.gate_opened_ns(handle)
-                if opened:
+                if opened and self._last_done:
                     held = max(0, opened - self._last_done)   # how long it waited for the user's slot
                 out = prod.finish(handle)
                 self._last_done = _clock()
@@ -641,7 +683,10 @@ class _Run:
         st = self.state
         if self.queue is None or not self.pending or st.stop.is_set() or not st.live.is_set():
             return None
-        return self.producer.gate_target()
+        target = self.producer.gate_target()
+        if target is None and self.follow is not None:
+            target = self.follow()   # its first batches follow the epoch before's slots
+        return target
 
     def _wait_gate(self, handle: Any) -> Any:
         """Wait until ``handle``'s gate opens (the user gave its slot back). A consumer that
@@ -650,25 +695,16 @@ class _Run:
         memory ]). Raises :class:`_Stopped` when the run stops."""
         st, prod, q = self.state, self.producer, self.queue
         depth = getattr(self.knobs, "depth", None)
-        while prod.gate_closed(handle):
-            if depth is not None:
-                depth.waiting = True
-            try:
-                if st.stop.is_set():
-                    raise _Stopped()   # step() cancels the handle
-                if not prod.gate_closed(handle):
-                    break
-                if q is None or (q.waiting and not len(q) and st.live.is_set()):
-                    if depth is not None:
-                        depth.forced()
-                    return prod.ungate(handle)
+        # Waits in C on the team's condition, which the gate's opening signals: no Python wake
+        # sits between the release and this driver (the batch runs from the release on anyway),
+        # and two runs' drivers at an epoch boundary never take each other's signal.
+        while prod.wait_gate(handle, GATE_POLL_S):
+            if st.stop.is_set():
+                raise _Stopped()   # step() cancels the handle
+            if q is None or (q.waiting and not len(q) and st.live.is_set()):
                 if depth is not None:
-                    depth.wait(0.05)
-                else:
-                    st.stop.wait(0.005)
-            finally:
-                if depth is not None:
-                    depth.waiting = False
+                    depth.forced()
+                return prod.ungate(handle)
         return handle
 
     def _wait_room(self) -> bool:
@@ -698,6 +734,11 @@ class _Run:
         while not st.live.is_set() and not st.stop.is_set():
             if room is None or room():
                 return True
+            if self.follow is not None and self.queue is not None:
+                target = self.follow()
+                if target is not None:
+                    self._room_after = target
+                    return True
             st.live.wait(0.005)
         return not st.stop.is_set()
 
@@ -863,7 +904,7 @@ class LoaderIterator:
             depth.observe(item.held_back, run.queue.last_wait_ns, _clock())
         if run.knobs.tuner is not None:
             observe_batch(run.knobs.tuner, item.batch, run.serial)
-        if self._owner is not None and run.state.exhausted:
+        if self._owner is not None and (run.state.exhausted or run.producer.reads_issued()):
             self._owner._epoch_nearly_done(run)
         batch = item.batch
         for step in self._post:

@@ -169,7 +169,7 @@ class NativeProducer(Producer):
     def gate_target(self) -> Any:
         """The lease of the oldest batch handed on whose slot may take a gated successor (the
         slot the user gives back next), or None (NOTE [ Batches in memory ])."""
-        if self.plan is None or self.src.kind is SourceKind.ARRAYS:
+        if self.src.kind is SourceKind.ARRAYS:
             return None
         handed = self._handed
         while handed and handed[0]() is None:
@@ -187,6 +187,11 @@ class NativeProducer(Producer):
 
     def gate_closed(self, handle: Any) -> bool:
         return isinstance(handle, _NativeBatch) and handle.gated and handle.pending.gated()
+
+    def wait_gate(self, handle: Any, timeout: float) -> bool:
+        if not isinstance(handle, _NativeBatch) or not handle.gated:
+            return False
+        return handle.pending.wait_open(timeout)
 
     def gate_opened_ns(self, handle: Any) -> int:
         """When ``handle``'s gate opened (``perf_counter_ns`` clock; 0: not gated or not yet)."""

@@ -304,6 +304,27 @@ static int ll_pool_withdraw(ll_pool *p, ll_job *job) {
     return taken;
 }
 
+/* Wait until ``job``'s gate opens or ``timeout_ns`` passes; returns whether it is still closed.
+ * (The gate's opening broadcasts ``work``, which the waiter shares with the team's threads.) */
+static int ll_pool_wait_open(ll_pool *p, ll_job *job, int64_t timeout_ns) {
+    ll_mutex_lock(&p->mu);
+#ifdef _WIN32
+    if (job->gated) SleepConditionVariableSRW(&p->work, &p->mu, (DWORD)(timeout_ns / 1000000), 0);
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const long long t = (long long)ts.tv_nsec + timeout_ns;
+    ts.tv_sec += (time_t)(t / 1000000000LL);
+    ts.tv_nsec = (long)(t % 1000000000LL);
+    while (job->gated) {
+        if (pthread_cond_timedwait(&p->work, &p->mu, &ts) != 0) break;
+    }
+#endif
+    int g = job->gated;
+    ll_mutex_unlock(&p->mu);
+    return g;
+}
+
 /* Whether ``job``'s gate is closed. */
 static int ll_pool_gated(ll_pool *p, ll_job *job) {
     ll_mutex_lock(&p->mu);

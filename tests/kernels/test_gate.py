@@ -158,12 +158,12 @@ def test_the_next_batch_is_queued_behind_the_slot_the_user_holds(folder):
     assert loader._knobs.depth.cap(1) == 2
     it = iter(loader)
     x, _y = next(it)
-    mine = _lease(x)
+    mine = [_lease(x)]
     ring = loader._arena_ring
     found = threading.Event()
 
     def gated_on_mine() -> bool:
-        return not ring.can_follow(mine)   # a successor lease waits on the user's slot
+        return not ring.can_follow(mine[0])   # a successor lease waits on the user's slot
 
     for _ in range(600):   # the driver queues it while we hold x (a bound on polls, not a timing)
         if gated_on_mine():
@@ -173,7 +173,8 @@ def test_the_next_batch_is_queued_behind_the_slot_the_user_holds(folder):
     assert found.is_set(), "no batch was queued behind the gate of the slot the user holds"
     assert ring.num_leased == 2
     first = (x.copy(), _y.copy())
-    del mine, x, _y   # the user gives its batch back: the gate opens
+    mine.clear()
+    del x, _y   # the user gives its batch back: the gate opens
     got = [first, *[(b.copy(), c.copy()) for b, c in it]]
     ref = [(b.copy(), c.copy()) for b, c in _loader(folder, num_threads=2, prefetch=2)]
     assert len(got) == len(ref) == 9
@@ -193,3 +194,59 @@ def test_breaking_out_with_a_batch_behind_a_gate_leaves_nothing_queued(folder):
     del x, _y
     gc.collect()
     assert loader._arena_ring.num_leased == 0
+
+
+def _poll(cond, polls: int = 600) -> bool:
+    """Whether ``cond()`` came true within ``polls`` checks (a bound on polls, not a timing)."""
+    ev = threading.Event()
+    for _ in range(polls):
+        if cond():
+            return True
+        ev.wait(0.05)
+    return False
+
+
+def test_the_next_epochs_first_batch_is_queued_behind_the_users_slot_before_the_epoch_ends(folder):
+    """NOTE [ Warm slots ]: while the user still holds the epoch's second-to-last batch, the warm
+    next epoch's first batch is queued behind that batch's slot (the epoch's last batch runs in
+    the other one), so it starts when the user gives the slot back, as a batch mid-epoch does."""
+    loader = _loader(folder, num_threads=1)
+    it = iter(loader)
+    ring = loader._arena_ring
+    got = []
+    for k in range(8):   # batches 0..7 of 9; batch 7 is still held after the loop
+        x, y = next(it)
+        got.append((x.copy(), y.copy()))
+    held = [_lease(x)]
+    assert _poll(lambda: loader._warm.run is not None and not ring.can_follow(held[0])), \
+        "the next epoch's first batch was not queued behind the slot the user holds"
+    warm = loader._warm.run
+    assert not warm.state.live.is_set()   # queued before the user asked for the next epoch
+    assert ring.num_leased == 2           # in the user's slot: no third one
+    held.clear()
+    del x, y
+    got += [(b.copy(), c.copy()) for b, c in it]
+    got += [(b.copy(), c.copy()) for b, c in loader]   # the warm epoch
+    ref = _loader(folder, num_threads=2, prefetch=2)
+    want = [(b.copy(), c.copy()) for _ in range(2) for b, c in ref]
+    assert len(got) == len(want) == 18
+    for (a, b), (ra, rb) in zip(got, want):
+        np.testing.assert_array_equal(a, ra)
+        np.testing.assert_array_equal(b, rb)
+    assert ring.peak_leased == 2 and not loader._knobs.depth.decisions
+
+
+def test_the_next_epoch_starts_reading_once_this_epochs_reads_are_queued(folder):
+    """NOTE [ Warm epochs ]: with a read-ahead that has queued the epoch's last reads (a fixed
+    io_depth reaches the end of the stream batches before the last one is planned), the next
+    epoch's run, and so its reads, start then, not only once every batch is planned."""
+    loader = _loader(folder, num_threads=1, io_depth=8)
+    it = iter(loader)
+    early = None
+    for k, (_x, _y) in enumerate(it):
+        if early is None and loader._warm.run is not None:
+            early = (k, it._run.state.exhausted)
+    assert early is not None
+    k, exhausted = early
+    assert not exhausted, f"the next epoch started only at batch {k}, once every batch was planned"
+    assert len(list(loader)) == 9
