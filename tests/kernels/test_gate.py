@@ -250,3 +250,17 @@ def test_the_next_epoch_starts_reading_once_this_epochs_reads_are_queued(folder)
     k, exhausted = early
     assert not exhausted, f"the next epoch started only at batch {k}, once every batch was planned"
     assert len(list(loader)) == 9
+
+
+def test_a_consumer_keeping_batches_with_reads_ahead_gets_them_intact(folder):
+    """A gated batch taken back (the consumer waits for it while holding the slot it follows)
+    gives up the reads it had attached; queued again into a slot of its own, it reads those
+    samples itself, and every kept batch is the uncapped loader's."""
+    loader = _loader(folder, num_threads=1, io_depth=8)
+    kept = list(loader)
+    ref = [(b.copy(), c.copy()) for b, c in _loader(folder, num_threads=2, prefetch=2)]
+    assert len(kept) == len(ref) == 9
+    for (a, b), (ra, rb) in zip(kept, ref):
+        np.testing.assert_array_equal(a, ra)
+        np.testing.assert_array_equal(b, rb)
+    assert any("keeps batches" in why for _, _, why in loader._knobs.depth.decisions)
