@@ -455,8 +455,18 @@ class _Run:
                 after = None
                 if not st.live.is_set() and self.room is not None:
                     if self.pending and not self.room():
-                        break   # finish the batch in production first: its slot may be the last free one
-                    if not self.pending:
+                        # Finish the batch in production first (its slot may be the last free
+                        # one), unless the next can follow another slot of the epoch before.
+                        following = self.follow is not None and self.queue is not None
+                        after = self.follow() if following else None
+                        if after is None:
+                            if following and not st.stop.is_set() and prod.gate_closed(self.pending[-1]):
+                                # Its batch still waits for the user's slot: the epoch before's
+                                # last batch, whose slot comes next, is not finished yet.
+                                st.live.wait(0.005)
+                                continue
+                            break
+                    elif not self.pending:
                         self._room_after = None
                         if not self._wait_room():
                             break
