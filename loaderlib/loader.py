@@ -649,14 +649,12 @@ class DataLoader:
 
     # NOTE [ Warm epochs ]
     # A loader iterated epoch after epoch would idle the model at every epoch start while the
-    # prefetch queue refills. So once every batch of the current epoch has been planned (the
-    # consumer is taking the last, already prefetched ones), or earlier, once the read-ahead has
-    # queued the epoch's last reads (``Producer.reads_issued``: the next epoch's reads continue
-    # these, on slow storage a latency ahead), the next epoch's run is started: its first batches
-    # are ready when the user calls iter() again. This needs an order that is a pure function of
-    # the epoch (a loaderlib Sampler), and the warm run is used only if iter() asks for exactly
-    # that epoch, carry and order key; otherwise (a set_epoch to another epoch, new sampler
-    # weights, load_state_dict, flush) it is closed. close() and dropping the loader release it.
+    # prefetch queue refills. So once every batch of the current epoch is planned, or once its
+    # read-ahead has queued the epoch's last reads (``Producer.reads_issued``; the next epoch's
+    # reads continue these), the next epoch's run is started: its first batches are ready when
+    # the user calls iter() again. It needs an order that is a pure function of the epoch (a
+    # loaderlib Sampler); it is used only if iter() asks for exactly that epoch, carry and order
+    # key, else closed (set_epoch, new weights, load_state_dict, flush, close, loader dropped).
 
     #: Start the next epoch early (NOTE [ Warm epochs ]); benchmarks/epochs.py turns it off on
     #: one loader to measure what it saves.
