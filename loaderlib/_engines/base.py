@@ -457,8 +457,9 @@ class _Run:
                     if self.pending and not self.room():
                         # Finish the batch in production first (its slot may be the last free
                         # one), unless the next can follow another slot of the epoch before.
-                        following = self.follow is not None and self.queue is not None
-                        after = self.follow() if following else None
+                        follow = self.follow if self.queue is not None else None
+                        following = follow is not None
+                        after = follow() if follow is not None else None
                         if after is None:
                             if following and not st.stop.is_set() and prod.gate_closed(self.pending[-1]):
                                 # Its batch still waits for the user's slot: the epoch before's
