@@ -120,7 +120,9 @@ $(DOCS): $(OPENCV) requirements-docs.txt requirements-notebook.txt
 docs: build $(DOCS)
 	$(BIN)/python -m mkdocs build --strict --clean
 
-# Every benchmark in benchmarks/ (several minutes).
+# Every benchmark in benchmarks/ (several minutes). The benchmarks generate their photos from
+# scikit-image's sample photos (benchmarks/_photos.py), a test dependency: each target that
+# generates photos depends on $(TESTS).
 bench-all: build $(TESTS)
 	$(BIN)/python benchmarks/decode.py
 	$(BIN)/python benchmarks/transforms.py
@@ -171,7 +173,7 @@ bench-storage-split: build $(TESTS) peers-tf
 	$(BIN)/python benchmarks/storage.py --peers $(PEERS_VENV)/bin/python --storage-cpus auto $(STORAGE_ARGS)
 	$(BIN)/python benchmarks/storage.py --remote --storage-cpus auto $(STORAGE_ARGS)
 
-bench-io: build $(OPENCV)
+bench-io: build $(TESTS)
 	$(BIN)/python benchmarks/io_mechanism.py
 
 # Fuzzing of the decoders and the fused chain, three passes of FUZZ_RUNS inputs each:

@@ -42,7 +42,8 @@ import sys
 import time
 
 import numpy as np
-from loader import image_files, make_dataset
+from _photos import add_data_kind, photos_for
+from loader import image_files
 
 from loaderlib.transforms import random_resized_crop_box
 
@@ -568,6 +569,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: generate photo-like JPEGs)")
     p.add_argument("--make", type=int, default=1024, help="images to generate when --data is not given")
+    add_data_kind(p)
     p.add_argument("--images", type=int, default=2048, help="images consumed per measurement, after the first batch")
     p.add_argument("--threads", type=int, default=2, help="loaderlib threads")
     p.add_argument("--workers", type=int, default=2, help="PyTorch DataLoader workers")
@@ -607,7 +609,7 @@ def main() -> None:
             res = run_loaderlib(root, int(rest[0]), int(rest[1]), chain=kind)
         print(json.dumps(res))
         return
-    root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
+    root = photos_for(a, a.make, os.path.join(HERE, "out"))
     if a.baseline:
         a.baseline = os.path.abspath(a.baseline)
     print(f"data: {root} ({len(image_files(root)[0])} JPEGs), {a.images} images per measurement, "

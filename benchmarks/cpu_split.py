@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from _photos import add_data_kind, photos_for
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -93,6 +95,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: benchmarks/loader.py's generated photos)")
     p.add_argument("--make", type=int, default=1024)
+    add_data_kind(p)
     p.add_argument("--images", type=int, default=4096,
                    help="images measured, after two whole warm-up epochs (first touch of the arena's slots)")
     p.add_argument("--threads", type=int, default=2)
@@ -105,10 +108,9 @@ def main() -> None:
         return
 
     from _report import machine_summary
-    from loader import make_dataset
 
-    root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
     print(machine_summary())
+    root = photos_for(a, a.make, os.path.join(HERE, "out"))
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "perf.data")
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", root, a.variant,

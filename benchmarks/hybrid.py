@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from _photos import add_data_kind, photos_for
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH = 64
 
@@ -130,6 +132,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: benchmarks/loader.py's generated photos)")
     p.add_argument("--make", type=int, default=1024)
+    add_data_kind(p)
     p.add_argument("--images", type=int, default=2048, help="images per measurement, after a warm-up epoch")
     p.add_argument("--threads", type=int, default=2, help="threads (native, threads engine) or worker processes")
     p.add_argument("--step-ms", type=float, default=2.0, help="cost of the Python tail step per image")
@@ -142,11 +145,10 @@ def main() -> None:
         return
 
     from _report import machine_summary
-    from loader import make_dataset
 
-    root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
-    loops = calibrate(a.step_ms)
     print(machine_summary())
+    root = photos_for(a, a.make, os.path.join(HERE, "out"))
+    loops = calibrate(a.step_ms)
     print(f"data: {root}; batch {BATCH}; {a.images} images per run after a warm-up epoch; {a.threads} threads or "
           f"workers; Python step {a.step_ms} ms ({loops} loop iterations); {a.repeat} interleaved rounds, medians")
     kinds = ["threads-tail", "workers-tail", "native", "workers-prefix", "workers-getitem"]

@@ -32,8 +32,9 @@ import sys
 import tempfile
 
 from _latencyfs import BIN_DIR, mount
+from _photos import add_data_kind, photos_for
 from _report import machine_summary, med
-from loader import image_files, make_dataset
+from loader import image_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -145,13 +146,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: the loader benchmark's generated photos)")
     p.add_argument("--images", type=int, default=1024, help="photos to generate when --data is not given")
+    add_data_kind(p)
     p.add_argument("--latency", type=float, default=4.0, help="per-file latency through latencyfs, ms")
     p.add_argument("--depths", default="1,4,16,64,256")
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians are reported")
     a = p.parse_args()
     depths = [int(x) for x in a.depths.split(",")]
     exe = build()
-    root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.images)
+    root = photos_for(a, a.images, os.path.join(HERE, "out"))
     paths = image_files(root)[0]
     size = sum(os.path.getsize(x) for x in paths)
     for x in paths:   # warm the page cache for the local case

@@ -21,9 +21,15 @@ Two variants: ``float`` (RandomResizedCrop(224), flip, Normalize, CHW float32) a
 batch), first-batch latency and the peak RSS and PSS of the whole process tree (workers
 included; PSS splits shared pages between the processes mapping them).
 
+Data: by default 1,024 generated JPEGs with ImageNet's statistics (benchmarks/_photos.py:
+several photos of scikit-image and loaderlib, ImageNet's sizes and shapes, quality 75-95, mostly
+4:2:0, a few grayscale and progressive files, sensor-like noise; about 100 KB each); the report
+prints their size, dimension and subsampling statistics. ``--data-kind one-photo`` runs on the
+data of the figures before round 4 (clean crops of one photo, about 45 KB).
+
 Usage::
 
-    python benchmarks/loader.py                      # generates photo-like JPEGs once
+    python benchmarks/loader.py                      # generates the photos once
     python benchmarks/loader.py --data /path/to/imagefolder --images 4096 --repeat 5
 """
 
@@ -38,6 +44,7 @@ import threading
 import time
 
 import numpy as np
+from _photos import DEFAULT_KIND, add_data_kind, make_photos, photos_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MEAN = (0.485, 0.456, 0.406)
@@ -48,38 +55,10 @@ BATCH = 64
 # --------------------------------------------------------------------------- data
 
 
-def make_dataset(root: str, n: int, classes: int = 8) -> str:
-    """Photo-like JPEGs of ImageNet's typical size (about 500x375, quality 90, 4:2:0)."""
-    import cv2
-
-    from loaderlib._sample import sample_photo_bgr as base_photo
-
-    marker = os.path.join(root, f".complete-{n}")
-    if os.path.exists(marker):
-        return root
-    photo = base_photo()
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        os.makedirs(os.path.join(root, f"n{c:08d}"), exist_ok=True)
-    for i in range(n):
-        # Random crop, scale, flip and colour shift of the photo: varied content and sizes.
-        h, w = int(rng.integers(250, 512)), int(rng.integers(250, 600))
-        y, x = int(rng.integers(0, 513 - h)), int(rng.integers(0, 601 - w))
-        img = photo[y:y + h, x:x + w]
-        tw = int(rng.integers(400, 520))
-        th = round(tw * rng.uniform(0.66, 0.8)) if rng.random() < 0.8 else round(tw * rng.uniform(1.2, 1.4))
-        img = cv2.resize(img, (tw, th), interpolation=cv2.INTER_AREA)
-        if rng.random() < 0.5:
-            img = img[:, ::-1]
-        shift = rng.integers(-25, 26, size=3)
-        img = np.clip(img.astype(np.int16) + shift, 0, 255).astype(np.uint8)
-        ok, buf = cv2.imencode(".JPEG", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
-        if not ok:
-            raise RuntimeError("cv2.imencode failed")
-        with open(os.path.join(root, f"n{i % classes:08d}", f"img_{i:06d}.JPEG"), "wb") as f:
-            f.write(buf.tobytes())
-    open(marker, "w").close()
-    return root
+def make_dataset(root: str, n: int, classes: int = 8, kind: str = DEFAULT_KIND) -> str:
+    """``n`` generated JPEGs of ``kind`` under ``root`` (benchmarks/_photos.py: ImageNet-like by
+    default, ``"one-photo"`` for the data of the benchmarks before round 4)."""
+    return make_photos(root, n, kind, classes)
 
 
 def image_files(root: str) -> tuple[list[str], list[int]]:
@@ -386,8 +365,9 @@ def measure(args: list[str], python: str | None = None) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="an ImageFolder (default: generate photo-like JPEGs)")
+    p.add_argument("--data", help="an ImageFolder (default: generate photos, see --data-kind)")
     p.add_argument("--make", type=int, default=1024, help="images to generate when --data is not given")
+    add_data_kind(p)
     p.add_argument("--images", type=int, default=2048,
                    help="images consumed per measurement, after the first batch (long enough that the batches a "
                         "pipeline prefetched while the first one was made do not inflate its rate)")
@@ -423,7 +403,7 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    root = a.data or make_dataset(os.path.join(HERE, "out", "photos"), a.make)
+    root = photos_for(a, a.make, os.path.join(HERE, "out"))
     n_files = len(image_files(root)[0])
     try:
         import torch  # noqa: F401

@@ -34,8 +34,8 @@ import os
 import time
 
 import numpy as np
+from _photos import add_data_kind, photos_for
 from _report import machine_summary, med, median_rate
-from loader import make_dataset
 
 import loaderlib as ll
 from loaderlib import transforms as T
@@ -198,13 +198,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=None, help="an image folder (default: generated under benchmarks/.data)")
     ap.add_argument("--images", type=int, default=1024)
+    add_data_kind(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--only", default="abc", help="which parts to run, e.g. 'b'")
     ap.add_argument("--peers", default=None, metavar="PYTHON", help="an interpreter with TensorFlow: adds tf.data to (a)")
     args = ap.parse_args()
-    root = args.data or make_dataset(os.path.join(HERE, ".data", f"imagefolder-{args.images}"), args.images)
     print(machine_summary())
+    root = photos_for(args, args.images, os.path.join(HERE, "out"))
     if "a" in args.only:
         part_a(root, args.rounds, args.peers)
     if "b" in args.only:

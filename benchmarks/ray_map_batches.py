@@ -43,6 +43,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _photos import add_data_kind
 from _report import machine_summary, med
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,16 +53,13 @@ STD = np.array((0.229, 0.224, 0.225), np.float32)
 SIZE = 224
 
 
-def make_blobs(n: int) -> list[bytes]:
-    """Photo-like JPEGs of about 500x375 (quality 90, 4:2:0), like ImageNet's average."""
-    from _synth import encode_jpeg, photo_like
+def make_blobs(n: int, kind: str = "imagenet-like") -> list[bytes]:
+    """``n`` generated JPEGs with ImageNet's statistics (benchmarks/_photos.py; its statistics
+    are printed)."""
+    from _photos import describe, jpegs
 
-    rng = np.random.default_rng(0)
-    out = []
-    for i in range(n):
-        w = int(rng.integers(400, 520))
-        h = round(w * rng.uniform(0.66, 0.8))
-        out.append(encode_jpeg(photo_like(w, h, seed=i), quality=90))
+    out = jpegs(n, kind)
+    print(describe(out, kind), flush=True)
     return out
 
 
@@ -182,6 +180,7 @@ class TorchvisionFn:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=1024)
+    add_data_kind(ap)
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=256)
@@ -196,7 +195,7 @@ def main() -> None:
     from loaderlib import transforms as T
     from loaderlib.integrations.ray import map_batches_fn
 
-    blobs = make_blobs(args.images)
+    blobs = make_blobs(args.images, args.data_kind)
     ray.init(num_cpus=args.cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -25,13 +25,15 @@ import tempfile
 import time
 
 import _servers
+from _photos import add_data_kind, describe
+from _photos import jpegs as make_jpegs
 from _report import machine_summary
-from _synth import encode_jpeg, photo_like
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=512)
+    add_data_kind(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
@@ -45,7 +47,8 @@ def main() -> None:
     from loaderlib import transforms as T
 
     root = tempfile.mkdtemp(prefix="ll-remote-bench-")
-    jpegs = [encode_jpeg(photo_like(500, 375, seed=i), 90, "420") for i in range(args.images)]
+    jpegs = make_jpegs(args.images, args.data_kind)
+    print(describe(jpegs, args.data_kind), flush=True)
     labels = [i % 10 for i in range(args.images)]
     os.makedirs(os.path.join(root, "img"))
     for i, data in enumerate(jpegs):

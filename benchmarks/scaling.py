@@ -38,6 +38,8 @@ import statistics
 import subprocess
 import sys
 
+from _photos import add_data_kind, photos_for
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -180,6 +182,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder (default: benchmarks/loader.py's generated photos)")
     p.add_argument("--make", type=int, default=1024, help="images to generate when --data is not given")
+    add_data_kind(p)
     p.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1..cores, doubling)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
@@ -210,7 +213,6 @@ def main() -> None:
         return
 
     from _report import machine_summary
-    from loader import make_dataset
 
     from loaderlib import available_cpus
 
@@ -223,9 +225,8 @@ def main() -> None:
             counts.append(n)
             n *= 2
         counts.append(cores)
-    root = a.data or make_dataset(os.path.join(HERE, "out", "photos" if a.make == 1024 else f"photos-{a.make}"),
-                                  a.make)
     print(machine_summary())
+    root = photos_for(a, a.make, os.path.join(HERE, "out"))
     print(f"Thread scaling: RN50 train chain ({a.variant}), batch 64, native engine, {root}; {a.epochs} epochs "
           f"after a warm-up epoch, per process; {a.repeat} interleaved rounds, median. Cores available: {cores}"
           + ("; each run pinned to as many cores as threads (--pin)." if a.pin else

@@ -112,7 +112,7 @@ MODES = {
                                            "--repeat", "1", "--epochs", "1", "--torch-workers", "2", "--shards", "2",
                                            "--io-conc", "8"], None),
 }
-HELPERS = {"_latencyfs.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "smoke.py"}
+HELPERS = {"_latencyfs.py", "_photos.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "smoke.py"}
 
 
 def make_folder(root: str, n: int = 192) -> None:

@@ -68,7 +68,8 @@ import sys
 import time
 
 from _epochs import evict, timed_epochs
-from loader import BATCH, _torch_dataset, image_files, make_dataset, rn50_chain, tf_train_image
+from _photos import add_data_kind, photos_for
+from loader import BATCH, _torch_dataset, image_files, rn50_chain, tf_train_image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -292,6 +293,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="an ImageFolder of JPEGs (default: generated photo-like JPEGs)")
     p.add_argument("--images", type=int, default=1024, help="photos to generate when --data is not given")
+    add_data_kind(p)
     p.add_argument("--latencies", default="0,1,4,16", help="per-file latencies through latencyfs, ms")
     p.add_argument("--jitter", type=float, default=0.5, help="each latency is L x uniform[1 - J, 1 + J]")
     p.add_argument("--epochs", type=int, default=1, help="timed epochs per measurement, after one warm-up epoch")
@@ -301,6 +303,7 @@ def main() -> None:
     p.add_argument("--peers", default=os.path.join(os.path.dirname(HERE), ".venv-peers", "bin", "python"),
                    help="an interpreter with tensorflow (make bench-peers builds .venv-peers)")
     p.add_argument("--no-cold", action="store_true", help="leave out the cold local disk row")
+    p.add_argument("--no-autotune", action="store_true", help="leave out the loaderlib AUTOTUNE column")
     p.add_argument("--quick", action="store_true",
                    help="a short run: 512 photos, 0 and 4 ms, PyTorch with 16 workers, io_depth 64, one round")
     p.add_argument("--storage-cpus", metavar="CPUS",
@@ -348,14 +351,14 @@ def main() -> None:
     if a.remote:
         import _remote_bench
 
-        root = a.data or make_dataset(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
+        root = photos_for(a, a.images, os.path.join(HERE, "out"))
         _remote_bench.main(a, root, measure_remote, summary, split)
         return
 
     import io_mechanism
     from _latencyfs import mount
 
-    root = a.data or make_dataset(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
+    root = photos_for(a, a.images, os.path.join(HERE, "out"))
     paths = image_files(root)[0]
     n = len(paths)
     latencies = [float(x) for x in a.latencies.split(",") if x != ""]
@@ -399,11 +402,13 @@ def main() -> None:
         for m in mounts:
             print(m.describe())
 
-        cols = ["loaderlib default", "loaderlib AUTOTUNE"] + [f"io_depth={d}" for d in io_depths]
+        cols = ["loaderlib default"] + ([] if a.no_autotune else ["loaderlib AUTOTUNE"])
+        cols += [f"io_depth={d}" for d in io_depths]
         cols += [f"torch {w}w" for w in workers] if have_torch else []
         cols += ["tf.data"] if have_tf else []
         runs: dict = {}
         reads: dict = {}   # the default's read-ahead stage, last epoch, per round
+        bounds: dict = {}  # per cell and round: the wait for each timed epoch's first batch
         t_run = time.perf_counter()
         for r in range(a.repeat):
             for name, where, cold in rows:
@@ -421,6 +426,8 @@ def main() -> None:
                     runs.setdefault((name, c), []).append(res["images_per_s"])
                     if c == "loaderlib default" and "read" in res:
                         reads.setdefault(name, []).append(res["read"])
+                    if "boundary" in res:
+                        bounds.setdefault((name, c), []).append(res["boundary"])
                     print(f"  round {r + 1}: {name} / {c}: {res['images_per_s']:,.0f} img/s", flush=True)
                 where_paths = [os.path.join(where, os.path.relpath(x, root)) for x in paths]
                 runs.setdefault((name, "io ceiling"), []).append(io_ceiling(exe, where_paths, cold))
@@ -432,9 +439,30 @@ def main() -> None:
         print(m.report)
     print_table(runs, rows, cols, f"medians of {a.repeat} round(s)")
     print_read_ahead(runs, rows, reads)
+    print_boundaries(bounds, rows, a.epochs)
     print("\nevery cell, images/s per round: " + "; ".join(
         f"{name} / {c}: " + ", ".join(f"{x:.0f}" for x in runs[name, c]) for name, _w, _c in rows
         for c in [*cols, "io ceiling"]))
+
+
+def print_boundaries(bounds: dict, rows: list, epochs: int) -> None:
+    """The epoch boundary (NOTE [ Batches in memory ]): the share of the timed window the consumer
+    spent waiting for an epoch's first batch, and that wait against the median wait between two
+    batches inside an epoch, for the loaderlib columns."""
+    cells = [(name, c) for name, _w, _c in rows for (n2, c) in bounds if n2 == name and c.startswith("loaderlib")]
+    if not cells:
+        return
+    print(f"\nepoch boundaries ({epochs} timed epochs per run, each timed from iter()): share of the window spent "
+          "waiting for epochs' first batches, and beyond the median wait between two batches mid-epoch (the "
+          "boundary's own cost); median wait for a first batch / median interval between batches mid-epoch "
+          "(medians of rounds)")
+    for name, c in cells:
+        b = bounds[name, c]
+        print(f"  {name} / {c}: {100 * statistics.median(x['share'] for x in b):.1f}% of the window, "
+              f"{100 * statistics.median(x['excess'] for x in b):.1f}% beyond mid-epoch waits, "
+              f"first batch {statistics.median(x['start_ms'] for x in b):.1f} ms vs "
+              f"{statistics.median(x['gap_ms'] for x in b):.1f} ms between batches "
+              f"({b[0]['starts']} epoch starts per run)")
 
 
 def print_read_ahead(runs: dict, rows: list, reads: dict) -> None:
@@ -452,12 +480,12 @@ def print_read_ahead(runs: dict, rows: list, reads: dict) -> None:
                       f"p50 {statistics.median(x['latency_p50_ms'] for x in r):.2f} ms, "
                       f"waiting {100 * statistics.median(x['waiting'] for x in r):.1f}%")
     if ("latencyfs 0 ms", "loaderlib default") in med:
-        fs0 = max(med["latencyfs 0 ms", c] for c in ("loaderlib default", "loaderlib AUTOTUNE"))
+        fs0 = max(med.get(("latencyfs 0 ms", c), 0.0) for c in ("loaderlib default", "loaderlib AUTOTUNE"))
         print(f"\nagainst the same filesystem at 0 ms per file (its CPU ceiling on these cores, {fs0:,.0f} img/s):")
         for name, _w, _c in rows:
             if name.startswith("latencyfs") and name != "latencyfs 0 ms":
                 print(f"  {name}: default {med[name, 'loaderlib default'] / fs0:.2f}x, "
-                      f"AUTOTUNE {med[name, 'loaderlib AUTOTUNE'] / fs0:.2f}x")
+                      f"AUTOTUNE {med.get((name, 'loaderlib AUTOTUNE'), float('nan')) / fs0:.2f}x")
 
 
 def print_table(runs: dict, rows: list, cols: list[str], title: str) -> None:
@@ -485,7 +513,8 @@ def print_table(runs: dict, rows: list, cols: list[str], title: str) -> None:
     for name, _where, _cold in rows:
         io = med[name, "io ceiling"]
         ideal = min(cpu_ceiling, io)
-        d, auto = med[name, "loaderlib default"], med[name, "loaderlib AUTOTUNE"]
+        d = med[name, "loaderlib default"]
+        auto = med.get((name, "loaderlib AUTOTUNE"), float("nan"))
         cells = [name, f"{d:,.0f}", f"{auto:,.0f}"]
         if has["io_depth="]:
             dep, c = best(name, "io_depth=")
