@@ -1,10 +1,10 @@
 """Packs at a capped resolution: what ``pack --max-side N --quality Q`` (and ``--raw-below``)
 buys in loader throughput, and what it costs in bytes, packing time and image quality.
 
-Data: ``make_data`` (one call, so the generator is easy to switch): photo-like JPEGs of
-ImageNet's typical size from ``benchmarks/loader.py``'s ``make_dataset`` (about 500x375, quality
-90, 4:2:0; crops, resizes, flips and colour shifts of loaderlib's sample photo), the data the
-other loader benchmarks run on. Its statistics are printed.
+Data: the generated photos of the other loader benchmarks (``benchmarks/_photos.py``):
+ImageNet-like sizes, qualities, subsamplings and sensor noise by default, or ``--data-kind
+one-photo``, the clean crops of loaderlib's sample photo the benchmarks used before; or a folder
+of your own with ``--data``. Its statistics are printed.
 
 Per variant: the unpacked folder (``ImageFolderDataset``, the baseline), the same images as
 records without a cap (``pack`` with no options: the file bytes), and packs at max-side 256 /
@@ -53,15 +53,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from _photos import add_data_kind, photos_for  # noqa: E402  (benchmarks/ on the path first)
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SIZES = (224, 160)
-
-
-def make_data(root: str, n: int) -> str:
-    """The benchmark's photos: the one place to switch generators."""
-    from loader import make_dataset
-
-    return make_dataset(root, n)
 
 
 def data_stats(root: str) -> str:
@@ -130,13 +125,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
+    add_data_kind(p)
     a = p.parse_args()
 
     from _report import machine_summary
 
     import loaderlib as ll
 
-    root = a.data or make_data(os.path.join(HERE, "out", f"photos-{a.images}"), a.images)
+    root = photos_for(a, a.images, os.path.join(HERE, "out"))
     print(machine_summary())
     print("data:", data_stats(root))
     print(f"loader: RN50 float train chain (RandomResizedCrop(S), flip, Normalize, ToCHW), batch 64, "
