@@ -444,8 +444,8 @@ def main() -> int:
         return 1
     print(f"topology: {report['topology']['physical_cores']} physical cores x {report['topology']['threads_per_core']} "
           f"threads; torch {report['topology']['torch']}; jax {report['topology']['jax']}", flush=True)
-    steps = [("cuda_tests", lambda: cuda_tests(report, a.dry_run, left(0.3))),
-             ("device", lambda: device_bench(report, a.dry_run, left(0.3))),
+    steps = [("cuda_tests", lambda: cuda_tests(report, a.dry_run, left(0.4))),
+             ("device", lambda: device_bench(report, a.dry_run, left(0.35))),
              ("scaling_physical", lambda: scaling(report, "physical", a.dry_run, left(0.6), a.variant)),
              ("scaling_siblings", lambda: scaling(report, "siblings", a.dry_run, left(0.95), a.variant))]
     for name, fn in steps:
