@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast typecheck bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-storage-split peers-tf bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
+.PHONY: all install build test test-fast typecheck device-check bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-storage-split peers-tf bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
 
@@ -109,6 +109,19 @@ check-torchvision: build $(TV_VENV)/.ready
 # About 3 minutes on 2 shared cores, so it is neither in `make test` nor in .ci/run.
 bench-smoke: build $(TESTS)
 	$(BIN)/python benchmarks/smoke.py
+
+# One short check on a machine lent with a GPU and many cores (benchmarks/device_check.py, under
+# 8 minutes): builds the extensions in place with that machine's own Python (no venv: such a
+# machine has no network; libjpeg-turbo from the wheels in $(DEVICE_WHEELS) when there are any),
+# records the topology, runs the accelerator tests on real CUDA, benchmarks/device.py and
+# benchmarks/scaling.py pinned per physical core and per hardware thread; one JSON and one
+# markdown table under $(OUT) (docs/measurements.md, "Checking on a GPU machine"). Parts that
+# cannot run are named with the reason; `make test` runs its --dry-run.
+DEVICE_PYTHON ?= python3
+DEVICE_WHEELS ?= .whl
+device-check:
+	PYTHONUNBUFFERED=1 $(DEVICE_PYTHON) benchmarks/device_check.py --build \
+	  $$([ -d $(DEVICE_WHEELS) ] && echo --wheels $(DEVICE_WHEELS)) $(if $(OUT),--out $(OUT),)
 
 # The docs site (mkdocs.yml) into site/: warnings are errors (--strict), every link between pages
 # and every anchor is checked (htmlproofer, offline), the notebooks are executed while it builds.

@@ -27,6 +27,11 @@ Usage::
     python benchmarks/scaling.py --model 16,32,64      # plus the schedule model
     python benchmarks/scaling.py --item-times          # plus how much busy cores slow an image
     python benchmarks/scaling.py --pin --prefetch default,2   # the batch cap against a fixed queue of 2
+    python benchmarks/scaling.py --pin --cpus 0,2,4,6,1,3,5,7 --json out.json   # n threads on the first n CPUs listed
+
+``--cpus`` orders the CPUs the pinned runs take (default: the process's affinity, lowest first);
+``benchmarks/device_check.py`` passes one hardware thread per physical core first, then whole
+cores (benchmarks/_topology.py).
 """
 
 from __future__ import annotations
@@ -43,11 +48,11 @@ from _photos import add_data_kind, photos_for
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(root: str, threads: int, epochs: int, variant: str, pin: bool = False, prefetch: str = "default") -> None:
+def child(root: str, threads: int, epochs: int, variant: str, pin: str = "", prefetch: str = "default") -> None:
     import time
 
-    if pin:   # n threads on n cores: the driver and the consumer share them too
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
+    if pin:   # n threads on the n CPUs given: the driver and the consumer share them too
+        os.sched_setaffinity(0, [int(c) for c in pin.split(",")])
     from loader import rn50_chain
 
     import loaderlib as ll
@@ -197,6 +202,9 @@ def main() -> None:
     p.add_argument("--prefetch", default="default",
                    help="comma-separated prefetch settings to compare, interleaved: 'default' (the native engine's "
                         "batch cap, NOTE [ Batches in memory ]) and/or fixed queue depths (e.g. default,2)")
+    p.add_argument("--cpus", default=None,
+                   help="with --pin: the CPUs in the order the runs take them (n threads run on the first n)")
+    p.add_argument("--json", default=None, help="also write the rates per setting and round here")
     p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--model-child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -209,7 +217,7 @@ def main() -> None:
         return
     if a.child:
         root, threads, epochs, variant, pin, prefetch = a.child
-        child(root, int(threads), int(epochs), variant, pin == "1", prefetch)
+        child(root, int(threads), int(epochs), variant, "" if pin == "-" else pin, prefetch)
         return
 
     from _report import machine_summary
@@ -231,6 +239,11 @@ def main() -> None:
           f"after a warm-up epoch, per process; {a.repeat} interleaved rounds, median. Cores available: {cores}"
           + ("; each run pinned to as many cores as threads (--pin)." if a.pin else
              "; every run may use them all (at n threads the Python driver and consumer use the spare cores)."))
+    order = [int(c) for c in a.cpus.split(",")] if a.cpus else sorted(os.sched_getaffinity(0))
+    if a.pin and max(counts) > len(order):
+        p.error(f"--pin: {max(counts)} threads need {max(counts)} CPUs, {len(order)} given")
+    if a.pin and a.cpus:
+        print(f"CPUs taken in this order: {','.join(map(str, order))}")
     settings = a.prefetch.split(",")
     rates: dict = {(n, pf): [] for n in counts for pf in settings}
     slots: dict = {(n, pf): 0 for n in counts for pf in settings}
@@ -238,7 +251,8 @@ def main() -> None:
         for n in counts:
             for pf in settings:
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", root, str(n),
-                                      str(a.epochs), a.variant, "1" if a.pin else "0", pf],
+                                      str(a.epochs), a.variant,
+                                      ",".join(map(str, order[:n])) if a.pin else "-", pf],
                                      capture_output=True, text=True, check=True).stdout
                 res = json.loads(out.strip().splitlines()[-1])
                 rates[n, pf].append(res["rate"])
@@ -262,6 +276,13 @@ def main() -> None:
                 for n in counts))
     print(f"efficiency = rate(n) / (n x rate({counts[0]}) / {counts[0]}); load average at the end: "
           f"{os.getloadavg()[0]:.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"variant": a.variant, "pin": a.pin, "cpus": order if a.pin else None, "epochs": a.epochs,
+                       "repeat": a.repeat, "root": root,
+                       "rates": {pf: {str(n): rates[n, pf] for n in counts} for pf in settings},
+                       "median": {pf: {str(n): statistics.median(rates[n, pf]) for n in counts} for pf in settings},
+                       "slots": {pf: {str(n): slots[n, pf] for n in counts} for pf in settings}}, f, indent=1)
     if a.item_times:
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--items-child", root, a.variant,
                               ",".join(map(str, counts)), str(a.repeat)], capture_output=True, text=True,

@@ -83,6 +83,7 @@ RUNS: dict[str, tuple[list[str], object]] = {
     "cpu_split.py": (["--data", DATA, "--images", "64", "--threads", "1"], _needs_perf),
     "decode.py": (["--images", "6", "--rounds", "1"], None),
     "device.py": (["--batch", "8", "--size", "32", "--batches", "2", "--repeat", "1"], None),
+    "device_check.py": (["--dry-run", "--out", os.path.join(HERE, "out", "device-check-smoke")], None),
     "distributed.py": (["--images", "32", "--batch-size", "8", "--epochs", "1", "--size", "32", "--data", DATA + "-dist"],
                        _needs_torchrun),
     "epochs.py": (["--data", DATA, "--rounds", "1", "--threads", "1"], None),
@@ -99,6 +100,8 @@ RUNS: dict[str, tuple[list[str], object]] = {
                             _needs("s3fs", "fsspec and s3fs (pip install s3fs)")),
     "scaling.py": (["--data", DATA, "--threads", "1", "--epochs", "1", "--repeat", "1"], None),
     "screenshot_notebooks.py": (["notebooks/01_quickstart.ipynb"], _needs_chromium),
+    "serial.py": (["--data", DATA, "--mode", "cpu", "--batches", "16", "--variants", "uint8", "--small", "1",
+                   "--large", "2", "--epochs", "1"], None),
     "shards.py": (["--data", DATA, "--rounds", "1", "--threads", "1"], None),
     "storage.py": (["--data", DATA, "--latencies", "1", "--repeat", "1", "--epochs", "1", "--torch-workers", "2",
                     "--io-depths", "4", "--no-cold"], None),
@@ -112,7 +115,8 @@ MODES = {
                                            "--repeat", "1", "--epochs", "1", "--torch-workers", "2", "--shards", "2",
                                            "--io-conc", "8"], None),
 }
-HELPERS = {"_latencyfs.py", "_photos.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "smoke.py"}
+HELPERS = {"_latencyfs.py", "_photos.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "_topology.py",
+           "smoke.py"}
 
 
 def make_folder(root: str, n: int = 192) -> None:

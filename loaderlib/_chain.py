@@ -38,7 +38,7 @@ from .decoding import decode as _decode_image
 from .decoding import mode_code, status_message, status_tables, strict_level
 from .errors import DecodeError
 
-__all__ = ["BatchStatus", "NativePlan", "PendingBatch", "compile_chain"]
+__all__ = ["BatchStatus", "FileNames", "NativePlan", "PendingBatch", "compile_chain"]
 
 _GEOMETRY = (T.RandomResizedCrop, T.Resize, T.CenterCrop, T.RandomHorizontalFlip)
 _POINTWISE = (T.Normalize, T.Cast)
@@ -101,6 +101,29 @@ class BatchStatus:
     def ok(self) -> np.ndarray:
         """Boolean mask of the items that were written."""
         return self.status >= 0
+
+
+class FileNames(Sequence):
+    """A batch's file paths as the ``str`` names messages use, each made when it is asked for
+    (an item failed): a batch that loads makes none (NOTE [ Paths per batch ] in
+    _extract/source.py)."""
+
+    __slots__ = ("_paths",)
+
+    def __init__(self, paths: Sequence[Any]) -> None:
+        self._paths = paths
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [os.fsdecode(os.fspath(p)) for p in self._paths[i]]
+        return os.fsdecode(os.fspath(self._paths[i]))
+
+    def path(self, i: int) -> Any:
+        """Path ``i`` as given (``str``, bytes or path-like), for opening the file."""
+        return os.fspath(self._paths[i])
 
 
 def _describe_interp(t: Any) -> str:
@@ -204,10 +227,21 @@ class NativePlan:
         their bytes arrive (NOTE [ Read-ahead ] in include/ll_readahead.h); the output is the
         same."""
         names = [os.fspath(p) for p in paths]
-        enc = [os.fsencode(p) for p in names]
-        return self._run(_chain.SOURCE_FILES, enc, -1, None, out, indices, seed, epoch, num_threads, timings,
-                         [os.fsdecode(p) for p in names], lambda i: _read_file(names[i]), wait=wait,
-                         positions=positions, reader=reader)
+        return self.run_encoded_files_into([os.fsencode(p) for p in names], names, out, indices, seed=seed,
+                                           epoch=epoch, num_threads=num_threads, timings=timings, wait=wait,
+                                           positions=positions, reader=reader)
+
+    def run_encoded_files_into(self, encoded: list[bytes], paths: Sequence[Any], out: np.ndarray, indices: Any, *,
+                               seed: int, epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
+                               wait: bool = True, positions: np.ndarray | None = None,
+                               reader: Any = None) -> BatchStatus | PendingBatch:
+        """:meth:`run_files_into` with the file names already encoded (``os.fsencode`` of each
+        of ``paths``, as the native engine's driver makes them for a whole batch at once: NOTE
+        [ Paths per batch ] in _extract/source.py). ``paths`` name the files in messages; a
+        name is made from them only when its item fails."""
+        names = FileNames(paths)
+        return self._run(_chain.SOURCE_FILES, encoded, -1, None, out, indices, seed, epoch, num_threads, timings,
+                         names, lambda i: _read_file(names.path(i)), wait=wait, positions=positions, reader=reader)
 
     def run_records_into(self, fd: Any, offsets: Any, sizes: Any, out: np.ndarray, indices: Any, *, seed: int,
                          epoch: int, num_threads: int | None, timings: np.ndarray | None = None,

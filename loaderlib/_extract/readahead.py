@@ -80,7 +80,6 @@ grow to fit (NOTE [ Scratch grows to fit ] in ``pyx/include/ll_common.h``).
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from typing import Any
@@ -89,7 +88,7 @@ import numpy as np
 
 from .._ext import _chain
 from . import closing
-from .source import NativeSource, SourceKind
+from .source import NativeSource, SourceKind, encode_paths
 
 __all__ = ["DEFAULT_BYTES", "MAX_DEPTH", "ReadAhead", "ReadTally", "choose_depth", "read_ahead_for"]
 
@@ -241,9 +240,9 @@ class ReadAhead:
     def queue(self, positions: np.ndarray, idx: np.ndarray) -> int:
         """Queue reads of the samples ``idx`` (stream indices) at ``positions`` (increasing,
         above every position queued or attached before); returns how many were taken."""
-        if self.src.kind is SourceKind.FILES:
-            paths = self.src.paths
-            took = self.native.queue_files(positions, [os.fsencode(paths[i]) for i in self.src.data_index(idx).tolist()])
+        if self.src.kind is SourceKind.FILES:   # NOTE [ Paths per batch ] in source.py
+            enc, _ = encode_paths(self.src.paths or (), self.src.data_index(idx).tolist())
+            took = self.native.queue_files(positions, enc)
         else:
             fds, offs, sizes = self.src.ranges(idx)
             if sizes.size:

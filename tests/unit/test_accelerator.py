@@ -2,7 +2,9 @@
 
 This machine has no GPU: the CUDA copy path is exercised through an injected copy backend
 whose completion the test controls (the same interface as the CUDA one), the pinned
-allocator with a simulated torch.cuda, and the CPU device paths for real.
+allocator with a simulated torch.cuda, and the CPU device paths for real. With
+``LOADERLIB_REAL_CUDA=1`` on a machine with a GPU (tests/unit/_cuda.py) the simulation is off
+and the tests marked so run the CUDA paths for real.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from loaderlib import transforms as T
 from loaderlib._device import DeviceLoader, _Copy
 from loaderlib._tree import tree_map
 from tests.kernels._loader_images import make_image_folder
+from tests.unit._cuda import real_cuda
 
 torch = pytest.importorskip("torch")
 
@@ -117,21 +120,32 @@ def test_output_validated():
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """torch.cuda as on a 1-GPU machine; pinned allocations and device contexts recorded."""
-    calls = {"pinned": [], "device": []}
+    """torch.cuda as on a 1-GPU machine; pinned allocations and device contexts recorded.
+
+    On real CUDA (``LOADERLIB_REAL_CUDA=1``) nothing is simulated: the real ``torch.empty``
+    (pinned for real) and ``torch.cuda.device`` are only recorded on their way through."""
+    calls = {"pinned": [], "device": [], "real": real_cuda(torch)}
     real_empty = torch.empty
+    real_device = torch.cuda.device
 
     def fake_empty(*args, pin_memory=False, **kwargs):
         calls["pinned"].append(pin_memory)
+        if calls["real"]:
+            return real_empty(*args, pin_memory=pin_memory, **kwargs)
         return real_empty(*args, **kwargs)
 
     @contextlib.contextmanager
     def fake_device(dev):
         calls["device"].append(dev.index)
-        yield
+        if calls["real"]:
+            with real_device(dev):
+                yield
+        else:
+            yield
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    if not calls["real"]:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "device", fake_device)
     monkeypatch.setattr(torch, "empty", fake_empty)
     return calls
@@ -144,6 +158,8 @@ def test_pin_memory_device_is_honoured(fake_cuda):
     slots = loader._arena_ring.stats["allocations"]
     assert fake_cuda["pinned"] and all(fake_cuda["pinned"]) and len(fake_cuda["pinned"]) == slots
     assert fake_cuda["device"] == [0] * slots          # every slot allocated with cuda:0 current
+    if fake_cuda["real"]:   # the batches the user gets lie in page-locked memory
+        assert all(torch.from_numpy(x).is_pinned() for x, _ in loader)
     for _ in range(3):
         list(loader)
     assert len(fake_cuda["pinned"]) <= slots + 2         # once per slot, never per batch
@@ -152,7 +168,7 @@ def test_pin_memory_device_is_honoured(fake_cuda):
 def test_pin_memory_device_rejected(fake_cuda):
     with pytest.raises(ValueError, match="CUDA devices only"):
         ll.DataLoader(_arrays(), batch_size=4, pin_memory=True, pin_memory_device="cpu")
-    with pytest.raises(ValueError, match="this machine has 1 CUDA device"):
+    with pytest.raises(ValueError, match=rf"this machine has {torch.cuda.device_count()} CUDA device"):
         ll.DataLoader(_arrays(), batch_size=4, pin_memory=True, pin_memory_device="cuda:3")
     with pytest.raises(ValueError, match="is not a device"):
         ll.DataLoader(_arrays(), batch_size=4, pin_memory=True, pin_memory_device="gpu#1")
@@ -320,3 +336,58 @@ def test_to_device_jax_cpu(tmp_path):
     sharding = jax.sharding.SingleDeviceSharding(cpu)
     x, _ = next(iter(ll.to_device(loader("float32"), sharding)))
     assert x.dtype == jnp.float32 and x.sharding == sharding
+
+
+# -- real CUDA (LOADERLIB_REAL_CUDA=1 on a machine with a GPU; skipped elsewhere) --------------
+
+@pytest.fixture
+def gpu():
+    if not real_cuda(torch):
+        pytest.skip("needs a GPU: run with LOADERLIB_REAL_CUDA=1 there (make device-check)")
+    return torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("pin", [False, True], ids=["pageable", "pinned"])
+def test_to_device_cuda_same_batches_and_every_slot_back(gpu, pin):
+    ref = [(x.copy(), y.copy()) for x, y in ll.DataLoader(_arrays(), batch_size=6, shuffle=True, seed=7)]
+    loader = ll.DataLoader(_arrays(), batch_size=6, shuffle=True, seed=7, num_threads=2, pin_memory=pin)
+    dev = ll.to_device(loader, gpu, prefetch=2)
+    it = iter(dev)
+    kept = []
+    for x, y in it:
+        assert x.device == gpu and y.device == gpu and x.dtype == torch.float32 and y.dtype == torch.int64
+        kept.append((x, y))
+    torch.cuda.synchronize()
+    assert _leased(loader) == 0            # every copy done: every host slot back, batches still held
+    assert len(kept) == len(ref)
+    for (x, y), (rx, ry) in zip(kept, ref):
+        np.testing.assert_array_equal(x.cpu().numpy(), rx)
+        np.testing.assert_array_equal(y.cpu().numpy(), ry)
+
+
+def test_to_device_cuda_copy_overlaps_a_busy_stream(gpu):
+    # The model's stream is busy; the next batch's copy runs on the side stream meanwhile,
+    # and the batch the user gets is correct on the model's stream (it waits for the copy's event).
+    loader = ll.DataLoader(_arrays(), batch_size=5, num_threads=0, pin_memory=True)
+    a = torch.randn(2048, 2048, device=gpu)
+    got = []
+    for x, y in ll.to_device(loader, gpu, prefetch=1):
+        for _ in range(4):
+            a = torch.tanh(a @ a)        # queued work on the current stream
+        got.append((x * 1).cpu().numpy())
+    np.testing.assert_array_equal(np.concatenate(got), np.arange(N * 6, dtype=np.float32).reshape(N, 2, 3))
+
+
+def test_to_device_jax_gpu(gpu):
+    jax = pytest.importorskip("jax")
+    try:
+        target = jax.devices("gpu")[0]
+    except RuntimeError as e:
+        pytest.skip(f"JAX sees no GPU ({e})")
+    loader = ll.DataLoader(_arrays(), batch_size=6, shuffle=True, seed=8, num_threads=2)
+    ref = [(x.copy(), y.copy()) for x, y in ll.DataLoader(_arrays(), batch_size=6, shuffle=True, seed=8)]
+    got = [(np.asarray(x), np.asarray(y)) for x, y in ll.to_device(loader, target)]
+    assert _leased(loader) == 0
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)

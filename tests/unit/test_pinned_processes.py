@@ -5,7 +5,10 @@ answers ``cudaHostRegister`` / ``cudaHostUnregister`` as CUDA does (already regi
 registered) and records each call with the device current at the time and what
 ``/proc/self/maps`` shows at the address then: the kernel's view of the mapping, independent
 of the engine's own bookkeeping. The engine's code runs for real (workers, shared memory, slot
-growth, a killed worker); only the two CUDA calls are simulated.
+growth, a killed worker); only the two CUDA calls are simulated. With ``LOADERLIB_REAL_CUDA=1``
+on a machine with a GPU (tests/unit/_cuda.py) nothing is simulated: the calls go to the real
+runtime and are recorded on their way through, and a batch counts as pinned only if CUDA says
+so too (``Tensor.is_pinned``); the one refusal a test injects is still injected.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest
 import loaderlib as ll
 from loaderlib._engines.processes import shm_prefix
 from loaderlib.datasets import ArrayDataset
+from tests.unit._cuda import real_cuda
 
 torch = pytest.importorskip("torch")
 
@@ -50,41 +54,74 @@ def _is_slot(mapping):
 
 
 class FakeCudart:
-    """The CUDA runtime's host-registration calls (their names are CUDA's), recording each."""
+    """The CUDA runtime's host-registration calls (their names are CUDA's), recording each.
 
-    def __init__(self, fail_at=None):
+    ``real``: the real runtime (``torch.cuda.cudart()``) answers each call, and the current
+    device is CUDA's own."""
+
+    def __init__(self, fail_at=None, real=None):
         self.current = 0            # the current device (torch.cuda.device sets it)
         self.live = {}              # address -> size, registered now
         self.registers = []         # (address, size, flags, device, mapping at the call)
         self.unregisters = []       # (address, device, mapping at the call)
         self.fail_at = fail_at      # the n-th registration (1-based) fails as out of memory
+        self.real = real
+
+    def _device(self):
+        return torch.cuda.current_device() if self.real is not None else self.current
 
     def cudaHostRegister(self, address, size, flags):
         if self.fail_at is not None and len(self.registers) + 1 == self.fail_at:
             self.fail_at = None
             return MEMORY_ALLOCATION
-        if any(a < address + size and address < a + n for a, n in self.live.items()):
+        if self.real is not None:
+            code = int(self.real.cudaHostRegister(address, size, flags))
+            if code:
+                return code
+        elif any(a < address + size and address < a + n for a, n in self.live.items()):
             return ALREADY_REGISTERED
-        self.registers.append((address, size, flags, self.current, _mapping(address)))
+        self.registers.append((address, size, flags, self._device(), _mapping(address)))
         self.live[address] = size
         return 0
 
     def cudaHostUnregister(self, address):
-        if address not in self.live:
+        if self.real is not None:
+            code = int(self.real.cudaHostUnregister(address))
+            if code:
+                return code
+        elif address not in self.live:
             return NOT_REGISTERED
         del self.live[address]
-        self.unregisters.append((address, self.current, _mapping(address)))
+        self.unregisters.append((address, self._device(), _mapping(address)))
         return 0
 
+    def __getattr__(self, name):   # the runtime's other calls (error names): the real ones, if any
+        real = self.__dict__.get("real")
+        if real is None:
+            raise AttributeError(name)
+        return getattr(real, name)
+
     def pinned(self, array):
-        """Whether ``array``'s bytes lie inside memory registered now."""
+        """Whether ``array``'s bytes lie inside memory registered now (and, on real CUDA,
+        whether CUDA counts them as page-locked)."""
         lo = array.__array_interface__["data"][0]
-        return any(a <= lo and lo + array.nbytes <= a + n for a, n in self.live.items())
+        ours = any(a <= lo and lo + array.nbytes <= a + n for a, n in self.live.items())
+        return ours and (self.real is None or torch.from_numpy(array).is_pinned())
+
+
+#: The second device when simulated (2 GPUs); on real CUDA the last device there is.
+def _second_device():
+    return min(1, torch.cuda.device_count() - 1) if real_cuda(torch) else 1
 
 
 @pytest.fixture
 def cuda(monkeypatch):
-    """A simulated 2-GPU CUDA: availability, device contexts and the runtime's calls."""
+    """A simulated 2-GPU CUDA: availability, device contexts and the runtime's calls; on real
+    CUDA, the real runtime's calls recorded."""
+    if real_cuda(torch):
+        rt = FakeCudart(real=torch.cuda.cudart())
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: rt)
+        return rt
     rt = FakeCudart()
 
     @contextlib.contextmanager
@@ -183,7 +220,8 @@ def _equal(got, ref):
 def test_every_slot_registered_once_before_use_and_unregistered_before_unmap(cuda):
     ds = _dataset()
     ref = _reference(ds, epochs=3)
-    loader = _loader(ds, pin_memory=True, pin_memory_device="cuda:1")
+    second = _second_device()
+    loader = _loader(ds, pin_memory=True, pin_memory_device=f"cuda:{second}")
     assert loader.engine == "processes"
     got = _consume(loader, cuda, epochs=3)
     _equal(got, ref)
@@ -193,7 +231,7 @@ def test_every_slot_registered_once_before_use_and_unregistered_before_unmap(cud
     assert live == blocks
     loader.close()
     gc.collect()
-    _check_lifecycle(cuda, device=1)
+    _check_lifecycle(cuda, device=second)
 
 
 def test_early_drop_keeps_the_registrations_and_dropping_the_loader_undoes_them(cuda):
@@ -329,7 +367,7 @@ def test_a_refused_registration_raises_and_leaks_nothing(cuda):
     cuda.fail_at = 3
     loader = _loader(_dataset(), pin_memory=True)
     with pytest.raises(ll.LoaderError, match=r"cudaHostRegister of a \d+-byte shared-memory slot failed with CUDA "
-                                             r"error 2; pass pin_memory=False"):
+                                             r"error 2( \([^)]*\))?; pass pin_memory=False"):
         list(loader)
     assert len(cuda.registers) == 2
     loader.close()
