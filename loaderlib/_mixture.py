@@ -76,23 +76,28 @@ def largest_remainder(weights: np.ndarray, size: int) -> np.ndarray:
     return counts
 
 
-def _check_weights(weights: Any, k: int, lengths: list[int]) -> np.ndarray:
+def check_weights(weights: Any, k: int, default: Any = None, *, what: str = "datasets",
+                  one: str = "source") -> np.ndarray:
+    """``weights`` for ``k`` sources (``what``: "datasets" or "pipelines"), normalised; ``default``
+    (uniform when None) stands for None. ValueError naming ``weights`` when they are negative, not
+    finite, all zero or of the wrong length. One check for MixtureDataset and the Pipeline's
+    ``sample_from_datasets``."""
     if weights is None:
-        w = np.asarray(lengths, np.float64)
+        w = np.ones(k) if default is None else np.asarray(default, np.float64)
     else:
         try:
             w = np.asarray(weights, np.float64).reshape(-1)
         except (TypeError, ValueError):
             raise ValueError(f"weights must be {k} numbers, got {weights!r}") from None
         if w.size != k:
-            raise ValueError(f"weights has {w.size} entries for {k} datasets")
+            raise ValueError(f"weights has {w.size} entries for {k} {what}")
         if not np.all(np.isfinite(w)):
             raise ValueError(f"weights must be finite numbers, got {w.tolist()}")
         if np.any(w < 0):
             raise ValueError(f"weights must not be negative, got {w.tolist()}")
     total = float(w.sum())
     if not total > 0:
-        raise ValueError(f"weights are all zero ({w.tolist()}): at least one source must have a positive weight")
+        raise ValueError(f"weights are all zero ({w.tolist()}): at least one {one} must have a positive weight")
     return w / total
 
 
@@ -243,7 +248,7 @@ class MixtureDataset(Dataset):
                 raise ValueError(f"datasets[{k}] ({_short(d)}) is empty: every source needs a sample")
             lengths.append(n)
         self.datasets = dsets
-        self.weights = _check_weights(weights, len(dsets), lengths)
+        self.weights = check_weights(weights, len(dsets), lengths)
         if size is None:
             size = sum(lengths)
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)):

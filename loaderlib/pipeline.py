@@ -46,7 +46,8 @@ import numpy as np
 
 from ._autotune import AUTOTUNE, attach, decisions_of, profiling_seconds, tune_knob
 from ._checks import check_int
-from ._pipeline import mix, ops
+from ._mixture import check_weights
+from ._pipeline import ops
 from ._pipeline.cache import CachedImages, CacheFill, CacheNode, CacheStore
 from ._pipeline.engine import COUNT_KEEPING, _decodes, _Engine, _Head, _Source, _top_head, _warm_caller
 from ._pipeline.options import PipelineOptions
@@ -225,7 +226,7 @@ class Pipeline:
         Resume is exact (NOTE [ Mixing pipelines ] in ``_pipeline/mix.py``).
         """
         parts = _mix_parts(pipelines, "sample_from_datasets")
-        w = mix.check_weights(weights, len(parts))
+        w = check_weights(weights, len(parts), what="pipelines", one="pipeline")
         if seed is not None:
             check_int(seed, "seed")
         what = (f"sample_from_datasets of {len(parts)}, weights {[round(float(x), 6) for x in w]}, seed {seed}, "

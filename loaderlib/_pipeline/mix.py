@@ -20,37 +20,16 @@ output (``stop_on_empty_dataset=True``, the default) or is passed over.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
 from .ops import Context, Node, close, nested_key
 from .plan import PipelineLike
 
-__all__ = ["ChooseFrom", "SampleFrom", "check_weights"]
+__all__ = ["ChooseFrom", "SampleFrom"]
 
 _SAMPLE = 3   # rng key tag (NOTE [ Mixing pipelines ])
 _BLOCK = 256  # uniforms drawn at a time (the sequence does not depend on it)
-
-
-def check_weights(weights: Any, k: int) -> np.ndarray:
-    """``weights`` for ``k`` pipelines, normalised (uniform when None); ValueError naming
-    ``weights`` when negative, not finite, all zero or of the wrong length."""
-    if weights is None:
-        return np.full(k, 1.0 / k)
-    try:
-        w = np.asarray(weights, np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        raise ValueError(f"weights must be {k} numbers, got {weights!r}") from None
-    if w.size != k:
-        raise ValueError(f"weights has {w.size} entries for {k} pipelines")
-    if not np.all(np.isfinite(w)):
-        raise ValueError(f"weights must be finite numbers, got {w.tolist()}")
-    if np.any(w < 0):
-        raise ValueError(f"weights must not be negative, got {w.tolist()}")
-    if not w.sum() > 0:
-        raise ValueError(f"weights are all zero ({w.tolist()}): at least one pipeline must have a positive weight")
-    return w / w.sum()
 
 
 class SampleFrom(Node):
