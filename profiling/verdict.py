@@ -106,7 +106,8 @@ _CHEAPER = {
     "io": "pack the files into one RecordFileDataset (ll.write_records) read with pread, or move the "
           "data to faster storage / the page cache",
     "decode": "decode less: keep RandomResizedCrop/CenterCrop/Resize straight after decoding (crop-region decode: the native "
-              "engine then decodes only the crop, DCT-scaled), store the JPEGs at a smaller size, or add cores",
+              "engine then decodes only the crop, DCT-scaled), store the JPEGs at a smaller size "
+              "(python -m loaderlib pack --max-side 256 --quality 90), or add cores",
     "transform": "make the chain cheaper: crop before resizing, emit uint8 and normalize on the "
                  "accelerator, or drop augmentations that cost more than they give",
     "python": "move the Python step into loaderlib.transforms (it then runs natively, without the GIL) "
