@@ -29,17 +29,7 @@ import tempfile
 import time
 
 from _report import machine_summary, med
-
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-BATCH = 64
-
-
-def _chain():
-    from loaderlib import transforms as T
-
-    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.Normalize(mean=MEAN, std=STD),
-                      T.ToCHW()])
+from loader import BATCH, rn50_chain
 
 
 def _place(src: str, dst: str) -> None:
@@ -88,7 +78,7 @@ def main() -> int:
     root = args.data or str(build_demo_dataset(progress=False))
     with tempfile.TemporaryDirectory(prefix="ll-mixture-") as tmp:
         one, a, b = _folders(root, tmp)
-        chain = _chain()
+        chain = rn50_chain("float")
         loaders = {
             "one folder": ll.DataLoader(ll.ImageFolderDataset(one).transform_first(chain), batch_size=BATCH,
                                         shuffle=True, seed=0, num_threads=args.threads),
