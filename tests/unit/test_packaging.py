@@ -102,7 +102,7 @@ def test_the_package_never_imports_test_helpers():
 def test_test_requirements_are_all_used():
     _, extras = _declared()
     used = set(_imports("tests")) | set(_imports("benchmarks"))
-    import_name = {"pillow": "PIL", "opencv-python-headless": "cv2"}
+    import_name = {"pillow": "PIL", "opencv-python-headless": "cv2", "scikit-image": "skimage"}
     for dist in extras["test"]:
         if dist in ("ruff", "mypy"):   # run as programs by tests/unit/test_lint.py and test_typecheck.py
             continue
