@@ -263,6 +263,8 @@ class NativeProducer(Producer):
             pending = self.src.run(self.plan, idx, views[0][:k], seed=st_run.seed, epoch=st_run.epoch,
                                    num_threads=min(nthreads, k), timings=tim, wait=False,
                                    positions=np.arange(end - k, end, dtype=np.int64), reader=reader, gated=gated)
+            if reader is not None:
+                reader.attached(end)
             if gated:
                 self.arena.set_gate(lease, pending.handle)
         return _NativeBatch(idx, n, end, views, tim, pending, nthreads, t_start, number, lease, gated)
