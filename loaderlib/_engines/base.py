@@ -394,6 +394,7 @@ class _Run:
         self.failed = False        # ended by an error (the loader then drops a warm next epoch)
         self.produced_all = False  # every batch made, the producer's production resources freed
         self._last_done = 0        # when the last batch was finished (a gated batch's held-back time)
+        self.production_left = False   # produced_all, done_producing not called yet (NOTE [ The last batch first ])
         # NOTE [ Warm slots ]: the lease of a slot of the epoch before that this (warm) run's next
         # batch may follow behind a gate, or None; set by the loader.
         self.follow: Callable[[], Any] | None = None
@@ -517,7 +518,10 @@ class _Run:
                 self.cancel_pending()   # a fill consumed samples that batches planned ahead hold
             if not self.pending and st.exhausted and not self.produced_all:
                 self.produced_all = True
-                prod.done_producing()
+                if self.queue is None:
+                    prod.done_producing()
+                else:
+                    self.production_left = True   # NOTE [ The last batch first ]: _drive frees it
             if out is None:
                 continue
             if st.order.drop_short and out.size < out.target:
@@ -525,6 +529,23 @@ class _Run:
             out.held_back = held
             return out
         return None
+
+    def end_production(self) -> None:
+        """Free what only production needs (``Producer.done_producing``) once the last batch
+        is made, if not done yet.
+
+        NOTE [ The last batch first ]
+        The driver hands the epoch's last batch to the consumer before the producer frees its
+        kernel team, read-ahead and scratch (joining idle threads and trimming the heap:
+        several ms on a busy machine). A warm next epoch's first batch waits behind the gate
+        of a slot the consumer gives back when it takes that last batch (NOTE [ Warm slots ]),
+        so freeing first delayed the next epoch's first batch by the freeing, at every epoch
+        boundary. When the queue is full (the model is the slower side) nothing waits for the
+        last batch, and production is freed first, so the team does not outlive its epoch for
+        as long as the consumer takes to get there."""
+        if self.production_left:
+            self.production_left = False
+            self.producer.done_producing()
 
     def _wait_cap(self, depth: BatchDepth) -> int:
         """Wait until the next batch may lease a slot under the batch cap (NOTE [ Batches in
@@ -606,10 +627,11 @@ class _Run:
         run of the steady-state test): it reuses slots already in memory, the ones the current
         epoch gives back as the user takes its last batches, and so has its first batches
         ready at the boundary without new resident memory. Once iterated (``live``), it takes slots as any run.
-        "Made all its batches" is ``produced_all``, set once the last batch is finished, when the
-        producer has freed what only production needs (``done_producing``: the native engine's
-        kernel team with its per-thread scratch, and its read-ahead): each run has its own, and
-        the two would otherwise be resident together at every epoch boundary.
+        "Made all its batches" is ``produced_all``, set once the last batch is finished; the
+        producer frees what only production needs (``done_producing``: the native engine's
+        kernel team with its per-thread scratch, and its read-ahead) right after handing that
+        batch on (NOTE [ The last batch first ]): each run has its own, and the two would
+        otherwise be resident together at every epoch boundary.
 
         Waits until a slot is free, the run goes live, or it stops; False when it stopped.
         """
@@ -682,13 +704,17 @@ def _drive(run: _Run, queue: _BatchQueue) -> None:
             out = run.step()
             if out is None:
                 break
+            if run.production_left and queue.full():
+                run.end_production()   # NOTE [ The last batch first ]
             if not queue.put(out):
                 break
+            run.end_production()
         queue.put(_END, force=True)
     except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
         queue.put(_Failure(e), force=True)
     finally:
         run.cancel_pending()
+        run.end_production()
 
 
 class LoaderIterator:

@@ -90,6 +90,10 @@ class _BatchQueue:
     def __len__(self) -> int:
         return len(self._items)
 
+    def full(self) -> bool:
+        """A :meth:`put` now would wait for the consumer."""
+        return len(self._items) >= max(1, self._knobs.prefetch)
+
     def put(self, item: object, force: bool = False) -> bool:
         """Append ``item`` (a :class:`Produced`, a ``_Failure`` or ``_END``), waiting while the
         queue is full; False if the queue was closed."""
