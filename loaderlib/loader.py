@@ -636,8 +636,7 @@ class DataLoader:
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)
         if warm and self._arena_ring is not None:
-            current = self._current() if self._current is not None else None
-            before = current._run if current is not None else None
+            before = getattr(self._current and self._current(), "_run", None)   # the epoch being consumed
             run.room, run.follow = _Run.warm_room(self._arena_ring, before), _Run.warm_follow(before)
         if self.worker_init_fn is not None and self.engine == "native" and not self._native_init_done:
             self._native_init_done = True
