@@ -338,6 +338,19 @@ class NativePlan:
         team, self._team = self._team, None
         del team   # the threads are joined here, outside any lock
 
+    def share_team(self, other: NativePlan) -> bool:
+        """Run this plan's batches on ``other``'s kernel threads, their decoders and scratch
+        included, when ``other`` has threads and this plan none yet (NOTE [ One team across
+        epochs ] in _engines/native.py). Returns whether it did."""
+        team = other._team
+        if team is None or not team.usable or self._team is not None:
+            return False
+        with self._lock:
+            if self._team is not None:
+                return False
+            self._team = team
+        return True
+
     def _check_out(self, out: Any, n: int) -> None:
         if self.sample_shape is None:
             raise ValueError("this chain's output size depends on the image (no fixed sample_shape); "

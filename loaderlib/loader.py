@@ -635,9 +635,8 @@ class DataLoader:
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)
-        if warm and self._arena_ring is not None:
-            before = getattr(self._current and self._current(), "_run", None)   # the epoch being consumed
-            run.room, run.follow = _Run.warm_room(self._arena_ring, before), _Run.warm_follow(before)
+        if warm:   # the epoch after the one being consumed
+            run.after_epoch(getattr(self._current and self._current(), "_run", None), self._arena_ring)
         if self.worker_init_fn is not None and self.engine == "native" and not self._native_init_done:
             self._native_init_done = True
             run.on_start = self._native_worker_init
