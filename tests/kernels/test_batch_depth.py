@@ -337,3 +337,50 @@ def test_the_last_batch_is_handed_on_before_production_is_freed(prefetch, queued
     _drive(run, queue)   # on this thread: batches 0, 1, 2, then the end
     assert prod.freed_with == queued_at_free
     assert not run.production_left
+
+
+def _team_threads() -> set[int]:
+    """The system ids of this process's kernel team threads (NOTE [ Thread names ])."""
+    import os
+
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("ll-team"):
+                    out.add(int(tid))
+        except OSError:   # ended while listing
+            pass
+    return out
+
+
+def test_every_epoch_runs_on_the_first_epochs_kernel_team(folder):
+    """NOTE [ One team across epochs ]: a warm next epoch takes over the kernel team of the
+    epoch before, so no kernel thread is started after the first epoch, and the output is
+    that of a loader whose epochs each start their own team (warm epochs off)."""
+    import gc
+
+    gc.collect()
+    before = _team_threads()
+    loader = _loader(folder, num_threads=2)
+    teams, tids, got = [], [], []
+    for _epoch in range(3):
+        for i, (x, y) in enumerate(loader):
+            got.append((x.copy(), y.copy()))
+            if i == 1:
+                teams.append(loader._current()._run.producer.plan._team)
+                tids.append(_team_threads() - before)
+    assert all(t is teams[0] for t in teams) and teams[0].size == 2
+    assert tids[0] and all(t == tids[0] for t in tids), tids
+    fresh = _loader(folder, num_threads=2)
+    fresh._warm_epochs = False   # every epoch on a team of its own
+    ref = [(x.copy(), y.copy()) for _ in range(3) for x, y in fresh]
+    assert len(got) == len(ref) == 27
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+    teams.clear()
+    loader.close()
+    fresh.close()
+    gc.collect()
+    assert not (_team_threads() - before)
