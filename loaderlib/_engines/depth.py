@@ -38,10 +38,9 @@ and ``ahead`` ready or in production.
   ``GATE_POLL_S``) takes it back unrun (``ll_pool_withdraw``, its reads given up) and queues it
   into a slot of its own, one more ahead, as below. A warm next epoch queues its first batch
   behind the gate of the user's slot of the epoch before (``_Run.warm_follow``), and its second
-  behind the epoch before's last slot as soon as that batch is finished, so the user waits at an
-  epoch start as long as mid-epoch on warm files and at 16 ms per file (docs/measurements.md,
-  epoch boundaries); at 64 ms the new epoch's first batch still runs slower than the others
-  (its run's kernel team and scratch are new).
+  behind the epoch before's last slot as soon as that batch is finished, on the same kernel
+  team (NOTE [ One team across epochs ] in native.py), so the user waits at an epoch start
+  about as long as mid-epoch (docs/measurements.md, epoch boundaries).
   With a model slower than the loader the cap costs nothing: the next batch is ready before it
   is asked for. When the loader is the bottleneck, ``benchmarks/scaling.py --pin --prefetch
   default,2`` measured (before the gate) 0.90x and 0.94x of ``prefetch=2`` at 2 threads with
