@@ -64,6 +64,29 @@ class PendingBatch:
         """Wait for the kernels without building the result (a batch that will be dropped)."""
         self._handle.wait()
 
+    @property
+    def handle(self) -> Any:
+        """The queued kernel job (``_chain.Pending``): its gate (NOTE [ Batches in memory ])."""
+        return self._handle
+
+    def gated(self) -> bool:
+        """Whether the batch waits behind its closed gate."""
+        return bool(self._handle.gated())
+
+    def wait_open(self, timeout: float) -> bool:
+        """Wait (without the GIL) for the gate to open, at most ``timeout`` seconds; returns
+        whether it is still closed."""
+        return bool(self._handle.wait_open(float(timeout)))
+
+    def open(self) -> None:
+        """Open the batch's gate (``gated=True``): its items may start."""
+        self._handle.open()
+
+    def withdraw(self) -> bool:
+        """Take back a batch whose gate is still closed (nothing ran; no result follows).
+        False when the gate was open: then the batch runs and ``result()`` applies."""
+        return bool(self._handle.withdraw())
+
     def result(self) -> BatchStatus:
         if self._result is None:
             self._handle.wait()
@@ -181,7 +204,8 @@ class NativePlan:
 
     def run_buffers_into(self, buffers: Sequence[Any], out: np.ndarray, indices: Any, *, seed: int, epoch: int,
                          num_threads: int | None, timings: np.ndarray | None = None,
-                         sources: Sequence[str] | None = None, wait: bool = True) -> BatchStatus | PendingBatch:
+                         sources: Sequence[str] | None = None, wait: bool = True,
+                         gated: bool = False) -> BatchStatus | PendingBatch:
         """Run the chain on encoded images held in memory.
 
         Parameters
@@ -210,14 +234,19 @@ class NativePlan:
             :class:`BatchStatus`. Batches queued one after another run in order, with no
             pause between them (NOTE [ One queue across batches ] in include/ll_pool.h).
             ``out``, ``timings`` and the inputs belong to the kernels until then.
+        gated : bool
+            With ``wait=False``: queued behind a closed gate; no item starts before
+            ``PendingBatch.open()`` or the slot release its gate is set on (NOTE [ Batches in
+            memory ] in _engines/depth.py).
         """
         bufs = list(buffers)
         return self._run(_chain.SOURCE_BUFFERS, bufs, -1, None, out, indices, seed, epoch, num_threads, timings,
-                         sources, lambda i: bufs[i], wait=wait)
+                         sources, lambda i: bufs[i], wait=wait, gated=gated)
 
     def run_files_into(self, paths: Sequence[Any], out: np.ndarray, indices: Any, *, seed: int, epoch: int,
                        num_threads: int | None, timings: np.ndarray | None = None, wait: bool = True,
-                       positions: np.ndarray | None = None, reader: Any = None) -> BatchStatus | PendingBatch:
+                       positions: np.ndarray | None = None, reader: Any = None,
+                       gated: bool = False) -> BatchStatus | PendingBatch:
         """Like :meth:`run_buffers_into`, reading each file (POSIX open/read) inside the
         parallel pass into per-thread scratch. A missing or unreadable file fails its
         item with the system's reason and the path.
@@ -229,24 +258,26 @@ class NativePlan:
         names = [os.fspath(p) for p in paths]
         return self.run_encoded_files_into([os.fsencode(p) for p in names], names, out, indices, seed=seed,
                                            epoch=epoch, num_threads=num_threads, timings=timings, wait=wait,
-                                           positions=positions, reader=reader)
+                                           positions=positions, reader=reader, gated=gated)
 
     def run_encoded_files_into(self, encoded: list[bytes], paths: Sequence[Any], out: np.ndarray, indices: Any, *,
                                seed: int, epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
                                wait: bool = True, positions: np.ndarray | None = None,
-                               reader: Any = None) -> BatchStatus | PendingBatch:
+                               reader: Any = None, gated: bool = False) -> BatchStatus | PendingBatch:
         """:meth:`run_files_into` with the file names already encoded (``os.fsencode`` of each
         of ``paths``, as the native engine's driver makes them for a whole batch at once: NOTE
         [ Paths per batch ] in _extract/source.py). ``paths`` name the files in messages; a
         name is made from them only when its item fails."""
         names = FileNames(paths)
         return self._run(_chain.SOURCE_FILES, encoded, -1, None, out, indices, seed, epoch, num_threads, timings,
-                         names, lambda i: _read_file(names.path(i)), wait=wait, positions=positions, reader=reader)
+                         names, lambda i: _read_file(names.path(i)), wait=wait, positions=positions, reader=reader,
+                         gated=gated)
 
     def run_records_into(self, fd: Any, offsets: Any, sizes: Any, out: np.ndarray, indices: Any, *, seed: int,
                          epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
                          sources: Sequence[str] | None = None, wait: bool = True,
-                         positions: np.ndarray | None = None, reader: Any = None) -> BatchStatus | PendingBatch:
+                         positions: np.ndarray | None = None, reader: Any = None,
+                         gated: bool = False) -> BatchStatus | PendingBatch:
         """Like :meth:`run_buffers_into`, reading record i as ``sizes[i]`` bytes at
         ``offsets[i]`` of the open file ``fd`` (an int, an object with ``fileno()``, or an
         int array with one descriptor per record: several shard files in one pass) with
@@ -262,15 +293,16 @@ class NativePlan:
                 raise ValueError(f"{fds.shape[0] if fds.ndim else 0} descriptors for {len(szs)} records")
             return self._run(_chain.SOURCE_RECORDS, szs, -1, offs, out, indices, seed, epoch, num_threads, timings,
                              sources, lambda i: os.pread(int(fds[i]), szs[i], int(offs[i])), fds=fds, wait=wait,
-                             positions=positions, reader=reader)
+                             positions=positions, reader=reader, gated=gated)
         fdn = fd if isinstance(fd, int) else fd.fileno()
         return self._run(_chain.SOURCE_RECORDS, szs, fdn, offs, out, indices, seed, epoch, num_threads, timings,
                          sources, lambda i: os.pread(fdn, szs[i], int(offs[i])), wait=wait, positions=positions,
-                         reader=reader)
+                         reader=reader, gated=gated)
 
     def run_pixels_into(self, images: Sequence[np.ndarray], out: np.ndarray, indices: Any, *, seed: int,
                         epoch: int, num_threads: int | None, timings: np.ndarray | None = None,
-                        sources: Sequence[str] | None = None, wait: bool = True) -> BatchStatus | PendingBatch:
+                        sources: Sequence[str] | None = None, wait: bool = True,
+                        gated: bool = False) -> BatchStatus | PendingBatch:
         """Like :meth:`run_buffers_into` for images already decoded (HWC uint8 arrays with the
         chain's channel count, e.g. a Pipeline's cache): the chain's geometric and point-wise
         steps run fused on the pixels (no decode, no DCT scaling), with the same keyed
@@ -296,7 +328,7 @@ class NativePlan:
             return res
 
         return self._run(_chain.SOURCE_PIXELS, imgs, -1, dims, out, indices, seed, epoch, num_threads, timings,
-                         sources, lambda i: imgs[i], wait=wait, after=name_wrong)
+                         sources, lambda i: imgs[i], wait=wait, after=name_wrong, gated=gated)
 
     def close(self) -> None:
         """Stop the plan's kernel threads now rather than when the plan is collected. Batches
@@ -305,6 +337,19 @@ class NativePlan:
         can no longer release it (NOTE [ Threads at interpreter exit ] in _engines/base.py)."""
         team, self._team = self._team, None
         del team   # the threads are joined here, outside any lock
+
+    def share_team(self, other: NativePlan) -> bool:
+        """Run this plan's batches on ``other``'s kernel threads, their decoders and scratch
+        included, when ``other`` has threads and this plan none yet (NOTE [ One team across
+        epochs ] in _engines/native.py). Returns whether it did."""
+        team = other._team
+        if team is None or not team.usable or self._team is not None:
+            return False
+        with self._lock:
+            if self._team is not None:
+                return False
+            self._team = team
+        return True
 
     def _check_out(self, out: Any, n: int) -> None:
         if self.sample_shape is None:
@@ -321,7 +366,8 @@ class NativePlan:
     def _run(self, kind: int, items: list, fd: int, offsets: np.ndarray | None, out: np.ndarray, indices: Any,
              seed: int, epoch: int, num_threads: int | None, timings: np.ndarray | None,
              sources: Sequence[str] | None, fetch, fds: np.ndarray | None = None, wait: bool = True,
-             after: Any = None, positions: np.ndarray | None = None, reader: Any = None) -> BatchStatus | PendingBatch:
+             after: Any = None, positions: np.ndarray | None = None, reader: Any = None,
+             gated: bool = False) -> BatchStatus | PendingBatch:
         n = len(items)
         self._check_out(out, n)
         idx = np.ascontiguousarray(indices, dtype=np.int64)
@@ -346,7 +392,7 @@ class NativePlan:
                 raise ValueError(f"positions must have shape ({n},), got {pos.shape}")
         handle = _chain.start_into(self._chain, self._team_for(nthreads), kind, items, fd, offsets, out, idx,
                                       seed_u, epoch_u, nthreads, timings, status, msgs, fds, native_reader, pos,
-                                      timeout)
+                                      timeout, gated and not wait)
 
         def finish() -> BatchStatus:
             result = BatchStatus(status=status)

@@ -67,7 +67,7 @@ _STAGE_INDEX = {name: i for i, name in enumerate(STAGES)}
 
 class Recorder(Protocol):
     """What an engine calls on its recorder while it runs: a :class:`StageRecorder`, or a front
-    that holds a warm run's records (``_engines.base.HeldRecorder``). Each call is cheap when
+    that holds a warm run's records (``_engines.handoff.HeldRecorder``). Each call is cheap when
     ``enabled`` is false, and the engines skip reading clocks then (NOTE [ Recorder threading ])."""
 
     @property

@@ -245,6 +245,33 @@ class BatchArena:
         self.peak_leased = max(self.peak_leased, self._ring.num_leased)
         return lease, layout.views(lease)
 
+    def acquire_after(self, lease: Any, layout: BatchLayout) -> tuple[Any, list[np.ndarray]] | None:
+        """Lease the slot of ``lease`` (still held) a second time, for the batch that will
+        overwrite it once ``lease`` and its views are gone (NOTE [ Successor leases ] in
+        pyx/_arena.pyx): ``(successor, arrays)``, or None when that slot cannot take one (it
+        is free, too small for ``layout``, or a successor waits already). Nothing may write the
+        arrays before the gate set with :meth:`set_gate` opens."""
+        ring = self._ring
+        slot = lease.slot
+        if not ring.can_follow(slot) or lease.nbytes < layout.nbytes:
+            return None
+        succ = ring.acquire_after(slot)
+        return succ, layout.views(succ)
+
+    def can_follow(self, lease: Any) -> bool:
+        """Whether :meth:`acquire_after` may lease ``lease``'s slot now."""
+        return bool(self._ring.can_follow(lease.slot))
+
+    def set_gate(self, lease: Any, pending: Any) -> None:
+        """Open ``pending``'s gate (a queued ``_chain.Pending``) when the holder of ``lease``'s
+        slot goes, in C; at once if it went already."""
+        fn, arg = pending.gate_hook()
+        self._ring.set_gate(lease.slot, fn, arg, pending)
+
+    def clear_gate(self, lease: Any) -> None:
+        """Forget the gate set on ``lease``'s slot (its batch was taken back)."""
+        self._ring.clear_gate(lease.slot)
+
     @property
     def on_release(self) -> Callable[[], None] | None:
         """Called with no argument each time a slot is freed (a lease's last view went); it

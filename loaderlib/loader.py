@@ -30,8 +30,9 @@ from . import _threads
 from ._autotune import attach, batch_nbytes
 from ._chain import compile_chain
 from ._checks import check_int
-from ._engines.base import HeldRecorder, LoaderIterator, Producer, RunState, WarmStart, _Knobs, _Run
+from ._engines.base import LoaderIterator, Producer, RunState, WarmStart, _Knobs, _Run
 from ._engines.depth import depth_for
+from ._engines.handoff import HeldRecorder
 from ._engines.native import NativeProducer, kernel_threads, native_worker_init
 from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
 from ._extract.source import SourceKind, announce_order
@@ -634,9 +635,8 @@ class DataLoader:
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
                    threaded=self._knobs.num_threads != 0)
-        if warm and self._arena_ring is not None:
-            current = self._current() if self._current is not None else None
-            run.room = _Run.warm_room(self._arena_ring, current._run if current is not None else None)
+        if warm:   # the epoch after the one being consumed
+            run.after_epoch(getattr(self._current and self._current(), "_run", None), self._arena_ring)
         if self.worker_init_fn is not None and self.engine == "native" and not self._native_init_done:
             self._native_init_done = True
             run.on_start = self._native_worker_init
@@ -648,14 +648,13 @@ class DataLoader:
         native_worker_init(self.worker_init_fn, kernel_threads(self._knobs), self.seed, self.dataset)
 
     # NOTE [ Warm epochs ]
-    # A loader iterated epoch after epoch would idle the model at every epoch start while
-    # the prefetch queue refills. So once every batch of the current epoch has been planned
-    # (the consumer is taking the last, already prefetched ones), the next epoch's run is
-    # started: its first batches are ready when the user calls iter() again. This needs an
-    # order that is a pure function of the epoch (a loaderlib Sampler), and the warm run is
-    # used only if iter() asks for exactly that epoch, carry and order key; otherwise (a
-    # set_epoch to another epoch, new sampler weights, load_state_dict, flush) it is closed.
-    # close() and dropping the loader release it.
+    # A loader iterated epoch after epoch would idle the model at every epoch start while the
+    # prefetch queue refills. So once every batch of the current epoch is planned, or once its
+    # read-ahead has queued the epoch's last reads (``Producer.reads_issued``; the next epoch's
+    # reads continue these), the next epoch's run is started: its first batches are ready when
+    # the user calls iter() again. It needs an order that is a pure function of the epoch (a
+    # loaderlib Sampler); it is used only if iter() asks for exactly that epoch, carry and order
+    # key, else closed (set_epoch, new weights, load_state_dict, flush, close, loader dropped).
 
     #: Start the next epoch early (NOTE [ Warm epochs ]); benchmarks/epochs.py turns it off on
     #: one loader to measure what it saves.

@@ -11,11 +11,22 @@ every derived view, torch tensor (``torch.from_numpy``) or DLPack capsule. The l
 free. So a user who keeps a batch never sees it overwritten, and no explicit "release"
 call exists that a user could forget. All state changes happen with the GIL held and without
 any Python call in between (no GIL switch point), so acquire and release need no lock.
+
+NOTE [ Successor leases ]
+A slot the user still holds can be lent a second time, to the batch that will overwrite it
+(``acquire_after``): the successor lease counts as the same leased slot, and its batch is
+queued on the kernel team behind a closed gate (``start_into(..., gated=True)``). When the
+holder's lease ends, ``_release`` hands the slot to the successor and calls the gate's C
+function there, in the lease's dealloc, so the kernel threads start the batch without any
+Python thread in between (NOTE [ Batches in memory ] in loaderlib/_engines/depth.py). A
+successor taken back before its gate opened clears the gate first (``clear_gate``), then
+drops its lease; a holder that goes before the gate is set leaves ``opened`` so that
+``set_gate`` opens it at once.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 cimport cython
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, uintptr_t
 from libc.stdlib cimport free
 from libc.string cimport memset
 import numpy as np
@@ -170,6 +181,8 @@ cdef enum:
     SLOT_FREE = 0
     SLOT_LEASED = 1
 
+ctypedef void (*gate_fn)(void*) noexcept
+
 
 cdef class SlotRing:
     """A growable ring of slot buffers; a slot is lent out as one :class:`SlotLease`.
@@ -187,6 +200,12 @@ cdef class SlotRing:
     cdef readonly long long acquires
     cdef readonly bint closed   # close(): every slot's buffer goes as soon as it is free
     cdef public object on_release   # called with no argument after a slot is freed (or None)
+    # NOTE [ Successor leases ]: per slot, the leases alive on it (2 while a successor waits
+    # for the holder's release), the successor's gate (function, argument, the object that
+    # keeps the argument alive) and whether the holder went before a gate was set.
+    cdef list holders
+    cdef list gates
+    cdef list opened
 
     def __cinit__(self, allocator):
         self.buffers = []
@@ -197,6 +216,9 @@ cdef class SlotRing:
         self.acquires = 0
         self.closed = False
         self.on_release = None
+        self.holders = []
+        self.gates = []
+        self.opened = []
 
     cdef object _alloc(self, Py_ssize_t nbytes):
         buf = self.allocator(nbytes)
@@ -214,11 +236,15 @@ cdef class SlotRing:
             i = self._claim_new()
             self._refill(i, nbytes)
             self.states[i] = SLOT_FREE
+            self.holders[i] = 0
 
     cdef Py_ssize_t _claim_new(self):
         # A new slot, leased before its buffer exists (NOTE [ Atomic leases ]).
         self.buffers.append(None)
         self.states.append(SLOT_LEASED)
+        self.holders.append(1)
+        self.gates.append(None)
+        self.opened.append(False)
         return len(self.buffers) - 1
 
     cdef void _refill(self, Py_ssize_t i, Py_ssize_t nbytes) except *:
@@ -256,8 +282,10 @@ cdef class SlotRing:
                 small = i
         if best >= 0:
             self.states[best] = SLOT_LEASED
+            self.holders[best] = 1
         elif small >= 0:
             self.states[small] = SLOT_LEASED
+            self.holders[small] = 1
             best = small
             # NOTE [ Arena growth ]: variable shapes (Pad) plan for the largest batch seen so
             # far; growing by at least 1.5x keeps reallocations logarithmic in the growth.
@@ -266,6 +294,7 @@ cdef class SlotRing:
                 self._refill(small, max(nbytes, size + size // 2))
             except BaseException:
                 self.states[small] = SLOT_FREE
+                self.holders[small] = 0
                 raise
         else:
             grow = max([_nbytes(b) for b in self.buffers] + [nbytes])
@@ -274,21 +303,75 @@ cdef class SlotRing:
                 self._refill(best, grow)
             except BaseException:
                 self.states[best] = SLOT_FREE
+                self.holders[best] = 0
                 raise
         self.acquires += 1
         try:
             return SlotLease(self, best, self.buffers[best])
         except BaseException:
             self.states[best] = SLOT_FREE
+            self.holders[best] = 0
             raise
+
+    def can_follow(self, Py_ssize_t slot):
+        """Whether :meth:`acquire_after` may lease ``slot`` next: it is leased by one holder,
+        with no successor waiting."""
+        return 0 <= slot < len(self.states) and self.states[slot] != SLOT_FREE and self.holders[slot] == 1
+
+    def acquire_after(self, Py_ssize_t slot):
+        """A second lease on the leased ``slot``, for the batch that will overwrite it once its
+        holder is gone (NOTE [ Successor leases ]). Its memory is the holder's: nothing may
+        write it before the gate set with :meth:`set_gate` opens."""
+        if not self.can_follow(slot):
+            raise ValueError(f"slot {slot} cannot take a successor (free, or one already waits)")
+        self.holders[slot] = 2
+        self.gates[slot] = None
+        self.opened[slot] = False
+        self.acquires += 1
+        try:
+            return SlotLease(self, slot, self.buffers[slot])
+        except BaseException:
+            self.holders[slot] = 1
+            raise
+
+    def set_gate(self, Py_ssize_t slot, uintptr_t fn, uintptr_t arg, object keep):
+        """Call ``fn(arg)`` (a C function, with the GIL held) when the holder of ``slot`` goes,
+        or now if it went already; ``keep`` is held until then."""
+        if self.opened[slot]:
+            self.opened[slot] = False
+            (<gate_fn>fn)(<void*>arg)
+            return
+        self.gates[slot] = (fn, arg, keep)
+
+    def clear_gate(self, Py_ssize_t slot):
+        """Forget the gate of ``slot`` (its batch was taken back), without calling it."""
+        if 0 <= slot < len(self.gates):
+            self.gates[slot] = None
+            self.opened[slot] = False
 
     cdef void _release(self, Py_ssize_t slot):
         # states is None when the collector cleared this ring in the same cycle as the lease
         # (NOTE [ A lease's buffer survives garbage collection ]): nothing is left to free.
+        cdef uintptr_t fn, arg
         if self.states is not None and 0 <= slot < len(self.states):
-            self.states[slot] = SLOT_FREE
-            if self.closed:
-                self.buffers[slot] = None
+            if self.holders is not None and self.holders[slot] > 1:
+                # NOTE [ Successor leases ]: the holder went, the successor keeps the slot and
+                # its gate opens now, in C, with no Python call on the way.
+                self.holders[slot] = 1
+                gate = self.gates[slot]
+                self.gates[slot] = None
+                if gate is None:
+                    self.opened[slot] = True
+                else:
+                    fn, arg = gate[0], gate[1]
+                    (<gate_fn>fn)(<void*>arg)
+                    gate = None
+            else:
+                if self.holders is not None:
+                    self.holders[slot] = 0
+                self.states[slot] = SLOT_FREE
+                if self.closed:
+                    self.buffers[slot] = None
             cb = self.on_release
             if cb is not None:
                 # A lease may end anywhere (a dealloc on any thread, at exit): the callback must
@@ -315,7 +398,8 @@ cdef class SlotRing:
         return sum(max(_nbytes(b), 0) for b in self.buffers)
 
     def clear(self):
-        """Drop the buffers of free slots; leased ones stay with the ring for reuse."""
+        """Drop the buffers of free slots; leased ones stay with the ring for reuse (NOTE
+        [ Successor leases ]: a slot with a successor waiting is leased)."""
         cdef Py_ssize_t i
         for i in range(len(self.buffers)):
             if self.states[i] == SLOT_FREE:
@@ -355,11 +439,13 @@ cdef object _exporter(object source):
 cdef class SlotLease:
     """One lent slot: exposes the slot's memory (writable bytes) and frees it on release.
 
-    Created only by :meth:`SlotRing.acquire`. See NOTE [ Slot leases ].
+    Created only by :meth:`SlotRing.acquire` and :meth:`SlotRing.acquire_after`. See NOTE
+    [ Slot leases ] and NOTE [ Successor leases ].
     """
     cdef SlotRing ring
     cdef readonly Py_ssize_t slot
     cdef readonly object source   # the slot's buffer object (kept alive by the lease)
+    cdef object __weakref__       # the engine follows the leases of batches it handed out
     cdef Py_buffer view
     cdef bint has_view
     cdef Py_ssize_t shape[1]

@@ -200,13 +200,19 @@ cdef extern from "ll_pool.h":
         void* ctx
         int64_t n
         int limit
+        int gated
     ctypedef struct ll_pool:
         int nthreads
     ll_pool* ll_pool_new(int n) noexcept nogil
     int ll_pool_usable(const ll_pool* p) noexcept nogil
     void ll_pool_submit(ll_pool* p, ll_job* job) noexcept nogil
+    void ll_pool_submit_gated(ll_pool* p, ll_job* job, int gated) noexcept nogil
     void ll_pool_wait(ll_pool* p, ll_job* job) noexcept nogil
     int ll_pool_done(ll_pool* p, ll_job* job) noexcept nogil
+    void ll_pool_open(ll_pool* p, ll_job* job) noexcept nogil
+    int ll_pool_withdraw(ll_pool* p, ll_job* job) noexcept nogil
+    int ll_pool_gated(ll_pool* p, ll_job* job) noexcept nogil
+    int ll_pool_wait_open(ll_pool* p, ll_job* job, int64_t timeout_ns) noexcept nogil
     void ll_pool_free(ll_pool* p) noexcept nogil
     void ll_name_thread(const char* prefix, int id) noexcept nogil
 
@@ -288,6 +294,7 @@ cdef extern from "ll_readahead.h":
     int64_t ll_reader_queue(ll_reader* r, const int64_t* pos, int64_t n, const char* const* paths,
                             const int32_t* fds, const int64_t* offs, const int64_t* sizes) noexcept nogil
     void ll_reader_attach(ll_reader* r, ll_rwait* w, const int64_t* pos, int64_t n) noexcept nogil
+    void ll_reader_detach(ll_reader* r, ll_rwait* w) noexcept nogil
     int64_t ll_rwait_next(ll_reader* r, ll_rwait* w, int64_t k, int64_t timeout_ns, int64_t* waited) noexcept nogil
     void ll_reader_release(ll_reader* r, int64_t slot) noexcept nogil
     int64_t ll_reader_take(ll_reader* r, int64_t pos, int64_t timeout_ns, int64_t* waited) noexcept nogil
@@ -553,6 +560,7 @@ cdef class Pending:
     cdef uintptr_t* ptrs
     cdef size_t* sizes
     cdef bint submitted, finished
+    cdef readonly long long opened_ns   # when the gate opened (CLOCK_MONOTONIC ns; 0: never gated or not yet)
     cdef const int64_t[::1] offsets_mv
     cdef const int64_t[::1] indices_mv
     cdef const int32_t[::1] fds_mv
@@ -572,6 +580,47 @@ cdef class Pending:
     def done(self):
         """Whether the batch has finished (does not block)."""
         return not self.submitted or self.finished or bool(ll_pool_done(self.team.pool, &self.job))
+
+    def gated(self):
+        """Whether the batch waits behind its closed gate (``start_into(..., gated=True)``)."""
+        return self.submitted and not self.finished and bool(ll_pool_gated(self.team.pool, &self.job))
+
+    def wait_open(self, double timeout):
+        """Wait (without the GIL) until the gate opens or ``timeout`` seconds pass; returns
+        whether it is still closed."""
+        cdef int64_t ns = <int64_t>(timeout * 1e9)
+        cdef int g
+        if not self.submitted or self.finished:
+            return False
+        with nogil:
+            g = ll_pool_wait_open(self.team.pool, &self.job, ns)
+        return bool(g)
+
+    def open(self):
+        """Open the batch's gate: the team's threads may start its items (a no-op when open)."""
+        if self.submitted and not self.finished:
+            _open_gate(<void*>self)
+
+    def withdraw(self):
+        """Take the batch back while its gate is still closed: no item runs, what it attached
+        to the read-ahead is given up, and it counts as finished. False (nothing changed) when
+        the gate was already open: then it runs and ``wait()`` waits for it as usual."""
+        if not self.submitted or self.finished:
+            return False
+        if not ll_pool_withdraw(self.team.pool, &self.job):
+            return False
+        if self.ctx.reader != NULL:
+            with nogil:
+                ll_reader_detach(self.ctx.reader, &self.ctx.wait)
+        self.finished = True
+        self._release()
+        return True
+
+    def gate_hook(self):
+        """``(function, argument)`` addresses for :meth:`SlotRing.set_gate
+        <loaderlib._ext._arena.SlotRing.set_gate>`: calling the function on the argument, with
+        the GIL held, opens this batch's gate (the caller keeps this object alive until then)."""
+        return <uintptr_t>&_open_gate, <uintptr_t><void*>self
 
     def wait(self):
         """Block until the batch has finished; then its inputs are released."""
@@ -609,19 +658,35 @@ cdef class Pending:
 
     def __dealloc__(self):
         if self.submitted and not self.finished and self.team is not None and ll_pool_usable(self.team.pool):
-            with nogil:
-                ll_pool_wait(self.team.pool, &self.job)
+            if ll_pool_withdraw(self.team.pool, &self.job):
+                # Never opened (NOTE [ Batches in memory ]): nothing ran, nothing to wait for.
+                if self.ctx.reader != NULL:
+                    with nogil:
+                        ll_reader_detach(self.ctx.reader, &self.ctx.wait)
+            else:
+                with nogil:
+                    ll_pool_wait(self.team.pool, &self.job)
         self.finished = True
         self._release()
 
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
+cdef void _open_gate(void* pending) noexcept:
+    # The gate opener a slot's release calls (SlotRing.set_gate): the GIL is held, and the
+    # Pending is alive (the ring holds it until the gate is opened or cleared).
+    cdef Pending p = <Pending>pending
+    if p.submitted and not p.finished and p.team is not None:
+        if p.opened_ns == 0:
+            p.opened_ns = ll_now_ns()
+        ll_pool_open(p.team.pool, &p.job)
+
+
 def start_into(CompiledChain chain not None, Team team not None, int kind, list items, int fd,
                const int64_t[::1] offsets, cnp.ndarray out not None, const int64_t[::1] indices not None,
                uint64_t seed, uint64_t epoch, int num_threads, int64_t[:, ::1] timings,
                int32_t[::1] status not None, uint8_t[:, ::1] msgs not None, const int32_t[::1] fds=None,
-               Reader reader=None, const int64_t[::1] positions=None, double timeout=0.0):
+               Reader reader=None, const int64_t[::1] positions=None, double timeout=0.0, bint gated=False):
     """Queue the fused chain for every item of a batch on ``team``, into ``out[i]``; returns
     a :class:`Pending` whose ``wait()`` returns once every item is done.
 
@@ -635,7 +700,9 @@ def start_into(CompiledChain chain not None, Team team not None, int kind, list 
     (0: no limit) for one (NOTE [ Read-ahead ]). At most ``num_threads`` of the team's threads work
     on the batch (NOTE [ One queue across batches ]). Per item: status[i] is LL_OK, LL_WARNED
     or an error code with the reason in msgs[i]. ``out``, ``status``, ``msgs`` and
-    ``timings`` belong to the kernels until ``wait()`` returns.
+    ``timings`` belong to the kernels until ``wait()`` returns. ``gated``: queued behind a
+    closed gate, no item starts before :meth:`Pending.open` (or the hook of
+    :meth:`Pending.gate_hook`); its reads go out at once (NOTE [ Batches in memory ]).
     """
     cdef Py_ssize_t n = len(items)
     if indices.shape[0] != n or status.shape[0] != n or msgs.shape[0] != n or msgs.shape[1] < LL_MSG_LEN:
@@ -736,7 +803,9 @@ def start_into(CompiledChain chain not None, Team team not None, int kind, list 
     pend.job.ctx = c
     pend.job.n = n
     pend.job.limit = num_threads
+    pend.opened_ns = 0
     pend.submitted = True
+    cdef int closed = 1 if gated else 0
     with nogil:
-        ll_pool_submit(team.pool, &pend.job)
+        ll_pool_submit_gated(team.pool, &pend.job, closed)
     return pend

@@ -54,6 +54,7 @@ from .._threads import name_native_thread
 from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning, _add_context
 from ..sampler import EpochOrder
 from .depth import BatchDepth
+from .handoff import _END, _BatchQueue, _Failure
 
 _clock = time.perf_counter_ns
 _log = logging.getLogger("loaderlib")
@@ -134,6 +135,44 @@ class Producer:
 
     def close(self, wait: bool = True) -> None:
         pass
+
+    # The gate (NOTE [ Batches in memory ]): producers that lease at submit may queue the next
+    # batch into the slot the user still holds, behind a gate that slot's release opens.
+    def gate_target(self) -> Any:
+        """The lease a gated batch may follow now, or None (no gating)."""
+        return None
+
+    def continue_from(self, before: Producer) -> None:
+        """This producer's run is the epoch after ``before``'s (a warm next epoch, NOTE
+        [ Warm epochs ] in loader.py), started while ``before`` still produces: take over
+        what the two can share (NOTE [ One team across epochs ] in native.py)."""
+
+    def reads_issued(self) -> bool:
+        """Whether the run's read-ahead has queued the reads of every sample it still needs
+        (then the next epoch's reads may start, NOTE [ Warm epochs ] in loader.py)."""
+        r = self.reader
+        return (r is not None and not getattr(r, "inline", True)
+                and getattr(r, "next", 0) >= getattr(getattr(r, "stream", None), "size", 1 << 62))
+
+    def submit_after(self, task: Task, lease: Any) -> Any:
+        """:meth:`submit` into ``lease``'s slot behind its gate."""
+        return self.submit(task)
+
+    def gate_closed(self, handle: Any) -> bool:
+        """Whether ``handle`` waits behind a closed gate."""
+        return False
+
+    def wait_gate(self, handle: Any, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for ``handle``'s gate; whether it is still closed."""
+        return False
+
+    def gate_opened_ns(self, handle: Any) -> int:
+        """When ``handle``'s gate opened (``perf_counter_ns``; 0: not gated or not yet)."""
+        return 0
+
+    def ungate(self, handle: Any) -> Any:
+        """``handle`` again in a slot of its own, if its gate is still closed (else itself)."""
+        return handle
 
     def timed_out(self) -> str | None:
         """The consumer gave up waiting: free what is stuck; returns what was done, for the error."""
@@ -268,137 +307,6 @@ class _Knobs:
             q.wake()
 
 
-class HeldRecorder:
-    """A recorder front that holds a warm run's records until the run is handed to the user.
-
-    A warm next epoch (NOTE [ Warm epochs ] in ``loader.py``) produces batches while the
-    current epoch is still being consumed; its records belong to the next epoch's stats, so
-    they are kept here and replayed into the loader's recorder by :meth:`release`, right
-    after that epoch is started.
-    """
-
-    def __init__(self, recorder: Recorder) -> None:
-        self._rec = recorder
-        self._held: list = []
-        self._live = False
-        self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        return self._rec.enabled
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._rec, name)
-        if not callable(target):
-            return target
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                if not self._live:
-                    self._held.append((name, args, kwargs))
-                    return None
-            return target(*args, **kwargs)
-
-        return call
-
-    def release(self) -> None:
-        with self._lock:
-            held, self._held, self._live = self._held, [], True
-            for name, args, kwargs in held:
-                getattr(self._rec, name)(*args, **kwargs)
-
-
-_END = object()
-
-
-class _Failure:
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-class _BatchQueue:
-    """A FIFO whose capacity (``knobs.prefetch``) may change while it is in use."""
-
-    def __init__(self, knobs: _Knobs, recorder: Recorder) -> None:
-        self._knobs = knobs
-        self._rec = recorder
-        self._cond = threading.Condition()
-        self._items: collections.deque = collections.deque()
-        self._closed = False
-        self.waiting = False    # the consumer waits in get() on an empty queue
-        self.last_wait_ns = 0   # how long the last get() waited
-        knobs._queues.add(self)
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._items.clear()
-            self._cond.notify_all()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, item: object, force: bool = False) -> bool:
-        """Append ``item`` (a :class:`Produced`, a ``_Failure`` or ``_END``), waiting while the
-        queue is full; False if the queue was closed."""
-        t0 = 0
-        with self._cond:
-            while not force and not self._closed and len(self._items) >= max(1, self._knobs.prefetch):
-                if not t0:
-                    t0 = _clock()
-                self._cond.wait(0.5)
-            if self._closed:
-                return False
-            self._items.append(item)
-            self.waiting = False
-            depth = len(self._items)
-            self._cond.notify_all()
-        if self._rec.enabled:
-            if t0:
-                self._rec.producer_blocked(_clock() - t0)
-            self._rec.queue_depth(depth, max(1, self._knobs.prefetch))
-        return True
-
-    def get(self, timeout: float | None, what: str) -> Any:
-        """The next item; LoaderTimeoutError after ``timeout`` seconds without one."""
-        t0 = _clock()
-        deadline = None if not timeout else time.monotonic() + timeout
-        with self._cond:
-            while not self._items:
-                if self._closed:
-                    return _END
-                if not self.waiting:
-                    self.waiting = True
-                    d = getattr(self._knobs, "depth", None)
-                    if d is not None:
-                        d.wake()   # a driver waiting at the batch cap decides again (NOTE [ Batches in memory ])
-                if deadline is None:
-                    self._cond.wait(0.5)
-                else:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise LoaderTimeoutError(
-                            f"no batch within timeout={timeout} s while waiting for {what}; a dataset, "
-                            "transform or worker may be stuck (raise DataLoader(timeout=...) if batches "
-                            "are just slow)")
-                    self._cond.wait(min(left, 0.5))
-            self.waiting = False
-            item = self._items.popleft()
-            depth = len(self._items)
-            self._cond.notify_all()
-        self.last_wait_ns = _clock() - t0
-        if self._rec.enabled:
-            self._rec.consumer_waited(self.last_wait_ns)
-            self._rec.queue_depth(depth, max(1, self._knobs.prefetch))
-        return item
-
-
 _RUN_SERIALS = itertools.count(1)
 
 # NOTE [ Threads at interpreter exit ]
@@ -416,6 +324,10 @@ _RUN_SERIALS = itertools.count(1)
 #   (``NativePlan._team_for`` starts and frees kernel teams outside its lock, and
 #   ``NativePlan.close`` takes no lock). A script that ended while its warm epoch's driver
 #   was starting the plan's team hung at exit this way (tests/unit/test_exit.py).
+
+#: How often a driver waiting for a batch's gate checks that its run goes on and that the
+#: consumer is not waiting for that batch while holding its slot (NOTE [ Batches in memory ]).
+GATE_POLL_S = 0.01
 
 #: How long dropping a warm run at interpreter exit waits for its driver thread.
 EXIT_JOIN_S = 5.0
@@ -486,6 +398,12 @@ class _Run:
         self.room: Callable[[], bool] | None = None      # NOTE [ Warm slots ]: a batch slot is free (None: always)
         self.failed = False        # ended by an error (the loader then drops a warm next epoch)
         self.produced_all = False  # every batch made, the producer's production resources freed
+        self._last_done = 0        # when the last batch was finished (a gated batch's held-back time)
+        self.production_left = False   # produced_all, done_producing not called yet (NOTE [ The last batch first ])
+        # NOTE [ Warm slots ]: the lease of a slot of the epoch before that this (warm) run's next
+        # batch may follow behind a gate, or None; set by the loader.
+        self.follow: Callable[[], Any] | None = None
+        self._room_after: Any = None
         self.serial = next(_RUN_SERIALS)   # tells the AUTOTUNE tuner a new stream began (NOTE [ Autotune ])
 
     @property
@@ -505,6 +423,32 @@ class _Run:
 
         return room
 
+    @staticmethod
+    def warm_follow(before: _Run | None) -> Callable[[], Any]:
+        """A warm next epoch's ``follow`` (NOTE [ Warm slots ], NOTE [ Batches in memory ]): once
+        ``before`` (held weakly) has planned all its batches, so it gates no more of its own,
+        the lease of its slot that the user gives back next, for the warm run's batch to follow
+        behind a gate: the next epoch's first batch then starts as a batch mid-epoch does,
+        when the user gives back the slot, with no new slot and no Python thread in between."""
+        ahead = weakref.ref(before) if before is not None else None
+
+        def follow() -> Any:
+            b = ahead() if ahead is not None else None
+            if b is None or b.closed or not b.state.exhausted:
+                return None
+            return b.producer.gate_target()
+
+        return follow
+
+    def after_epoch(self, before: _Run | None, arena: Any) -> None:
+        """Make this (warm, not started) run the epoch after ``before``, the one being
+        consumed: it takes over ``before``'s kernel team (NOTE [ One team across epochs ] in
+        native.py) and batch slots (NOTE [ Warm slots ]) as they come free."""
+        if before is not None:
+            self.producer.continue_from(before.producer)
+        if arena is not None:
+            self.room, self.follow = _Run.warm_room(arena, before), _Run.warm_follow(before)
+
     def start(self) -> None:
         if self.queue is not None:
             self.thread = threading.Thread(target=_drive, args=(self, self.queue), name="loaderlib-driver",
@@ -523,21 +467,43 @@ class _Run:
             start()
         while not st.stop.is_set():
             while len(self.pending) < prod.lookahead:
+                if st.exhausted:
+                    break   # nothing left to plan: never wait for room or at the cap for it
+                after = None
                 if not st.live.is_set() and self.room is not None:
                     if self.pending and not self.room():
-                        break   # finish the batch in production first: its slot may be the last free one
-                    if not self.pending and not self._wait_room():
-                        break
+                        # Finish the batch in production first (its slot may be the last free
+                        # one), unless the next can follow another slot of the epoch before.
+                        follow = self.follow if self.queue is not None else None
+                        following = follow is not None
+                        after = follow() if follow is not None else None
+                        if after is None:
+                            if following and not st.stop.is_set() and prod.gate_closed(self.pending[-1]):
+                                # Its batch still waits for the user's slot: the epoch before's
+                                # last batch, whose slot comes next, is not finished yet.
+                                st.live.wait(0.005)
+                                continue
+                            break
+                    elif not self.pending:
+                        self._room_after = None
+                        if not self._wait_room():
+                            break
+                        # or behind the gate of the epoch before's slot (never kept: it holds the user's batch)
+                        after, self._room_after = self._room_after, None
                 held = 0
                 cap = getattr(self.knobs, "depth", None)
-                if cap is not None and prod.leases_at_submit:
+                if cap is not None and prod.leases_at_submit and after is None:
                     held = self._wait_cap(cap)
                     if held < 0:
-                        break
+                        after = self._gate_target()
+                        if after is None:
+                            break
+                        held = 0
                 task = st.next_task()
                 if task is None:
                     break
-                self.pending.append(prod.submit(task))
+                self.pending.append(prod.submit(task) if after is None else prod.submit_after(task, after))
+                after = None
                 self.held_back.append(held)
                 st.in_flight += 1
             if not self.pending:
@@ -546,7 +512,13 @@ class _Run:
             handle = self.pending.popleft()
             held = self.held_back.popleft()
             try:
+                if prod.gate_closed(handle):
+                    handle = self._wait_gate(handle)
+                opened = prod.gate_opened_ns(handle)
+                if opened and self._last_done:
+                    held = max(0, opened - self._last_done)   # how long it waited for the user's slot
                 out = prod.finish(handle)
+                self._last_done = _clock()
             except BaseException:
                 st.in_flight -= 1
                 try:
@@ -560,7 +532,10 @@ class _Run:
                 self.cancel_pending()   # a fill consumed samples that batches planned ahead hold
             if not self.pending and st.exhausted and not self.produced_all:
                 self.produced_all = True
-                prod.done_producing()
+                if self.queue is None:
+                    prod.done_producing()
+                else:
+                    self.production_left = True   # NOTE [ The last batch first ]: _drive frees it
             if out is None:
                 continue
             if st.order.drop_short and out.size < out.target:
@@ -568,6 +543,24 @@ class _Run:
             out.held_back = held
             return out
         return None
+
+    def end_production(self) -> None:
+        """Free what only production needs (``Producer.done_producing``) once the last batch
+        is made, if not done yet.
+
+        NOTE [ The last batch first ]
+        The driver hands the epoch's last batch, and the end of the epoch behind it, to the
+        consumer before the producer frees its kernel team, read-ahead and scratch (closing
+        the read-ahead, joining idle threads and trimming the heap: 25-30 ms at the epoch
+        boundaries of a profiling timeline at 64 ms per file, on 2 busy cores). A warm next epoch's first batch waits behind the gate
+        of a slot the consumer gives back when it takes that last batch (NOTE [ Warm slots ]),
+        so freeing first delayed the next epoch's first batch by the freeing, at every epoch
+        boundary. When the queue is full (the model is the slower side) nothing waits for the
+        last batch, and production is freed first, so the team does not outlive its epoch for
+        as long as the consumer takes to get there."""
+        if self.production_left:
+            self.production_left = False
+            self.producer.done_producing()
 
     def _wait_cap(self, depth: BatchDepth) -> int:
         """Wait until the next batch may lease a slot under the batch cap (NOTE [ Batches in
@@ -602,6 +595,37 @@ class _Run:
                 depth.waiting = False
         return _clock() - t0
 
+    def _gate_target(self) -> Any:
+        """The lease of the slot the next batch may follow behind a gate (NOTE [ Batches in
+        memory ]), or None: only a live run with a driver thread and a batch in production
+        gates (the synchronous run's caller is the one holding the slot)."""
+        st = self.state
+        if self.queue is None or not self.pending or st.stop.is_set() or not st.live.is_set():
+            return None
+        target = self.producer.gate_target()
+        if target is None and self.follow is not None:
+            target = self.follow()   # its first batches follow the epoch before's slots
+        return target
+
+    def _wait_gate(self, handle: Any) -> Any:
+        """Wait until ``handle``'s gate opens (the user gave its slot back). A consumer that
+        waits for this batch while it still holds that slot keeps batches: the batch is taken
+        back and queued into a slot of its own, one more batch ahead (NOTE [ Batches in
+        memory ]). Raises :class:`_Stopped` when the run stops."""
+        st, prod, q = self.state, self.producer, self.queue
+        depth = getattr(self.knobs, "depth", None)
+        # Waits in C on the team's condition, which the gate's opening signals: no Python wake
+        # sits between the release and this driver (the batch runs from the release on anyway),
+        # and two runs' drivers at an epoch boundary never take each other's signal.
+        while prod.wait_gate(handle, GATE_POLL_S):
+            if st.stop.is_set():
+                raise _Stopped()   # step() cancels the handle
+            if q is None or (q.waiting and not len(q) and st.live.is_set()):
+                if depth is not None:
+                    depth.forced()
+                return prod.ungate(handle)
+        return handle
+
     def _wait_room(self) -> bool:
         """Wait for a slot a warm run may take.
 
@@ -618,10 +642,11 @@ class _Run:
         run of the steady-state test): it reuses slots already in memory, the ones the current
         epoch gives back as the user takes its last batches, and so has its first batches
         ready at the boundary without new resident memory. Once iterated (``live``), it takes slots as any run.
-        "Made all its batches" is ``produced_all``, set once the last batch is finished, when the
-        producer has freed what only production needs (``done_producing``: the native engine's
-        kernel team with its per-thread scratch, and its read-ahead): each run has its own, and
-        the two would otherwise be resident together at every epoch boundary.
+        "Made all its batches" is ``produced_all``, set once the last batch is finished; the
+        producer frees what only production needs (``done_producing``: the native engine's
+        kernel team with its per-thread scratch, and its read-ahead) right after handing that
+        batch on (NOTE [ The last batch first ]): each run has its own, and the two would
+        otherwise be resident together at every epoch boundary.
 
         Waits until a slot is free, the run goes live, or it stops; False when it stopped.
         """
@@ -629,6 +654,11 @@ class _Run:
         while not st.live.is_set() and not st.stop.is_set():
             if room is None or room():
                 return True
+            if self.follow is not None and self.queue is not None:
+                target = self.follow()
+                if target is not None:
+                    self._room_after = target
+                    return True
             st.live.wait(0.005)
         return not st.stop.is_set()
 
@@ -689,13 +719,18 @@ def _drive(run: _Run, queue: _BatchQueue) -> None:
             out = run.step()
             if out is None:
                 break
+            if run.production_left and queue.full():
+                run.end_production()   # NOTE [ The last batch first ]
             if not queue.put(out):
                 break
+            if run.production_left:
+                break   # the epoch's last batch: its end follows at once, the freeing after it
         queue.put(_END, force=True)
     except BaseException as e:  # noqa: BLE001 - delivered to the consumer, who raises it
         queue.put(_Failure(e), force=True)
     finally:
         run.cancel_pending()
+        run.end_production()
 
 
 class LoaderIterator:
@@ -795,7 +830,7 @@ class LoaderIterator:
             depth.observe(item.held_back, run.queue.last_wait_ns, _clock())
         if run.knobs.tuner is not None:
             observe_batch(run.knobs.tuner, item.batch, run.serial)
-        if self._owner is not None and run.state.exhausted:
+        if self._owner is not None and (run.state.exhausted or run.producer.reads_issued()):
             self._owner._epoch_nearly_done(run)
         batch = item.batch
         for step in self._post:

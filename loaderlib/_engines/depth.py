@@ -13,16 +13,40 @@ and ``ahead`` ready or in production.
   finishes what it has in production, then waits for a release: each lease's end signals
   :attr:`BatchDepth.signal` (``SlotRing.on_release``; a ``queue.SimpleQueue``, whose
   ``put`` never blocks and may run inside a dealloc, on any thread, even at exit).
-- At 1 ahead the kernel team idles between batches, from a batch's last image until the next
-  batch is queued: the tail (the other threads have nothing to claim, NOTE [ One queue
+- At 1 ahead the kernel team would idle between batches, from a batch's last image until the
+  next batch is queued: the tail (the other threads have nothing to claim, NOTE [ One queue
   across batches ]) and the hand-over (the driver completes the batch, the consumer takes it
-  and gives the previous one back, the driver queues the next one). With a model slower than
-  the loader that costs nothing: the next batch is ready before it is asked for. When the
-  loader is the bottleneck it costs throughput: 6%-10% of the steady state at 2 threads with
-  batches of 64, the float RN50 chain after a warm-up epoch (``benchmarks/scaling.py --pin
-  --prefetch default,2``: 0.90x and 0.94x of ``prefetch=2`` in two runs), for half the batch
-  memory; ``prefetch=2`` (a fixed queue) is the choice for a loader-bound job with memory to
-  spare. The fewer images each thread gets per batch, the larger that share, so ``ahead``
+  and gives the previous one back, the driver wakes, leases the freed slot and queues the next
+  one). A timeline of the hand-over (a profiling script timing each step of the float RN50
+  chain at 2 pinned threads on the ImageNet-like photos, a loaded shared machine; medians per
+  batch) put the driver's part after the release, its wake-up (~60 us) and its set-up of the
+  next batch (lease, reads, the kernel call: ~350 us, with a mean of 2.7 ms under load), at
+  about half of the gap between two batches (1.5 ms median). So the next batch is queued
+  ahead of time instead, aimed at the slot the user still holds (NOTE [ Successor leases ] in
+  pyx/_arena.pyx): while one batch is in production and the user holds the previous one, the
+  driver leases that slot a second time, queues the batch after next on the kernel team
+  behind a closed gate (``ll_pool_submit_gated``), and its reads go out at once; the holder's
+  release opens the gate in C, in the lease's dealloc, so the kernel threads start it with no
+  Python thread in between. The tail and the driver's completion of the batch before (the
+  consumer must have it to give its slot back) remain: the same script, in three rounds
+  alternating with the code before, timed from a batch's completion (as the driver saw it) to
+  the next batch's start a median of 3.0 / 5.0 / 3.5 ms per batch before and 0.69 / 0.70 /
+  0.80 ms (to the gate's opening) with it, on a loaded machine. The gated batch's
+  ``held_back`` is the time from the batch before's completion to its gate's opening.
+  A consumer that waits for the gated batch while still holding its slot keeps batches: the
+  driver (which waits for the gate in C, ``ll_pool_wait_open``, checking every
+  ``GATE_POLL_S``) takes it back unrun (``ll_pool_withdraw``, its reads given up) and queues it
+  into a slot of its own, one more ahead, as below. A warm next epoch queues its first batch
+  behind the gate of the user's slot of the epoch before (``_Run.warm_follow``), and its second
+  behind the epoch before's last slot as soon as that batch is finished, on the same kernel
+  team (NOTE [ One team across epochs ] in native.py), so the user waits at an epoch start
+  about as long as mid-epoch (docs/measurements.md, epoch boundaries).
+  With a model slower than the loader the cap costs nothing: the next batch is ready before it
+  is asked for. When the loader is the bottleneck, ``benchmarks/scaling.py --pin --prefetch
+  default,2`` measured (before the gate) 0.90x and 0.94x of ``prefetch=2`` at 2 threads with
+  batches of 64, the float RN50 chain after a warm-up epoch, for half the batch memory; with
+  the gate: see docs/measurements.md. The fewer images each thread gets per batch, the larger
+  the tail's share, so ``ahead``
   starts at 1 only for small teams, at most ``1 + batch_size / SMALL_TEAM`` threads (2
   threads with batches of 64, 6 with 256), and at 2 otherwise (two batches in production, as
   the engine's lookahead plans: 16 threads keep 3 slots).

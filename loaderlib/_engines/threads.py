@@ -505,6 +505,10 @@ class HybridProducer(Producer):
                                  t0, max(nthreads, self.pool.size))
         return None if batch is None else Produced(batch, end, len(samples), task.target)
 
+    def continue_from(self, before: Producer) -> None:
+        if isinstance(before, HybridProducer):   # NOTE [ One team across epochs ] in native.py
+            self.native.continue_from(before.native)
+
     def close(self, wait: bool = True) -> None:
         self.native.close(wait=wait)
 

@@ -237,6 +237,14 @@ class ReadAhead:
         self.next += took
         return took
 
+    def attached(self, end: int) -> None:
+        """A batch was queued on the kernel team with every position below ``end``: those
+        positions are below the native reader's floor (NOTE [ Read-ahead ] in
+        include/ll_readahead.h) and never queued again, so later top-ups start at ``end``.
+        Without this, a probe made after a batch queued behind a gate (NOTE [ Batches in
+        memory ]) had attached its positions spent itself on positions the reader passes over."""
+        self.next = max(self.next, int(end))
+
     def queue(self, positions: np.ndarray, idx: np.ndarray) -> int:
         """Queue reads of the samples ``idx`` (stream indices) at ``positions`` (increasing,
         above every position queued or attached before); returns how many were taken."""

@@ -207,29 +207,30 @@ class NativeSource:
 
     def run(self, plan: Any, idx: np.ndarray, out: np.ndarray, *, seed: int, epoch: int, num_threads: int,
             timings: np.ndarray | None, wait: bool = True, positions: np.ndarray | None = None,
-            reader: Any = None) -> Any:
+            reader: Any = None, gated: bool = False) -> Any:
         """Run ``plan`` on the samples ``idx`` into ``out``: the BatchStatus, or with
         ``wait=False`` a PendingBatch queued on the plan's kernel threads.
 
         ``reader`` (a :class:`~loaderlib._extract.readahead.ReadAhead`) and ``positions`` (the stream
         positions of ``idx``): samples whose bytes the read-ahead stage already fetched or is
         fetching are taken from it (NOTE [ Read-ahead ]); the others are read in the pass.
+        ``gated``: queued behind a closed gate (NOTE [ Batches in memory ] in _engines/depth.py).
         """
         kind = self.kind
         if kind is SourceKind.FILES:   # NOTE [ Paths per batch ]
             enc, paths = encode_paths(self._file_paths(), self.data_index(idx).tolist())
             return plan.run_encoded_files_into(enc, paths, out, idx, seed=seed, epoch=epoch,
                                                num_threads=num_threads, timings=timings, wait=wait,
-                                               positions=positions, reader=reader)
+                                               positions=positions, reader=reader, gated=gated)
         if kind is SourceKind.SHARDS:
             fds, offs, sizes = self.ranges(idx)
             return plan.run_records_into(fds, offs, sizes, out, idx, seed=seed, epoch=epoch, num_threads=num_threads,
                                          timings=timings, sources=[self.source(i) for i in idx.tolist()], wait=wait,
-                                         positions=positions, reader=reader)
+                                         positions=positions, reader=reader, gated=gated)
         if kind is SourceKind.PIXELS:   # NOTE [ Cached pixels ] in _pipeline/cache.py
             data = self.data_index(idx).tolist()
             return plan.run_pixels_into(self.dataset.images(data, num_threads), out, idx, seed=seed, epoch=epoch,
-                                        num_threads=num_threads, timings=timings, wait=wait)
+                                        num_threads=num_threads, timings=timings, wait=wait, gated=gated)
         if kind is SourceKind.BUFFERS:
             data = self.data_index(idx).tolist()
             # NOTE [ Remote read-ahead ] in _extract/remote/readahead.py: bytes read ahead by position.
@@ -237,7 +238,7 @@ class NativeSource:
                     else self.dataset.buffers(data))
             return plan.run_buffers_into(bufs, out, idx, seed=seed, epoch=epoch,
                                          num_threads=num_threads, timings=timings,
-                                         sources=[self.dataset.source(i) for i in data], wait=wait)
+                                         sources=[self.dataset.source(i) for i in data], wait=wait, gated=gated)
         raise ValueError(f"no kernel reader for a {kind.name} source")
 
 

@@ -29,6 +29,11 @@
  *   OMP_WAIT_POLICY says).
  * - A team belongs to the process that made it: after fork() the child has the structure
  *   but not the threads, so ll_pool_usable() tells the owner to make a new team.
+ * - A job may be queued behind a closed gate (``gated``): no thread claims its items until
+ *   ll_pool_open(), and ll_pool_withdraw() takes it back unrun while the gate is still closed.
+ *   The batch cap queues the next batch this way, aimed at the slot the user still holds,
+ *   and the slot's release opens the gate (NOTE [ Batches in memory ] in
+ *   loaderlib/_engines/depth.py).
  */
 #ifndef LL_POOL_H
 #define LL_POOL_H
@@ -139,6 +144,7 @@ typedef struct ll_job {
     int attached;    /* threads claiming from it now (under the team's mutex); a thread runs
                       * every item it claimed before it detaches, so the job is finished
                       * once all are claimed and none is attached */
+    int gated;       /* 1: queued behind a closed gate, no item may be claimed (under the mutex) */
     struct ll_job *qnext;
 } ll_job;
 
@@ -161,7 +167,7 @@ struct ll_pool {
 /* The oldest job with unclaimed items that thread ``tid`` may work on; caller holds mu. */
 static ll_job *ll_pool_find(ll_pool *p, int tid) {
     for (ll_job *j = p->head; j != NULL; j = j->qnext)
-        if (j->limit > tid && LL_LOAD(&j->next) < j->n) return j;
+        if (j->limit > tid && !j->gated && LL_LOAD(&j->next) < j->n) return j;
     return NULL;
 }
 
@@ -277,11 +283,13 @@ static ll_pool *ll_pool_new(int n) {
 /* Whether this process's threads serve the team (false in a child after fork()). */
 static int ll_pool_usable(const ll_pool *p) { return p != NULL && p->pid == ll_getpid(); }
 
-/* Queue ``job`` (fn, ctx, n and limit set by the caller; n >= 1). */
-static void ll_pool_submit(ll_pool *p, ll_job *job) {
+/* Queue ``job`` (fn, ctx, n and limit set by the caller; n >= 1), behind a closed gate when
+ * ``gated`` (ll_pool_open starts it). */
+static void ll_pool_submit_gated(ll_pool *p, ll_job *job, int gated) {
     job->next = 0;
     job->attached = 0;
     job->qnext = NULL;
+    job->gated = gated ? 1 : 0;
     if (job->limit > p->nthreads) job->limit = p->nthreads;
     if (job->limit < 1) job->limit = 1;
     ll_mutex_lock(&p->mu);
@@ -292,6 +300,9 @@ static void ll_pool_submit(ll_pool *p, ll_job *job) {
     ll_mutex_unlock(&p->mu);
 }
 
+/* Queue ``job`` (fn, ctx, n and limit set by the caller; n >= 1). */
+static void ll_pool_submit(ll_pool *p, ll_job *job) { ll_pool_submit_gated(p, job, 0); }
+
 /* Whether every item of ``job`` has run and no thread holds it; caller holds mu. */
 static int ll_pool_finished(ll_job *job) { return LL_LOAD(&job->next) >= job->n && job->attached == 0; }
 
@@ -301,6 +312,63 @@ static void ll_pool_wait(ll_pool *p, ll_job *job) {
     ll_mutex_lock(&p->mu);
     while (!ll_pool_finished(job)) ll_cond_wait(&p->fin, &p->mu);
     ll_mutex_unlock(&p->mu);
+}
+
+/* Open the gate of a gated ``job``: its items may be claimed from now on (a no-op when it is
+ * open). Never blocks for long: it takes the team's mutex, which no thread holds across an
+ * item, so it may run with the interpreter's lock held. */
+static void ll_pool_open(ll_pool *p, ll_job *job) {
+    ll_mutex_lock(&p->mu);
+    if (job->gated) {
+        job->gated = 0;
+        ll_cond_broadcast(&p->work);
+    }
+    ll_mutex_unlock(&p->mu);
+}
+
+/* Take back a job whose gate is still closed: it leaves the queue with no item run and counts
+ * as finished (ll_pool_wait returns at once). Returns 0, changing nothing, when the gate was
+ * opened (then the job runs and is waited for as any other). */
+static int ll_pool_withdraw(ll_pool *p, ll_job *job) {
+    int taken = 0;
+    ll_mutex_lock(&p->mu);
+    if (job->gated) {
+        ll_pool_unlink(p, job);
+        job->gated = 0;
+        job->next = job->n;
+        taken = 1;
+    }
+    ll_mutex_unlock(&p->mu);
+    return taken;
+}
+
+/* Wait until ``job``'s gate opens or ``timeout_ns`` passes; returns whether it is still closed.
+ * (The gate's opening broadcasts ``work``, which the waiter shares with the team's threads.) */
+static int ll_pool_wait_open(ll_pool *p, ll_job *job, int64_t timeout_ns) {
+    ll_mutex_lock(&p->mu);
+#ifdef _WIN32
+    if (job->gated) SleepConditionVariableSRW(&p->work, &p->mu, (DWORD)(timeout_ns / 1000000), 0);
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const long long t = (long long)ts.tv_nsec + timeout_ns;
+    ts.tv_sec += (time_t)(t / 1000000000LL);
+    ts.tv_nsec = (long)(t % 1000000000LL);
+    while (job->gated) {
+        if (pthread_cond_timedwait(&p->work, &p->mu, &ts) != 0) break;
+    }
+#endif
+    int g = job->gated;
+    ll_mutex_unlock(&p->mu);
+    return g;
+}
+
+/* Whether ``job``'s gate is closed. */
+static int ll_pool_gated(ll_pool *p, ll_job *job) {
+    ll_mutex_lock(&p->mu);
+    int g = job->gated;
+    ll_mutex_unlock(&p->mu);
+    return g;
 }
 
 /* Whether ll_pool_wait would return at once (does not block). */

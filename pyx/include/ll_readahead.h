@@ -553,6 +553,27 @@ static void ll_reader_abandon(ll_reader *r, int64_t s) {
     }
 }
 
+/* Batch ``w`` will not run (a gated job taken back, NOTE [ Batches in memory ]): every slot it
+ * owns is given up, read or not; a later pass reads those positions itself (they are below
+ * ``floor``, so they are never queued again). */
+static void ll_reader_detach(ll_reader *r, ll_rwait *w) {
+    ll_mutex_lock(&r->mu);
+    for (int64_t i = 0; i < w->n; i++) {
+        const int64_t s = w->slot[i];
+        if (s < 0) continue;
+        ll_rreq *q = &r->slots[s];
+        if (q->waiter != w || q->item != i) continue;
+        if (q->state == LL_RQ_DONE) {
+            q->waiter = NULL;
+            ll_reader_free_slot(r, s);
+        } else {
+            ll_reader_abandon(r, s);
+        }
+        w->slot[i] = -1;
+    }
+    ll_mutex_unlock(&r->mu);
+}
+
 /* Wait (caller holds mu) until a read finishes, the reader stops, or 0.1 s passes, so the
  * caller rechecks its stop flag and its deadline. */
 static void ll_reader_wait_arrival(ll_reader *r) {

@@ -292,3 +292,95 @@ def test_every_probe_of_a_run_reading_inline_is_read_by_the_io_threads(folder, m
         # 36 images in batches of 2 or 4: 18 or 9 batches, at least 2 probes an epoch.
         assert len([t for t in queued if t]) >= 2, queued
         assert ex.reads - ex.inline_reads == sum(queued), (ex.reads, ex.inline_reads, queued)
+
+
+class _FreeingProducer(_CountingProducer):
+    """Records, when production is freed, which batches the queue already holds."""
+
+    def __init__(self, state: RunState, queue: list) -> None:
+        super().__init__(state)
+        self.queue = queue
+        self.freed_with: list | None = None
+
+    def done_producing(self) -> None:
+        assert self.freed_with is None, "production freed twice"
+        self.freed_with = [p.batch for p in list(self.queue[0]._items) if isinstance(p, Produced)]
+
+
+@pytest.mark.parametrize(("prefetch", "queued_at_free"), [(4, [0, 1, 2]), (2, [0, 1]), (1, [1])])
+def test_the_last_batch_is_handed_on_before_production_is_freed(prefetch, queued_at_free):
+    """NOTE [ The last batch first ]: with room in the queue the driver puts the epoch's last
+    batch before freeing the producer (a warm next epoch's first batch waits for the slot the
+    consumer gives back when it takes that batch); with the queue full it frees first."""
+    from loaderlib._engines.base import _drive
+    from loaderlib._engines.handoff import _BatchQueue
+
+    order = EpochOrder(0, np.arange(12, dtype=np.int64), [4, 4, 4], False, np.empty(0, np.int64),
+                       np.empty(0, np.int64), {})
+    state = RunState(order, seed=0)
+    knobs = _Knobs(1, prefetch)
+    holder: list = []
+    prod = _FreeingProducer(state, holder)
+    run = _Run(state=state, producer=prod, knobs=knobs, recorder=StageRecorder(enabled=False), timeout=None)
+    queue = _BatchQueue(knobs, StageRecorder(enabled=False))
+    holder.append(queue)
+    taken: list[int] = []
+    if prefetch < 3:   # a consumer that takes a batch whenever the queue is full, as a slow model does
+        put = queue.put
+
+        def put_taking(item, force=False):
+            if queue.full():
+                taken.append(queue.get(None, "test").batch)
+            return put(item, force)
+
+        queue.put = put_taking   # type: ignore[method-assign]
+    _drive(run, queue)   # on this thread: batches 0, 1, 2, then the end
+    assert prod.freed_with == queued_at_free
+    assert not run.production_left
+
+
+def _team_threads() -> set[int]:
+    """The system ids of this process's kernel team threads (NOTE [ Thread names ])."""
+    import os
+
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("ll-team"):
+                    out.add(int(tid))
+        except OSError:   # ended while listing
+            pass
+    return out
+
+
+def test_every_epoch_runs_on_the_first_epochs_kernel_team(folder):
+    """NOTE [ One team across epochs ]: a warm next epoch takes over the kernel team of the
+    epoch before, so no kernel thread is started after the first epoch, and the output is
+    that of a loader whose epochs each start their own team (warm epochs off)."""
+    import gc
+
+    gc.collect()
+    before = _team_threads()
+    loader = _loader(folder, num_threads=2)
+    teams, tids, got = [], [], []
+    for _epoch in range(3):
+        for i, (x, y) in enumerate(loader):
+            got.append((x.copy(), y.copy()))
+            if i == 1:
+                teams.append(loader._current()._run.producer.plan._team)
+                tids.append(_team_threads() - before)
+    assert all(t is teams[0] for t in teams) and teams[0].size == 2
+    assert tids[0] and all(t == tids[0] for t in tids), tids
+    fresh = _loader(folder, num_threads=2)
+    fresh._warm_epochs = False   # every epoch on a team of its own
+    ref = [(x.copy(), y.copy()) for _ in range(3) for x, y in fresh]
+    assert len(got) == len(ref) == 27
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+    teams.clear()
+    loader.close()
+    fresh.close()
+    gc.collect()
+    assert not (_team_threads() - before)

@@ -67,6 +67,11 @@ if where == "plan":
     del plan
     print("done", flush=True)
     sys.exit(0)
+# A warm epoch takes over the team of the epoch before (NOTE [ One team across epochs ]); it
+# starts one of its own when it cannot (that team closed first, or more threads are asked for),
+# which is the start this script ends in.
+from loaderlib._chain import NativePlan
+NativePlan.share_team = lambda self, other: False
 ds = ll.ImageListDataset(sorted(os.path.join(folder, f) for f in os.listdir(folder)))
 loader = ll.DataLoader(ds.transform_first(T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()])),
                        batch_size=4, shuffle=True, seed=0, num_threads=2)

@@ -310,6 +310,12 @@ class RemoteReadAhead:
             self._work.notify_all()
         return took
 
+    def attached(self, end: int) -> None:
+        """A batch was queued with every position below ``end`` (as
+        :meth:`loaderlib._extract.readahead.ReadAhead.attached`): later top-ups start at ``end``."""
+        with self._lock:
+            self.next = max(self.next, int(end))
+
     def take(self, position: int, timeout: float = 0.0) -> tuple[Any, int]:
         """The bytes of stream position ``position`` and the nanoseconds waited for them;
         ``(None, 0)`` when it was never queued. A failed read raises its error."""
