@@ -133,7 +133,9 @@ class NativeProducer(Producer):
         return lay
 
     def continue_from(self, before: Producer) -> None:
-        """NOTE [ One team across epochs ]
+        """Run on the kernel team of ``before``, the epoch before this one, when it has one.
+
+        NOTE [ One team across epochs ]
         Each run compiles its own plan, and a plan starts its kernel team at its first batch.
         A warm next epoch (NOTE [ Warm epochs ] in loader.py) instead runs on the team of the
         epoch before, with its decoders and per-thread scratch: its first batch, queued behind
