@@ -18,12 +18,40 @@ smallest level that delivered the CPU rate (latency grows with concurrency on a 
 that saturates); the IO ceiling is the most files/s any level delivered (the loader's depth
 reaches ``MAX_DEPTH``, above the probe's 256); the loader's ceiling is ``min(CPU, IO)``.
 
+The CPU side counts the reads' own CPU (NOTE [ Read CPU in the ceiling ]): the decode run
+measures the cores on bytes already in memory, but every read through a FUSE daemon, a local
+server or a TCP stack costs CPU on the same machine, and the loader pays it beside decoding.
+
 Every read runs on a daemon thread and the probe never waits for one past its deadline: on
 a storage that never answers (a hung mount, a FIFO without a writer, a server that accepts
 and stalls) the probe stops escalating after the first level with no answer, reports the
 paths still unanswered with how long they have waited, and returns on time. Those threads
 are left blocked in their read; they end when it returns, and a daemon thread does not keep
 the interpreter from exiting. The listing runs the same way.
+
+NOTE [ Read CPU in the ceiling ]
+The cores' rate on warm copies (``cpu_rate``, samples/s) leaves out what a read costs the
+machine: on a 2-core machine with the storage's work on the same cores (latencyfs's daemon, an
+HTTP server and its proxy, the kernel's FUSE and TCP paths) the default loader reached only
+0.57-0.85 of that rate (the slow-storage guide's probe table). So the probe counts CPU time
+while it reads: around each level, this process's CPU time (every thread, user + system,
+``getrusage``) and the busy time of the CPUs it may run on (``/proc/stat``, per CPU of its
+affinity, so storage pinned to other CPUs is not counted). Per read, the CPU the storage costs
+is
+
+- the other processes' share: busy - own - the background the other processes ran at in a
+  quiet window before the first level (nothing read), over the level's reads; and
+- this process's share beyond what a read of a warm local copy costs the same reading threads
+  (a short calibration level over the decode run's copies): the kernel's read path, the
+  HTTP client; the Python harness's own overhead cancels.
+
+The decode run gives the CPU per sample the same way (own CPU time over its samples), and
+the cores' ceiling becomes ``cpu_rate x decode / (decode + read)``: the same CPU time the
+decode run had, spent on both. The level whose CPU per read is used is the first with at least
+the io_depth the loader will hold, among those with ``MIN_CPU_READS`` reads (per-read CPU grows
+with the number of waiting threads), or the deepest. On a machine whose CPUs other work keeps
+busy the background changes while the probe runs and the figures are noisier (the report says
+so); without ``/proc/stat`` (not Linux) the others' share is left out (the report says so too).
 """
 
 from __future__ import annotations
@@ -32,12 +60,14 @@ import dataclasses
 import math
 import os
 import random
+import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LevelStats", "StorageReport", "level_stats", "predict", "probe_storage"]
+__all__ = ["CpuSample", "LevelStats", "StorageReport", "cpu_sample", "level_stats", "predict", "probe_storage",
+           "read_cpu_s"]
 
 #: Reads in flight the probe measures at.
 LEVELS = (1, 8, 64, 256)
@@ -53,6 +83,54 @@ CPU_BYTES, CPU_FILES = 64 << 20, 512
 EPOCH_SAMPLES, WARMUP_BATCHES = 65536, 2
 #: Shares of the budget: listing, IO levels, the CPU run (the rest is slack).
 LIST_SHARE, IO_SHARE, CPU_SHARE = 0.2, 0.55, 0.2
+#: Reads a level needs for its CPU per read to count (NOTE [ Read CPU in the ceiling ]).
+MIN_CPU_READS = 50
+#: The warm calibration level: reading threads, and its share of the budget; the quiet window's share.
+WARM_CONCURRENCY, WARM_SHARE, QUIET_SHARE = 8, 0.03, 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds used so far (NOTE [ Read CPU in the ceiling ]).
+
+    Attributes
+    ----------
+    busy : float or None
+        Busy time of the CPUs this process may run on, summed (``/proc/stat``: user, nice,
+        system, irq, softirq); None where it cannot be read.
+    own : float
+        This process's CPU time, every thread, user + system.
+    """
+
+    busy: float | None
+    own: float
+
+
+def _cpu_lines() -> dict[int, float] | None:
+    try:
+        with open("/proc/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    tick = float(os.sysconf("SC_CLK_TCK"))
+    out: dict[int, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit():
+            v = [int(x) for x in rest.split()]
+            out[int(name[3:])] = (v[0] + v[1] + v[2] + v[5] + v[6]) / tick   # user nice system irq softirq
+    return out
+
+
+def cpu_sample() -> CpuSample:
+    """The CPU time used so far by the CPUs of this process's affinity and by this process."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    lines = _cpu_lines()
+    busy = None
+    if lines:
+        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(lines)
+        busy = sum(v for k, v in lines.items() if k in mine)
+    return CpuSample(busy=busy, own=r.ru_utime + r.ru_stime)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +153,11 @@ class LevelStats:
         Reads still waiting at the level's end.
     oldest_unanswered_ms : float
         How long the oldest of those had waited.
+    cpu_own_s : float or None
+        This process's CPU time during the level (NOTE [ Read CPU in the ceiling ]).
+    cpu_busy_s : float or None
+        The busy time of this process's CPUs during the level, every process's; None where
+        ``/proc/stat`` cannot be read.
     """
 
     concurrency: int
@@ -89,6 +172,8 @@ class LevelStats:
     latency_p99_ms: float | None
     unanswered: int
     oldest_unanswered_ms: float
+    cpu_own_s: float | None = None
+    cpu_busy_s: float | None = None
 
 
 def _percentile(sorted_ms: Sequence[float], q: float) -> float:
@@ -98,9 +183,15 @@ def _percentile(sorted_ms: Sequence[float], q: float) -> float:
 
 
 def level_stats(concurrency: int, latencies_s: Sequence[float], nbytes: int, seconds: float,
-                waiting_s: Sequence[float] = ()) -> LevelStats:
+                waiting_s: Sequence[float] = (), cpu: tuple[CpuSample, CpuSample] | None = None) -> LevelStats:
     """One level's figures from its completed reads' latencies (seconds), their bytes, the
-    level's wall time and the ages of the reads still waiting at its end."""
+    level's wall time, the ages of the reads still waiting at its end, and the CPU samples
+    taken at its start and end."""
+    own = busy = None
+    if cpu is not None:
+        a, b = cpu
+        own = b.own - a.own
+        busy = b.busy - a.busy if a.busy is not None and b.busy is not None else None
     ms = sorted(1e3 * x for x in latencies_s)
     n = len(ms)
     return LevelStats(concurrency=int(concurrency), reads=n, bytes=int(nbytes), seconds=float(seconds),
@@ -110,37 +201,81 @@ def level_stats(concurrency: int, latencies_s: Sequence[float], nbytes: int, sec
                       latency_p50_ms=_percentile(ms, 50) if n else None,
                       latency_p95_ms=_percentile(ms, 95) if n else None,
                       latency_p99_ms=_percentile(ms, 99) if n else None,
-                      unanswered=len(waiting_s), oldest_unanswered_ms=1e3 * max(waiting_s, default=0.0))
+                      unanswered=len(waiting_s), oldest_unanswered_ms=1e3 * max(waiting_s, default=0.0),
+                      cpu_own_s=own, cpu_busy_s=busy)
 
 
-def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int) -> dict[str, Any]:
+def read_cpu_s(lv: LevelStats, warm_read_s: float, background_cores: float) -> float | None:
+    """CPU seconds one read of level ``lv`` costs the machine beyond a warm local read
+    (NOTE [ Read CPU in the ceiling ]): this process's CPU per read less ``warm_read_s``, plus
+    the other processes' CPU (busy - own - ``background_cores`` x the level's seconds) per
+    read; None when the level has too few reads or no CPU figures."""
+    if lv.reads < MIN_CPU_READS or lv.cpu_own_s is None:
+        return None
+    own = max(0.0, lv.cpu_own_s / lv.reads - warm_read_s)
+    others = 0.0
+    if lv.cpu_busy_s is not None:
+        others = max(0.0, (lv.cpu_busy_s - lv.cpu_own_s - background_cores * lv.seconds) / lv.reads)
+    return own + others
+
+
+def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int,
+            cpu_s_per_sample: float | None = None, warm_read_s: float = 0.0,
+            background_cores: float = 0.0) -> dict[str, Any]:
     """The io_depth and the loader's ceiling from the levels and the CPU rate
-    (NOTE [ Storage probe ]).
+    (NOTE [ Storage probe ], NOTE [ Read CPU in the ceiling ]).
 
-    Returns a dict: ``io_ceiling`` (files/s), ``ceiling`` (samples/s), ``limit`` ("cores",
-    "storage" or None when nothing was measured), ``latency_ms`` (the latency the law used),
-    ``in_flight`` (Little's law: rate x latency), ``io_depth`` (what the adaptive depth
-    settles at: the law with the read-ahead's headroom, plus one read per thread).
+    ``cpu_rate`` is the cores' samples/s on warm copies, ``cpu_s_per_sample`` the CPU seconds
+    each of those samples took (None: reads are taken to cost no CPU), ``warm_read_s`` the
+    probe's own CPU per read of a warm copy and ``background_cores`` the other processes' load
+    while nothing was read (see :func:`read_cpu_s`).
+
+    Returns a dict: ``io_ceiling`` (files/s), ``cpu_ceiling`` (samples/s the cores reach
+    when each sample's read costs its CPU too), ``ceiling`` (samples/s, the smaller),
+    ``limit`` ("cores", "storage" or None when nothing was measured), ``latency_ms`` (the
+    latency the law used), ``in_flight`` (Little's law: rate x latency), ``io_depth`` (what the
+    adaptive depth settles at: the law with the read-ahead's headroom, plus one read per
+    thread), ``read_cpu_ms`` (CPU per read, None when not measured), ``sample_cpu_ms`` (CPU per
+    sample decoding alone) and ``cpu_level`` (the concurrency whose CPU per read was used).
     """
     from ._extract.readahead import HEADROOM, MAX_DEPTH
 
+    out: dict[str, Any] = {"io_ceiling": None, "cpu_ceiling": None, "ceiling": None, "limit": None,
+                           "latency_ms": None, "in_flight": None, "io_depth": None, "read_cpu_ms": None,
+                           "sample_cpu_ms": None if cpu_s_per_sample is None else 1e3 * cpu_s_per_sample,
+                           "cpu_level": None}
     answered = [lv for lv in levels if lv.reads > 0]
     if not answered:
-        return {"io_ceiling": None, "ceiling": None, "limit": None, "latency_ms": None, "in_flight": None,
-                "io_depth": None}
+        return out
     best = max(answered, key=lambda lv: lv.files_per_s)
     io = best.files_per_s
+    out.update(io_ceiling=io, latency_ms=best.latency_mean_ms)
     if cpu_rate is None or cpu_rate <= 0:
-        return {"io_ceiling": io, "ceiling": None, "limit": None, "latency_ms": best.latency_mean_ms,
-                "in_flight": None, "io_depth": None}
-    enough = [lv for lv in answered if lv.files_per_s >= cpu_rate]
-    at = min(enough, key=lambda lv: lv.concurrency) if enough else best
-    lat_s = (at.latency_mean_ms or 0.0) / 1e3
-    rate = min(cpu_rate, io)
-    in_flight = rate * lat_s
+        return out
+
+    def law(cores: float) -> tuple[LevelStats, float, float]:
+        enough = [lv for lv in answered if lv.files_per_s >= cores]
+        at = min(enough, key=lambda lv: lv.concurrency) if enough else best
+        rate = min(cores, io)
+        return at, rate, rate * (at.latency_mean_ms or 0.0) / 1e3
+
+    cores = cpu_rate
+    at, rate, in_flight = law(cores)
+    if cpu_s_per_sample is not None and cpu_s_per_sample > 0:
+        costs = [(lv, c) for lv in answered if (c := read_cpu_s(lv, warm_read_s, background_cores)) is not None]
+        if costs:
+            # The first level with as many reads in flight as the loader's depth will hold, or
+            # the deepest (per-read CPU grows with the threads waiting).
+            want = math.ceil(HEADROOM * in_flight) + max(1, int(threads))
+            lv, read_s = next(((lv, c) for lv, c in sorted(costs, key=lambda lc: lc[0].concurrency)
+                               if lv.concurrency >= want), max(costs, key=lambda lc: lc[0].concurrency))
+            cores = cpu_rate * cpu_s_per_sample / (cpu_s_per_sample + read_s)
+            at, rate, in_flight = law(cores)
+            out.update(read_cpu_ms=1e3 * read_s, cpu_level=lv.concurrency)
     depth = min(MAX_DEPTH, math.ceil(HEADROOM * in_flight) + max(1, int(threads)))
-    return {"io_ceiling": io, "ceiling": rate, "limit": "cores" if cpu_rate <= io else "storage",
-            "latency_ms": at.latency_mean_ms, "in_flight": in_flight, "io_depth": depth}
+    out.update(cpu_ceiling=cores, ceiling=rate, limit="cores" if cores <= io else "storage",
+               latency_ms=at.latency_mean_ms, in_flight=in_flight, io_depth=depth)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,13 +357,19 @@ def format_storage_report(r: StorageReport) -> str:
     p = r.prediction
     lines.append("")
     if r.cpu_rate is not None:
-        lines.append(f"  cores      {r.cpu_rate:,.0f} samples/s on {r.threads} thread(s) ({r.cpu_source})")
+        per = f", {p['sample_cpu_ms']:.2f} CPU-ms per sample" if p.get("sample_cpu_ms") is not None else ""
+        lines.append(f"  cores      {r.cpu_rate:,.0f} samples/s on {r.threads} thread(s) ({r.cpu_source}){per}")
     else:
         lines.append(f"  cores      not measured ({r.cpu_source})")
+    if p.get("read_cpu_ms") is not None:
+        lines.append(f"  read CPU   {p['read_cpu_ms']:.2f} ms per read at {p['cpu_level']} in flight (this machine's CPU "
+                     f"beyond a warm local read: the storage's processes, the kernel, the client): the cores reach "
+                     f"{p['cpu_ceiling']:,.0f} samples/s with the reads")
     if p.get("io_ceiling") is not None:
         lines.append(f"  storage    {p['io_ceiling']:,.0f} files/s at best")
     if p.get("ceiling") is not None:
-        lines.append(f"  loader     ceiling {p['ceiling']:,.0f} samples/s = min(cores, storage); Little's law: "
+        cores = "cores with the reads' CPU" if p.get("read_cpu_ms") is not None else "cores"
+        lines.append(f"  loader     ceiling {p['ceiling']:,.0f} samples/s = min({cores}, storage); Little's law: "
                      f"{p['in_flight']:.1f} reads in flight at {_ms(p['latency_ms'])} ms each, io_depth "
                      f"{p['io_depth']} with the read-ahead's headroom")
     for n in r.notes:
@@ -411,7 +552,9 @@ class _Level:
                     self.keep.append((t.path, data))
                     self.keep_bytes[0] += len(data)
 
-    def run(self, seconds: float, sleep: Callable[[float], None]) -> tuple[LevelStats, list[str]]:
+    def run(self, seconds: float, sleep: Callable[[float], None],
+            cpu: Callable[[], CpuSample] = cpu_sample) -> tuple[LevelStats, list[str]]:
+        c0 = cpu()
         start = self.clock()
         end = self.end = start + seconds
         for th in self.threads:
@@ -424,8 +567,9 @@ class _Level:
             waiting = [(now - t0, p) for t0, p in self.busy.values()]
             lats = list(self.latencies)
             nbytes = self.nbytes
+        c1 = cpu()
         # Threads still inside a read are left to finish it (NOTE [ Storage probe ]).
-        stats = level_stats(len(self.threads), lats, nbytes, now - start, [w for w, _ in waiting])
+        stats = level_stats(len(self.threads), lats, nbytes, now - start, [w for w, _ in waiting], (c0, c1))
         return stats, [p for _, p in sorted(waiting, reverse=True)]
 
 
@@ -438,10 +582,24 @@ def _default_chain() -> Any:
     return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
 
 
+@dataclasses.dataclass(frozen=True)
+class _CpuRun:
+    """What the decode run measured (NOTE [ Read CPU in the ceiling ])."""
+
+    rate: float | None
+    source: str
+    threads: int
+    cpu_s_per_sample: float | None = None     # this process's CPU per sample decoded
+    warm_read_s: float = 0.0                  # this process's CPU per read of a warm copy
+
+
 def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, batch_size: int,
-              num_threads: int | None, clock: Callable[[], float]) -> tuple[float | None, str, int]:
+              num_threads: int | None, clock: Callable[[], float], sleep: Callable[[float], None],
+              cpu: Callable[[], CpuSample], warm_s: float) -> _CpuRun:
     """Samples/s of a DataLoader over copies of ``kept`` in a temporary folder (the cores'
-    rate when reads cost nothing), for about ``seconds``; the first batch is warm-up."""
+    rate when reads cost nothing), for about ``seconds``; the first batches are warm-up. First,
+    ``warm_s`` seconds of the probe's reading threads over the copies: what a warm read costs
+    them (NOTE [ Read CPU in the ceiling ])."""
     import tempfile
 
     t_end = clock() + seconds     # writing the copies, the loader's start and its warm-up count too
@@ -452,7 +610,7 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
     threads = num_threads or default_num_threads()
     images = [(p, d) for p, d in kept if p.lower().endswith((".jpg", ".jpeg"))]
     if not images:
-        return None, "no JPEG among the files read: pass cpu_rate=", threads
+        return _CpuRun(None, "no JPEG among the files read: pass cpu_rate=", threads)
     chain = _default_chain() if transform is None else transform
     what = "RandomResizedCrop(224) + flip" if transform is None else "the given transform"
     with tempfile.TemporaryDirectory(prefix="loaderlib-probe-") as tmp:
@@ -462,6 +620,10 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
             with open(q, "wb") as f:
                 f.write(d)
             paths.append(q)
+        warm = _Level(_Reader(False, "files", 1, None), [_Target(q, None) for q in paths], [0], WARM_CONCURRENCY,
+                      clock, [], [CPU_BYTES])
+        wl, _ = warm.run(warm_s, sleep, cpu)
+        warm_read_s = wl.cpu_own_s / wl.reads if wl.reads and wl.cpu_own_s is not None else 0.0
         bs = max(1, min(batch_size, len(paths)))
         # One long epoch of the copies repeated (no epoch boundary to refill at), as a training
         # run's epoch is; its first batches start the threads and the read-ahead: warm-up.
@@ -470,23 +632,26 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
         loader = DataLoader(ds, batch_size=bs, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
         try:
             t_first = None
+            c_first = c_last = None
             n = batches = 0
             while clock() < t_end:
                 for x, _y in loader:
                     batches += 1
                     if batches <= WARMUP_BATCHES:
-                        t_first = clock()
+                        t_first, c_first = clock(), cpu()
                         continue
                     n += len(x)
                     if clock() >= t_end:
                         break
+            c_last = cpu()
             elapsed = clock() - t_first if t_first is not None else 0.0
         finally:
             loader.close()
-    if n == 0 or elapsed <= 0:
-        return None, f"the decode run of {len(paths)} image(s) did not finish a batch in time", threads
-    return n / elapsed, (f"a DataLoader with {what} over {len(paths)} of the files read, from a temporary "
-                         "copy: no read cost"), threads
+    if n == 0 or elapsed <= 0 or c_first is None:
+        return _CpuRun(None, f"the decode run of {len(paths)} image(s) did not finish a batch in time", threads)
+    own = c_last.own - c_first.own
+    return _CpuRun(n / elapsed, (f"a DataLoader with {what} over {len(paths)} of the files read, from a temporary "
+                                 "copy: no read cost"), threads, own / n if own > 0 else None, warm_read_s)
 
 
 # --------------------------------------------------------------------------- the probe
@@ -501,12 +666,15 @@ def _summary(levels: Sequence[LevelStats], pred: dict, stalled: Sequence[str], s
     if pred.get("ceiling") is None:
         return (f"reads are {_ms(lat)} ms and the storage gives {pred['io_ceiling']:,.0f} files/s at best; the "
                 "cores' rate was not measured") if pred.get("io_ceiling") else "nothing was read"
+    cost = "" if pred.get("read_cpu_ms") is None else f" and cost {pred['read_cpu_ms']:.2f} ms of CPU each"
     if pred["limit"] == "cores":
-        return (f"reads are {_ms(lat)} ms; with {math.ceil(pred['in_flight'])} in flight the cores, not the storage, "
-                f"limit the loader (about {pred['ceiling']:,.0f} samples/s; the adaptive io_depth settles near "
-                f"{pred['io_depth']})")
-    return (f"reads are {_ms(lat)} ms; the storage, not the cores, limits the loader: about "
-            f"{pred['io_ceiling']:,.0f} samples/s at best where the cores could do {pred['cpu_rate']:,.0f}")
+        alone = ("" if pred.get("read_cpu_ms") is None or pred.get("cpu_rate") is None else
+                 f", {pred['cpu_rate']:,.0f} if reads cost no CPU")
+        return (f"reads are {_ms(lat)} ms{cost}; with {math.ceil(pred['in_flight'])} in flight the cores, not the "
+                f"storage, limit the loader (about {pred['ceiling']:,.0f} samples/s{alone}; the adaptive io_depth "
+                f"settles near {pred['io_depth']})")
+    return (f"reads are {_ms(lat)} ms{cost}; the storage, not the cores, limits the loader: about "
+            f"{pred['io_ceiling']:,.0f} samples/s at best where the cores could do {pred['cpu_ceiling']:,.0f}")
 
 
 def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, seconds: float = 10.0, storage_options: dict | None = None,
@@ -514,7 +682,8 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
                   cpu_rate: float | None = None, range_bytes: int = 128 << 10,
                   concurrency: Sequence[int] = LEVELS, seed: int = 0,
                   clock: Callable[[], float] = time.perf_counter,
-                  sleep: Callable[[float], None] = time.sleep) -> StorageReport:
+                  sleep: Callable[[float], None] = time.sleep,
+                  cpu: Callable[[], CpuSample] = cpu_sample) -> StorageReport:
     """Measure where the data lives, and predict the loader's io_depth and ceiling there.
 
     Reads a sample of the files (or shards) at 1, 8, 64 and 256 reads in flight, times every
@@ -552,6 +721,9 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
         Which files are sampled.
     clock, sleep : callable
         Seconds and waiting (tests inject their own).
+    cpu : callable
+        Returns a :class:`CpuSample`, the CPU time used so far (tests inject their own; NOTE
+        [ Read CPU in the ceiling ]).
 
     Returns
     -------
@@ -617,6 +789,19 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     cursor = [0]
     kept: list[tuple[str, bytes]] = []
     kept_bytes = [0]
+    # The other processes' load with nothing read (NOTE [ Read CPU in the ceiling ]).
+    q0, t0 = cpu(), clock()
+    sleep(QUIET_SHARE * seconds)
+    q1, t1 = cpu(), clock()
+    background = 0.0
+    if q0.busy is not None and q1.busy is not None and t1 > t0:
+        background = max(0.0, (q1.busy - q0.busy - (q1.own - q0.own)) / (t1 - t0))
+    if q0.busy is None:
+        notes.append("the machine's CPU time could not be read (/proc/stat): the CPU the storage's own processes "
+                     "spend per read is not in the ceiling")
+    elif background >= 0.5:
+        notes.append(f"other work kept {background:.1f} CPU(s) busy while nothing was read: the CPU per read is "
+                     "noisier, and the loader's share of the cores may differ from the probe's")
     io_left = max(0.0, min(IO_SHARE * seconds, deadline - clock() - CPU_SHARE * seconds))
     per_level = io_left / len(levels_wanted)
     levels: list[LevelStats] = []
@@ -624,7 +809,7 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     errors: list[str] = []
     for c in levels_wanted:
         lv = _Level(reader, targets, cursor, c, clock, kept, kept_bytes)
-        stats, waiting = lv.run(per_level, sleep)
+        stats, waiting = lv.run(per_level, sleep, cpu)
         levels.append(stats)
         errors += lv.errors
         if stats.reads == 0:
@@ -638,16 +823,19 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     threads = num_threads or 0
     source = "given"
     rate = cpu_rate
+    run = _CpuRun(rate, source, threads)
     if rate is None and not stalled:
         cpu_s = max(0.5 * CPU_SHARE * seconds, deadline - clock())
-        rate, source, threads = _cpu_rate(kept, cpu_s, transform, batch_size, num_threads, clock)
+        run = _cpu_rate(kept, cpu_s, transform, batch_size, num_threads, clock, sleep, cpu,
+                        min(WARM_SHARE * seconds, 0.25 * cpu_s))
+        rate, source, threads = run.rate, run.source, run.threads
     elif stalled:
         source = "not measured: the storage did not answer"
     if not threads:
         from ._threads import default_num_threads
 
         threads = default_num_threads()
-    pred = predict(levels, rate, threads)
+    pred = predict(levels, rate, threads, run.cpu_s_per_sample, run.warm_read_s, background)
     pred["cpu_rate"] = rate
     summary = _summary(levels, pred, stalled, clock() - t_start)
     return StorageReport(location=where, kind=kind, listed=len(listed), sampled=min(cursor[0], len(targets)),
