@@ -39,8 +39,10 @@ while it reads: around each level, this process's CPU time (every thread, user +
 affinity, so storage pinned to other CPUs is not counted). Per read, the CPU the storage costs
 is
 
-- the other processes' share: busy - own - the background the other processes ran at in a
-  quiet window before the first level (nothing read), over the level's reads; and
+- the storage's processes' share: their CPU time (NOTE [ Finding the storage's processes ] in
+  ``_probe_cpu.py``) less their load in a quiet window before the first level (nothing read),
+  over the level's reads; where none was found, every other process's share: busy - own - the
+  background of that quiet window; and
 - this process's share beyond what a read of a warm local copy costs the same reading threads
   (a short calibration level over the decode run's copies): the kernel's read path, the
   HTTP client; the Python harness's own overhead cancels.
@@ -57,17 +59,19 @@ so); without ``/proc/stat`` (not Linux) the others' share is left out (the repor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import random
-import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["CpuSample", "LevelStats", "StorageReport", "cpu_sample", "level_stats", "predict", "probe_storage",
-           "read_cpu_s"]
+from ._probe_cpu import CpuSample, cpu_sample, storage_pids
+
+__all__ = ["CpuSample", "LevelStats", "StorageReport", "cpu_sample", "level_stats", "loader_read_cpu_s", "predict",
+           "probe_storage", "read_cpu_s"]
 
 #: Reads in flight the probe measures at.
 LEVELS = (1, 8, 64, 256)
@@ -81,56 +85,13 @@ MAX_LISTED = 100_000
 CPU_BYTES, CPU_FILES = 64 << 20, 512
 #: The CPU run: samples in its one epoch (the copies repeated), and batches of warm-up.
 EPOCH_SAMPLES, WARMUP_BATCHES = 65536, 2
-#: Shares of the budget: listing, IO levels, the CPU run (the rest is slack).
-LIST_SHARE, IO_SHARE, CPU_SHARE = 0.2, 0.55, 0.2
+#: Shares of the budget: listing, IO levels, the CPU run on warm copies, the CPU run through
+#: the storage (the rest is slack).
+LIST_SHARE, IO_SHARE, CPU_SHARE, READ_SHARE = 0.2, 0.45, 0.2, 0.15
 #: Reads a level needs for its CPU per read to count (NOTE [ Read CPU in the ceiling ]).
 MIN_CPU_READS = 50
 #: The warm calibration level: reading threads, and its share of the budget; the quiet window's share.
 WARM_CONCURRENCY, WARM_SHARE, QUIET_SHARE = 8, 0.03, 0.02
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuSample:
-    """CPU seconds used so far (NOTE [ Read CPU in the ceiling ]).
-
-    Attributes
-    ----------
-    busy : float or None
-        Busy time of the CPUs this process may run on, summed (``/proc/stat``: user, nice,
-        system, irq, softirq); None where it cannot be read.
-    own : float
-        This process's CPU time, every thread, user + system.
-    """
-
-    busy: float | None
-    own: float
-
-
-def _cpu_lines() -> dict[int, float] | None:
-    try:
-        with open("/proc/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    tick = float(os.sysconf("SC_CLK_TCK"))
-    out: dict[int, float] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(" ")
-        if name.startswith("cpu") and name[3:].isdigit():
-            v = [int(x) for x in rest.split()]
-            out[int(name[3:])] = (v[0] + v[1] + v[2] + v[5] + v[6]) / tick   # user nice system irq softirq
-    return out
-
-
-def cpu_sample() -> CpuSample:
-    """The CPU time used so far by the CPUs of this process's affinity and by this process."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    lines = _cpu_lines()
-    busy = None
-    if lines:
-        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(lines)
-        busy = sum(v for k, v in lines.items() if k in mine)
-    return CpuSample(busy=busy, own=r.ru_utime + r.ru_stime)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +119,9 @@ class LevelStats:
     cpu_busy_s : float or None
         The busy time of this process's CPUs during the level, every process's; None where
         ``/proc/stat`` cannot be read.
+    cpu_storage_s : float or None
+        The CPU time of the storage's local processes during the level (NOTE [ Finding the
+        storage's processes ] in ``_probe_cpu.py``); None when none was found.
     """
 
     concurrency: int
@@ -174,6 +138,7 @@ class LevelStats:
     oldest_unanswered_ms: float
     cpu_own_s: float | None = None
     cpu_busy_s: float | None = None
+    cpu_storage_s: float | None = None
 
 
 def _percentile(sorted_ms: Sequence[float], q: float) -> float:
@@ -187,11 +152,12 @@ def level_stats(concurrency: int, latencies_s: Sequence[float], nbytes: int, sec
     """One level's figures from its completed reads' latencies (seconds), their bytes, the
     level's wall time, the ages of the reads still waiting at its end, and the CPU samples
     taken at its start and end."""
-    own = busy = None
+    own = busy = storage = None
     if cpu is not None:
         a, b = cpu
         own = b.own - a.own
         busy = b.busy - a.busy if a.busy is not None and b.busy is not None else None
+        storage = b.storage - a.storage if a.storage is not None and b.storage is not None else None
     ms = sorted(1e3 * x for x in latencies_s)
     n = len(ms)
     return LevelStats(concurrency=int(concurrency), reads=n, bytes=int(nbytes), seconds=float(seconds),
@@ -202,33 +168,39 @@ def level_stats(concurrency: int, latencies_s: Sequence[float], nbytes: int, sec
                       latency_p95_ms=_percentile(ms, 95) if n else None,
                       latency_p99_ms=_percentile(ms, 99) if n else None,
                       unanswered=len(waiting_s), oldest_unanswered_ms=1e3 * max(waiting_s, default=0.0),
-                      cpu_own_s=own, cpu_busy_s=busy)
+                      cpu_own_s=own, cpu_busy_s=busy, cpu_storage_s=storage)
 
 
 def read_cpu_s(lv: LevelStats, warm_read_s: float, background_cores: float) -> float | None:
     """CPU seconds one read of level ``lv`` costs the machine beyond a warm local read
     (NOTE [ Read CPU in the ceiling ]): this process's CPU per read less ``warm_read_s``, plus
-    the other processes' CPU (busy - own - ``background_cores`` x the level's seconds) per
-    read; None when the level has too few reads or no CPU figures."""
+    the storage's processes' CPU per read when they were found, else the other processes' CPU
+    (busy - own - ``background_cores`` x the level's seconds) per read; None when the level
+    has too few reads or no CPU figures. ``background_cores`` is the same processes' load (the
+    storage's, or every other) with nothing read."""
     if lv.reads < MIN_CPU_READS or lv.cpu_own_s is None:
         return None
     own = max(0.0, lv.cpu_own_s / lv.reads - warm_read_s)
     others = 0.0
-    if lv.cpu_busy_s is not None:
+    if lv.cpu_storage_s is not None:
+        others = max(0.0, (lv.cpu_storage_s - background_cores * lv.seconds) / lv.reads)
+    elif lv.cpu_busy_s is not None:
         others = max(0.0, (lv.cpu_busy_s - lv.cpu_own_s - background_cores * lv.seconds) / lv.reads)
     return own + others
 
 
 def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int,
             cpu_s_per_sample: float | None = None, warm_read_s: float = 0.0,
-            background_cores: float = 0.0) -> dict[str, Any]:
+            background_cores: float = 0.0, read_s: float | None = None) -> dict[str, Any]:
     """The io_depth and the loader's ceiling from the levels and the CPU rate
     (NOTE [ Storage probe ], NOTE [ Read CPU in the ceiling ]).
 
     ``cpu_rate`` is the cores' samples/s on warm copies, ``cpu_s_per_sample`` the CPU seconds
     each of those samples took (None: reads are taken to cost no CPU), ``warm_read_s`` the
     probe's own CPU per read of a warm copy and ``background_cores`` the other processes' load
-    while nothing was read (see :func:`read_cpu_s`).
+    while nothing was read (see :func:`read_cpu_s`). ``read_s``, the CPU per sample that reading
+    through the storage cost the loader and the storage's processes (measured by running the
+    loader there), is used when given; else the levels' CPU per read.
 
     Returns a dict: ``io_ceiling`` (files/s), ``cpu_ceiling`` (samples/s the cores reach
     when each sample's read costs its CPU too), ``ceiling`` (samples/s, the smaller),
@@ -236,7 +208,8 @@ def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int,
     latency the law used), ``in_flight`` (Little's law: rate x latency), ``io_depth`` (what the
     adaptive depth settles at: the law with the read-ahead's headroom, plus one read per
     thread), ``read_cpu_ms`` (CPU per read, None when not measured), ``sample_cpu_ms`` (CPU per
-    sample decoding alone) and ``cpu_level`` (the concurrency whose CPU per read was used).
+    sample decoding alone) and ``cpu_level`` (the concurrency whose CPU per read was used, or
+    ``"loader"`` when ``read_s`` was).
     """
     from ._extract.readahead import HEADROOM, MAX_DEPTH
 
@@ -261,7 +234,11 @@ def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int,
 
     cores = cpu_rate
     at, rate, in_flight = law(cores)
-    if cpu_s_per_sample is not None and cpu_s_per_sample > 0:
+    if cpu_s_per_sample is not None and cpu_s_per_sample > 0 and read_s is not None:
+        cores = cpu_rate * cpu_s_per_sample / (cpu_s_per_sample + read_s)
+        at, rate, in_flight = law(cores)
+        out.update(read_cpu_ms=1e3 * read_s, cpu_level="loader")
+    elif cpu_s_per_sample is not None and cpu_s_per_sample > 0:
         costs = [(lv, c) for lv in answered if (c := read_cpu_s(lv, warm_read_s, background_cores)) is not None]
         if costs:
             # The first level with as many reads in flight as the loader's depth will hold, or
@@ -309,6 +286,9 @@ class StorageReport:
         The probe's wall time.
     notes : tuple of str
         Caveats (files read twice, a cut-short listing, ...).
+    storage_processes : tuple of str
+        ``"PID name"`` of the local processes found serving the reads, whose CPU counts per
+        read (NOTE [ Finding the storage's processes ]).
     """
 
     location: str
@@ -325,6 +305,7 @@ class StorageReport:
     summary: str
     seconds: float
     notes: tuple[str, ...] = ()
+    storage_processes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-serialisable data (``doctor --storage --json``)."""
@@ -332,6 +313,7 @@ class StorageReport:
         d["levels"] = [dataclasses.asdict(lv) for lv in self.levels]
         d["stalled"] = list(self.stalled)
         d["notes"] = list(self.notes)
+        d["storage_processes"] = list(self.storage_processes)
         return d
 
     def __str__(self) -> str:
@@ -362,9 +344,13 @@ def format_storage_report(r: StorageReport) -> str:
     else:
         lines.append(f"  cores      not measured ({r.cpu_source})")
     if p.get("read_cpu_ms") is not None:
-        lines.append(f"  read CPU   {p['read_cpu_ms']:.2f} ms per read at {p['cpu_level']} in flight (this machine's CPU "
-                     f"beyond a warm local read: the storage's processes, the kernel, the client): the cores reach "
-                     f"{p['cpu_ceiling']:,.0f} samples/s with the reads")
+        whose = (f"the storage's processes ({', '.join(r.storage_processes)})" if r.storage_processes else
+                 "the other processes")
+        how = ("the loader reading through the storage" if p["cpu_level"] == "loader" else
+               f"the probe's reads at {p['cpu_level']} in flight")
+        lines.append(f"  read CPU   {p['read_cpu_ms']:.2f} ms per read, measured by {how} (this machine's CPU beyond "
+                     f"a warm local read: the reader's and {whose}): the cores reach {p['cpu_ceiling']:,.0f} "
+                     "samples/s with the reads")
     if p.get("io_ceiling") is not None:
         lines.append(f"  storage    {p['io_ceiling']:,.0f} files/s at best")
     if p.get("ceiling") is not None:
@@ -584,28 +570,68 @@ def _default_chain() -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class _CpuRun:
-    """What the decode run measured (NOTE [ Read CPU in the ceiling ])."""
+    """What the decode runs measured (NOTE [ Read CPU in the ceiling ])."""
 
     rate: float | None
     source: str
     threads: int
-    cpu_s_per_sample: float | None = None     # this process's CPU per sample decoded
-    warm_read_s: float = 0.0                  # this process's CPU per read of a warm copy
+    cpu_s_per_sample: float | None = None     # this process's CPU per sample decoded from warm copies
+    warm_read_s: float = 0.0                  # the probe's reading threads' CPU per read of a warm copy
+    read_s: float | None = None               # CPU per sample read through the storage, beyond a warm copy's
+
+
+def _loader_cpu(paths: list[str], storage_options: Any, seconds: float, chain: Any, batch_size: int, threads: int,
+                clock: Callable[[], float], cpu: Callable[[], CpuSample], io_depth: int | None = None
+                ) -> tuple[int, float, CpuSample | None, CpuSample | None]:
+    """A DataLoader over ``paths`` repeated for about ``seconds`` (``io_depth`` as given): the
+    samples after the warm-up batches, their wall time, and the CPU samples at their start and
+    end."""
+    from .datasets import ImageListDataset
+    from .loader import DataLoader
+
+    t_end = clock() + seconds
+    bs = max(1, min(batch_size, len(paths)))
+    # One long epoch of the files repeated (no epoch boundary to refill at), as a training
+    # run's epoch is; its first batches start the threads and the read-ahead: warm-up.
+    many = paths * max(1, -(-EPOCH_SAMPLES // len(paths)))
+    ds = ImageListDataset(many, [0] * len(many), storage_options=storage_options).transform_first(chain)
+    loader = DataLoader(ds, batch_size=bs, shuffle=True, seed=0, num_threads=threads, last_batch="discard",
+                        io_depth=io_depth)
+    t_first = None
+    c_first = c_last = None
+    n = batches = 0
+    try:
+        while clock() < t_end:
+            for x, _y in loader:
+                batches += 1
+                if batches <= WARMUP_BATCHES:
+                    t_first, c_first = clock(), cpu()
+                    continue
+                n += len(x)
+                if clock() >= t_end:
+                    break
+        c_last = cpu()
+        elapsed = clock() - t_first if t_first is not None else 0.0
+    finally:
+        loader.close()
+    return n, elapsed, c_first, c_last
 
 
 def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, batch_size: int,
               num_threads: int | None, clock: Callable[[], float], sleep: Callable[[float], None],
-              cpu: Callable[[], CpuSample], warm_s: float) -> _CpuRun:
+              cpu: Callable[[], CpuSample], warm_s: float, read_until: float | None = None,
+              read_min: float = 0.0, storage_options: Any = None, background: float = 0.0,
+              levels: Sequence[LevelStats] = ()) -> _CpuRun:
     """Samples/s of a DataLoader over copies of ``kept`` in a temporary folder (the cores'
-    rate when reads cost nothing), for about ``seconds``; the first batches are warm-up. First,
-    ``warm_s`` seconds of the probe's reading threads over the copies: what a warm read costs
-    them (NOTE [ Read CPU in the ceiling ])."""
+    rate when reads cost nothing), for about ``seconds``; the first batches are warm-up.
+    Before it, ``warm_s`` seconds of the probe's reading threads over the copies (what a warm
+    read costs them); after it, until ``read_until`` (at least ``read_min`` seconds), the same
+    DataLoader over the files where they live: the CPU a read through the storage costs the
+    loader and the storage's processes (NOTE [ Read CPU in the ceiling ])."""
     import tempfile
 
     t_end = clock() + seconds     # writing the copies, the loader's start and its warm-up count too
     from ._threads import default_num_threads
-    from .datasets import ImageListDataset
-    from .loader import DataLoader
 
     threads = num_threads or default_num_threads()
     images = [(p, d) for p, d in kept if p.lower().endswith((".jpg", ".jpeg"))]
@@ -624,37 +650,53 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
                       clock, [], [CPU_BYTES])
         wl, _ = warm.run(warm_s, sleep, cpu)
         warm_read_s = wl.cpu_own_s / wl.reads if wl.reads and wl.cpu_own_s is not None else 0.0
-        bs = max(1, min(batch_size, len(paths)))
-        # One long epoch of the copies repeated (no epoch boundary to refill at), as a training
-        # run's epoch is; its first batches start the threads and the read-ahead: warm-up.
-        many = paths * max(1, -(-EPOCH_SAMPLES // len(paths)))
-        ds = ImageListDataset(many, [0] * len(many)).transform_first(chain)
-        loader = DataLoader(ds, batch_size=bs, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
-        try:
-            t_first = None
-            c_first = c_last = None
-            n = batches = 0
-            while clock() < t_end:
-                for x, _y in loader:
-                    batches += 1
-                    if batches <= WARMUP_BATCHES:
-                        t_first, c_first = clock(), cpu()
-                        continue
-                    n += len(x)
-                    if clock() >= t_end:
-                        break
-            c_last = cpu()
-            elapsed = clock() - t_first if t_first is not None else 0.0
-        finally:
-            loader.close()
-    if n == 0 or elapsed <= 0 or c_first is None:
+        n, elapsed, c_first, c_last = _loader_cpu(paths, None, t_end - clock(), chain, batch_size, threads, clock, cpu)
+    if n == 0 or elapsed <= 0 or c_first is None or c_last is None:
         return _CpuRun(None, f"the decode run of {len(paths)} image(s) did not finish a batch in time", threads)
     own = c_last.own - c_first.own
-    return _CpuRun(n / elapsed, (f"a DataLoader with {what} over {len(paths)} of the files read, from a temporary "
-                                 "copy: no read cost"), threads, own / n if own > 0 else None, warm_read_s)
+    per_sample = own / n if own > 0 else None
+    source = f"a DataLoader with {what} over {len(paths)} of the files read, from a temporary copy: no read cost"
+    read_s = None
+    rate = n / elapsed
+    law = predict(levels, rate, threads)
+    # The read-ahead at the depth Little's law gives (no ramp to wait through), and only when
+    # its warm-up batches fit in the time left: the run cannot be cut inside a batch.
+    bs = max(1, min(batch_size, len(images)))
+    lat_s = (law["latency_ms"] or 0.0) / 1e3
+    needed = lat_s + (WARMUP_BATCHES + 2) * bs * max(lat_s / max(1, law["io_depth"] or 1), 1 / rate)
+    if read_until is not None and per_sample is not None and clock() + needed <= read_until:
+        m, el, r0, r1 = _loader_cpu([p for p, _d in images], storage_options, max(read_min, read_until - clock()),
+                                    chain, batch_size, threads, clock, cpu, law["io_depth"])
+        if m > 0 and el > 0 and r0 is not None and r1 is not None:
+            read_s = loader_read_cpu_s(per_sample, m, el, r0, r1, background)
+    return _CpuRun(rate, source, threads, per_sample, warm_read_s, read_s)
+
+
+def loader_read_cpu_s(per_sample: float, samples: int, seconds: float, first: CpuSample, last: CpuSample,
+                      background_cores: float) -> float:
+    """CPU seconds per sample that reading through the storage cost, from a loader run there
+    of ``samples`` in ``seconds`` between the CPU samples ``first`` and ``last`` (NOTE [ Read
+    CPU in the ceiling ]): this process's CPU per sample beyond ``per_sample`` (the same loader
+    on warm copies), plus the storage's processes' CPU (or, where none was found, every other
+    process's: busy - own) beyond ``background_cores``, per sample."""
+    mine = last.own - first.own
+    theirs = 0.0
+    if first.storage is not None and last.storage is not None:
+        theirs = last.storage - first.storage
+    elif first.busy is not None and last.busy is not None:
+        theirs = last.busy - first.busy - mine
+    return max(0.0, mine / samples - per_sample) + max(0.0, (theirs - background_cores * seconds) / samples)
 
 
 # --------------------------------------------------------------------------- the probe
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def _summary(levels: Sequence[LevelStats], pred: dict, stalled: Sequence[str], seconds: float) -> str:
@@ -683,7 +725,7 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
                   concurrency: Sequence[int] = LEVELS, seed: int = 0,
                   clock: Callable[[], float] = time.perf_counter,
                   sleep: Callable[[float], None] = time.sleep,
-                  cpu: Callable[[], CpuSample] = cpu_sample) -> StorageReport:
+                  cpu: Callable[[], CpuSample] | None = None) -> StorageReport:
     """Measure where the data lives, and predict the loader's io_depth and ceiling there.
 
     Reads a sample of the files (or shards) at 1, 8, 64 and 256 reads in flight, times every
@@ -721,9 +763,10 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
         Which files are sampled.
     clock, sleep : callable
         Seconds and waiting (tests inject their own).
-    cpu : callable
-        Returns a :class:`CpuSample`, the CPU time used so far (tests inject their own; NOTE
-        [ Read CPU in the ceiling ]).
+    cpu : callable, optional
+        Returns a :class:`CpuSample`, the CPU time used so far (default: this process's, its
+        CPUs' and the storage's local processes' found by ``storage_pids``; tests inject their
+        own; NOTE [ Read CPU in the ceiling ]).
 
     Returns
     -------
@@ -789,20 +832,29 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     cursor = [0]
     kept: list[tuple[str, bytes]] = []
     kept_bytes = [0]
-    # The other processes' load with nothing read (NOTE [ Read CPU in the ceiling ]).
+    serving: tuple[str, ...] = ()
+    if cpu is None:
+        pids = storage_pids(targets[0].path)     # NOTE [ Finding the storage's processes ]
+        serving = tuple(f"{p} {_comm(p)}" for p in pids)
+        cpu = functools.partial(cpu_sample, pids)
+    # The storage's (or every other process's) load with nothing read (NOTE [ Read CPU in the
+    # ceiling ]).
     q0, t0 = cpu(), clock()
     sleep(QUIET_SHARE * seconds)
     q1, t1 = cpu(), clock()
-    background = 0.0
-    if q0.busy is not None and q1.busy is not None and t1 > t0:
-        background = max(0.0, (q1.busy - q0.busy - (q1.own - q0.own)) / (t1 - t0))
-    if q0.busy is None:
-        notes.append("the machine's CPU time could not be read (/proc/stat): the CPU the storage's own processes "
-                     "spend per read is not in the ceiling")
-    elif background >= 0.5:
-        notes.append(f"other work kept {background:.1f} CPU(s) busy while nothing was read: the CPU per read is "
+    dt = max(t1 - t0, 1e-9)
+    others = None if q0.busy is None or q1.busy is None else max(0.0, (q1.busy - q0.busy - (q1.own - q0.own)) / dt)
+    background = others or 0.0
+    if q0.storage is not None and q1.storage is not None:
+        background = max(0.0, (q1.storage - q0.storage) / dt)
+        others = None if others is None else max(0.0, others - background)
+    elif q0.busy is None:
+        notes.append("the machine's CPU time could not be read (/proc/stat) and no local process serves the reads: "
+                     "only this process's CPU per read is in the ceiling")
+    if others is not None and others >= 0.5:
+        notes.append(f"other work kept {others:.1f} CPU(s) busy while nothing was read: the CPU per read is "
                      "noisier, and the loader's share of the cores may differ from the probe's")
-    io_left = max(0.0, min(IO_SHARE * seconds, deadline - clock() - CPU_SHARE * seconds))
+    io_left = max(0.0, min(IO_SHARE * seconds, deadline - clock() - (CPU_SHARE + READ_SHARE) * seconds))
     per_level = io_left / len(levels_wanted)
     levels: list[LevelStats] = []
     stalled: list[str] = []
@@ -825,9 +877,11 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     rate = cpu_rate
     run = _CpuRun(rate, source, threads)
     if rate is None and not stalled:
-        cpu_s = max(0.5 * CPU_SHARE * seconds, deadline - clock())
+        cpu_s = max(0.5 * CPU_SHARE * seconds, deadline - clock() - READ_SHARE * seconds)
         run = _cpu_rate(kept, cpu_s, transform, batch_size, num_threads, clock, sleep, cpu,
-                        min(WARM_SHARE * seconds, 0.25 * cpu_s))
+                        min(WARM_SHARE * seconds, 0.25 * cpu_s), read_until=deadline,
+                        read_min=0.5 * READ_SHARE * seconds, storage_options=storage_options, background=background,
+                        levels=levels)
         rate, source, threads = run.rate, run.source, run.threads
     elif stalled:
         source = "not measured: the storage did not answer"
@@ -835,10 +889,11 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
         from ._threads import default_num_threads
 
         threads = default_num_threads()
-    pred = predict(levels, rate, threads, run.cpu_s_per_sample, run.warm_read_s, background)
+    pred = predict(levels, rate, threads, run.cpu_s_per_sample, run.warm_read_s, background, read_s=run.read_s)
     pred["cpu_rate"] = rate
     summary = _summary(levels, pred, stalled, clock() - t_start)
     return StorageReport(location=where, kind=kind, listed=len(listed), sampled=min(cursor[0], len(targets)),
                          range_bytes=int(range_bytes) if kind == "shards" else None, levels=tuple(levels),
                          cpu_rate=rate, cpu_source=source, threads=threads, prediction=pred,
-                         stalled=tuple(stalled), summary=summary, seconds=clock() - t_start, notes=tuple(notes))
+                         stalled=tuple(stalled), summary=summary, seconds=clock() - t_start, notes=tuple(notes),
+                         storage_processes=serving)
