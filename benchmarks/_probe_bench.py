@@ -148,6 +148,7 @@ def main(a, measure, measure_remote, run_child, summary: str, split: str | None)
                 runs.setdefault((name, "loader cpu"), []).append(res.get("cpu_ms_per_image") or 0.0)
                 runs.setdefault((name, "storage cpu"), []).append(1e3 * storage_s / reads)
                 runs.setdefault((name, "boundary"), []).append((res.get("boundary") or {}).get("excess", 0.0))
+                runs.setdefault((name, "probe loader"), []).append(p.get("loader_rate") or 0.0)
                 print(f"  round {r + 1}: {name}: predicted {p['ceiling'] or 0:,.0f} img/s ({p['limit']}-bound, "
                       f"io_depth {p['io_depth']}; cores {rep['cpu_rate'] or 0:,.0f} alone, "
                       f"{p.get('cpu_ceiling') or 0:,.0f} with reads at {p.get('read_cpu_ms') or 0:.3f} CPU-ms each "
@@ -187,12 +188,15 @@ def print_table(runs: dict, names: list[str]) -> None:
     print("\nwhere the time went (medians; CPU-ms): probe's decode per sample and CPU per read; measured run's "
           "loader process per image, storage processes per read, epoch-start wait beyond a batch gap\n")
     print("| storage | probe: decode / sample | probe: CPU / read | probe: cores alone -> with reads | "
-          "loader process / image | storage processes / read | epoch-start wait |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "loader process / image | storage processes / read | epoch-start wait | probe's own loader run: img/s, "
+          "measured / it |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         med = {k: statistics.median(runs[name, k]) for k in ("sample cpu", "read cpu", "cores alone", "predicted",
-                                                              "loader cpu", "storage cpu", "boundary")}
+                                                              "loader cpu", "storage cpu", "boundary", "probe loader",
+                                                              "measured")}
+        own = med["measured"] / med["probe loader"] if med["probe loader"] else float("nan")
         print(f"| {name} | {med['sample cpu']:.2f} | {med['read cpu']:.2f} | {med['cores alone']:,.0f} -> "
               f"{med['predicted']:,.0f} | {med['loader cpu']:.2f} | {med['storage cpu']:.2f} | "
-              f"{med['boundary']:.1%} |", flush=True)
+              f"{med['boundary']:.1%} | {med['probe loader']:,.0f}, {own:.2f} |", flush=True)
     print("\nevery cell per round: " + "; ".join(f"{k[0]} / {k[1]}: {v}" for k, v in runs.items()), file=sys.stdout)

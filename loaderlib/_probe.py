@@ -68,7 +68,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._probe_cpu import CpuSample, cpu_sample, storage_pids
+from ._probe_cpu import CpuSample, comm, cpu_sample, storage_pids
+from ._probe_text import format_storage_report, summary_line
 
 __all__ = ["CpuSample", "LevelStats", "StorageReport", "cpu_sample", "level_stats", "loader_read_cpu_s", "predict",
            "probe_storage", "read_cpu_s"]
@@ -320,50 +321,6 @@ class StorageReport:
         return format_storage_report(self)
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.2f}" if v < 100 else f"{v:,.0f}"
-
-
-def format_storage_report(r: StorageReport) -> str:
-    """The report as text (what ``doctor --storage`` prints)."""
-    what = (f"{r.sampled} of {r.listed} file(s), whole-file reads" if r.kind == "files" else
-            f"{r.sampled} of {r.listed} shard(s), reads of {r.range_bytes:,} bytes at random offsets")
-    lines = [f"storage {r.location}", f"  {what}; probed in {r.seconds:.1f} s", "",
-             "  in flight  reads   files/s      MB/s   p50 ms   p95 ms   p99 ms  stuck"]
-    for lv in r.levels:
-        # Reads in progress at a level's end are normal; one waiting far past the others is not.
-        slow = lv.unanswered and lv.oldest_unanswered_ms > max(1000.0, 10 * (lv.latency_p99_ms or 0.0))
-        wait = f"{lv.unanswered} (oldest {lv.oldest_unanswered_ms / 1e3:.1f} s)" if slow else "-"
-        lines.append(f"  {lv.concurrency:>9} {lv.reads:>6} {lv.files_per_s:>9,.0f} {lv.bytes_per_s / 1e6:>9,.1f} "
-                     f"{_ms(lv.latency_p50_ms):>8} {_ms(lv.latency_p95_ms):>8} {_ms(lv.latency_p99_ms):>8}  {wait}")
-    p = r.prediction
-    lines.append("")
-    if r.cpu_rate is not None:
-        per = f", {p['sample_cpu_ms']:.2f} CPU-ms per sample" if p.get("sample_cpu_ms") is not None else ""
-        lines.append(f"  cores      {r.cpu_rate:,.0f} samples/s on {r.threads} thread(s) ({r.cpu_source}){per}")
-    else:
-        lines.append(f"  cores      not measured ({r.cpu_source})")
-    if p.get("read_cpu_ms") is not None:
-        whose = (f"the storage's processes ({', '.join(r.storage_processes)})" if r.storage_processes else
-                 "the other processes")
-        how = ("the loader reading through the storage" if p["cpu_level"] == "loader" else
-               f"the probe's reads at {p['cpu_level']} in flight")
-        lines.append(f"  read CPU   {p['read_cpu_ms']:.2f} ms per read, measured by {how} (this machine's CPU beyond "
-                     f"a warm local read: the reader's and {whose}): the cores reach {p['cpu_ceiling']:,.0f} "
-                     "samples/s with the reads")
-    if p.get("io_ceiling") is not None:
-        lines.append(f"  storage    {p['io_ceiling']:,.0f} files/s at best")
-    if p.get("ceiling") is not None:
-        cores = "cores with the reads' CPU" if p.get("read_cpu_ms") is not None else "cores"
-        lines.append(f"  loader     ceiling {p['ceiling']:,.0f} samples/s = min({cores}, storage); Little's law: "
-                     f"{p['in_flight']:.1f} reads in flight at {_ms(p['latency_ms'])} ms each, io_depth "
-                     f"{p['io_depth']} with the read-ahead's headroom")
-    for n in r.notes:
-        lines.append(f"  note: {n}")
-    lines += ["", r.summary]
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- listing and reading
 
 
@@ -538,14 +495,18 @@ class _Level:
                     self.keep.append((t.path, data))
                     self.keep_bytes[0] += len(data)
 
-    def run(self, seconds: float, sleep: Callable[[float], None],
-            cpu: Callable[[], CpuSample] = cpu_sample) -> tuple[LevelStats, list[str]]:
+    def run(self, seconds: float, sleep: Callable[[float], None], cpu: Callable[[], CpuSample] = cpu_sample,
+            during: Callable[[], None] | None = None) -> tuple[LevelStats, list[str]]:
+        """Read for ``seconds``; ``during`` is called once halfway, while reads are in flight."""
         c0 = cpu()
         start = self.clock()
         end = self.end = start + seconds
         for th in self.threads:
             th.start()
         while self.clock() < end:
+            if during is not None and self.clock() >= start + seconds / 2:
+                during()
+                during = None
             sleep(min(0.02, max(0.0, end - self.clock())))
         with self.lock:
             self.stop.set()
@@ -578,6 +539,8 @@ class _CpuRun:
     cpu_s_per_sample: float | None = None     # this process's CPU per sample decoded from warm copies
     warm_read_s: float = 0.0                  # the probe's reading threads' CPU per read of a warm copy
     read_s: float | None = None               # CPU per sample read through the storage, beyond a warm copy's
+    read_rate: float | None = None            # samples/s of the loader run through the storage
+    read_seconds: float = 0.0                 # its wall time, warm-up batches excluded
 
 
 def _loader_cpu(paths: list[str], storage_options: Any, seconds: float, chain: Any, batch_size: int, threads: int,
@@ -656,7 +619,8 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
     own = c_last.own - c_first.own
     per_sample = own / n if own > 0 else None
     source = f"a DataLoader with {what} over {len(paths)} of the files read, from a temporary copy: no read cost"
-    read_s = None
+    read_s = read_rate = None
+    read_seconds = 0.0
     rate = n / elapsed
     law = predict(levels, rate, threads)
     # The read-ahead at the depth Little's law gives (no ramp to wait through), and only when
@@ -669,7 +633,8 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
                                     chain, batch_size, threads, clock, cpu, law["io_depth"])
         if m > 0 and el > 0 and r0 is not None and r1 is not None:
             read_s = loader_read_cpu_s(per_sample, m, el, r0, r1, background)
-    return _CpuRun(rate, source, threads, per_sample, warm_read_s, read_s)
+            read_rate, read_seconds = m / el, el
+    return _CpuRun(rate, source, threads, per_sample, warm_read_s, read_s, read_rate, read_seconds)
 
 
 def loader_read_cpu_s(per_sample: float, samples: int, seconds: float, first: CpuSample, last: CpuSample,
@@ -689,34 +654,6 @@ def loader_read_cpu_s(per_sample: float, samples: int, seconds: float, first: Cp
 
 
 # --------------------------------------------------------------------------- the probe
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-def _summary(levels: Sequence[LevelStats], pred: dict, stalled: Sequence[str], seconds: float) -> str:
-    if stalled and not any(lv.reads for lv in levels):
-        return (f"the storage did not answer: no read returned within {seconds:.1f} s ({stalled[0]} "
-                f"{'and more ' if len(stalled) > 1 else ''}still waiting); a hung mount, a pipe without a "
-                "writer or a stalled server")
-    lat = pred.get("latency_ms")
-    if pred.get("ceiling") is None:
-        return (f"reads are {_ms(lat)} ms and the storage gives {pred['io_ceiling']:,.0f} files/s at best; the "
-                "cores' rate was not measured") if pred.get("io_ceiling") else "nothing was read"
-    cost = "" if pred.get("read_cpu_ms") is None else f" and cost {pred['read_cpu_ms']:.2f} ms of CPU each"
-    if pred["limit"] == "cores":
-        alone = ("" if pred.get("read_cpu_ms") is None or pred.get("cpu_rate") is None else
-                 f", {pred['cpu_rate']:,.0f} if reads cost no CPU")
-        return (f"reads are {_ms(lat)} ms{cost}; with {math.ceil(pred['in_flight'])} in flight the cores, not the "
-                f"storage, limit the loader (about {pred['ceiling']:,.0f} samples/s{alone}; the adaptive io_depth "
-                f"settles near {pred['io_depth']})")
-    return (f"reads are {_ms(lat)} ms{cost}; the storage, not the cores, limits the loader: about "
-            f"{pred['io_ceiling']:,.0f} samples/s at best where the cores could do {pred['cpu_ceiling']:,.0f}")
 
 
 def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, seconds: float = 10.0, storage_options: dict | None = None,
@@ -832,11 +769,21 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     cursor = [0]
     kept: list[tuple[str, bytes]] = []
     kept_bytes = [0]
-    serving: tuple[str, ...] = ()
+    # NOTE [ Finding the storage's processes ]: once before reading, and once while reads are
+    # in flight (a proxy connects to the server behind it only then); a process found late
+    # counts from the next level on.
+    pids: list[tuple[int, ...]] = [()]
+    late: list[tuple[int, ...]] = []
+    rediscover: Callable[[], None] | None = None
     if cpu is None:
-        pids = storage_pids(targets[0].path)     # NOTE [ Finding the storage's processes ]
-        serving = tuple(f"{p} {_comm(p)}" for p in pids)
-        cpu = functools.partial(cpu_sample, pids)
+        first = targets[0].path
+        pids[0] = storage_pids(first)
+        rediscover = functools.partial(lambda out: out.append(storage_pids(first)), late)
+
+        def sample() -> CpuSample:
+            return cpu_sample(pids[0])
+
+        cpu = sample
     # The storage's (or every other process's) load with nothing read (NOTE [ Read CPU in the
     # ceiling ]).
     q0, t0 = cpu(), clock()
@@ -861,7 +808,9 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     errors: list[str] = []
     for c in levels_wanted:
         lv = _Level(reader, targets, cursor, c, clock, kept, kept_bytes)
-        stats, waiting = lv.run(per_level, sleep, cpu)
+        stats, waiting = lv.run(per_level, sleep, cpu, rediscover if c >= 8 and not late else None)
+        if late:
+            pids[0] = tuple(sorted(set(pids[0]) | set(late[-1])))
         levels.append(stats)
         errors += lv.errors
         if stats.reads == 0:
@@ -891,9 +840,13 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
         threads = default_num_threads()
     pred = predict(levels, rate, threads, run.cpu_s_per_sample, run.warm_read_s, background, read_s=run.read_s)
     pred["cpu_rate"] = rate
-    summary = _summary(levels, pred, stalled, clock() - t_start)
+    # What the loader ran at through the storage meanwhile: a check of the ceiling, not the
+    # ceiling (short, on files the levels just read; NOTE [ Read CPU in the ceiling ]).
+    pred["loader_rate"] = run.read_rate
+    pred["loader_seconds"] = run.read_seconds
+    summary = summary_line(levels, pred, stalled, clock() - t_start)
     return StorageReport(location=where, kind=kind, listed=len(listed), sampled=min(cursor[0], len(targets)),
                          range_bytes=int(range_bytes) if kind == "shards" else None, levels=tuple(levels),
                          cpu_rate=rate, cpu_source=source, threads=threads, prediction=pred,
                          stalled=tuple(stalled), summary=summary, seconds=clock() - t_start, notes=tuple(notes),
-                         storage_processes=serving)
+                         storage_processes=tuple(f"{p} {comm(p)}" for p in pids[0]))

@@ -31,7 +31,7 @@ import resource
 import socket
 from collections.abc import Iterable, Sequence
 
-__all__ = ["CpuSample", "cpu_sample", "storage_pids"]
+__all__ = ["CpuSample", "comm", "cpu_sample", "storage_pids"]
 
 #: Hops followed from the server a URL names to the local servers behind it.
 MAX_HOPS = 3
@@ -100,6 +100,15 @@ def cpu_sample(pids: Sequence[int] = ()) -> CpuSample:
 
 
 # --------------------------------------------------------------------------- finding the storage
+
+
+def comm(pid: int) -> str:
+    """The name of process ``pid`` (``/proc/PID/comm``), ``"?"`` when gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def _pids() -> list[int]:

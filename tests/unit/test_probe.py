@@ -23,12 +23,12 @@ from loaderlib._probe import (
     LevelStats,
     StorageReport,
     cpu_sample,
-    format_storage_report,
     level_stats,
     loader_read_cpu_s,
     predict,
     read_cpu_s,
 )
+from loaderlib._probe_text import format_storage_report, summary_line
 from tests._synth import encode_jpeg, photo_like
 
 
@@ -136,16 +136,14 @@ def test_the_reads_cpu_can_make_the_cores_the_limit_where_the_storage_was():
     text = format_storage_report(r)
     assert "read CPU   0.50 ms per read, measured by the probe's reads at 64 in flight" in text
     assert "min(cores with the reads' CPU, storage)" in text
-    from loaderlib._probe import _summary
-
-    line = _summary(levels, {**p, "cpu_rate": 2000.0}, (), 1.0)
+    line = summary_line(levels, {**p, "cpu_rate": 2000.0}, (), 1.0)
     assert "cost 0.50 ms of CPU each" in line and "the cores, not the storage, limit the loader" in line
     assert "about 1,333 samples/s, 2,000 if reads cost no CPU" in line
     # Cheap reads: the storage stays the limit, and the line gives the cores with the reads.
     cheap = [_costly(8, 600, 13.0, 0.0, 0.05), _costly(64, 1800, 35.0, 0.0, 0.05)]
     q = predict(cheap, cpu_rate=2000.0, threads=2, cpu_s_per_sample=1e-3)
     assert q["limit"] == "storage" and q["ceiling"] == 1800
-    line = _summary(cheap, {**q, "cpu_rate": 2000.0}, (), 1.0)
+    line = summary_line(cheap, {**q, "cpu_rate": 2000.0}, (), 1.0)
     assert "the storage, not the cores, limits the loader" in line and "the cores could do 1,905" in line
 
 
