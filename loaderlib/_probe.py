@@ -18,42 +18,37 @@ smallest level that delivered the CPU rate (latency grows with concurrency on a 
 that saturates); the IO ceiling is the most files/s any level delivered (the loader's depth
 reaches ``MAX_DEPTH``, above the probe's 256); the loader's ceiling is ``min(CPU, IO)``.
 
-The CPU side counts the reads' own CPU (NOTE [ Read CPU in the ceiling ]): the decode run
-measures the cores on bytes already in memory, but every read through a FUSE daemon, a local
-server or a TCP stack costs CPU on the same machine, and the loader pays it beside decoding.
-
-Every read runs on a daemon thread and the probe never waits for one past its deadline: on
-a storage that never answers (a hung mount, a FIFO without a writer, a server that accepts
-and stalls) the probe stops escalating after the first level with no answer, reports the
-paths still unanswered with how long they have waited, and returns on time. Those threads
-are left blocked in their read; they end when it returns, and a daemon thread does not keep
-the interpreter from exiting. The listing runs the same way.
-
-NOTE [ Read CPU in the ceiling ]
+The CPU side counts the reads' own CPU (NOTE [ Read CPU in the ceiling ]
 The cores' rate on warm copies (``cpu_rate``, samples/s) leaves out what a read costs the
-machine: on a 2-core machine with the storage's work on the same cores (latencyfs's daemon, an
-HTTP server and its proxy, the kernel's FUSE and TCP paths) the default loader reached only
-0.57-0.85 of that rate (the slow-storage guide's probe table). So the probe counts CPU time
-while it reads: around each level, this process's CPU time (every thread, user + system,
-``getrusage``) and the busy time of the CPUs it may run on (``/proc/stat``, per CPU of its
-affinity, so storage pinned to other CPUs is not counted). Per read, the CPU the storage costs
-is
+machine. On the 2-core machine with the storage's work on the same cores the default loader
+reached 0.85 / 0.81 / 0.74 / 0.68 of that rate through latencyfs at 1 / 4 / 16 / 64 ms and 0.57
+over HTTP behind a proxy (idle machine), and a read cost 0.27-0.47 CPU-ms through latencyfs and
+about 0.9 over HTTP (the loader process beyond decoding, plus the daemon, or nginx and the
+proxy), beside 1.0-1.2 ms of decoding per sample (the slow-storage guide's probe tables).
 
-- the storage's processes' share: their CPU time (NOTE [ Finding the storage's processes ] in
-  ``_probe_cpu.py``) less their load in a quiet window before the first level (nothing read),
-  over the level's reads; where none was found, every other process's share: busy - own - the
-  background of that quiet window; and
-- this process's share beyond what a read of a warm local copy costs the same reading threads
-  (a short calibration level over the decode run's copies): the kernel's read path, the
-  HTTP client; the Python harness's own overhead cancels.
+So after the decode run on warm copies the probe runs the same DataLoader for a moment over
+the files where they live, at the io_depth Little's law gives (no ramp to wait through; only
+when its warm-up batches fit in the time left: a batch cannot be cut), and takes per sample
+this process's CPU beyond the warm run's, plus the CPU of the storage's local processes
+(NOTE [ Finding the storage's processes ] in ``_probe_cpu.py``; where none was found, every
+other process's share of the busy time of this process's CPUs, ``/proc/stat``, so storage
+pinned to other CPUs is not counted), less what those processes used in a quiet window before
+the first level. The cores' ceiling becomes ``cpu_rate x decode / (decode + read)``: the same
+CPU time the decode run had, spent on both.
 
-The decode run gives the CPU per sample the same way (own CPU time over its samples), and
-the cores' ceiling becomes ``cpu_rate x decode / (decode + read)``: the same CPU time the
-decode run had, spent on both. The level whose CPU per read is used is the first with at least
-the io_depth the loader will hold, among those with ``MIN_CPU_READS`` reads (per-read CPU grows
-with the number of waiting threads), or the deepest. On a machine whose CPUs other work keeps
-busy the background changes while the probe runs and the figures are noisier (the report says
-so); without ``/proc/stat`` (not Linux) the others' share is left out (the report says so too).
+Where the loader run does not fit, the levels' figures stand in: per read, this process's CPU
+beyond a warm read by the same reading threads (a short calibration level over the copies),
+plus the storage's processes' (or the others') CPU beyond the quiet window, at the first level
+holding the loader's io_depth (``MIN_CPU_READS`` reads at least), or the deepest. They
+overstate this process's share: Python reading threads pay GIL wake-ups the native read-ahead
+does not (0.25-0.39 ms of system time per read through latencyfs at 16 ms, 0.016-0.03 on warm
+copies).
+
+What the model leaves out: the share of the cores the loader gets where other work keeps them
+busy. A loader whose IO threads sleep and wake on every read gets more of contended cores than
+the decode run's two busy threads (with a load average of 10-24 on the 2 cores the default ran
+at 1.5-2.4x the prediction at 16-64 ms). The report notes such load, and its ``check`` line
+gives the rate the loader run through the storage reached.
 """
 
 from __future__ import annotations
@@ -93,6 +88,8 @@ LIST_SHARE, IO_SHARE, CPU_SHARE, READ_SHARE = 0.2, 0.45, 0.2, 0.15
 MIN_CPU_READS = 50
 #: The warm calibration level: reading threads, and its share of the budget; the quiet window's share.
 WARM_CONCURRENCY, WARM_SHARE, QUIET_SHARE = 8, 0.03, 0.02
+#: The budget's share for finding the storage's processes (NOTE [ Finding the storage's processes ]).
+FIND_SHARE = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
@@ -777,7 +774,9 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     rediscover: Callable[[], None] | None = None
     if cpu is None:
         first = targets[0].path
-        pids[0] = storage_pids(first)
+        # Bounded: a URL's host name is resolved (a stalled resolver must not hold the probe).
+        done, found = _in_thread(lambda: storage_pids(first), FIND_SHARE * seconds)
+        pids[0] = found if done and isinstance(found, tuple) else ()
         rediscover = functools.partial(lambda out: out.append(storage_pids(first)), late)
 
         def sample() -> CpuSample:
