@@ -18,7 +18,18 @@ smallest level that delivered the CPU rate (latency grows with concurrency on a 
 that saturates); the IO ceiling is the most files/s any level delivered (the loader's depth
 reaches ``MAX_DEPTH``, above the probe's 256); the loader's ceiling is ``min(CPU, IO)``.
 
-The CPU side counts the reads' own CPU (NOTE [ Read CPU in the ceiling ]
+The CPU side counts the reads' own CPU (NOTE [ Read CPU in the ceiling ]): the decode run
+measures the cores on bytes already in memory, but every read through a FUSE daemon, a local
+server or a TCP stack costs CPU on the same machine, and the loader pays it beside decoding.
+
+Every read runs on a daemon thread and the probe never waits for one past its deadline: on
+a storage that never answers (a hung mount, a FIFO without a writer, a server that accepts
+and stalls) the probe stops escalating after the first level with no answer, reports the
+paths still unanswered with how long they have waited, and returns on time. Those threads
+are left blocked in their read; they end when it returns, and a daemon thread does not keep
+the interpreter from exiting. The listing runs the same way.
+
+NOTE [ Read CPU in the ceiling ]
 The cores' rate on warm copies (``cpu_rate``, samples/s) leaves out what a read costs the
 machine. On the 2-core machine with the storage's work on the same cores the default loader
 reached 0.85 / 0.81 / 0.74 / 0.68 of that rate through latencyfs at 1 / 4 / 16 / 64 ms and 0.57
