@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import threading
 
 import numpy as np
@@ -273,6 +274,29 @@ def test_a_fifo_that_never_answers_is_named_and_the_probe_returns(tmp_path):
         # Release the reader left blocked in open(): a writer that opens and closes at once.
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         os.close(fd)
+
+
+def test_a_fuse_mount_that_never_answers_is_named_and_its_daemon_found(tmp_path):
+    # latencyfs charging an hour at every open: a hung mount. The probe returns, names the file
+    # still waiting, and found the daemon serving the mount (NOTE [ Finding the storage's
+    # processes ]).
+    from benchmarks._latencyfs import mount
+
+    _photos(tmp_path / "src", 8)
+    out: list = []
+    with mount(str(tmp_path / "src"), 3_600_000, 0.0, where="open") as m:
+        try:
+            th = threading.Thread(target=lambda: out.append(ll.probe_storage(m.path, seconds=2)), daemon=True)
+            th.start()
+            th.join(120)   # a generous bound: the probe's own limit is 2 s; a hang fails here
+            assert not th.is_alive(), "probe_storage did not return on a FUSE mount that never answers"
+            r = out[0]
+            assert r.stalled and r.stalled[0].startswith(m.path) and r.levels[0].reads == 0
+            assert "did not answer" in r.summary and r.stalled[0] in r.summary
+            assert r.cpu_rate is None and r.prediction["ceiling"] is None
+            assert r.storage_processes == (f"{m.pid} latencyfs",)
+        finally:
+            os.kill(m.pid, signal.SIGKILL)   # the blocked opens end with the daemon's connection
 
 
 def test_bad_locations_and_arguments(tmp_path):
