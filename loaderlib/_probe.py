@@ -809,8 +809,16 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
         notes.append("the machine's CPU time could not be read (/proc/stat) and no local process serves the reads: "
                      "only this process's CPU per read is in the ceiling")
     if others is not None and others >= 0.5:
-        notes.append(f"other work kept {others:.1f} CPU(s) busy while nothing was read: the CPU per read is "
-                     "noisier, and the loader's share of the cores may differ from the probe's")
+        notes.append(f"other work kept {others:.1f} CPU(s) busy while nothing was read: the CPU per read counts this "
+                     "process and the storage's processes only (the CPUs' busy time cannot tell the storage's work "
+                     "from the other work's), and the loader's share of the cores may differ from the probe's")
+        # NOTE [ Finding the storage's processes ]: under load the busy time is not used.
+        counted = cpu
+
+        def unbusy() -> CpuSample:
+            return dataclasses.replace(counted(), busy=None)
+
+        cpu = unbusy
     io_left = max(0.0, min(IO_SHARE * seconds, deadline - clock() - (CPU_SHARE + READ_SHARE) * seconds))
     per_level = io_left / len(levels_wanted)
     levels: list[LevelStats] = []

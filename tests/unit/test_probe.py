@@ -211,6 +211,8 @@ def test_a_real_run_takes_its_cpu_figures_from_the_injected_counters(tmp_path):
     # Other work keeping the CPUs busy while nothing is read is reported.
     r = ll.probe_storage(tmp_path, seconds=3, concurrency=(1, 8), batch_size=4, num_threads=2, cpu=_FakeCpu(0.0, 50.0))
     assert any("other work kept" in n for n in r.notes)
+    # ... and then the CPUs' busy time is not used: it cannot tell the storage from that work.
+    assert all(lv.cpu_busy_s is None for lv in r.levels)
 
 
 def _photos(folder, n: int) -> list[int]:
