@@ -41,10 +41,10 @@ So after the decode run on warm copies the probe runs the same DataLoader for a 
 the files where they live, at the io_depth Little's law gives (no ramp to wait through; only
 when its warm-up batches fit in the time left: a batch cannot be cut), and takes per sample
 this process's CPU beyond the warm run's, plus the CPU of the storage's local processes
-(NOTE [ Finding the storage's processes ] in ``_probe_cpu.py``; where none was found, every
-other process's share of the busy time of this process's CPUs, ``/proc/stat``, so storage
-pinned to other CPUs is not counted), less what those processes used in a quiet window before
-the first level. The cores' ceiling becomes ``cpu_rate x decode / (decode + read)``: the same
+(NOTE [ Finding the storage's processes ] in ``_probe_cpu.py``; where none was found and
+little other work ran, every other process's share of the busy time of this process's CPUs,
+``/proc/stat``, so storage pinned to other CPUs is not counted), less what those processes used
+in a quiet window before the first level. The cores' ceiling becomes ``cpu_rate x decode / (decode + read)``: the same
 CPU time the decode run had, spent on both.
 
 Where the loader run does not fit, the levels' figures stand in: per read, this process's CPU
