@@ -180,7 +180,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     doctor.add_argument("--storage", metavar="PATH_OR_URL",
                         help="probe where the data lives instead (a folder, file, glob, s3://, gs:// or http(s):// "
                              "URL): read latency p50/p95/p99, bytes/s and files/s at 1, 8, 64 and 256 reads in "
-                             "flight, the io_depth the loader needs there and its ceiling, min(cores, storage)")
+                             "flight, the CPU each read costs this machine, the io_depth the loader needs there "
+                             "and its ceiling, min(cores with the reads' CPU, storage)")
     return p
 
 

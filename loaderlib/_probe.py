@@ -18,17 +18,54 @@ smallest level that delivered the CPU rate (latency grows with concurrency on a 
 that saturates); the IO ceiling is the most files/s any level delivered (the loader's depth
 reaches ``MAX_DEPTH``, above the probe's 256); the loader's ceiling is ``min(CPU, IO)``.
 
+The CPU side counts the reads' own CPU (NOTE [ Read CPU in the ceiling ]): the decode run
+measures the cores on bytes already in memory, but every read through a FUSE daemon, a local
+server or a TCP stack costs CPU on the same machine, and the loader pays it beside decoding.
+
 Every read runs on a daemon thread and the probe never waits for one past its deadline: on
 a storage that never answers (a hung mount, a FIFO without a writer, a server that accepts
 and stalls) the probe stops escalating after the first level with no answer, reports the
 paths still unanswered with how long they have waited, and returns on time. Those threads
 are left blocked in their read; they end when it returns, and a daemon thread does not keep
 the interpreter from exiting. The listing runs the same way.
+
+NOTE [ Read CPU in the ceiling ]
+The cores' rate on warm copies (``cpu_rate``, samples/s) leaves out what a read costs the
+machine. On the 2-core machine with the storage's work on the same cores the default loader
+reached 0.85 / 0.81 / 0.74 / 0.68 of that rate through latencyfs at 1 / 4 / 16 / 64 ms and 0.57
+over HTTP behind a proxy (idle machine), and a read cost 0.27-0.47 CPU-ms through latencyfs and
+about 0.9 over HTTP (the loader process beyond decoding, plus the daemon, or nginx and the
+proxy), beside 1.0-1.2 ms of decoding per sample (the slow-storage guide's probe tables).
+
+So after the decode run on warm copies the probe runs the same DataLoader for a moment over
+the files where they live, at the io_depth Little's law gives (no ramp to wait through; only
+when its warm-up batches fit in the time left: a batch cannot be cut), and takes per sample
+this process's CPU beyond the warm run's, plus the CPU of the storage's local processes
+(NOTE [ Finding the storage's processes ] in ``_probe_cpu.py``; where none was found and
+little other work ran, every other process's share of the busy time of this process's CPUs,
+``/proc/stat``, so storage pinned to other CPUs is not counted), less what those processes used
+in a quiet window before the first level. The cores' ceiling becomes ``cpu_rate x decode / (decode + read)``: the same
+CPU time the decode run had, spent on both.
+
+Where the loader run does not fit, the levels' figures stand in: per read, this process's CPU
+beyond a warm read by the same reading threads (a short calibration level over the copies),
+plus the storage's processes' (or the others') CPU beyond the quiet window, at the first level
+holding the loader's io_depth (``MIN_CPU_READS`` reads at least), or the deepest. They
+overstate this process's share: Python reading threads pay GIL wake-ups the native read-ahead
+does not (0.25-0.39 ms of system time per read through latencyfs at 16 ms, 0.016-0.03 on warm
+copies).
+
+What the model leaves out: the share of the cores the loader gets where other work keeps them
+busy. A loader whose IO threads sleep and wake on every read gets more of contended cores than
+the decode run's two busy threads (with a load average of 10-24 on the 2 cores the default ran
+at 1.5-2.4x the prediction at 16-64 ms). The report notes such load, and its ``check`` line
+gives the rate the loader run through the storage reached.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import random
@@ -37,7 +74,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LevelStats", "StorageReport", "level_stats", "predict", "probe_storage"]
+from ._probe_cpu import CpuSample, comm, cpu_sample, storage_pids
+from ._probe_text import format_storage_report, summary_line
+
+__all__ = ["CpuSample", "LevelStats", "StorageReport", "cpu_sample", "level_stats", "loader_read_cpu_s", "predict",
+           "probe_storage", "read_cpu_s"]
 
 #: Reads in flight the probe measures at.
 LEVELS = (1, 8, 64, 256)
@@ -51,8 +92,15 @@ MAX_LISTED = 100_000
 CPU_BYTES, CPU_FILES = 64 << 20, 512
 #: The CPU run: samples in its one epoch (the copies repeated), and batches of warm-up.
 EPOCH_SAMPLES, WARMUP_BATCHES = 65536, 2
-#: Shares of the budget: listing, IO levels, the CPU run (the rest is slack).
-LIST_SHARE, IO_SHARE, CPU_SHARE = 0.2, 0.55, 0.2
+#: Shares of the budget: listing, IO levels, the CPU run on warm copies, the CPU run through
+#: the storage (the rest is slack).
+LIST_SHARE, IO_SHARE, CPU_SHARE, READ_SHARE = 0.2, 0.45, 0.2, 0.15
+#: Reads a level needs for its CPU per read to count (NOTE [ Read CPU in the ceiling ]).
+MIN_CPU_READS = 50
+#: The warm calibration level: reading threads, and its share of the budget; the quiet window's share.
+WARM_CONCURRENCY, WARM_SHARE, QUIET_SHARE = 8, 0.03, 0.02
+#: The budget's share for finding the storage's processes (NOTE [ Finding the storage's processes ]).
+FIND_SHARE = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +123,14 @@ class LevelStats:
         Reads still waiting at the level's end.
     oldest_unanswered_ms : float
         How long the oldest of those had waited.
+    cpu_own_s : float or None
+        This process's CPU time during the level (NOTE [ Read CPU in the ceiling ]).
+    cpu_busy_s : float or None
+        The busy time of this process's CPUs during the level, every process's; None where
+        ``/proc/stat`` cannot be read.
+    cpu_storage_s : float or None
+        The CPU time of the storage's local processes during the level (NOTE [ Finding the
+        storage's processes ] in ``_probe_cpu.py``); None when none was found.
     """
 
     concurrency: int
@@ -89,6 +145,9 @@ class LevelStats:
     latency_p99_ms: float | None
     unanswered: int
     oldest_unanswered_ms: float
+    cpu_own_s: float | None = None
+    cpu_busy_s: float | None = None
+    cpu_storage_s: float | None = None
 
 
 def _percentile(sorted_ms: Sequence[float], q: float) -> float:
@@ -98,9 +157,16 @@ def _percentile(sorted_ms: Sequence[float], q: float) -> float:
 
 
 def level_stats(concurrency: int, latencies_s: Sequence[float], nbytes: int, seconds: float,
-                waiting_s: Sequence[float] = ()) -> LevelStats:
+                waiting_s: Sequence[float] = (), cpu: tuple[CpuSample, CpuSample] | None = None) -> LevelStats:
     """One level's figures from its completed reads' latencies (seconds), their bytes, the
-    level's wall time and the ages of the reads still waiting at its end."""
+    level's wall time, the ages of the reads still waiting at its end, and the CPU samples
+    taken at its start and end."""
+    own = busy = storage = None
+    if cpu is not None:
+        a, b = cpu
+        own = b.own - a.own
+        busy = b.busy - a.busy if a.busy is not None and b.busy is not None else None
+        storage = b.storage - a.storage if a.storage is not None and b.storage is not None else None
     ms = sorted(1e3 * x for x in latencies_s)
     n = len(ms)
     return LevelStats(concurrency=int(concurrency), reads=n, bytes=int(nbytes), seconds=float(seconds),
@@ -110,37 +176,92 @@ def level_stats(concurrency: int, latencies_s: Sequence[float], nbytes: int, sec
                       latency_p50_ms=_percentile(ms, 50) if n else None,
                       latency_p95_ms=_percentile(ms, 95) if n else None,
                       latency_p99_ms=_percentile(ms, 99) if n else None,
-                      unanswered=len(waiting_s), oldest_unanswered_ms=1e3 * max(waiting_s, default=0.0))
+                      unanswered=len(waiting_s), oldest_unanswered_ms=1e3 * max(waiting_s, default=0.0),
+                      cpu_own_s=own, cpu_busy_s=busy, cpu_storage_s=storage)
 
 
-def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int) -> dict[str, Any]:
+def read_cpu_s(lv: LevelStats, warm_read_s: float, background_cores: float) -> float | None:
+    """CPU seconds one read of level ``lv`` costs the machine beyond a warm local read
+    (NOTE [ Read CPU in the ceiling ]): this process's CPU per read less ``warm_read_s``, plus
+    the storage's processes' CPU per read when they were found, else the other processes' CPU
+    (busy - own - ``background_cores`` x the level's seconds) per read; None when the level
+    has too few reads or no CPU figures. ``background_cores`` is the same processes' load (the
+    storage's, or every other) with nothing read."""
+    if lv.reads < MIN_CPU_READS or lv.cpu_own_s is None:
+        return None
+    own = max(0.0, lv.cpu_own_s / lv.reads - warm_read_s)
+    others = 0.0
+    if lv.cpu_storage_s is not None:
+        others = max(0.0, (lv.cpu_storage_s - background_cores * lv.seconds) / lv.reads)
+    elif lv.cpu_busy_s is not None:
+        others = max(0.0, (lv.cpu_busy_s - lv.cpu_own_s - background_cores * lv.seconds) / lv.reads)
+    return own + others
+
+
+def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int,
+            cpu_s_per_sample: float | None = None, warm_read_s: float = 0.0,
+            background_cores: float = 0.0, read_s: float | None = None) -> dict[str, Any]:
     """The io_depth and the loader's ceiling from the levels and the CPU rate
-    (NOTE [ Storage probe ]).
+    (NOTE [ Storage probe ], NOTE [ Read CPU in the ceiling ]).
 
-    Returns a dict: ``io_ceiling`` (files/s), ``ceiling`` (samples/s), ``limit`` ("cores",
-    "storage" or None when nothing was measured), ``latency_ms`` (the latency the law used),
-    ``in_flight`` (Little's law: rate x latency), ``io_depth`` (what the adaptive depth
-    settles at: the law with the read-ahead's headroom, plus one read per thread).
+    ``cpu_rate`` is the cores' samples/s on warm copies, ``cpu_s_per_sample`` the CPU seconds
+    each of those samples took (None: reads are taken to cost no CPU), ``warm_read_s`` the
+    probe's own CPU per read of a warm copy and ``background_cores`` the other processes' load
+    while nothing was read (see :func:`read_cpu_s`). ``read_s``, the CPU per sample that reading
+    through the storage cost the loader and the storage's processes (measured by running the
+    loader there), is used when given; else the levels' CPU per read.
+
+    Returns a dict: ``io_ceiling`` (files/s), ``cpu_ceiling`` (samples/s the cores reach
+    when each sample's read costs its CPU too), ``ceiling`` (samples/s, the smaller),
+    ``limit`` ("cores", "storage" or None when nothing was measured), ``latency_ms`` (the
+    latency the law used), ``in_flight`` (Little's law: rate x latency), ``io_depth`` (what the
+    adaptive depth settles at: the law with the read-ahead's headroom, plus one read per
+    thread), ``read_cpu_ms`` (CPU per read, None when not measured), ``sample_cpu_ms`` (CPU per
+    sample decoding alone) and ``cpu_level`` (the concurrency whose CPU per read was used, or
+    ``"loader"`` when ``read_s`` was).
     """
     from ._extract.readahead import HEADROOM, MAX_DEPTH
 
+    out: dict[str, Any] = {"io_ceiling": None, "cpu_ceiling": None, "ceiling": None, "limit": None,
+                           "latency_ms": None, "in_flight": None, "io_depth": None, "read_cpu_ms": None,
+                           "sample_cpu_ms": None if cpu_s_per_sample is None else 1e3 * cpu_s_per_sample,
+                           "cpu_level": None}
     answered = [lv for lv in levels if lv.reads > 0]
     if not answered:
-        return {"io_ceiling": None, "ceiling": None, "limit": None, "latency_ms": None, "in_flight": None,
-                "io_depth": None}
+        return out
     best = max(answered, key=lambda lv: lv.files_per_s)
     io = best.files_per_s
+    out.update(io_ceiling=io, latency_ms=best.latency_mean_ms)
     if cpu_rate is None or cpu_rate <= 0:
-        return {"io_ceiling": io, "ceiling": None, "limit": None, "latency_ms": best.latency_mean_ms,
-                "in_flight": None, "io_depth": None}
-    enough = [lv for lv in answered if lv.files_per_s >= cpu_rate]
-    at = min(enough, key=lambda lv: lv.concurrency) if enough else best
-    lat_s = (at.latency_mean_ms or 0.0) / 1e3
-    rate = min(cpu_rate, io)
-    in_flight = rate * lat_s
+        return out
+
+    def law(cores: float) -> tuple[LevelStats, float, float]:
+        enough = [lv for lv in answered if lv.files_per_s >= cores]
+        at = min(enough, key=lambda lv: lv.concurrency) if enough else best
+        rate = min(cores, io)
+        return at, rate, rate * (at.latency_mean_ms or 0.0) / 1e3
+
+    cores = cpu_rate
+    at, rate, in_flight = law(cores)
+    if cpu_s_per_sample is not None and cpu_s_per_sample > 0 and read_s is not None:
+        cores = cpu_rate * cpu_s_per_sample / (cpu_s_per_sample + read_s)
+        at, rate, in_flight = law(cores)
+        out.update(read_cpu_ms=1e3 * read_s, cpu_level="loader")
+    elif cpu_s_per_sample is not None and cpu_s_per_sample > 0:
+        costs = [(lv, c) for lv in answered if (c := read_cpu_s(lv, warm_read_s, background_cores)) is not None]
+        if costs:
+            # The first level with as many reads in flight as the loader's depth will hold, or
+            # the deepest (per-read CPU grows with the threads waiting).
+            want = math.ceil(HEADROOM * in_flight) + max(1, int(threads))
+            lv, read_s = next(((lv, c) for lv, c in sorted(costs, key=lambda lc: lc[0].concurrency)
+                               if lv.concurrency >= want), max(costs, key=lambda lc: lc[0].concurrency))
+            cores = cpu_rate * cpu_s_per_sample / (cpu_s_per_sample + read_s)
+            at, rate, in_flight = law(cores)
+            out.update(read_cpu_ms=1e3 * read_s, cpu_level=lv.concurrency)
     depth = min(MAX_DEPTH, math.ceil(HEADROOM * in_flight) + max(1, int(threads)))
-    return {"io_ceiling": io, "ceiling": rate, "limit": "cores" if cpu_rate <= io else "storage",
-            "latency_ms": at.latency_mean_ms, "in_flight": in_flight, "io_depth": depth}
+    out.update(cpu_ceiling=cores, ceiling=rate, limit="cores" if cores <= io else "storage",
+               latency_ms=at.latency_mean_ms, in_flight=in_flight, io_depth=depth)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +295,9 @@ class StorageReport:
         The probe's wall time.
     notes : tuple of str
         Caveats (files read twice, a cut-short listing, ...).
+    storage_processes : tuple of str
+        ``"PID name"`` of the local processes found serving the reads, whose CPU counts per
+        read (NOTE [ Finding the storage's processes ]).
     """
 
     location: str
@@ -190,6 +314,7 @@ class StorageReport:
     summary: str
     seconds: float
     notes: tuple[str, ...] = ()
+    storage_processes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-serialisable data (``doctor --storage --json``)."""
@@ -197,44 +322,11 @@ class StorageReport:
         d["levels"] = [dataclasses.asdict(lv) for lv in self.levels]
         d["stalled"] = list(self.stalled)
         d["notes"] = list(self.notes)
+        d["storage_processes"] = list(self.storage_processes)
         return d
 
     def __str__(self) -> str:
         return format_storage_report(self)
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.2f}" if v < 100 else f"{v:,.0f}"
-
-
-def format_storage_report(r: StorageReport) -> str:
-    """The report as text (what ``doctor --storage`` prints)."""
-    what = (f"{r.sampled} of {r.listed} file(s), whole-file reads" if r.kind == "files" else
-            f"{r.sampled} of {r.listed} shard(s), reads of {r.range_bytes:,} bytes at random offsets")
-    lines = [f"storage {r.location}", f"  {what}; probed in {r.seconds:.1f} s", "",
-             "  in flight  reads   files/s      MB/s   p50 ms   p95 ms   p99 ms  stuck"]
-    for lv in r.levels:
-        # Reads in progress at a level's end are normal; one waiting far past the others is not.
-        slow = lv.unanswered and lv.oldest_unanswered_ms > max(1000.0, 10 * (lv.latency_p99_ms or 0.0))
-        wait = f"{lv.unanswered} (oldest {lv.oldest_unanswered_ms / 1e3:.1f} s)" if slow else "-"
-        lines.append(f"  {lv.concurrency:>9} {lv.reads:>6} {lv.files_per_s:>9,.0f} {lv.bytes_per_s / 1e6:>9,.1f} "
-                     f"{_ms(lv.latency_p50_ms):>8} {_ms(lv.latency_p95_ms):>8} {_ms(lv.latency_p99_ms):>8}  {wait}")
-    p = r.prediction
-    lines.append("")
-    if r.cpu_rate is not None:
-        lines.append(f"  cores      {r.cpu_rate:,.0f} samples/s on {r.threads} thread(s) ({r.cpu_source})")
-    else:
-        lines.append(f"  cores      not measured ({r.cpu_source})")
-    if p.get("io_ceiling") is not None:
-        lines.append(f"  storage    {p['io_ceiling']:,.0f} files/s at best")
-    if p.get("ceiling") is not None:
-        lines.append(f"  loader     ceiling {p['ceiling']:,.0f} samples/s = min(cores, storage); Little's law: "
-                     f"{p['in_flight']:.1f} reads in flight at {_ms(p['latency_ms'])} ms each, io_depth "
-                     f"{p['io_depth']} with the read-ahead's headroom")
-    for n in r.notes:
-        lines.append(f"  note: {n}")
-    lines += ["", r.summary]
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- listing and reading
@@ -411,12 +503,18 @@ class _Level:
                     self.keep.append((t.path, data))
                     self.keep_bytes[0] += len(data)
 
-    def run(self, seconds: float, sleep: Callable[[float], None]) -> tuple[LevelStats, list[str]]:
+    def run(self, seconds: float, sleep: Callable[[float], None], cpu: Callable[[], CpuSample] = cpu_sample,
+            during: Callable[[], None] | None = None) -> tuple[LevelStats, list[str]]:
+        """Read for ``seconds``; ``during`` is called once halfway, while reads are in flight."""
+        c0 = cpu()
         start = self.clock()
         end = self.end = start + seconds
         for th in self.threads:
             th.start()
         while self.clock() < end:
+            if during is not None and self.clock() >= start + seconds / 2:
+                during()
+                during = None
             sleep(min(0.02, max(0.0, end - self.clock())))
         with self.lock:
             self.stop.set()
@@ -424,8 +522,9 @@ class _Level:
             waiting = [(now - t0, p) for t0, p in self.busy.values()]
             lats = list(self.latencies)
             nbytes = self.nbytes
+        c1 = cpu()
         # Threads still inside a read are left to finish it (NOTE [ Storage probe ]).
-        stats = level_stats(len(self.threads), lats, nbytes, now - start, [w for w, _ in waiting])
+        stats = level_stats(len(self.threads), lats, nbytes, now - start, [w for w, _ in waiting], (c0, c1))
         return stats, [p for _, p in sorted(waiting, reverse=True)]
 
 
@@ -438,21 +537,77 @@ def _default_chain() -> Any:
     return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
 
 
+@dataclasses.dataclass(frozen=True)
+class _CpuRun:
+    """What the decode runs measured (NOTE [ Read CPU in the ceiling ])."""
+
+    rate: float | None
+    source: str
+    threads: int
+    cpu_s_per_sample: float | None = None     # this process's CPU per sample decoded from warm copies
+    warm_read_s: float = 0.0                  # the probe's reading threads' CPU per read of a warm copy
+    read_s: float | None = None               # CPU per sample read through the storage, beyond a warm copy's
+    read_rate: float | None = None            # samples/s of the loader run through the storage
+    read_seconds: float = 0.0                 # its wall time, warm-up batches excluded
+
+
+def _loader_cpu(paths: list[str], storage_options: Any, seconds: float, chain: Any, batch_size: int, threads: int,
+                clock: Callable[[], float], cpu: Callable[[], CpuSample], io_depth: int | None = None
+                ) -> tuple[int, float, CpuSample | None, CpuSample | None]:
+    """A DataLoader over ``paths`` repeated for about ``seconds`` (``io_depth`` as given): the
+    samples after the warm-up batches, their wall time, and the CPU samples at their start and
+    end."""
+    from .datasets import ImageListDataset
+    from .loader import DataLoader
+
+    t_end = clock() + seconds
+    bs = max(1, min(batch_size, len(paths)))
+    # One long epoch of the files repeated (no epoch boundary to refill at), as a training
+    # run's epoch is; its first batches start the threads and the read-ahead: warm-up.
+    many = paths * max(1, -(-EPOCH_SAMPLES // len(paths)))
+    ds = ImageListDataset(many, [0] * len(many), storage_options=storage_options).transform_first(chain)
+    loader = DataLoader(ds, batch_size=bs, shuffle=True, seed=0, num_threads=threads, last_batch="discard",
+                        io_depth=io_depth)
+    t_first = None
+    c_first = c_last = None
+    n = batches = 0
+    try:
+        while clock() < t_end:
+            for x, _y in loader:
+                batches += 1
+                if batches <= WARMUP_BATCHES:
+                    t_first, c_first = clock(), cpu()
+                    continue
+                n += len(x)
+                if clock() >= t_end:
+                    break
+        c_last = cpu()
+        elapsed = clock() - t_first if t_first is not None else 0.0
+    finally:
+        loader.close()
+    return n, elapsed, c_first, c_last
+
+
 def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, batch_size: int,
-              num_threads: int | None, clock: Callable[[], float]) -> tuple[float | None, str, int]:
+              num_threads: int | None, clock: Callable[[], float], sleep: Callable[[float], None],
+              cpu: Callable[[], CpuSample], warm_s: float, read_until: float | None = None,
+              read_min: float = 0.0, storage_options: Any = None, background: float = 0.0,
+              levels: Sequence[LevelStats] = ()) -> _CpuRun:
     """Samples/s of a DataLoader over copies of ``kept`` in a temporary folder (the cores'
-    rate when reads cost nothing), for about ``seconds``; the first batch is warm-up."""
+    rate when reads cost nothing), for about ``seconds``; the first batches are warm-up.
+    Before it, ``warm_s`` seconds of the probe's reading threads over the copies (what a warm
+    read costs them); after it, until ``read_until`` (at least ``read_min`` seconds), the same
+    DataLoader over the files where they live: the CPU a read through the storage costs the
+    loader and the storage's processes (NOTE [ Read CPU in the ceiling ])."""
     import tempfile
 
     t_end = clock() + seconds     # writing the copies, the loader's start and its warm-up count too
     from ._threads import default_num_threads
-    from .datasets import ImageListDataset
-    from .loader import DataLoader
 
     threads = num_threads or default_num_threads()
     images = [(p, d) for p, d in kept if p.lower().endswith((".jpg", ".jpeg"))]
     if not images:
-        return None, "no JPEG among the files read: pass cpu_rate=", threads
+        return _CpuRun(None, "no JPEG among the files read: pass cpu_rate=", threads)
     chain = _default_chain() if transform is None else transform
     what = "RandomResizedCrop(224) + flip" if transform is None else "the given transform"
     with tempfile.TemporaryDirectory(prefix="loaderlib-probe-") as tmp:
@@ -462,51 +617,51 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
             with open(q, "wb") as f:
                 f.write(d)
             paths.append(q)
-        bs = max(1, min(batch_size, len(paths)))
-        # One long epoch of the copies repeated (no epoch boundary to refill at), as a training
-        # run's epoch is; its first batches start the threads and the read-ahead: warm-up.
-        many = paths * max(1, -(-EPOCH_SAMPLES // len(paths)))
-        ds = ImageListDataset(many, [0] * len(many)).transform_first(chain)
-        loader = DataLoader(ds, batch_size=bs, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
-        try:
-            t_first = None
-            n = batches = 0
-            while clock() < t_end:
-                for x, _y in loader:
-                    batches += 1
-                    if batches <= WARMUP_BATCHES:
-                        t_first = clock()
-                        continue
-                    n += len(x)
-                    if clock() >= t_end:
-                        break
-            elapsed = clock() - t_first if t_first is not None else 0.0
-        finally:
-            loader.close()
-    if n == 0 or elapsed <= 0:
-        return None, f"the decode run of {len(paths)} image(s) did not finish a batch in time", threads
-    return n / elapsed, (f"a DataLoader with {what} over {len(paths)} of the files read, from a temporary "
-                         "copy: no read cost"), threads
+        warm = _Level(_Reader(False, "files", 1, None), [_Target(q, None) for q in paths], [0], WARM_CONCURRENCY,
+                      clock, [], [CPU_BYTES])
+        wl, _ = warm.run(warm_s, sleep, cpu)
+        warm_read_s = wl.cpu_own_s / wl.reads if wl.reads and wl.cpu_own_s is not None else 0.0
+        n, elapsed, c_first, c_last = _loader_cpu(paths, None, t_end - clock(), chain, batch_size, threads, clock, cpu)
+    if n == 0 or elapsed <= 0 or c_first is None or c_last is None:
+        return _CpuRun(None, f"the decode run of {len(paths)} image(s) did not finish a batch in time", threads)
+    own = c_last.own - c_first.own
+    per_sample = own / n if own > 0 else None
+    source = f"a DataLoader with {what} over {len(paths)} of the files read, from a temporary copy: no read cost"
+    read_s = read_rate = None
+    read_seconds = 0.0
+    rate = n / elapsed
+    law = predict(levels, rate, threads)
+    # The read-ahead at the depth Little's law gives (no ramp to wait through), and only when
+    # its warm-up batches fit in the time left: the run cannot be cut inside a batch.
+    bs = max(1, min(batch_size, len(images)))
+    lat_s = (law["latency_ms"] or 0.0) / 1e3
+    needed = lat_s + (WARMUP_BATCHES + 2) * bs * max(lat_s / max(1, law["io_depth"] or 1), 1 / rate)
+    if read_until is not None and per_sample is not None and clock() + needed <= read_until:
+        m, el, r0, r1 = _loader_cpu([p for p, _d in images], storage_options, max(read_min, read_until - clock()),
+                                    chain, batch_size, threads, clock, cpu, law["io_depth"])
+        if m > 0 and el > 0 and r0 is not None and r1 is not None:
+            read_s = loader_read_cpu_s(per_sample, m, el, r0, r1, background)
+            read_rate, read_seconds = m / el, el
+    return _CpuRun(rate, source, threads, per_sample, warm_read_s, read_s, read_rate, read_seconds)
+
+
+def loader_read_cpu_s(per_sample: float, samples: int, seconds: float, first: CpuSample, last: CpuSample,
+                      background_cores: float) -> float:
+    """CPU seconds per sample that reading through the storage cost, from a loader run there
+    of ``samples`` in ``seconds`` between the CPU samples ``first`` and ``last`` (NOTE [ Read
+    CPU in the ceiling ]): this process's CPU per sample beyond ``per_sample`` (the same loader
+    on warm copies), plus the storage's processes' CPU (or, where none was found, every other
+    process's: busy - own) beyond ``background_cores``, per sample."""
+    mine = last.own - first.own
+    theirs = 0.0
+    if first.storage is not None and last.storage is not None:
+        theirs = last.storage - first.storage
+    elif first.busy is not None and last.busy is not None:
+        theirs = last.busy - first.busy - mine
+    return max(0.0, mine / samples - per_sample) + max(0.0, (theirs - background_cores * seconds) / samples)
 
 
 # --------------------------------------------------------------------------- the probe
-
-
-def _summary(levels: Sequence[LevelStats], pred: dict, stalled: Sequence[str], seconds: float) -> str:
-    if stalled and not any(lv.reads for lv in levels):
-        return (f"the storage did not answer: no read returned within {seconds:.1f} s ({stalled[0]} "
-                f"{'and more ' if len(stalled) > 1 else ''}still waiting); a hung mount, a pipe without a "
-                "writer or a stalled server")
-    lat = pred.get("latency_ms")
-    if pred.get("ceiling") is None:
-        return (f"reads are {_ms(lat)} ms and the storage gives {pred['io_ceiling']:,.0f} files/s at best; the "
-                "cores' rate was not measured") if pred.get("io_ceiling") else "nothing was read"
-    if pred["limit"] == "cores":
-        return (f"reads are {_ms(lat)} ms; with {math.ceil(pred['in_flight'])} in flight the cores, not the storage, "
-                f"limit the loader (about {pred['ceiling']:,.0f} samples/s; the adaptive io_depth settles near "
-                f"{pred['io_depth']})")
-    return (f"reads are {_ms(lat)} ms; the storage, not the cores, limits the loader: about "
-            f"{pred['io_ceiling']:,.0f} samples/s at best where the cores could do {pred['cpu_rate']:,.0f}")
 
 
 def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, seconds: float = 10.0, storage_options: dict | None = None,
@@ -514,7 +669,8 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
                   cpu_rate: float | None = None, range_bytes: int = 128 << 10,
                   concurrency: Sequence[int] = LEVELS, seed: int = 0,
                   clock: Callable[[], float] = time.perf_counter,
-                  sleep: Callable[[float], None] = time.sleep) -> StorageReport:
+                  sleep: Callable[[float], None] = time.sleep,
+                  cpu: Callable[[], CpuSample] | None = None) -> StorageReport:
     """Measure where the data lives, and predict the loader's io_depth and ceiling there.
 
     Reads a sample of the files (or shards) at 1, 8, 64 and 256 reads in flight, times every
@@ -552,6 +708,10 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
         Which files are sampled.
     clock, sleep : callable
         Seconds and waiting (tests inject their own).
+    cpu : callable, optional
+        Returns a :class:`CpuSample`, the CPU time used so far (default: this process's, its
+        CPUs' and the storage's local processes' found by ``storage_pids``; tests inject their
+        own; NOTE [ Read CPU in the ceiling ]).
 
     Returns
     -------
@@ -617,14 +777,58 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     cursor = [0]
     kept: list[tuple[str, bytes]] = []
     kept_bytes = [0]
-    io_left = max(0.0, min(IO_SHARE * seconds, deadline - clock() - CPU_SHARE * seconds))
+    # NOTE [ Finding the storage's processes ]: once before reading, and once while reads are
+    # in flight (a proxy connects to the server behind it only then); a process found late
+    # counts from the next level on.
+    pids: list[tuple[int, ...]] = [()]
+    late: list[tuple[int, ...]] = []
+    rediscover: Callable[[], None] | None = None
+    if cpu is None:
+        first = targets[0].path
+        # Bounded: a URL's host name is resolved (a stalled resolver must not hold the probe).
+        done, found = _in_thread(lambda: storage_pids(first), FIND_SHARE * seconds)
+        pids[0] = found if done and isinstance(found, tuple) else ()
+        rediscover = functools.partial(lambda out: out.append(storage_pids(first)), late)
+
+        def sample() -> CpuSample:
+            return cpu_sample(pids[0])
+
+        cpu = sample
+    # The storage's (or every other process's) load with nothing read (NOTE [ Read CPU in the
+    # ceiling ]).
+    q0, t0 = cpu(), clock()
+    sleep(QUIET_SHARE * seconds)
+    q1, t1 = cpu(), clock()
+    dt = max(t1 - t0, 1e-9)
+    others = None if q0.busy is None or q1.busy is None else max(0.0, (q1.busy - q0.busy - (q1.own - q0.own)) / dt)
+    background = others or 0.0
+    if q0.storage is not None and q1.storage is not None:
+        background = max(0.0, (q1.storage - q0.storage) / dt)
+        others = None if others is None else max(0.0, others - background)
+    elif q0.busy is None:
+        notes.append("the machine's CPU time could not be read (/proc/stat) and no local process serves the reads: "
+                     "only this process's CPU per read is in the ceiling")
+    if others is not None and others >= 0.5:
+        notes.append(f"other work kept {others:.1f} CPU(s) busy while nothing was read: the CPU per read counts this "
+                     "process and the storage's processes only (the CPUs' busy time cannot tell the storage's work "
+                     "from the other work's), and the loader's share of the cores may differ from the probe's")
+        # NOTE [ Finding the storage's processes ]: under load the busy time is not used.
+        counted = cpu
+
+        def unbusy() -> CpuSample:
+            return dataclasses.replace(counted(), busy=None)
+
+        cpu = unbusy
+    io_left = max(0.0, min(IO_SHARE * seconds, deadline - clock() - (CPU_SHARE + READ_SHARE) * seconds))
     per_level = io_left / len(levels_wanted)
     levels: list[LevelStats] = []
     stalled: list[str] = []
     errors: list[str] = []
     for c in levels_wanted:
         lv = _Level(reader, targets, cursor, c, clock, kept, kept_bytes)
-        stats, waiting = lv.run(per_level, sleep)
+        stats, waiting = lv.run(per_level, sleep, cpu, rediscover if c >= 8 and not late else None)
+        if late:
+            pids[0] = tuple(sorted(set(pids[0]) | set(late[-1])))
         levels.append(stats)
         errors += lv.errors
         if stats.reads == 0:
@@ -638,19 +842,29 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     threads = num_threads or 0
     source = "given"
     rate = cpu_rate
+    run = _CpuRun(rate, source, threads)
     if rate is None and not stalled:
-        cpu_s = max(0.5 * CPU_SHARE * seconds, deadline - clock())
-        rate, source, threads = _cpu_rate(kept, cpu_s, transform, batch_size, num_threads, clock)
+        cpu_s = max(0.5 * CPU_SHARE * seconds, deadline - clock() - READ_SHARE * seconds)
+        run = _cpu_rate(kept, cpu_s, transform, batch_size, num_threads, clock, sleep, cpu,
+                        min(WARM_SHARE * seconds, 0.25 * cpu_s), read_until=deadline,
+                        read_min=0.5 * READ_SHARE * seconds, storage_options=storage_options, background=background,
+                        levels=levels)
+        rate, source, threads = run.rate, run.source, run.threads
     elif stalled:
         source = "not measured: the storage did not answer"
     if not threads:
         from ._threads import default_num_threads
 
         threads = default_num_threads()
-    pred = predict(levels, rate, threads)
+    pred = predict(levels, rate, threads, run.cpu_s_per_sample, run.warm_read_s, background, read_s=run.read_s)
     pred["cpu_rate"] = rate
-    summary = _summary(levels, pred, stalled, clock() - t_start)
+    # What the loader ran at through the storage meanwhile: a check of the ceiling, not the
+    # ceiling (short, on files the levels just read; NOTE [ Read CPU in the ceiling ]).
+    pred["loader_rate"] = run.read_rate
+    pred["loader_seconds"] = run.read_seconds
+    summary = summary_line(levels, pred, stalled, clock() - t_start)
     return StorageReport(location=where, kind=kind, listed=len(listed), sampled=min(cursor[0], len(targets)),
                          range_bytes=int(range_bytes) if kind == "shards" else None, levels=tuple(levels),
                          cpu_rate=rate, cpu_source=source, threads=threads, prediction=pred,
-                         stalled=tuple(stalled), summary=summary, seconds=clock() - t_start, notes=tuple(notes))
+                         stalled=tuple(stalled), summary=summary, seconds=clock() - t_start, notes=tuple(notes),
+                         storage_processes=tuple(f"{p} {comm(p)}" for p in pids[0]))
