@@ -17,7 +17,8 @@ Each is uploaded under its own prefix of one bucket of moto's S3 server
 ``Normalize`` to CHW float32; batches of 64, an infinitely fast model (batches are consumed and
 dropped). loaderlib runs its native chain (default threads); the peers run the work in their
 PyTorch DataLoader workers with OpenCV (``cv2.imdecode``, ``cv2.resize`` bilinear, numpy
-normalize), as a user of them would, at their best of ``--workers`` (persistent workers).
+normalize), as a user of them would, at their best of ``--workers`` (persistent workers): the first
+``--sweep-rounds`` rounds try every count, the later ones run each peer at its best there.
 
 One measurement is one fresh process with an empty local cache folder: the **cold** epoch is
 timed from the dataset's construction (its index requests included) to the last batch; the
@@ -26,7 +27,9 @@ the local copies. Shuffling: each system's default shuffle (``shuffle=True``; St
 ``py1e`` over one block of the whole dataset here, LitData's chunk-order shuffle) and, for
 loaderlib, ``ShardShuffleSampler`` too (shard order, a 1,024-sample buffer) when
 ``--ll-samplers`` names it. Rounds are interleaved (every cell once per round, in a rotating
-order); medians are reported with the ratios to the best peer. The process tree's CPU
+order); medians are reported, and per round loaderlib's figure over the faster peer's in
+the same round (the machine's load drifts between rounds: a ratio within a round compares
+runs made minutes apart at most), with the lowest of those ratios. The process tree's CPU
 (``getrusage`` of the measured process and its workers) and moto's CPU during the measurement
 are reported per image, with the load average.
 
@@ -342,6 +345,8 @@ def main() -> None:
     p.add_argument("--shard-mb", type=float, default=24.0, help="shard size of every format, MB")
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians are reported")
     p.add_argument("--workers", default="2,4,8", help="DataLoader worker counts the peers are tried at")
+    p.add_argument("--sweep-rounds", type=int, default=1,
+                   help="rounds that try every worker count; later rounds run each peer at its best of them")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="which of loaderlib, streaming, litdata")
     p.add_argument("--ll-samplers", default="global,shards",
                    help="loaderlib's shuffles: global (shuffle=True), shards (ShardShuffleSampler)")
@@ -380,7 +385,8 @@ def main() -> None:
 
     paths, labels = image_files(root)
     shard_bytes = int(a.shard_mb * 1e6)
-    data = os.path.join(base, f"{os.path.basename(root.rstrip(os.sep))}-{shard_bytes}")
+    total = sum(os.path.getsize(x) for x in paths)   # the folder's name and size key the shards made from it
+    data = os.path.join(base, f"{os.path.basename(root.rstrip(os.sep))}-{len(paths)}-{total}-{shard_bytes}")
     dirs = {"loaderlib": os.path.join(data, "ll"), "streaming": os.path.join(data, "mds"),
             "litdata": os.path.join(data, "litdata")}
     if not os.path.exists(os.path.join(data, "done")):
@@ -422,15 +428,23 @@ def main() -> None:
               f"Median of {a.repeat} interleaved round(s); load average {os.getloadavg()[0]:.1f} at the start",
               flush=True)
 
-        cells: list[tuple[str, dict]] = []
-        for s in systems:
-            if s == "loaderlib":
-                cells += [(f"loaderlib {smp}", {"kind": s, "sampler": smp}) for smp in samplers]
-            else:
-                cells += [(f"{s} {w}w", {"kind": s, "workers": w}) for w in workers]
+        ll_cells = [(f"loaderlib {smp}", {"kind": "loaderlib", "sampler": smp}) for smp in samplers]
         runs: dict[str, list[dict]] = {}
+        best: dict[str, str] = {}     # peer -> its cell at the best worker count (after the sweep)
         t_run = time.perf_counter()
         for r in range(a.repeat):
+            sweep = r < a.sweep_rounds or not best
+            if r == a.sweep_rounds and peers:
+                best = {s: min((f"{s} {w}w" for w in workers),
+                               key=lambda n: statistics.median(1 / x["cold"] + 1 / x["warm"] for x in runs[n]))
+                        for s in peers}
+                print("best worker counts (median of cold + warm epoch time over the sweep round(s)): "
+                      + ", ".join(f"{s} {n.split()[-1][:-1]}" for s, n in best.items()), flush=True)
+                sweep = False
+            cells = list(ll_cells)
+            for s in peers:
+                cells += ([(f"{s} {w}w", {"kind": s, "workers": w}) for w in workers] if sweep
+                          else [(best[s], {"kind": s, "workers": int(best[s].split()[-1][:-1])})])
             k = r % len(cells)
             for name, cell in cells[k:] + cells[:k]:
                 cache = tempfile.mkdtemp(prefix="ll-objpeers-cache-")
@@ -441,6 +455,7 @@ def main() -> None:
                 finally:
                     shutil.rmtree(cache, ignore_errors=True)
                 res["load"] = os.getloadavg()[0]
+                res["round"] = r
                 runs.setdefault(name, []).append(res)
                 print(f"  round {r + 1}: {name}: cold {res['cold']:,.0f} img/s ({res['cold_images']} images, first "
                       f"batch {res['cold_first_batch_s']:.2f} s), warm {res['warm']:,.0f} img/s; CPU "
@@ -449,48 +464,60 @@ def main() -> None:
                       f"load {res['load']:.1f}", flush=True)
             print(f"round {r + 1} of {a.repeat} done ({time.perf_counter() - t_run:.0f} s; load average "
                   f"{os.getloadavg()[0]:.1f})", flush=True)
-            print_table(runs, systems, samplers, workers, r + 1)
+            print_table(runs, samplers, peers, workers, best, r + 1)
 
 
-def print_table(runs: dict, systems: list[str], samplers: list[str], workers: list[int], rounds: int) -> None:
-    """Medians per cell; each peer at its best worker count (by the median of cold + warm time)."""
+def print_table(runs: dict, samplers: list[str], peers: list[str], workers: list[int], best: dict,
+                rounds: int) -> None:
+    """Medians per cell, each peer at its best worker count (``best``, or while sweeping the best
+    so far), and per round the ratio of loaderlib's figure to the best peer's in the same round."""
     def med(name: str, key: str) -> float:
         return statistics.median(x[key] for x in runs[name])
 
-    rows = []
-    for s in systems:
-        if s == "loaderlib":
-            rows += [(f"loaderlib ({'shuffle=True' if smp == 'global' else 'ShardShuffleSampler'})", f"loaderlib {smp}")
-                     for smp in samplers if f"loaderlib {smp}" in runs]
-        else:
+    def speed(n: str) -> float:
+        return statistics.median(1 / x["cold"] + 1 / x["warm"] for x in runs[n])
+
+    chosen = dict(best)
+    for s in peers:
+        if s not in chosen:
             have = [f"{s} {w}w" for w in workers if f"{s} {w}w" in runs]
             if have:
-                best = min(have, key=lambda n: 1 / med(n, "cold") + 1 / med(n, "warm"))
-                rows.append((f"{'MosaicML Streaming' if s == 'streaming' else 'LitData'} ({best.split()[-1][:-1]} "
-                             "workers)", best))
-    peer_rows = [r for r in rows if not r[1].startswith("loaderlib")]
-    print(f"\n== medians of {rounds} round(s), images/s (peers at their best worker count); every round's cold "
-          "figures after the table\n")
-    print("| loader | cold | warm | cold x best peer | warm x best peer | CPU ms/img (tree) | moto CPU ms/img |")
+                chosen[s] = min(have, key=speed)
+    names = {"streaming": "MosaicML Streaming", "litdata": "LitData"}
+    rows = [(f"loaderlib ({'shuffle=True' if smp == 'global' else 'ShardShuffleSampler'})", f"loaderlib {smp}")
+            for smp in samplers if f"loaderlib {smp}" in runs]
+    rows += [(f"{names[s]} ({n.split()[-1][:-1]} workers)", n) for s, n in chosen.items()]
+
+    def per_round(n: str, key: str) -> list[float]:
+        """loaderlib's ``key`` over the best peer's in the same round, per round that has both."""
+        out = []
+        for x in runs[n]:
+            other = [y[key] for p in chosen.values() for y in runs[p] if y["round"] == x["round"]]
+            if other:
+                out.append(x[key] / max(other))
+        return out
+
+    print(f"\n== medians of {rounds} round(s), images/s (each peer at its best worker count); 'x best peer': "
+          "loaderlib over the faster peer in the same round, median and lowest of the rounds\n")
+    print("| loader | cold | warm | cold x best peer (median, lowest) | warm x best peer (median, lowest) "
+          "| CPU ms/img (process tree) | moto CPU ms/img |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    best_cold = max((med(n, "cold") for _, n in peer_rows), default=None)
-    best_warm = max((med(n, "warm") for _, n in peer_rows), default=None)
     for label, n in rows:
         c, w = med(n, "cold"), med(n, "warm")
         imgs = statistics.median(x["cold_images"] + x["warm_images"] for x in runs[n])
         cpu = 1e3 * med(n, "cpu_s") / imgs
         moto = 1e3 * statistics.median(x.get("moto_cpu_s", 0) for x in runs[n]) / imgs
-        rc = f"{c / best_cold:.2f}" if best_cold and n.startswith("loaderlib") else ""
-        rw = f"{w / best_warm:.2f}" if best_warm and n.startswith("loaderlib") else ""
+        rc = rw = ""
+        if n.startswith("loaderlib") and chosen:
+            pc, pw = per_round(n, "cold"), per_round(n, "warm")
+            if pc:
+                rc = f"{statistics.median(pc):.2f} ({min(pc):.2f})"
+                rw = f"{statistics.median(pw):.2f} ({min(pw):.2f})"
         print(f"| {label} | {c:,.0f} | {w:,.0f} | {rc} | {rw} | {cpu:.2f} | {moto:.2f} |")
     for label, n in rows:
         print(f"{label}: cold per round " + ", ".join(f"{x['cold']:,.0f}" for x in runs[n])
-              + "; warm " + ", ".join(f"{x['warm']:,.0f}" for x in runs[n]))
-    ll_rows = [n for _, n in rows if n.startswith("loaderlib")]
-    if peer_rows and ll_rows:
-        for n in ll_rows:
-            worst = min(x["cold"] / max(med(pn, "cold") for _, pn in peer_rows) for x in runs[n])
-            print(f"{n}: the lowest round's cold figure is {worst:.2f}x the best peer's median cold")
+              + "; warm " + ", ".join(f"{x['warm']:,.0f}" for x in runs[n])
+              + "; load " + ", ".join(f"{x['load']:.1f}" for x in runs[n]))
     print(flush=True)
 
 
