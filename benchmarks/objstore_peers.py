@@ -312,12 +312,14 @@ def _cpu_of(pid: int) -> float:
 
 
 def run_child(python: str, spec: dict, timeout: float, moto_pid: int | None = None) -> dict:
-    """``spec`` in a fresh process of ``python``; adds the process tree's and moto's CPU seconds."""
+    """``spec`` in a fresh process of ``python`` (loaderlib imported from this tree, or from
+    ``spec["pythonpath"]``); adds the process tree's and moto's CPU seconds."""
     import storage
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    first = spec.get("pythonpath") or ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([first, HERE, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     moto0 = _cpu_of(moto_pid) if moto_pid else 0.0
     try:
@@ -354,6 +356,9 @@ def main() -> None:
                    help="an interpreter with mosaicml-streaming and litdata (make bench-storage-peers builds it)")
     p.add_argument("--storage-cpus", metavar="CPUS",
                    help="moto on these CPUs (1; auto: the last quarter) and every loader on the others")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also run loaderlib from DIR (another checkout with its extensions built, e.g. a git "
+                        "worktree of main), interleaved with this tree's: the rows named 'baseline'")
     p.add_argument("--timeout", type=float, default=900, help="seconds one measurement may take")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -429,6 +434,9 @@ def main() -> None:
               flush=True)
 
         ll_cells = [(f"loaderlib {smp}", {"kind": "loaderlib", "sampler": smp}) for smp in samplers]
+        if a.baseline:
+            ll_cells += [(f"baseline {smp}", {"kind": "loaderlib", "sampler": smp, "pythonpath": a.baseline})
+                         for smp in samplers]
         runs: dict[str, list[dict]] = {}
         best: dict[str, str] = {}     # peer -> its cell at the best worker count (after the sweep)
         t_run = time.perf_counter()
@@ -484,8 +492,8 @@ def print_table(runs: dict, samplers: list[str], peers: list[str], workers: list
             if have:
                 chosen[s] = min(have, key=speed)
     names = {"streaming": "MosaicML Streaming", "litdata": "LitData"}
-    rows = [(f"loaderlib ({'shuffle=True' if smp == 'global' else 'ShardShuffleSampler'})", f"loaderlib {smp}")
-            for smp in samplers if f"loaderlib {smp}" in runs]
+    rows = [(f"{who} ({'shuffle=True' if smp == 'global' else 'ShardShuffleSampler'})", f"{who} {smp}")
+            for who in ("loaderlib", "baseline") for smp in samplers if f"{who} {smp}" in runs]
     rows += [(f"{names[s]} ({n.split()[-1][:-1]} workers)", n) for s, n in chosen.items()]
 
     def per_round(n: str, key: str) -> list[float]:
@@ -508,7 +516,7 @@ def print_table(runs: dict, samplers: list[str], peers: list[str], workers: list
         cpu = 1e3 * med(n, "cpu_s") / imgs
         moto = 1e3 * statistics.median(x.get("moto_cpu_s", 0) for x in runs[n]) / imgs
         rc = rw = ""
-        if n.startswith("loaderlib") and chosen:
+        if not n.startswith(tuple(peers)) and chosen:
             pc, pw = per_round(n, "cold"), per_round(n, "warm")
             if pc:
                 rc = f"{statistics.median(pc):.2f} ({min(pc):.2f})"
