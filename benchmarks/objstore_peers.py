@@ -394,16 +394,22 @@ def main() -> None:
     data = os.path.join(base, f"{os.path.basename(root.rstrip(os.sep))}-{len(paths)}-{total}-{shard_bytes}")
     dirs = {"loaderlib": os.path.join(data, "ll"), "streaming": os.path.join(data, "mds"),
             "litdata": os.path.join(data, "litdata")}
-    if not os.path.exists(os.path.join(data, "done")):
-        shutil.rmtree(data, ignore_errors=True)
-        for d in dirs.values():
-            os.makedirs(d)
+    done = {s: os.path.join(data, f"done-{s}") for s in SYSTEMS}    # each format written once
+    if "loaderlib" in systems and not os.path.exists(done["loaderlib"]):
+        shutil.rmtree(dirs["loaderlib"], ignore_errors=True)
+        os.makedirs(dirs["loaderlib"])
         ll.write_records(os.path.join(dirs["loaderlib"], "train"), paths, labels, shard_size=shard_bytes)
-        if peers:
-            run_child(a.peers, {"kind": "write", "systems": peers, "paths": paths, "labels": labels,
-                                "shard_bytes": shard_bytes, "mds": dirs["streaming"], "litdata": dirs["litdata"]},
-                      a.timeout)
-        open(os.path.join(data, "done"), "w").close()
+        open(done["loaderlib"], "w").close()
+    todo = [s for s in peers if not os.path.exists(done[s])]
+    if todo:
+        for s in todo:
+            shutil.rmtree(dirs[s], ignore_errors=True)
+            os.makedirs(dirs[s])
+        run_child(a.peers, {"kind": "write", "systems": todo, "paths": paths, "labels": labels,
+                            "shard_bytes": shard_bytes, "mds": dirs["streaming"], "litdata": dirs["litdata"]},
+                  a.timeout)
+        for s in todo:
+            open(done[s], "w").close()
 
     def files(s: str) -> tuple[int, int]:
         names = os.listdir(dirs[s])
