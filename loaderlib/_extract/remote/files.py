@@ -54,8 +54,11 @@ of a shard none of them has reached downloads it itself (the cache downloads eac
 once). With a limit the window stays ``AHEAD``, bounded by room as above. The record
 indexes a dataset opens with are fetched concurrently too (``RemoteFiles.each``): one
 shard after another, their requests (size, header, index) were a serial chain of round
-trips before the first read. Measured with ``python benchmarks/objstore_peers.py`` (see
-the object-store guide's peers table).
+trips before the first read. ``python benchmarks/objstore_peers.py`` measures cold and warm
+epochs from moto's S3 server against MosaicML Streaming and LitData; on the shared 2-core
+machine the change was within the run-to-run noise (its ``--baseline`` rows; the object-store
+guide has the table): what a cold first batch waits for is still the download of every shard
+its samples come from.
 So a dataset holds at most ``open_shards()`` leases, the one being opened included, and
 the disk holds, beyond the limit, only evicted shards whose slices a batch in flight still
 reads (unlinked, freed when the batch is done).
