@@ -14,7 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
-.PHONY: all install build test test-fast typecheck device-check bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-storage-split peers-tf bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
+.PHONY: all install build test test-fast typecheck device-check bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-storage-split bench-storage-peers peers-tf bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
 
@@ -186,6 +186,22 @@ bench-storage-split: build $(TESTS) peers-tf
 	$(BIN)/python benchmarks/storage.py --peers $(PEERS_VENV)/bin/python --storage-cpus auto $(STORAGE_ARGS)
 	$(BIN)/python benchmarks/storage.py --remote --storage-cpus auto $(STORAGE_ARGS)
 
+# Cold and warm epochs from S3 (moto's server) against MosaicML Streaming and LitData, each reading the
+# same photos in its own shard format with the same per-sample work (benchmarks/objstore_peers.py).
+# The peers live in their own virtualenv with the local torch 2.13.0 CPU wheel (never a CUDA
+# download from the index); loaderlib runs in $(VENV). STORAGE_ARGS as above (--storage-cpus 1, --repeat 5).
+OBJPEERS_VENV ?= .venv-objpeers
+$(OBJPEERS_VENV)/.ready:
+	@whl=$$(ls $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1); \
+	if [ -z "$$whl" ]; then echo "no torch 2.13.0 CPU wheel in $(TORCH_WHEELS): cannot build $(OBJPEERS_VENV)"; exit 1; fi; \
+	$(PYTHON) -m venv $(OBJPEERS_VENV) && \
+	$(OBJPEERS_VENV)/bin/python -m pip install -q "$$whl" "numpy<2.5" opencv-python-headless psutil boto3 \
+	  mosaicml-streaming==0.13.0 litdata==0.2.76
+	touch $@
+
+bench-storage-peers: build $(TESTS) $(OBJPEERS_VENV)/.ready
+	$(BIN)/python benchmarks/objstore_peers.py --peers $(OBJPEERS_VENV)/bin/python $(STORAGE_ARGS)
+
 bench-io: build $(TESTS)
 	$(BIN)/python benchmarks/io_mechanism.py
 
@@ -309,4 +325,4 @@ test-wheel: wheel $(OPENCV)
 	PYTHON=$(PYTHON) tests/wheel/run.sh $$(ls $(WHEELHOUSE)/loaderlib-*.whl | head -n 1) $(BIN)/python
 
 clean:
-	rm -rf build site loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(PEERS_VENV) $(DIST) $(WHEELHOUSE)
+	rm -rf build site loaderlib/_ext/*.so pyx/*.c *.egg-info $(MXNET_VENV) $(PEERS_VENV) $(OBJPEERS_VENV) $(DIST) $(WHEELHOUSE)

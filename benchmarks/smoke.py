@@ -65,6 +65,11 @@ def _needs_chromium() -> str | None:
     return None if _has_module("nbconvert") else "nbconvert"
 
 
+def _needs_objpeers() -> str | None:
+    exe = os.path.join(ROOT, ".venv-objpeers", "bin", "python")
+    return None if os.path.exists(exe) else "the object-store peers' venv (make bench-storage-peers builds .venv-objpeers)"
+
+
 def _needs_torchrun() -> str | None:
     if not _has_module("torch"):
         return "torch (torchrun)"
@@ -92,6 +97,7 @@ RUNS: dict[str, tuple[list[str], object]] = {
     "hybrid.py": (["--data", DATA, "--images", "64", "--threads", "1", "--step-ms", "0.1", "--repeat", "1"], None),
     "instrumentation.py": (["--data", DATA, "--rounds", "1", "--threads", "1", "--epochs-per-round", "1"], None),
     "loader.py": (["--data", DATA, "--images", "64", "--threads", "1", "--workers", "1", "--repeat", "1"], None),
+    "objstore_peers.py": (["--data", DATA, "--repeat", "1", "--workers", "2", "--shard-mb", "1"], _needs_objpeers),
     "pipeline.py": (["--data", DATA, "--images", "64", "--rounds", "1", "--epochs", "2"], None),
     "pack.py": (["--data", DATA, "--rounds", "1", "--epochs", "1", "--threads", "1"], None),
     "ray_map_batches.py": (["--images", "32", "--rounds", "1", "--batch-size", "16"], _needs("ray", "ray[data]")),

@@ -617,7 +617,10 @@ class RecordFileDataset(ShardFiles, Dataset):
             self.paths = [self._remote.cache.path_of(d) for d, _ in pairs]
         else:
             self.paths = [d for d, _ in pairs]
-        shards = [_open_shard(d, i, self._remote) for d, i in pairs]
+        if self._remote is not None:   # NOTE [ Downloads ahead of a cold epoch ]: all at once
+            shards = self._remote.each(lambda pair: _open_shard(pair[0], pair[1], self._remote), pairs)
+        else:
+            shards = [_open_shard(d, i, self._remote) for d, i in pairs]
         self.offsets = np.concatenate([s["offsets"] for s in shards])
         self.sizes = np.concatenate([s["sizes"] for s in shards])
         self.labels = np.concatenate([s["labels"] for s in shards])

@@ -41,7 +41,24 @@ read it again soon, so ``cache_limit`` may be far below the dataset's size:
   from ``plan_epoch``) are downloaded in the background, only where there is room (and a
   spare shard's) without evicting a held shard or one of them (NOTE [ Shard cache within its limit ] in
   ``shard_cache.py``): with a limit of two shards the window is empty and each shard
-  downloads when its first read asks for it.
+  downloads when its first read asks for it. Without a limit the window is the whole
+  first-use order (NOTE [ Downloads ahead of a cold epoch ]).
+NOTE [ Downloads ahead of a cold epoch ]
+A window of ``AHEAD`` shards moves only when a read opens a shard: on a cold epoch the
+background downloads then stop while the kernels decode the shards already here, and the
+next shard's download starts only when its first read asks for it, so decoding and
+downloading take turns instead of overlapping. Without ``cache_limit`` nothing is ever
+evicted, so the window is every shard of the run, in first-use order: the cache's
+downloaders go from one shard to the next while the earlier ones are decoded, and a read
+of a shard none of them has reached downloads it itself (the cache downloads each shard
+once). With a limit the window stays ``AHEAD``, bounded by room as above. The record
+indexes a dataset opens with are fetched concurrently too (``RemoteFiles.each``): one
+shard after another, their requests (size, header, index) were a serial chain of round
+trips before the first read. ``python benchmarks/objstore_peers.py`` measures cold and warm
+epochs from moto's S3 server against MosaicML Streaming and LitData; on the shared 2-core
+machine the change was within the run-to-run noise (its ``--baseline`` rows; the object-store
+guide has the table): what a cold first batch waits for is still the download of every shard
+its samples come from.
 So a dataset holds at most ``open_shards()`` leases, the one being opened included, and
 the disk holds, beyond the limit, only evicted shards whose slices a batch in flight still
 reads (unlinked, freed when the batch is done).
@@ -54,7 +71,7 @@ import io
 import mmap
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,6 +83,9 @@ from .store import open_store, read_objects, read_ranges
 from .urls import check_scheme, is_url
 
 __all__ = ["RemoteFiles", "remote_files"]
+
+#: Threads that open a dataset's shards at once (``RemoteFiles.each``).
+OPEN_THREADS = 16
 
 
 class RemoteFiles:
@@ -165,9 +185,14 @@ class RemoteFiles:
             self._order = {u: k for k, u in reversed(list(enumerate(self._urls)))}
         self._ahead(0)
 
+    def _window(self) -> int:
+        """Shards downloaded ahead of the last one opened (NOTE [ Downloads ahead of a cold epoch ])."""
+        return self.AHEAD if self.cache.limit is not None else len(self._urls)
+
     def _ahead(self, start: int) -> None:
+        window = self._window()
         with self._lock:
-            want = [u for u in self._urls[start:start + self.AHEAD] if u not in self._open]
+            want = [u for u in self._urls[start:start + window] if u not in self._open]
         if want:
             self.cache.prefetch(want)
 
@@ -223,7 +248,27 @@ class RemoteFiles:
         return out
 
     def size(self, url: str) -> int:
-        return open_store(url, self.options).head(url).size
+        info = open_store(url, self.options).head(url)
+        if self.cached:
+            self.cache.know(info)     # the cache's own HEAD of this shard is then not sent again
+        return info.size
+
+    def each(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list:
+        """``[fn(x) for x in items]`` with the calls running concurrently (they wait on the
+        store: opening a dataset's shards, NOTE [ Downloads ahead of a cold epoch ]); the first
+        item whose call failed, in order, raises its error. The threads end before it returns."""
+        items = list(items)
+        if len(items) < 2:
+            return [fn(x) for x in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(OPEN_THREADS, len(items)), thread_name_prefix="ll-open") as pool:
+            futures = [pool.submit(fn, x) for x in items]
+            try:
+                return [f.result() for f in futures]
+            finally:
+                for f in futures:
+                    f.cancel()
 
     def fetch(self, url: str) -> bytes:
         """A small object, whole (an index file)."""

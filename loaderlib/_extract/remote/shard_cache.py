@@ -147,6 +147,12 @@ class ShardCache:
                 self._info[url] = got
         return got
 
+    def know(self, info: ObjectInfo) -> None:
+        """Take ``info`` (a HEAD of ``info.url`` the caller made) as this process's answer
+        for that URL, so :meth:`info` does not ask the store again."""
+        with self._lock:
+            self._info.setdefault(info.url, info)
+
     def _sidecar(self, key: str) -> dict | None:
         try:
             with open(self._p(key, ".json")) as f:

@@ -1,0 +1,140 @@
+"""A cold epoch through the shard cache: the requests made ahead of the reads
+(NOTE [ Downloads ahead of a cold epoch ] in ``loaderlib/_extract/remote/files.py``), checked
+with the fault proxy's request log and stalls, never with a clock."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+import loaderlib as ll
+from loaderlib import transforms as T
+from tests.remote.conftest import FAST
+
+#: Stalled requests are held by the proxy; the client must not give up on them meanwhile.
+PATIENT = {**FAST, "timeout": 120.0}
+
+
+def _shards(ds_root: str) -> int:
+    return len([n for n in os.listdir(os.path.join(ds_root, "rec")) if n.endswith(".llrec")])
+
+
+def _url(base: str, ds_root: str) -> str:
+    return f"{base}/ds/rec/part-{{00000..{_shards(ds_root) - 1:05d}}}.llrec"
+
+
+def _whole_gets(proxy, name: str) -> int:
+    """GETs of ``name`` without a Range header: whole-shard downloads."""
+    with proxy.lock:
+        return sum(1 for m, p, r in proxy.requests if m == "GET" and p.endswith(name) and r is None)
+
+
+def _wait_whole_get(proxy, name: str, timeout: float = 20.0) -> bool:
+    with proxy.lock:
+        return proxy.lock.wait_for(lambda: any(m == "GET" and p.endswith(name) and r is None
+                                               for m, p, r in proxy.requests), timeout)
+
+
+def test_downloads_go_on_while_the_first_shard_is_still_on_its_way(ds_root, proxy, tmp_path):
+    # The run needs shard 0 first. Its download is held by the proxy (as a slow shard is, or
+    # one the kernels are still decoding while the next ones should arrive): every later shard
+    # must still be requested meanwhile, in the order the run needs them. With a window of two
+    # shards that moves only when a read opens a shard, the third was never asked for until
+    # shard 0 arrived.
+    n = _shards(ds_root)
+    assert n >= 3
+    ds = ll.RecordFileDataset(_url(proxy.url, ds_root), cache_dir=str(tmp_path / "c"), storage_options=PATIENT)
+    try:
+        proxy.reset()
+        proxy.add("stall", match="part-00000.llrec", method="GET", ranged=False)
+        ds.plan_epoch(np.arange(len(ds)))            # what the loader says before a run's first read
+        for k in range(1, n):
+            assert _wait_whole_get(proxy, f"part-{k:05d}.llrec"), \
+                f"shard {k} was not requested while shard 0 was still downloading"
+        assert _whole_gets(proxy, "part-00000.llrec") == 1        # asked once, still held
+        proxy.released.set()
+        ref = ll.RecordFileDataset(os.path.join(ds_root, "rec", "part-*.llrec"))
+        chain = T.Compose([T.CenterCrop(16), T.ToCHW()])
+        got = list(ll.DataLoader(ds.transform_first(chain), batch_size=5, num_threads=2, timeout=60))
+        want = list(ll.DataLoader(ref.transform_first(chain), batch_size=5, num_threads=2))
+        assert len(got) == len(want)
+        for (a, la), (b, lb) in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(la, lb)
+        # Each shard downloaded once; shard 0's held request was dropped when the proxy let
+        # it go (a stall never answers), and sent again.
+        assert [_whole_gets(proxy, f"part-{k:05d}.llrec") for k in range(n)] == [2] + [1] * (n - 1)
+    finally:
+        proxy.released.set()
+        ds.close()
+
+
+def test_a_limited_cache_keeps_its_window_of_two(ds_root, proxy, tmp_path):
+    # With cache_limit the window stays AHEAD shards (room for what is held, the downloads
+    # ahead and a spare: NOTE [ Shards held by a dataset ]).
+    n = _shards(ds_root)
+    sizes = [os.path.getsize(os.path.join(ds_root, "rec", f"part-{k:05d}.llrec")) for k in range(n)]
+    ds = ll.RecordFileDataset(_url(proxy.url, ds_root), cache_dir=str(tmp_path / "c"), storage_options=PATIENT,
+                              cache_limit=100 * max(sizes))
+    try:
+        proxy.reset()
+        proxy.add("stall", match="part-00000.llrec", method="GET", ranged=False)
+        ds.plan_epoch(np.arange(len(ds)))
+        assert _wait_whole_get(proxy, "part-00001.llrec")
+        assert ds._remote.cache.wait_idle(0) is False       # shard 0 is still held by the proxy
+        assert _whole_gets(proxy, "part-00002.llrec") == 0
+    finally:
+        proxy.released.set()
+        ds.close()
+
+
+def test_shard_indexes_are_fetched_concurrently(ds_root, proxy, tmp_path):
+    # Opening the dataset asks for every shard's size, header and index; with shard 0's index
+    # held by the proxy, the other shards' indexes must still be asked for (they used to be
+    # a chain of requests, one shard after another).
+    n = _shards(ds_root)
+    proxy.reset()
+    proxy.add("stall", match="part-00000.llidx", method="GET")
+    box: list = []
+    opener = threading.Thread(target=lambda: box.append(ll.RecordFileDataset(
+        _url(proxy.url, ds_root), cache_dir=str(tmp_path / "c"), storage_options=PATIENT)))
+    opener.start()
+    try:
+        for k in range(1, n):
+            assert proxy.wait_for(f"part-{k:05d}.llidx", "GET", timeout=20) >= 1, \
+                f"shard {k}'s index was not asked for while shard 0's was on its way"
+        assert not box
+    finally:
+        proxy.released.set()
+        opener.join(60)
+    assert box and len(box[0]) == len(ll.RecordFileDataset(os.path.join(ds_root, "rec", "part-*.llrec")))
+    box[0].close()
+
+
+def test_an_unreadable_index_names_its_shard(ds_root, proxy, tmp_path):
+    # Opened concurrently, a failure still names the shard at fault (the first in order).
+    import pytest
+
+    proxy.reset()
+    proxy.add("status", match="part-00001.llidx", method="GET", status=404)
+    with pytest.raises(ll.RemoteReadError, match=r"part-00001\.llidx.*404"):
+        ll.RecordFileDataset(_url(proxy.url, ds_root), cache_dir=str(tmp_path / "c"), storage_options=PATIENT)
+    assert not [t for t in threading.enumerate() if t.name.startswith("ll-open")]
+
+
+def test_the_cache_does_not_ask_again_for_what_the_dataset_asked(ds_root, proxy, tmp_path):
+    # The dataset's HEAD of each shard (its size, when it opens) is the cache's answer too:
+    # an epoch then sends no HEAD, only each shard's download.
+    n = _shards(ds_root)
+    ds = ll.RecordFileDataset(_url(proxy.url, ds_root), cache_dir=str(tmp_path / "c"), storage_options=PATIENT)
+    try:
+        proxy.reset()
+        got = sum(len(y) for _x, y in ll.DataLoader(ds.transform_first(T.CenterCrop(16)), batch_size=4,
+                                                    shuffle=True, seed=3, num_threads=2, timeout=60))
+        assert got == len(ds)
+        assert proxy.count(method="HEAD") == 0
+        assert [_whole_gets(proxy, f"part-{k:05d}.llrec") for k in range(n)] == [1] * n
+    finally:
+        ds.close()
