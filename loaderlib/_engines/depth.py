@@ -42,16 +42,14 @@ and ``ahead`` ready or in production.
   team (NOTE [ One team across epochs ] in native.py), so the user waits at an epoch start
   about as long as mid-epoch (docs/measurements.md, epoch boundaries).
   With a model slower than the loader the cap costs nothing: the next batch is ready before it
-  is asked for. When the loader is the bottleneck, what remains between two batches with one
-  batch ahead is the tail and the consumer's part of the hand-over; ``benchmarks/scaling.py
-  --threads 2 --pin --prefetch default,2 --repeat 5 --epochs 4`` (float RN50 chain, batches of
-  64, ImageNet-like photos, a quiet machine) measured 0.965x, 0.945x and 0.998x of
-  ``prefetch=2`` in three runs with one batch ahead and the gate, against 1.051x, 1.026x and
-  1.036x with two ahead (runs alternating; docs/measurements.md). So ``ahead`` starts at 2
-  (three slots: the user's and two in production, the third batch queued behind the gate of
-  the user's slot), and at 1 only where neither cost is there to hide: one kernel thread (no
-  tail) and batches of at least ``ONE_AHEAD_BATCH`` images (the hand-over, under 1 ms, is then
-  about 1% of a batch or less; 1.011x of ``prefetch=2`` at 1 thread in the same benchmark).
+  is asked for. When the loader is the bottleneck, ``benchmarks/scaling.py --pin --prefetch
+  default,2`` measured (before the gate) 0.90x and 0.94x of ``prefetch=2`` at 2 threads with
+  batches of 64, the float RN50 chain after a warm-up epoch, for half the batch memory; with
+  the gate: see docs/measurements.md. The fewer images each thread gets per batch, the larger
+  the tail's share, so ``ahead``
+  starts at 1 only for small teams, at most ``1 + batch_size / SMALL_TEAM`` threads (2
+  threads with batches of 64, 6 with 256), and at 2 otherwise (two batches in production, as
+  the engine's lookahead plans: 16 threads keep 3 slots).
 - A consumer that keeps batches (a list of them, gradient accumulation) would wait for ever
   once it holds every slot the cap allows: when it waits with nothing queued and nothing in
   production, the driver takes one more slot and ``ahead`` rises by one (up to ``most``), so
@@ -77,8 +75,8 @@ from typing import Any
 
 _clock = time.perf_counter_ns
 
-#: Images per batch from which a one-thread team starts with one batch ahead (NOTE [ Batches in memory ]).
-ONE_AHEAD_BATCH = 64
+#: Images per batch for each kernel thread past the first up to which ``ahead`` starts at 1.
+SMALL_TEAM = 50
 #: Share of a window's wall time that one more batch ahead must have saved to be taken.
 GROW_SHARE = 0.03
 #: Batches per measuring window of the growth rule: long enough that one stall of the consumer
@@ -87,9 +85,9 @@ WINDOW = 64
 
 
 def start_ahead(threads: int, batch_size: int) -> int:
-    """Batches ahead of the user's to start with (NOTE [ Batches in memory ]): 1 for one
-    kernel thread with batches of at least ``ONE_AHEAD_BATCH`` images, else 2."""
-    return 1 if int(threads) <= 1 and int(batch_size) >= ONE_AHEAD_BATCH else 2
+    """Batches ahead of the user's to start with (NOTE [ Batches in memory ]): 1 for a small
+    team (at most ``1 + batch_size / SMALL_TEAM`` threads), else 2."""
+    return 1 if max(0, int(threads) - 1) * SMALL_TEAM <= max(1, int(batch_size)) else 2
 
 
 class BatchDepth:

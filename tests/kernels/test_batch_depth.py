@@ -13,8 +13,7 @@ import pytest
 import loaderlib as ll
 from loaderlib import transforms as T
 from loaderlib._engines.base import Produced, Producer, RunState, Task, _Knobs, _Run
-from loaderlib._engines import depth as depth_module
-from loaderlib._engines.depth import GROW_SHARE, ONE_AHEAD_BATCH, WINDOW, BatchDepth, start_ahead
+from loaderlib._engines.depth import GROW_SHARE, SMALL_TEAM, WINDOW, BatchDepth, start_ahead
 from loaderlib._extract.readahead import ReadAhead
 from loaderlib._recorder import StageRecorder
 from loaderlib.sampler import EpochOrder
@@ -38,22 +37,14 @@ def _loader(folder, **kw):
     return ll.DataLoader(ds, shuffle=True, seed=7, **kw)
 
 
-@pytest.fixture(autouse=True)
-def _one_ahead(monkeypatch):
-    """One batch ahead of the user's, the regime of a one-thread team with long batches (NOTE
-    [ Batches in memory ]), on this file's small batches and teams."""
-    monkeypatch.setattr(depth_module, "ONE_AHEAD_BATCH", 1)
-
-
 # -- the rule -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("threads", "batch", "ahead"), [
-    (1, 1, 2), (1, 63, 2), (1, 64, 1), (1, 256, 1), (2, 64, 2), (3, 64, 2), (16, 64, 2), (2, 32, 2), (6, 256, 2)])
-def test_start_ahead_is_one_only_for_one_thread_and_long_batches(threads, batch, ahead, monkeypatch):
-    monkeypatch.setattr(depth_module, "ONE_AHEAD_BATCH", ONE_AHEAD_BATCH)
-    # one kernel thread (no tail) and at least ONE_AHEAD_BATCH images (a short hand-over's share)
+    (1, 1, 1), (1, 64, 1), (2, 64, 1), (3, 64, 2), (16, 64, 2), (2, 32, 2), (6, 256, 1), (7, 256, 2)])
+def test_start_ahead_is_one_for_a_small_team(threads, batch, ahead):
+    # at least SMALL_TEAM images per batch for each thread past the first
     assert start_ahead(threads, batch) == ahead
-    assert (ahead == 1) == (threads == 1 and batch >= ONE_AHEAD_BATCH)
+    assert (ahead == 1) == ((threads - 1) * SMALL_TEAM <= batch)
 
 
 def _window(d: BatchDepth, held_ms: float, waited_ms: float, every_ms: float, t0: int = 0) -> int:
@@ -67,15 +58,15 @@ def _window(d: BatchDepth, held_ms: float, waited_ms: float, every_ms: float, t0
 
 def test_one_more_batch_ahead_when_it_would_have_saved_the_consumer_waits():
     d = BatchDepth(batch_size=64, most=2)
-    assert d.cap(1) == 2
+    assert d.cap(2) == 2
     # the driver sat 2 ms at the cap before each batch the consumer then waited 5 ms for: a
     # deeper queue saves 2 ms of every 20 ms (10% > GROW_SHARE)
     _window(d, held_ms=2, waited_ms=5, every_ms=20)
-    assert d.cap(1) == 3
+    assert d.cap(2) == 3
     assert d.decisions[-1][:2] == (1, 2) and "would have saved 10.0%" in d.decisions[-1][2]
     # never past ``most``
     _window(d, held_ms=2, waited_ms=5, every_ms=20, t0=10**12)
-    assert d.cap(1) == 3
+    assert d.cap(2) == 3
 
 
 @pytest.mark.parametrize(("held_ms", "waited_ms"), [
@@ -86,7 +77,7 @@ def test_one_more_batch_ahead_when_it_would_have_saved_the_consumer_waits():
 def test_no_deeper_queue_when_it_would_not_have_saved_anything(held_ms, waited_ms):
     d = BatchDepth(batch_size=64, most=4)
     _window(d, held_ms=held_ms, waited_ms=waited_ms, every_ms=20)
-    assert d.cap(1) == 2
+    assert d.cap(2) == 2
     assert d.decisions == []
     assert min(held_ms, waited_ms) / 20 <= GROW_SHARE
 

@@ -16,21 +16,12 @@ import loaderlib as ll
 from benchmarks._synth import encode_jpeg
 from loaderlib import transforms as T
 from loaderlib._chain import compile_chain
-from loaderlib._engines import depth as depth_module
 from loaderlib.arena import BatchArena, BatchLayout
 from tests.conftest import make_photo
 
 from ._loader_images import make_image_folder
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-@pytest.fixture(autouse=True)
-def _one_ahead(monkeypatch):
-    """One batch ahead of the user's, the regime of a one-thread team with long batches (NOTE
-    [ Batches in memory ]), on this file's small batches: the batch after next is then the
-    one queued behind the gate."""
-    monkeypatch.setattr(depth_module, "ONE_AHEAD_BATCH", 1)
 
 
 @pytest.fixture(scope="module")
