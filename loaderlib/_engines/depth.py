@@ -45,8 +45,15 @@ and ``ahead`` ready or in production.
   is asked for. When the loader is the bottleneck, ``benchmarks/scaling.py --pin --prefetch
   default,2`` measured (before the gate) 0.90x and 0.94x of ``prefetch=2`` at 2 threads with
   batches of 64, the float RN50 chain after a warm-up epoch, for half the batch memory; with
-  the gate: see docs/measurements.md. The fewer images each thread gets per batch, the larger
-  the tail's share, so ``ahead``
+  the gate, on the ImageNet-like photos and a quiet machine, 0.939x, 0.977x, 0.965x, 0.945x and
+  0.998x in five runs (``--threads 2 --repeat 3|5 --epochs 4``), and 1.011x at 1 thread. Two
+  ahead, in runs alternating with those, gave 0.976x, 1.071x, 1.051x, 1.026x and 1.036x, but
+  its third slot raised the float32 bench's peak PSS from 0.52-0.54x to 0.79x the lightest
+  peer's (benchmarks/loader.py --peers), past the 0.75x the project keeps to, so small teams
+  stay at one ahead and a loader-bound job with memory to spare passes ``prefetch=2``. What
+  would remove the rest without memory is a team that decodes the gated batch's first items
+  into its scratch while the gate is closed and writes them once it opens. The fewer images
+  each thread gets per batch, the larger the tail's share, so ``ahead``
   starts at 1 only for small teams, at most ``1 + batch_size / SMALL_TEAM`` threads (2
   threads with batches of 64, 6 with 256), and at 2 otherwise (two batches in production, as
   the engine's lookahead plans: 16 threads keep 3 slots).
