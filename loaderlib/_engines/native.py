@@ -196,6 +196,13 @@ class NativeProducer(Producer):
         slot the user gives back next), or None (NOTE [ Batches in memory ])."""
         if self.src.kind is SourceKind.ARRAYS:
             return None
+        if self.reader is not None and not getattr(self.reader, "inline", True):
+            # Reading ahead, a batch queued early attaches positions whose reads were not queued
+            # yet, and the kernel threads then read those themselves (at the storage's latency):
+            # through latencyfs the gate cost 35% at 4 ms and 20% at 16 ms per file (storage.py
+            # --latencies 4,16, two rounds against the code before the gate, quiet machine).
+            # Where reads are waited for, the hand-over the gate hides is a small share anyway.
+            return None
         handed = self._handed
         while handed and handed[0]() is None:
             handed.popleft()

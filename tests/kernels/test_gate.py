@@ -264,3 +264,32 @@ def test_a_consumer_keeping_batches_with_reads_ahead_gets_them_intact(folder):
         np.testing.assert_array_equal(a, ra)
         np.testing.assert_array_equal(b, rb)
     assert any("keeps batches" in why for _, _, why in loader._knobs.depth.decisions)
+
+
+def test_no_batch_is_gated_while_the_read_ahead_reads_ahead(folder, monkeypatch):
+    """NOTE [ Batches in memory ]: a batch queued early attaches positions whose reads were not
+    queued yet, which the kernel threads then read themselves; so while the read-ahead reads
+    ahead (a fixed io_depth always does) no batch waits behind a gate, and the output is the
+    uncapped loader's."""
+    from loaderlib._engines.native import NativeProducer
+
+    gated: list[int] = []
+    submit_after = NativeProducer.submit_after
+
+    def counting(self, task, lease):
+        gated.append(task.number)
+        return submit_after(self, task, lease)
+
+    monkeypatch.setattr(NativeProducer, "submit_after", counting)
+    got = [(x.copy(), y.copy()) for _ in range(2) for x, y in _loader(folder, num_threads=1, io_depth=4)]
+    assert gated == []
+    ref = [(x.copy(), y.copy()) for _ in range(2) for x, y in _loader(folder, num_threads=1, prefetch=2)]
+    assert len(got) == len(ref) > 0
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+    gated.clear()
+    for _ in range(2):
+        for _b in _loader(folder, num_threads=1):   # warm local files are read inline: gated
+            pass
+    assert gated
