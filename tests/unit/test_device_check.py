@@ -103,7 +103,8 @@ def test_a_part_that_fails_is_reported_not_raised(tmp_path, monkeypatch):
         import device_check as dc
     finally:
         sys.path.pop(0)
-    rc, out = dc.sh([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
+    # A child that never returns by itself (it waits for a signal): only the timeout ends it.
+    rc, out = dc.sh([sys.executable, "-c", "import signal; signal.pause()"], timeout=0.5)
     assert rc == 124 and "timed out" in out
     report = {"topology": {"torch": {"installed": True, "cuda_available": True, "version": "x"}},
               "out": str(tmp_path), "parts": {}}
