@@ -21,39 +21,16 @@ from __future__ import annotations
 import math
 import platform
 import sys
-import types
 
 import numpy as np
 import torch
 from _synth import photo_like
+from _torchvision import import_torchvision
 
 from loaderlib import transforms as T
 
-
-def _import_torchvision():
-    """Import torchvision without its compiled ops.
-
-    NOTE [ torchvision beside CPU torch ]
-    PyPI's torchvision wheel for torch 2.13 links its C++ ops (_C.so: nms, roi_align, ...)
-    against the CUDA build of torch, so beside the CPU wheel the library does not load and
-    torchvision's import fails while registering fake kernels for those ops. The v2
-    transforms compared here are pure Python on torch tensors and never call them: stub the
-    registration module and import the rest.
-    """
-    try:
-        import torchvision
-    except RuntimeError as e:
-        if "torchvision::" not in str(e):
-            raise
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
-        import torchvision
-    return torchvision
-
-
-torchvision = _import_torchvision()
-from torchvision.transforms import (  # noqa: E402  (after the stubs above)
+torchvision = import_torchvision()   # NOTE [ torchvision beside CPU torch ] in _torchvision.py
+from torchvision.transforms import (  # noqa: E402  (after the stub above)
     InterpolationMode,
     v2,
 )

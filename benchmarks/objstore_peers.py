@@ -116,20 +116,13 @@ class CvTrain:
 
 
 def _torchvision_importable() -> None:
-    """Streaming imports torchvision (its vision datasets) when it is imported. PyPI's
-    torchvision for torch 2.13 links its C++ ops against the CUDA build of torch, so beside
-    the CPU wheel its import fails while registering fake kernels for those ops (FACTS,
-    ``benchmarks/check_torchvision.py``). Nothing here calls them: stub that module."""
-    import types
+    """Streaming imports torchvision (its vision datasets) when it is imported; beside torch's
+    CPU wheel that import fails unless torchvision's op registration is stubbed (NOTE
+    [ torchvision beside CPU torch ] in _torchvision.py). Nothing here calls those ops."""
+    from _torchvision import import_torchvision
 
     try:
-        import torchvision  # noqa: F401
-    except RuntimeError as e:
-        if "torchvision::" not in str(e):
-            raise
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+        import_torchvision()
     except ImportError:
         pass
 
