@@ -14,6 +14,8 @@ from libc.stdlib cimport calloc, free
 from libc.stdio cimport snprintf
 from libc.string cimport memcpy
 
+import os
+
 import numpy as np
 
 cimport cython
@@ -195,12 +197,17 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
 
 cdef extern from "ll_pool.h":
     ctypedef void (*ll_job_fn)(void* ctx, int64_t i, int tid) noexcept nogil
+    ctypedef int (*ll_job_stage_fn)(void* ctx, int64_t i, int tid) noexcept nogil
+    ctypedef void (*ll_job_flush_fn)(void* ctx, int tid) noexcept nogil
     ctypedef struct ll_job:
         ll_job_fn fn
         void* ctx
         int64_t n
         int limit
         int gated
+        ll_job_stage_fn stage
+        ll_job_flush_fn flush
+        int stage_threads
     ctypedef struct ll_pool:
         int nthreads
     ll_pool* ll_pool_new(int n) noexcept nogil
@@ -212,6 +219,7 @@ cdef extern from "ll_pool.h":
     void ll_pool_open(ll_pool* p, ll_job* job) noexcept nogil
     int ll_pool_withdraw(ll_pool* p, ll_job* job) noexcept nogil
     int ll_pool_gated(ll_pool* p, ll_job* job) noexcept nogil
+    int64_t ll_pool_staged(ll_pool* p, ll_job* job) noexcept nogil
     int ll_pool_wait_open(ll_pool* p, ll_job* job, int64_t timeout_ns) noexcept nogil
     void ll_pool_free(ll_pool* p) noexcept nogil
     void ll_name_thread(const char* prefix, int id) noexcept nogil
@@ -493,8 +501,9 @@ cdef struct RunCtx:
     ll_inline_reads inl      # reads the kernel threads did themselves (NOTE [ Every read counts ])
 
 
-cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
-    cdef RunCtx* c = <RunCtx*>ctx
+cdef int64_t _job_run(RunCtx* c, int64_t k, int tid, char* dst) noexcept nogil:
+    # Claim k of the batch into its output slot, or into ``dst`` (NOTE [ Staged items ] in
+    # include/ll_pool.h); returns the item's index in the batch.
     cdef int kind = c.kind
     cdef int64_t i = k
     cdef int64_t waited = 0, s = -1, nbytes = 0, read_ns = 0
@@ -505,6 +514,8 @@ cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
         # NOTE [ Read-ahead ]: claim k runs the k-th item whose bytes arrived.
         i = ll_rwait_next(c.reader, &c.wait, k, c.timeout_ns, &waited)
         s = c.wait.slot[i]
+    if dst == NULL:
+        dst = c.base + i * c.item_bytes
     times = c.times + 3 * i if c.times != NULL else NULL
     msg = <char*>(c.msgs + i * c.msg_stride)
     if s == -2:
@@ -514,7 +525,7 @@ cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
             times[0] = waited
             times[1] = 0
             times[2] = 0
-        return
+        return i
     if s >= 0:
         q = &c.reader.slots[s]
         msg[0] = 0
@@ -526,24 +537,51 @@ cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
                 times[2] = 0
         elif times != NULL:
             c.status[i] = ll_chain_run(c.plan, &c.workers[tid], q.data.p, q.n, c.seed, c.epoch, <uint64_t>c.indices[i],
-                                       c.base + i * c.item_bytes, msg, &times[1], &times[2])
+                                       dst, msg, &times[1], &times[2])
         else:
             c.status[i] = ll_chain_run(c.plan, &c.workers[tid], q.data.p, q.n, c.seed, c.epoch, <uint64_t>c.indices[i],
-                                       c.base + i * c.item_bytes, msg, NULL, NULL)
+                                       dst, msg, NULL, NULL)
         if times != NULL:
             times[0] = waited
         ll_reader_release(c.reader, s)
-        return
+        return i
     c.status[i] = _run_item(
         c.plan, &c.workers[tid], kind,
         <const uint8_t*>c.ptrs[i] if kind == SRC_BUFFERS or kind == SRC_PIXELS else NULL, c.sizes[i],
         <const char*>c.ptrs[i] if kind == SRC_FILES else NULL, c.fds[i] if c.fds != NULL else c.fd,
         c.offsets[i] if kind == SRC_RECORDS or kind == SRC_PIXELS else 0, c.seed, c.epoch, <uint64_t>c.indices[i],
-        c.base + i * c.item_bytes, msg, times, &nbytes, &read_ns)
+        dst, msg, times, &nbytes, &read_ns)
     if kind == SRC_FILES or kind == SRC_RECORDS:
         ll_inline_count(&c.inl, nbytes, read_ns)
     if times != NULL:
         times[0] += waited
+    return i
+
+
+# NOTE [ Staged items ]: LOADERLIB_STAGING=off turns staging off (to compare).
+cdef bint _STAGING = os.environ.get("LOADERLIB_STAGING", "on").lower() not in ("off", "0")
+
+
+cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
+    _job_run(<RunCtx*>ctx, k, tid, NULL)
+
+
+cdef int _job_stage(void* ctx, int64_t k, int tid) noexcept nogil:
+    # NOTE [ Staged items ]: claim k runs into the thread's own scratch; 0 when there is no
+    # memory for it (the claim then runs at the gate's opening).
+    cdef RunCtx* c = <RunCtx*>ctx
+    cdef ll_worker* w = &c.workers[tid]
+    if ll_buf_reserve(&w.stage, <size_t>c.item_bytes) != 0:
+        return 0
+    w.stage_item = _job_run(c, k, tid, <char*>w.stage.p)
+    return 1
+
+
+cdef void _job_flush(void* ctx, int tid) noexcept nogil:
+    # The gate opened: the staged item goes into its place in the batch.
+    cdef RunCtx* c = <RunCtx*>ctx
+    cdef ll_worker* w = &c.workers[tid]
+    memcpy(c.base + w.stage_item * c.item_bytes, w.stage.p, <size_t>c.item_bytes)
 
 
 cdef class Pending:
@@ -581,6 +619,11 @@ cdef class Pending:
         """Whether the batch has finished (does not block)."""
         return not self.submitted or self.finished or bool(ll_pool_done(self.team.pool, &self.job))
 
+    def staged(self):
+        """Items the team ran into its own scratch while the gate was closed (NOTE [ Staged
+        items ] in include/ll_pool.h); they are written into the output when it opens."""
+        return int(ll_pool_staged(self.team.pool, &self.job)) if self.submitted else 0
+
     def gated(self):
         """Whether the batch waits behind its closed gate (``start_into(..., gated=True)``)."""
         return self.submitted and not self.finished and bool(ll_pool_gated(self.team.pool, &self.job))
@@ -607,7 +650,10 @@ cdef class Pending:
         the gate was already open: then it runs and ``wait()`` waits for it as usual."""
         if not self.submitted or self.finished:
             return False
-        if not ll_pool_withdraw(self.team.pool, &self.job):
+        cdef int taken
+        with nogil:   # it waits for a thread running a staged item to let go (NOTE [ Staged items ])
+            taken = ll_pool_withdraw(self.team.pool, &self.job)
+        if not taken:
             return False
         if self.ctx.reader != NULL:
             with nogil:
@@ -657,9 +703,12 @@ cdef class Pending:
         return int(c.reads), int(c.bytes), int(c.ns), [int(c.hist[b]) for b in range(LL_LAT_BINS)]
 
     def __dealloc__(self):
+        cdef int taken
         if self.submitted and not self.finished and self.team is not None and ll_pool_usable(self.team.pool):
-            if ll_pool_withdraw(self.team.pool, &self.job):
-                # Never opened (NOTE [ Batches in memory ]): nothing ran, nothing to wait for.
+            with nogil:   # waits for a thread running a staged item (NOTE [ Staged items ])
+                taken = ll_pool_withdraw(self.team.pool, &self.job)
+            if taken:
+                # Never opened (NOTE [ Batches in memory ]): nothing written, nothing to wait for.
                 if self.ctx.reader != NULL:
                     with nogil:
                         ll_reader_detach(self.ctx.reader, &self.ctx.wait)
@@ -803,6 +852,13 @@ def start_into(CompiledChain chain not None, Team team not None, int kind, list 
     pend.job.ctx = c
     pend.job.n = n
     pend.job.limit = num_threads
+    # NOTE [ Staged items ]: while the gate is closed, up to an eighth of the batch (one item
+    # per thread) may be run ahead into the team's scratch.
+    pend.job.stage = NULL
+    if gated and _STAGING:
+        pend.job.stage = _job_stage
+    pend.job.flush = _job_flush
+    pend.job.stage_threads = max(1, n // 8)
     pend.opened_ns = 0
     pend.submitted = True
     cdef int closed = 1 if gated else 0

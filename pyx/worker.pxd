@@ -2,6 +2,8 @@
 # (include/ll_common.h). Extern declarations only; cimported by _jpeg.pyx, _chain.pyx
 # and fused.pxd. See NOTE [ One per-thread pool ].
 
+from libc.stdint cimport int64_t
+
 from jpeglib cimport ll_jpeg_dec
 
 
@@ -18,6 +20,8 @@ cdef extern from "ll_worker.h":
     ctypedef struct ll_worker:
         ll_jpeg_dec dec
         ll_buf file
+        ll_buf stage
+        int64_t stage_item
 
     const int LL_CACHE_LINE
     ll_worker* ll_workers_alloc(int n) noexcept nogil

@@ -34,6 +34,23 @@
  *   The batch cap queues the next batch this way, aimed at the slot the user still holds,
  *   and the slot's release opens the gate (NOTE [ Batches in memory ] in
  *   loaderlib/_engines/depth.py).
+ *
+ * NOTE [ Staged items ]
+ * With one batch ahead the team still idled at each batch's end: a thread that claimed its
+ * last item waits while the others finish theirs (the tail), and then every thread waits
+ * while the batch is handed over and the user gives back the slot that opens the next
+ * batch's gate. A job may let an idle thread *stage* one of its items while its gate is
+ * closed: the thread claims the item (under the mutex: no other claim happens before the
+ * gate opens), runs it into scratch of its own (``stage``: the read, the decode and the whole
+ * chain; the output the user still holds is not touched), and at the opening copies it into
+ * place (``flush``) before claiming the rest as usual. Each thread holds at most one staged
+ * item, and only threads below ``stage_threads`` stage, so the scratch is bounded by
+ * ``stage_threads`` items, whatever the team's size. A thread holding a staged item still
+ * runs any open job's items (a batch that must finish before the gate can open, a fill
+ * after failures, may be queued after it staged); ll_pool_withdraw drops a staged item and
+ * waits for its thread to let go of the job (at most the item it is running). Whether the
+ * bytes of an item were staged is invisible in the output: the same claim runs the same
+ * chain into another buffer, and the copy is exact.
  */
 #ifndef LL_POOL_H
 #define LL_POOL_H
@@ -134,6 +151,11 @@ static void ll_name_thread(const char *prefix, int id) {
 #endif
 
 typedef void (*ll_job_fn)(void *ctx, int64_t i, int tid);
+/* NOTE [ Staged items ]: run claim ``i`` into thread ``tid``'s own scratch instead of the
+ * job's output (1), or do nothing (0: no memory; the claim then runs as usual at the gate's
+ * opening); and write thread ``tid``'s staged item into the output. */
+typedef int (*ll_job_stage_fn)(void *ctx, int64_t i, int tid);
+typedef void (*ll_job_flush_fn)(void *ctx, int tid);
 
 typedef struct ll_job {
     ll_job_fn fn;
@@ -145,6 +167,11 @@ typedef struct ll_job {
                       * every item it claimed before it detaches, so the job is finished
                       * once all are claimed and none is attached */
     int gated;       /* 1: queued behind a closed gate, no item may be claimed (under the mutex) */
+    int withdrawn;   /* taken back unrun (ll_pool_withdraw): a staged item is dropped */
+    ll_job_stage_fn stage;   /* NULL: no item of it is staged (NOTE [ Staged items ]) */
+    ll_job_flush_fn flush;
+    int stage_threads;       /* threads with tid < stage_threads may stage one item each */
+    int64_t staged;          /* items staged so far (under the mutex) */
     struct ll_job *qnext;
 } ll_job;
 
@@ -171,6 +198,14 @@ static ll_job *ll_pool_find(ll_pool *p, int tid) {
     return NULL;
 }
 
+/* The oldest gated job with an unclaimed item that thread ``tid`` may stage (NOTE [ Staged
+ * items ]); caller holds mu. */
+static ll_job *ll_pool_find_stage(ll_pool *p, int tid) {
+    for (ll_job *j = p->head; j != NULL; j = j->qnext)
+        if (j->gated && j->stage != NULL && j->limit > tid && j->stage_threads > tid && j->next < j->n) return j;
+    return NULL;
+}
+
 /* Remove a fully claimed job from the queue; caller holds mu. */
 static void ll_pool_unlink(ll_pool *p, ll_job *job) {
     ll_job *prev = NULL;
@@ -193,10 +228,44 @@ static void ll_pool_loop(ll_pool *p, int tid) {
     ll_mutex_lock(&p->mu);
     p->started++;   /* ll_pool_new returns once every thread is named and recorded */
     ll_cond_broadcast(&p->fin);
+    ll_job *held = NULL;   /* the gated job of this thread's staged claim (NOTE [ Staged items ]) */
+    int64_t held_k = 0;
+    int held_staged = 0;
     for (;;) {
+        if (held != NULL && !held->gated) {   /* its gate opened, or it was withdrawn */
+            ll_job *j = held;
+            held = NULL;
+            if (j->withdrawn) {
+                if (--j->attached == 0) ll_cond_broadcast(&p->fin);
+                continue;
+            }
+            ll_mutex_unlock(&p->mu);
+            if (held_staged) j->flush(j->ctx, tid);
+            else j->fn(j->ctx, held_k, tid);
+            for (;;) {
+                const int64_t i = LL_FETCH_ADD(&j->next, 1);
+                if (i >= j->n) break;
+                j->fn(j->ctx, i, tid);
+            }
+            ll_mutex_lock(&p->mu);
+            ll_pool_unlink(p, j);
+            if (--j->attached == 0) ll_cond_broadcast(&p->fin);
+            continue;
+        }
         if (p->stop) break;
         ll_job *j = ll_pool_find(p, tid);
         if (j == NULL) {
+            if (held == NULL && (j = ll_pool_find_stage(p, tid)) != NULL) {
+                /* A gated job's items are claimed only here, under the mutex, until it opens. */
+                held = j;
+                held_k = LL_FETCH_ADD(&j->next, 1);
+                j->attached++;
+                j->staged++;
+                ll_mutex_unlock(&p->mu);
+                held_staged = j->stage(j->ctx, held_k, tid);
+                ll_mutex_lock(&p->mu);
+                continue;
+            }
             ll_cond_wait(&p->work, &p->mu);
             continue;
         }
@@ -215,6 +284,7 @@ static void ll_pool_loop(ll_pool *p, int tid) {
         ll_pool_unlink(p, j);   /* fully claimed (a no-op when another thread unlinked it) */
         if (--j->attached == 0) ll_cond_broadcast(&p->fin);   /* the job may be finished */
     }
+    if (held != NULL && --held->attached == 0) ll_cond_broadcast(&p->fin);   /* stop: never opened */
     ll_mutex_unlock(&p->mu);
 }
 
@@ -290,6 +360,8 @@ static void ll_pool_submit_gated(ll_pool *p, ll_job *job, int gated) {
     job->attached = 0;
     job->qnext = NULL;
     job->gated = gated ? 1 : 0;
+    job->withdrawn = 0;
+    job->staged = 0;
     if (job->limit > p->nthreads) job->limit = p->nthreads;
     if (job->limit < 1) job->limit = 1;
     ll_mutex_lock(&p->mu);
@@ -326,16 +398,21 @@ static void ll_pool_open(ll_pool *p, ll_job *job) {
     ll_mutex_unlock(&p->mu);
 }
 
-/* Take back a job whose gate is still closed: it leaves the queue with no item run and counts
- * as finished (ll_pool_wait returns at once). Returns 0, changing nothing, when the gate was
- * opened (then the job runs and is waited for as any other). */
+/* Take back a job whose gate is still closed: it leaves the queue with no item written to its
+ * output and counts as finished (ll_pool_wait returns at once). Items staged in the team's
+ * scratch are dropped: it waits until their threads let go of the job (NOTE [ Staged items ];
+ * at most the item each is running), so the caller may free it. Returns 0, changing nothing,
+ * when the gate was opened (then the job runs and is waited for as any other). */
 static int ll_pool_withdraw(ll_pool *p, ll_job *job) {
     int taken = 0;
     ll_mutex_lock(&p->mu);
     if (job->gated) {
         ll_pool_unlink(p, job);
         job->gated = 0;
+        job->withdrawn = 1;
         job->next = job->n;
+        ll_cond_broadcast(&p->work);   /* a thread holding a staged item waits there */
+        while (job->attached > 0) ll_cond_wait(&p->fin, &p->mu);
         taken = 1;
     }
     ll_mutex_unlock(&p->mu);
@@ -361,6 +438,14 @@ static int ll_pool_wait_open(ll_pool *p, ll_job *job, int64_t timeout_ns) {
     int g = job->gated;
     ll_mutex_unlock(&p->mu);
     return g;
+}
+
+/* Items of ``job`` staged so far while its gate was closed (NOTE [ Staged items ]). */
+static int64_t ll_pool_staged(ll_pool *p, ll_job *job) {
+    ll_mutex_lock(&p->mu);
+    int64_t n = job->staged;
+    ll_mutex_unlock(&p->mu);
+    return n;
 }
 
 /* Whether ``job``'s gate is closed. */

@@ -78,6 +78,66 @@ def test_a_gated_batch_taken_back_runs_nothing_and_an_open_one_is_not_taken(jpeg
     np.testing.assert_array_equal(out, _reference(plan, jpegs))
 
 
+def _wait_staged(p, want: int) -> int:
+    """Wait until ``want`` items of the gated batch ``p`` are staged (NOTE [ Staged items ] in
+    include/ll_pool.h): an idle team stages at once; the bound only turns a bug into a failure."""
+    for _ in range(2000):
+        if p.handle.staged() >= want:
+            break
+        p.wait_open(0.005)   # gives the team's threads the CPU; the gate stays closed
+    return p.handle.staged()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_an_idle_team_stages_one_item_per_thread_without_touching_the_held_output(jpegs, threads):
+    plan = _plan()
+    ref = _reference(plan, jpegs)
+    idx = np.arange(len(jpegs))
+    out = np.full((len(jpegs), *plan.sample_shape), 7, plan.dtype)
+    p = plan.run_buffers_into(jpegs, out, idx, seed=5, epoch=0, num_threads=threads, wait=False, gated=True)
+    want = min(threads, max(1, len(jpegs) // 8))   # one per thread, at most an eighth of the batch
+    assert _wait_staged(p, want) == want
+    assert p.gated() and (out == 7).all()          # run ahead, but not into the slot the user holds
+    # A batch queued now runs although every thread holds a staged item.
+    other = np.full_like(out, 7)
+    assert plan.run_buffers_into(jpegs, other, idx, seed=5, epoch=0, num_threads=threads).ok.all()
+    np.testing.assert_array_equal(other, ref)
+    assert p.gated() and (out == 7).all() and p.handle.staged() == want
+    p.open()
+    assert p.result().ok.all()
+    np.testing.assert_array_equal(out, ref)        # the staged items copied into place, the rest run
+
+
+def test_a_gated_batch_taken_back_after_staging_writes_nothing_and_reruns_whole(jpegs):
+    plan = _plan()
+    idx = np.arange(len(jpegs))
+    out = np.full((len(jpegs), *plan.sample_shape), 7, plan.dtype)
+    p = plan.run_buffers_into(jpegs, out, idx, seed=5, epoch=0, num_threads=2, wait=False, gated=True)
+    assert _wait_staged(p, 1) >= 1
+    assert p.withdraw()                            # the staged items are dropped
+    assert p.done() and (out == 7).all()
+    q = plan.run_buffers_into(jpegs, out, idx, seed=5, epoch=0, num_threads=2, wait=False, gated=True)
+    q.open()
+    assert q.result().ok.all()
+    np.testing.assert_array_equal(out, _reference(plan, jpegs))
+
+
+def test_staged_items_that_fail_report_their_error_after_the_gate_opens(jpegs):
+    plan = _plan()
+    bad = [b"not a jpeg at all", jpegs[0][:200], *jpegs[2:], *jpegs]   # 24: up to 3 may be staged
+    idx = np.arange(len(bad))
+    ref = np.full((len(bad), *plan.sample_shape), 7, plan.dtype)
+    want = plan.run_buffers_into(bad, ref, idx, seed=5, epoch=0, num_threads=1)
+    out = np.full_like(ref, 7)
+    p = plan.run_buffers_into(bad, out, idx, seed=5, epoch=0, num_threads=2, wait=False, gated=True)
+    assert _wait_staged(p, 2) == 2                  # items 0 and 1: the two that fail
+    p.open()
+    got = p.result()
+    np.testing.assert_array_equal(got.status, want.status)
+    assert sorted(got.errors) == sorted(want.errors) == [0, 1]
+    np.testing.assert_array_equal(out[2:], ref[2:])
+
+
 def test_a_dropped_gated_batch_never_blocks(jpegs):
     plan = _plan()
     out = np.zeros((len(jpegs), *plan.sample_shape), plan.dtype)
