@@ -190,8 +190,11 @@ def test_a_forked_child_starts_its_own_threads(jpegs):
     assert old.usable and plan._team is old
 
 
-def _build_and_run(tmp_path, name: str) -> str:
-    """Build tests/kernels/NAME.c against the team's header (with AddressSanitizer where the
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _build_and_run(tmp_path, src: str) -> str:
+    """Build the C program ``src`` against the team's header (with AddressSanitizer where the
     compiler has its runtime) and run it; returns its output."""
     import shutil
     import sysconfig
@@ -199,10 +202,8 @@ def _build_and_run(tmp_path, name: str) -> str:
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         pytest.skip(f"no C compiler ({cc})")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    src = os.path.join(root, "tests", "kernels", f"{name}.c")
-    exe = str(tmp_path / name)
-    base = [cc, "-O1", "-g", "-fopenmp", "-I", os.path.join(root, "pyx", "include"), src, "-o", exe, "-lpthread"]
+    exe = str(tmp_path / os.path.basename(src)[:-2])
+    base = [cc, "-O1", "-g", "-fopenmp", "-I", os.path.join(_ROOT, "pyx", "include"), src, "-o", exe, "-lpthread"]
     built = subprocess.run([*base, "-fsanitize=address"], capture_output=True, text=True, check=False)
     if built.returncode != 0:   # no AddressSanitizer runtime: the counts still catch a stale thread
         built = subprocess.run(base, capture_output=True, text=True, check=False)
@@ -214,7 +215,7 @@ def _build_and_run(tmp_path, name: str) -> str:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="builds a C program with cc")
 def test_job_queue_runs_every_item_exactly_once_under_stress(tmp_path):
-    _build_and_run(tmp_path, "pool_stress")
+    _build_and_run(tmp_path, os.path.join(_ROOT, "tests", "kernels", "pool_stress.c"))
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="builds a C program with cc")
@@ -222,6 +223,6 @@ def test_gated_jobs_write_staged_items_once_when_opened_and_none_when_withdrawn(
     # NOTE [ Staged items ]: every item of an opened batch is written exactly once, staged or
     # not; a withdrawn one is untouched and never touched again; a batch queued while threads
     # hold staged items still runs (the program would hang otherwise: the run's timeout fails).
-    out = _build_and_run(tmp_path, "gate_stress")
+    out = _build_and_run(tmp_path, os.path.join(_ROOT, "tests", "kernels", "gate_stress.c"))
     staged = int(out.split("staged ")[1].split(",")[0])
     assert staged > 0, out
