@@ -10,7 +10,12 @@ setting runs in its own process (a fresh OpenMP pool), warms up one whole epoch 
 slots are touched once), then measures ``--epochs`` epochs; the settings alternate in
 ``--repeat`` rounds and each figure is the median of its rounds, so a disturbance on a shared
 machine hits every setting alike. On a machine with more cores than images per batch / 4 the
-dataset is too small to keep the threads busy: use ``--make`` to generate more.
+dataset is too small to keep the threads busy: use ``--make`` to generate more. Each run also
+reports how much of the time its kernel threads waited with nothing to run (``idle %``: the
+team's own count of its waits, summed over the threads, over wall time x threads): in a
+loader-bound run that is what the batch cap and the hand-over between batches cost, and unlike
+images/s it hardly moves with other work on the machine (NOTE [ Staged items ] in
+pyx/include/ll_pool.h).
 
 ``--model 16,32,64`` adds what this machine can say about cores it does not have: the
 per-image CPU time of every image of the epoch (the kernel's own per-item timings, one
@@ -63,11 +68,25 @@ def child(root: str, threads: int, epochs: int, variant: str, pin: str = "", pre
     for _ in loader:   # warm-up epoch
         pass
     t0, n = time.perf_counter(), 0
+    team, idle0 = None, 0
     for _ in range(epochs):
         for x, _y in loader:
+            if team is None:   # the kernel team, shared by every epoch (NOTE [ One team across epochs ])
+                team = _kernel_team(loader)
+                idle0 = team.idle_ns if team is not None else 0
             n += len(x)
-    print(json.dumps({"rate": n / (time.perf_counter() - t0), "engine": loader.engine,
-                      "slots": loader._arena_ring.peak_leased}))
+    wall = time.perf_counter() - t0
+    idle = (team.idle_ns - idle0) / 1e9 / (wall * team.size) if team is not None else float("nan")
+    print(json.dumps({"rate": n / wall, "engine": loader.engine, "slots": loader._arena_ring.peak_leased,
+                      "idle": idle}))
+
+
+def _kernel_team(loader):
+    """The native run's kernel team (``_chain.Team``), or None for another engine."""
+    try:
+        return loader._current()._run.producer.plan._team
+    except AttributeError:
+        return None
 
 
 def item_ns(plan, paths: list, threads: int, epochs: int) -> list:
@@ -247,6 +266,7 @@ def main() -> None:
     settings = a.prefetch.split(",")
     rates: dict = {(n, pf): [] for n in counts for pf in settings}
     slots: dict = {(n, pf): 0 for n in counts for pf in settings}
+    idle: dict = {(n, pf): [] for n in counts for pf in settings}
     for r in range(a.repeat):
         for n in counts:
             for pf in settings:
@@ -257,17 +277,20 @@ def main() -> None:
                 res = json.loads(out.strip().splitlines()[-1])
                 rates[n, pf].append(res["rate"])
                 slots[n, pf] = max(slots[n, pf], res["slots"])
+                idle[n, pf].append(res.get("idle", float("nan")))
                 print(f"  round {r + 1}: {n:>3} threads, prefetch {pf:>7}: {res['rate']:8.0f} img/s, "
-                      f"{res['slots']} batch slots at most", flush=True)
+                      f"{res['slots']} batch slots at most, kernel threads idle {100 * res.get('idle', 0):.1f}% "
+                      "of the time", flush=True)
     for pf in settings:
         if len(settings) > 1:
             print(f"prefetch={pf}" + (" (the batch cap, NOTE [ Batches in memory ])" if pf == "default" else
                                       " (a fixed queue)"))
         base = statistics.median(rates[counts[0], pf]) / counts[0]
-        print(f"{'threads':>8} {'img/s':>9} {'efficiency':>11} {'slots':>6}")
+        print(f"{'threads':>8} {'img/s':>9} {'efficiency':>11} {'slots':>6} {'idle %':>7}")
         for n in counts:
             med = statistics.median(rates[n, pf])
-            print(f"{n:>8} {med:9.0f} {med / (n * base):11.2f} {slots[n, pf]:>6}")
+            print(f"{n:>8} {med:9.0f} {med / (n * base):11.2f} {slots[n, pf]:>6} "
+                  f"{100 * statistics.median(idle[n, pf]):7.1f}")
     if len(settings) > 1:
         ref = settings[0]
         for pf in settings[1:]:
@@ -282,7 +305,8 @@ def main() -> None:
                        "repeat": a.repeat, "root": root,
                        "rates": {pf: {str(n): rates[n, pf] for n in counts} for pf in settings},
                        "median": {pf: {str(n): statistics.median(rates[n, pf]) for n in counts} for pf in settings},
-                       "slots": {pf: {str(n): slots[n, pf] for n in counts} for pf in settings}}, f, indent=1)
+                       "slots": {pf: {str(n): slots[n, pf] for n in counts} for pf in settings},
+                       "idle": {pf: {str(n): idle[n, pf] for n in counts} for pf in settings}}, f, indent=1)
     if a.item_times:
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--items-child", root, a.variant,
                               ",".join(map(str, counts)), str(a.repeat)], capture_output=True, text=True,

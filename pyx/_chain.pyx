@@ -220,6 +220,7 @@ cdef extern from "ll_pool.h":
     int ll_pool_withdraw(ll_pool* p, ll_job* job) noexcept nogil
     int ll_pool_gated(ll_pool* p, ll_job* job) noexcept nogil
     int64_t ll_pool_staged(ll_pool* p, ll_job* job) noexcept nogil
+    int64_t ll_pool_idle_ns(ll_pool* p) noexcept nogil
     int ll_pool_wait_open(ll_pool* p, ll_job* job, int64_t timeout_ns) noexcept nogil
     void ll_pool_free(ll_pool* p) noexcept nogil
     void ll_name_thread(const char* prefix, int id) noexcept nogil
@@ -256,6 +257,18 @@ cdef class Team:
     def usable(self):
         """False in a child process after fork(): the threads stayed in the parent."""
         return bool(ll_pool_usable(self.pool))
+
+    @property
+    def idle_ns(self):
+        """Nanoseconds the threads have waited with nothing to run since the team started,
+        summed over the threads (0 on Windows). A loader-bound run's idle share,
+        ``idle_ns / (wall_ns * size)``, is what the batch cap costs it (NOTE [ Staged items ])."""
+        if not ll_pool_usable(self.pool):
+            return 0
+        cdef int64_t n
+        with nogil:
+            n = ll_pool_idle_ns(self.pool)
+        return int(n)
 
     def __dealloc__(self):
         # Runs before ``workers`` is released: the threads are gone before their entries.

@@ -189,7 +189,19 @@ struct ll_pool {
     ll_pid pid;
     ll_thread main;       /* the thread that opened the team's parallel region */
     long *tids;           /* want entries: each team thread's kernel id (0: none), for ll_pool_free */
+    int64_t idle_ns;      /* summed over the threads: time waiting with nothing to run (under mu) */
 };
+
+/* A monotonic clock for the team's idle time (0 where there is none). */
+static int64_t ll_pool_clock_ns(void) {
+#ifdef _WIN32
+    return 0;
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+#endif
+}
 
 /* The oldest job with unclaimed items that thread ``tid`` may work on; caller holds mu. */
 static ll_job *ll_pool_find(ll_pool *p, int tid) {
@@ -266,7 +278,9 @@ static void ll_pool_loop(ll_pool *p, int tid) {
                 ll_mutex_lock(&p->mu);
                 continue;
             }
+            const int64_t t0 = ll_pool_clock_ns();
             ll_cond_wait(&p->work, &p->mu);
+            p->idle_ns += ll_pool_clock_ns() - t0;
             continue;
         }
         /* Attached, the thread claims items with an atomic add until the job runs out; the
@@ -438,6 +452,15 @@ static int ll_pool_wait_open(ll_pool *p, ll_job *job, int64_t timeout_ns) {
     int g = job->gated;
     ll_mutex_unlock(&p->mu);
     return g;
+}
+
+/* Nanoseconds the team's threads have waited with nothing to run, summed over the threads
+ * (a thread holding a staged item counts while it waits for the gate). */
+static int64_t ll_pool_idle_ns(ll_pool *p) {
+    ll_mutex_lock(&p->mu);
+    int64_t n = p->idle_ns;
+    ll_mutex_unlock(&p->mu);
+    return n;
 }
 
 /* Items of ``job`` staged so far while its gate was closed (NOTE [ Staged items ]). */

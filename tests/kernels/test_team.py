@@ -190,7 +190,7 @@ def test_a_forked_child_starts_its_own_threads(jpegs):
     assert old.usable and plan._team is old
 
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _build_and_run(tmp_path, src: str) -> str:
@@ -203,7 +203,7 @@ def _build_and_run(tmp_path, src: str) -> str:
     if shutil.which(cc) is None:
         pytest.skip(f"no C compiler ({cc})")
     exe = str(tmp_path / os.path.basename(src)[:-2])
-    base = [cc, "-O1", "-g", "-fopenmp", "-I", os.path.join(_ROOT, "pyx", "include"), src, "-o", exe, "-lpthread"]
+    base = [cc, "-O1", "-g", "-fopenmp", "-I", os.path.join(ROOT, "pyx", "include"), src, "-o", exe, "-lpthread"]
     built = subprocess.run([*base, "-fsanitize=address"], capture_output=True, text=True, check=False)
     if built.returncode != 0:   # no AddressSanitizer runtime: the counts still catch a stale thread
         built = subprocess.run(base, capture_output=True, text=True, check=False)
@@ -215,7 +215,7 @@ def _build_and_run(tmp_path, src: str) -> str:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="builds a C program with cc")
 def test_job_queue_runs_every_item_exactly_once_under_stress(tmp_path):
-    _build_and_run(tmp_path, os.path.join(_ROOT, "tests", "kernels", "pool_stress.c"))
+    _build_and_run(tmp_path, os.path.join(ROOT, "tests", "kernels", "pool_stress.c"))
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="builds a C program with cc")
@@ -223,6 +223,6 @@ def test_gated_jobs_write_staged_items_once_when_opened_and_none_when_withdrawn(
     # NOTE [ Staged items ]: every item of an opened batch is written exactly once, staged or
     # not; a withdrawn one is untouched and never touched again; a batch queued while threads
     # hold staged items still runs (the program would hang otherwise: the run's timeout fails).
-    out = _build_and_run(tmp_path, os.path.join(_ROOT, "tests", "kernels", "gate_stress.c"))
+    out = _build_and_run(tmp_path, os.path.join(ROOT, "tests", "kernels", "gate_stress.c"))
     staged = int(out.split("staged ")[1].split(",")[0])
     assert staged > 0, out
