@@ -197,8 +197,8 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
 
 cdef extern from "ll_pool.h":
     ctypedef void (*ll_job_fn)(void* ctx, int64_t i, int tid) noexcept nogil
-    ctypedef int (*ll_job_stage_fn)(void* ctx, int64_t i, int tid) noexcept nogil
-    ctypedef void (*ll_job_flush_fn)(void* ctx, int tid) noexcept nogil
+    ctypedef int (*ll_job_stage_fn)(void* ctx, int64_t i, int tid, int slot) noexcept nogil
+    ctypedef void (*ll_job_flush_fn)(void* ctx, int tid, int slot) noexcept nogil
     ctypedef struct ll_job:
         ll_job_fn fn
         void* ctx
@@ -207,7 +207,7 @@ cdef extern from "ll_pool.h":
         int gated
         ll_job_stage_fn stage
         ll_job_flush_fn flush
-        int stage_threads
+        int64_t stage_max
     ctypedef struct ll_pool:
         int nthreads
     ll_pool* ll_pool_new(int n) noexcept nogil
@@ -579,22 +579,22 @@ cdef void _job_item(void* ctx, int64_t k, int tid) noexcept nogil:
     _job_run(<RunCtx*>ctx, k, tid, NULL)
 
 
-cdef int _job_stage(void* ctx, int64_t k, int tid) noexcept nogil:
-    # NOTE [ Staged items ]: claim k runs into the thread's own scratch; 0 when there is no
-    # memory for it (the claim then runs at the gate's opening).
+cdef int _job_stage(void* ctx, int64_t k, int tid, int slot) noexcept nogil:
+    # NOTE [ Staged items ]: claim k runs into the thread's scratch ``slot``; 0 when there is
+    # no memory for it (the claim then runs at the gate's opening).
     cdef RunCtx* c = <RunCtx*>ctx
     cdef ll_worker* w = &c.workers[tid]
-    if ll_buf_reserve(&w.stage, <size_t>c.item_bytes) != 0:
+    if ll_buf_reserve(&w.stage[slot], <size_t>c.item_bytes) != 0:
         return 0
-    w.stage_item = _job_run(c, k, tid, <char*>w.stage.p)
+    w.stage_item[slot] = _job_run(c, k, tid, <char*>w.stage[slot].p)
     return 1
 
 
-cdef void _job_flush(void* ctx, int tid) noexcept nogil:
+cdef void _job_flush(void* ctx, int tid, int slot) noexcept nogil:
     # The gate opened: the staged item goes into its place in the batch.
     cdef RunCtx* c = <RunCtx*>ctx
     cdef ll_worker* w = &c.workers[tid]
-    memcpy(c.base + w.stage_item * c.item_bytes, w.stage.p, <size_t>c.item_bytes)
+    memcpy(c.base + w.stage_item[slot] * c.item_bytes, w.stage[slot].p, <size_t>c.item_bytes)
 
 
 cdef class Pending:
@@ -865,13 +865,13 @@ def start_into(CompiledChain chain not None, Team team not None, int kind, list 
     pend.job.ctx = c
     pend.job.n = n
     pend.job.limit = num_threads
-    # NOTE [ Staged items ]: while the gate is closed, up to an eighth of the batch (one item
-    # per thread) may be run ahead into the team's scratch.
+    # NOTE [ Staged items ]: while the gate is closed, up to an eighth of the batch (two items
+    # a thread) may be run ahead into the team's scratch.
     pend.job.stage = NULL
     if gated and _STAGING:
         pend.job.stage = _job_stage
     pend.job.flush = _job_flush
-    pend.job.stage_threads = max(1, n // 8)
+    pend.job.stage_max = max(1, n // 8)
     pend.opened_ns = 0
     pend.submitted = True
     cdef int closed = 1 if gated else 0

@@ -43,9 +43,12 @@
  * closed: the thread claims the item (under the mutex: no other claim happens before the
  * gate opens), runs it into scratch of its own (``stage``: the read, the decode and the whole
  * chain; the output the user still holds is not touched), and at the opening copies it into
- * place (``flush``) before claiming the rest as usual. Each thread holds at most one staged
- * item, and only threads below ``stage_threads`` stage, so the scratch is bounded by
- * ``stage_threads`` items, whatever the team's size. A thread holding a staged item still
+ * place (``flush``) before claiming the rest as usual. A thread holds at most
+ * LL_STAGE_PER_THREAD staged items, a job at most ``stage_max``, and only the first
+ * ``stage_max / LL_STAGE_PER_THREAD`` threads stage, so the scratch that stays allocated is
+ * ``stage_max`` items' worth whatever the team's size (an eighth of a batch in _chain.pyx). One item a thread left 1.7-1.8% of the threads' time idle in the
+ * float RN50 bench at 2 threads (the thread that staged first waits for the gate), two leave
+ * NN (benchmarks/scaling.py's idle share). A thread holding a staged item still
  * runs any open job's items (a batch that must finish before the gate can open, a fill
  * after failures, may be queued after it staged); ll_pool_withdraw drops a staged item and
  * waits for its thread to let go of the job (at most the item it is running). Whether the
@@ -151,11 +154,12 @@ static void ll_name_thread(const char *prefix, int id) {
 #endif
 
 typedef void (*ll_job_fn)(void *ctx, int64_t i, int tid);
-/* NOTE [ Staged items ]: run claim ``i`` into thread ``tid``'s own scratch instead of the
- * job's output (1), or do nothing (0: no memory; the claim then runs as usual at the gate's
- * opening); and write thread ``tid``'s staged item into the output. */
-typedef int (*ll_job_stage_fn)(void *ctx, int64_t i, int tid);
-typedef void (*ll_job_flush_fn)(void *ctx, int tid);
+/* NOTE [ Staged items ]: run claim ``i`` into scratch ``slot`` (0 .. LL_STAGE_PER_THREAD - 1)
+ * of thread ``tid`` instead of the job's output (1), or do nothing (0: no memory; the claim
+ * then runs as usual at the gate's opening); and write that staged item into the output. */
+typedef int (*ll_job_stage_fn)(void *ctx, int64_t i, int tid, int slot);
+typedef void (*ll_job_flush_fn)(void *ctx, int tid, int slot);
+#define LL_STAGE_PER_THREAD 2
 
 typedef struct ll_job {
     ll_job_fn fn;
@@ -170,7 +174,7 @@ typedef struct ll_job {
     int withdrawn;   /* taken back unrun (ll_pool_withdraw): a staged item is dropped */
     ll_job_stage_fn stage;   /* NULL: no item of it is staged (NOTE [ Staged items ]) */
     ll_job_flush_fn flush;
-    int stage_threads;       /* threads with tid < stage_threads may stage one item each */
+    int64_t stage_max;       /* the most items staged in all (LL_STAGE_PER_THREAD a thread) */
     int64_t staged;          /* items staged so far (under the mutex) */
     struct ll_job *qnext;
 } ll_job;
@@ -214,7 +218,9 @@ static ll_job *ll_pool_find(ll_pool *p, int tid) {
  * items ]); caller holds mu. */
 static ll_job *ll_pool_find_stage(ll_pool *p, int tid) {
     for (ll_job *j = p->head; j != NULL; j = j->qnext)
-        if (j->gated && j->stage != NULL && j->limit > tid && j->stage_threads > tid && j->next < j->n) return j;
+        if (j->gated && j->stage != NULL && j->limit > tid && j->staged < j->stage_max && j->next < j->n
+            && (int64_t)tid * LL_STAGE_PER_THREAD < j->stage_max)
+            return j;
     return NULL;
 }
 
@@ -240,20 +246,25 @@ static void ll_pool_loop(ll_pool *p, int tid) {
     ll_mutex_lock(&p->mu);
     p->started++;   /* ll_pool_new returns once every thread is named and recorded */
     ll_cond_broadcast(&p->fin);
-    ll_job *held = NULL;   /* the gated job of this thread's staged claim (NOTE [ Staged items ]) */
-    int64_t held_k = 0;
-    int held_staged = 0;
+    ll_job *held = NULL;   /* the gated job of this thread's staged claims (NOTE [ Staged items ]) */
+    int nheld = 0;
+    int64_t held_k[LL_STAGE_PER_THREAD];
+    int held_staged[LL_STAGE_PER_THREAD];
     for (;;) {
         if (held != NULL && !held->gated) {   /* its gate opened, or it was withdrawn */
             ll_job *j = held;
+            const int m = nheld;
             held = NULL;
+            nheld = 0;
             if (j->withdrawn) {
                 if (--j->attached == 0) ll_cond_broadcast(&p->fin);
                 continue;
             }
             ll_mutex_unlock(&p->mu);
-            if (held_staged) j->flush(j->ctx, tid);
-            else j->fn(j->ctx, held_k, tid);
+            for (int h = 0; h < m; h++) {
+                if (held_staged[h]) j->flush(j->ctx, tid, h);
+                else j->fn(j->ctx, held_k[h], tid);
+            }
             for (;;) {
                 const int64_t i = LL_FETCH_ADD(&j->next, 1);
                 if (i >= j->n) break;
@@ -267,14 +278,17 @@ static void ll_pool_loop(ll_pool *p, int tid) {
         if (p->stop) break;
         ll_job *j = ll_pool_find(p, tid);
         if (j == NULL) {
-            if (held == NULL && (j = ll_pool_find_stage(p, tid)) != NULL) {
-                /* A gated job's items are claimed only here, under the mutex, until it opens. */
+            if (nheld < LL_STAGE_PER_THREAD && (j = ll_pool_find_stage(p, tid)) != NULL
+                && (held == NULL || held == j)) {
+                /* A gated job's items are claimed only here, under the mutex, until it opens;
+                 * the thread stays attached (once) until it has written what it staged. */
+                if (held == NULL) j->attached++;
                 held = j;
-                held_k = LL_FETCH_ADD(&j->next, 1);
-                j->attached++;
+                const int h = nheld++;
+                held_k[h] = LL_FETCH_ADD(&j->next, 1);
                 j->staged++;
                 ll_mutex_unlock(&p->mu);
-                held_staged = j->stage(j->ctx, held_k, tid);
+                held_staged[h] = j->stage(j->ctx, held_k[h], tid, h);
                 ll_mutex_lock(&p->mu);
                 continue;
             }

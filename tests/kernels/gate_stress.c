@@ -15,22 +15,23 @@
 #include "ll_pool.h"
 
 #define TEAM 4
-typedef struct { int *hits; int *out; int n; int64_t scratch_item[TEAM]; int scratch_val[TEAM]; } ctx_t;
+typedef struct { int *hits; int *out; int n; int64_t scratch_item[TEAM][LL_STAGE_PER_THREAD]; int scratch_val[TEAM][LL_STAGE_PER_THREAD]; } ctx_t;
 static void spin(int64_t i) { volatile int s = 0; for (int k = 0; k < (int)(i % 7) * 300; k++) s += k; }
 static void fn(void *c, int64_t i, int tid) {
   ctx_t *x = c; (void)tid; spin(i);
   __atomic_fetch_add(&x->hits[i], 1, __ATOMIC_RELAXED); x->out[i] = (int)i * 3 + 1; }
-static int stage(void *c, int64_t i, int tid) {   /* runs item i into thread tid's scratch */
-  ctx_t *x = c; spin(i); x->scratch_item[tid] = i; x->scratch_val[tid] = (int)i * 3 + 1; return (i % 5) != 4; }
-static void flush(void *c, int tid) {
-  ctx_t *x = c; int64_t i = x->scratch_item[tid];
-  __atomic_fetch_add(&x->hits[i], 1, __ATOMIC_RELAXED); x->out[i] = x->scratch_val[tid]; }
+static int stage(void *c, int64_t i, int tid, int slot) {   /* runs item i into thread tid's scratch slot */
+  ctx_t *x = c; spin(i); x->scratch_item[tid][slot] = i; x->scratch_val[tid][slot] = (int)i * 3 + 1;
+  return (i % 5) != 4; }
+static void flush(void *c, int tid, int slot) {
+  ctx_t *x = c; int64_t i = x->scratch_item[tid][slot];
+  __atomic_fetch_add(&x->hits[i], 1, __ATOMIC_RELAXED); x->out[i] = x->scratch_val[tid][slot]; }
 static ll_pool *P;
 static long staged_total;
 static void init(ll_job *j, ctx_t *x, int n, int limit) {
   memset(j, 0, sizeof(*j)); memset(x, 0, sizeof(*x));
   x->n = n; x->hits = calloc(n, sizeof(int)); x->out = calloc(n, sizeof(int));
-  j->fn = fn; j->ctx = x; j->n = n; j->limit = limit; j->stage = stage; j->flush = flush; j->stage_threads = TEAM; }
+  j->fn = fn; j->ctx = x; j->n = n; j->limit = limit; j->stage = stage; j->flush = flush; j->stage_max = 1 + n % 9; }
 static long check(ctx_t *x, int expect) {
   long bad = 0;
   for (int i = 0; i < x->n; i++) bad += x->hits[i] != expect || x->out[i] != (expect ? i * 3 + 1 : 0);

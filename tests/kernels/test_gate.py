@@ -89,18 +89,19 @@ def _wait_staged(p, want: int) -> int:
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_an_idle_team_stages_one_item_per_thread_without_touching_the_held_output(jpegs, threads):
+def test_an_idle_team_stages_two_items_a_thread_without_touching_the_held_output(jpegs, threads):
     plan = _plan()
-    ref = _reference(plan, jpegs)
-    idx = np.arange(len(jpegs))
-    out = np.full((len(jpegs), *plan.sample_shape), 7, plan.dtype)
-    p = plan.run_buffers_into(jpegs, out, idx, seed=5, epoch=0, num_threads=threads, wait=False, gated=True)
-    want = min(threads, max(1, len(jpegs) // 8))   # one per thread, at most an eighth of the batch
+    many = jpegs * 3   # 36 items: at most 4 (an eighth) staged
+    ref = _reference(plan, many)
+    idx = np.arange(len(many))
+    out = np.full((len(many), *plan.sample_shape), 7, plan.dtype)
+    p = plan.run_buffers_into(many, out, idx, seed=5, epoch=0, num_threads=threads, wait=False, gated=True)
+    want = min(2 * threads, len(many) // 8)
     assert _wait_staged(p, want) == want
     assert p.gated() and (out == 7).all()          # run ahead, but not into the slot the user holds
     # A batch queued now runs although every thread holds a staged item.
     other = np.full_like(out, 7)
-    assert plan.run_buffers_into(jpegs, other, idx, seed=5, epoch=0, num_threads=threads).ok.all()
+    assert plan.run_buffers_into(many, other, idx, seed=5, epoch=0, num_threads=threads).ok.all()
     np.testing.assert_array_equal(other, ref)
     assert p.gated() and (out == 7).all() and p.handle.staged() == want
     p.open()
@@ -130,7 +131,7 @@ def test_staged_items_that_fail_report_their_error_after_the_gate_opens(jpegs):
     want = plan.run_buffers_into(bad, ref, idx, seed=5, epoch=0, num_threads=1)
     out = np.full_like(ref, 7)
     p = plan.run_buffers_into(bad, out, idx, seed=5, epoch=0, num_threads=2, wait=False, gated=True)
-    assert _wait_staged(p, 2) == 2                  # items 0 and 1: the two that fail
+    assert _wait_staged(p, 3) == 3                  # items 0-2: the two that fail among them
     p.open()
     got = p.result()
     np.testing.assert_array_equal(got.status, want.status)
