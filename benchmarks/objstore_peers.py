@@ -193,7 +193,8 @@ def run_loaderlib(spec: dict) -> dict:
 
     chain = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.Normalize(MEAN, STD), T.ToCHW()])
     t_start = time.perf_counter()
-    ds = ll.RecordFileDataset(spec["url"], storage_options=spec["storage_options"], cache_dir=spec["cache"])
+    so = dict(spec["storage_options"], **({"ranges_while_caching": True} if spec.get("ranges") else {}))
+    ds = ll.RecordFileDataset(spec["url"], storage_options=so, cache_dir=spec["cache"])
     kw: dict = {"shuffle": True}
     if spec["sampler"] == "shards":
         kw = {"sampler": ShardShuffleSampler(ds.shard_sizes, buffer_size=1024, seed=0)}
@@ -347,6 +348,9 @@ def main() -> None:
                    help="loaderlib's shuffles: global (shuffle=True), shards (ShardShuffleSampler)")
     p.add_argument("--peers", default=os.path.join(ROOT, ".venv-objpeers", "bin", "python"),
                    help="an interpreter with mosaicml-streaming and litdata (make bench-storage-peers builds it)")
+    p.add_argument("--ll-ranges", action="store_true",
+                   help="also run loaderlib with storage_options ranges_while_caching=True (samples of shards still "
+                        "downloading read by range): the rows named '... ranges'")
     p.add_argument("--storage-cpus", metavar="CPUS",
                    help="moto on these CPUs (1; auto: the last quarter) and every loader on the others")
     p.add_argument("--baseline", metavar="DIR",
@@ -433,6 +437,9 @@ def main() -> None:
               flush=True)
 
         ll_cells = [(f"loaderlib {smp}", {"kind": "loaderlib", "sampler": smp}) for smp in samplers]
+        if a.ll_ranges:
+            ll_cells += [(f"loaderlib {smp} ranges", {"kind": "loaderlib", "sampler": smp, "ranges": True})
+                         for smp in samplers]
         if a.baseline:
             ll_cells += [(f"baseline {smp}", {"kind": "loaderlib", "sampler": smp, "pythonpath": a.baseline})
                          for smp in samplers]
@@ -491,8 +498,9 @@ def print_table(runs: dict, samplers: list[str], peers: list[str], workers: list
             if have:
                 chosen[s] = min(have, key=speed)
     names = {"streaming": "MosaicML Streaming", "litdata": "LitData"}
-    rows = [(f"{who} ({'shuffle=True' if smp == 'global' else 'ShardShuffleSampler'})", f"{who} {smp}")
-            for who in ("loaderlib", "baseline") for smp in samplers if f"{who} {smp}" in runs]
+    rows = [(f"{who} ({'shuffle=True' if smp == 'global' else 'ShardShuffleSampler'}{more})", f"{who} {smp}{tail}")
+            for who in ("loaderlib", "baseline") for tail, more in (("", ""), (" ranges", ", ranges_while_caching"))
+            for smp in samplers if f"{who} {smp}{tail}" in runs]
     rows += [(f"{names[s]} ({n.split()[-1][:-1]} workers)", n) for s, n in chosen.items()]
 
     def per_round(n: str, key: str) -> list[float]:
