@@ -193,11 +193,12 @@ class MotoServer:
 class Fault:
     """One scripted fault, applied to the next request whose path contains ``match`` (and
     whose method is ``method``, when given, and that has a Range header or not, when ``ranged``
-    says which).
+    says which, and whose Range header starts with ``range``, when given: ``"bytes=1000-"``).
 
     kind: ``"status"`` (answer ``status`` with a small body), ``"reset"`` (close the
     connection with RST before answering), ``"stall"`` (hold the request until the proxy is
-    closed or ``release()`` is called, never answering), ``"truncate"`` (send the upstream's
+    closed or ``released`` is set, never answering), ``"hold"`` (hold it until then, and
+    then forward it: a gate; ``held`` counts the requests it held), ``"truncate"`` (send the upstream's
     headers, then only ``keep`` bytes of the body and close), ``"short"`` (a well-formed
     response whose body is only the first ``keep`` bytes, Content-Length saying so, other
     headers, Content-Range included, as the upstream sent them: a body shorter than asked
@@ -210,6 +211,7 @@ class Fault:
     match: str = ""
     method: str = ""
     ranged: bool | None = None
+    range: str | None = None
     times: int = 1
     keep: int = 0
     headers: dict = field(default_factory=dict)
@@ -231,6 +233,7 @@ class FaultProxy:
         self.requests: list[tuple[str, str, str | None]] = []
         self.lock = threading.Condition()   # guards faults and requests; notified on every request
         self.released = threading.Event()
+        self.held = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -245,7 +248,7 @@ class FaultProxy:
                 with proxy.lock:
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
                     proxy.lock.notify_all()
-                    fault = proxy._take(self.command, self.path, self.headers.get("Range") is not None)
+                    fault = proxy._take(self.command, self.path, self.headers.get("Range"))
                 if fault is not None and fault.kind == "status":
                     payload = f"injected {fault.status}".encode()
                     self.send_response(fault.status)
@@ -265,6 +268,11 @@ class FaultProxy:
                     proxy.released.wait(120)
                     self.close_connection = True
                     return
+                if fault is not None and fault.kind == "hold":
+                    with proxy.lock:
+                        proxy.held += 1
+                        proxy.lock.notify_all()
+                    proxy.released.wait(120)
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
@@ -300,9 +308,10 @@ class FaultProxy:
         self.thread = threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True)
         self.thread.start()
 
-    def _take(self, method: str, path: str, ranged: bool) -> Fault | None:
+    def _take(self, method: str, path: str, rng: str | None) -> Fault | None:
         for f in self.faults:
-            if f.match in path and f.method in ("", method) and f.ranged in (None, ranged):
+            if (f.match in path and f.method in ("", method) and f.ranged in (None, rng is not None)
+                    and (f.range is None or (rng or "").startswith(f.range))):
                 f.times -= 1
                 if f.times <= 0:
                     self.faults.remove(f)

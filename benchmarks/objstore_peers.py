@@ -29,7 +29,10 @@ loaderlib, ``ShardShuffleSampler`` too (shard order, a 1,024-sample buffer) when
 ``--ll-samplers`` names it. Rounds are interleaved (every cell once per round, in a rotating
 order); medians are reported, and per round loaderlib's figure over the faster peer's in
 the same round (the machine's load drifts between rounds: a ratio within a round compares
-runs made minutes apart at most), with the lowest of those ratios. The process tree's CPU
+runs made minutes apart at most), with the lowest of those ratios. The sweep rounds only
+choose the peers' worker counts: once later rounds exist, they alone make the table. (Counted,
+a sweep round would set loaderlib's single run against the best of the peer's runs at every
+count in that round, a maximum of several noisy samples, which biased its ratio low.) The process tree's CPU
 (``getrusage`` of the measured process and its workers) and moto's CPU during the measurement
 are reported per image, with the load average.
 
@@ -193,7 +196,8 @@ def run_loaderlib(spec: dict) -> dict:
 
     chain = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.Normalize(MEAN, STD), T.ToCHW()])
     t_start = time.perf_counter()
-    ds = ll.RecordFileDataset(spec["url"], storage_options=spec["storage_options"], cache_dir=spec["cache"])
+    so = dict(spec["storage_options"], **({"ranges_while_caching": True} if spec.get("ranges") else {}))
+    ds = ll.RecordFileDataset(spec["url"], storage_options=so, cache_dir=spec["cache"])
     kw: dict = {"shuffle": True}
     if spec["sampler"] == "shards":
         kw = {"sampler": ShardShuffleSampler(ds.shard_sizes, buffer_size=1024, seed=0)}
@@ -347,6 +351,9 @@ def main() -> None:
                    help="loaderlib's shuffles: global (shuffle=True), shards (ShardShuffleSampler)")
     p.add_argument("--peers", default=os.path.join(ROOT, ".venv-objpeers", "bin", "python"),
                    help="an interpreter with mosaicml-streaming and litdata (make bench-storage-peers builds it)")
+    p.add_argument("--ll-ranges", action="store_true",
+                   help="also run loaderlib with storage_options ranges_while_caching=True (samples of shards still "
+                        "downloading read by range): the rows named '... ranges'")
     p.add_argument("--storage-cpus", metavar="CPUS",
                    help="moto on these CPUs (1; auto: the last quarter) and every loader on the others")
     p.add_argument("--baseline", metavar="DIR",
@@ -433,6 +440,9 @@ def main() -> None:
               flush=True)
 
         ll_cells = [(f"loaderlib {smp}", {"kind": "loaderlib", "sampler": smp}) for smp in samplers]
+        if a.ll_ranges:
+            ll_cells += [(f"loaderlib {smp} ranges", {"kind": "loaderlib", "sampler": smp, "ranges": True})
+                         for smp in samplers]
         if a.baseline:
             ll_cells += [(f"baseline {smp}", {"kind": "loaderlib", "sampler": smp, "pythonpath": a.baseline})
                          for smp in samplers]
@@ -463,6 +473,7 @@ def main() -> None:
                     shutil.rmtree(cache, ignore_errors=True)
                 res["load"] = os.getloadavg()[0]
                 res["round"] = r
+                res["sweep"] = sweep
                 runs.setdefault(name, []).append(res)
                 print(f"  round {r + 1}: {name}: cold {res['cold']:,.0f} img/s ({res['cold_images']} images, first "
                       f"batch {res['cold_first_batch_s']:.2f} s), warm {res['warm']:,.0f} img/s; CPU "
@@ -478,6 +489,12 @@ def print_table(runs: dict, samplers: list[str], peers: list[str], workers: list
                 rounds: int) -> None:
     """Medians per cell, each peer at its best worker count (``best``, or while sweeping the best
     so far), and per round the ratio of loaderlib's figure to the best peer's in the same round."""
+    measured = any(not x.get("sweep") for rs in runs.values() for x in rs)
+    if measured:   # the sweep rounds chose the worker counts; the rounds after them are measured
+        runs = {n: [x for x in rs if not x.get("sweep")] for n, rs in runs.items()}
+        runs = {n: rs for n, rs in runs.items() if rs}
+        rounds = len({x["round"] for rs in runs.values() for x in rs})
+
     def med(name: str, key: str) -> float:
         return statistics.median(x[key] for x in runs[name])
 
@@ -491,8 +508,9 @@ def print_table(runs: dict, samplers: list[str], peers: list[str], workers: list
             if have:
                 chosen[s] = min(have, key=speed)
     names = {"streaming": "MosaicML Streaming", "litdata": "LitData"}
-    rows = [(f"{who} ({'shuffle=True' if smp == 'global' else 'ShardShuffleSampler'})", f"{who} {smp}")
-            for who in ("loaderlib", "baseline") for smp in samplers if f"{who} {smp}" in runs]
+    rows = [(f"{who} ({'shuffle=True' if smp == 'global' else 'ShardShuffleSampler'}{more})", f"{who} {smp}{tail}")
+            for who in ("loaderlib", "baseline") for tail, more in (("", ""), (" ranges", ", ranges_while_caching"))
+            for smp in samplers if f"{who} {smp}{tail}" in runs]
     rows += [(f"{names[s]} ({n.split()[-1][:-1]} workers)", n) for s, n in chosen.items()]
 
     def per_round(n: str, key: str) -> list[float]:
@@ -504,8 +522,9 @@ def print_table(runs: dict, samplers: list[str], peers: list[str], workers: list
                 out.append(x[key] / max(other))
         return out
 
-    print(f"\n== medians of {rounds} round(s), images/s (each peer at its best worker count); 'x best peer': "
-          "loaderlib over the faster peer in the same round, median and lowest of the rounds\n")
+    print(f"\n== medians of {rounds} round(s){' after the sweep' if measured else ' (sweep rounds only)'}, images/s "
+          "(each peer at its best worker count); 'x best peer': loaderlib over the faster peer in the same round, "
+          "median and lowest of the rounds\n")
     print("| loader | cold | warm | cold x best peer (median, lowest) | warm x best peer (median, lowest) "
           "| CPU ms/img (process tree) | moto CPU ms/img |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -66,13 +66,22 @@ class ShardFiles:
 
     def remote_request(self, i: int) -> tuple[str, int, int] | None:
         """Sample ``i``'s request to its store, ``(url, start, end)``, for a read of that sample
-        alone (NOTE [ One sample, one request ] in ``_extract/remote/readahead.py``); None
-        with the shard cache (the sample is a slice of the local copy)."""
+        alone (NOTE [ One sample, one request ] in ``_extract/remote/readahead.py``); with the
+        shard cache only while its shard downloads (NOTE [ Samples of a shard still on its way ]
+        in ``_extract/remote/files.py``), None once the sample is a slice of the local copy."""
         remote: Any = getattr(self, "_remote", None)
-        if remote is None or remote.cached:
+        if remote is None:
             return None
+        s = int(self.shard_of[i])
+        if remote.cached:
+            urls = getattr(self, "urls", None)
+            if not urls or not remote.downloading(urls[s]):
+                return None
+            url = urls[s]
+        else:
+            url = self.paths[s]
         start = int(self.offsets[i])
-        return self.paths[int(self.shard_of[i])], start, start + int(self.sizes[i])
+        return url, start, start + int(self.sizes[i])
 
     def plan_epoch(self, indices: np.ndarray) -> None:
         """With the shard cache: download the shards a few ahead of the reads, in the order

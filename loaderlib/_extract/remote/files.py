@@ -58,10 +58,49 @@ trips before the first read. ``python benchmarks/objstore_peers.py`` measures co
 epochs from moto's S3 server against MosaicML Streaming and LitData; on the shared 2-core
 machine the change was within the run-to-run noise (its ``--baseline`` rows; the object-store
 guide has the table): what a cold first batch waits for is still the download of every shard
-its samples come from.
+its samples come from. Reading those samples by range meanwhile is NOTE [ Samples of a shard
+still on its way ]: measured slower against moto, so it is off unless asked for.
 So a dataset holds at most ``open_shards()`` leases, the one being opened included, and
 the disk holds, beyond the limit, only evicted shards whose slices a batch in flight still
 reads (unlinked, freed when the batch is done).
+
+NOTE [ Samples of a shard still on its way ]
+With ``storage_options={"ranges_while_caching": True}``, a sample of a shard whose whole-shard
+download is on the cache's background list or under way (``ShardCache.downloading``: listed
+or being fetched by its threads, and no valid copy published) and that no read has opened
+yet is read by byte range from the store, as without the cache (``slices`` through
+``read_ranges``; the read-ahead's one-sample request, ``remote_request``, NOTE [ One sample,
+one request ] in ``readahead.py``), so the kernels decode while the downloads go on. The
+downloads themselves are unchanged (first-use order, NOTE [ Downloads ahead of a cold
+epoch ]); once a shard's copy is published the next read opens it and its samples are
+slices of the copy again, and no shard is read by range after that (a warm epoch, or a
+later run over the same ``cache_dir``, sends no ranged request; one stat of the sidecar per
+read tells a listed shard that is already here). The bytes are the object's bytes either
+way, so outputs equal the warm epoch's and the uncached path's (same samples, order and
+pixels; tests/remote/test_cold_epoch.py). A ranged read that fails is read from the copy
+instead (its download reports its own error), and a shard whose background download failed
+is no longer "downloading" (the cache remembers the failure until a download succeeds): its
+reads download it themselves and raise the error naming the shard, rather than ranging on.
+- Duplicated bytes: only samples read while their shard downloads come twice (once by
+  range, once in the shard). The worst case, every sample of every shard read before its
+  shard arrives, is the dataset's bytes twice plus one request per sample (fewer where
+  neighbours share one, NOTE [ Ranges that share a request ] in ``store.py``); a shard not on
+  the list (outside a limited cache's window) is never read by range.
+- Why it is off by default: moto's S3 server (5.2.5) answers a ranged GET by reading the
+  whole object (24 MB here) under the object's lock and slicing it, so each sample read by
+  range cost the server about what a shard's download does, took the cores from the
+  decoding and held up the downloads. ``python benchmarks/objstore_peers.py --systems
+  loaderlib --ll-ranges --baseline DIR --repeat 3`` (2 cores shared with other work, load
+  average 3.0-5.2), cold epochs with it against without, medians: 318 against 424 img/s
+  (``shuffle=True``), 356 against 716 (``ShardShuffleSampler``); moto's CPU 0.48-0.70 ms
+  per image against 0.07-0.10; and the first batch came later, not sooner (1.6-2.6 s
+  against 0.8-1.8 s). It is meant for stores that answer a range at the cost of its bytes
+  (object stores' own servers, nginx), where it has not been measured yet.
+- ``ShardShuffleSampler`` takes the same path (the measurement above covers both shuffles).
+  WebDataset shards with the cache are not read by range: the dataset downloads each shard
+  when it opens, to index its members from the copy (a sidecar ``.idx`` is used only
+  without the cache, NOTE [ WebDataset sidecar index ] in ``_extract/wds_index.py``), so no
+  shard is still downloading during an epoch and the option changes nothing there.
 """
 
 from __future__ import annotations
@@ -233,19 +272,48 @@ class RemoteFiles:
             self._ahead(nxt + 1)
         return data
 
+    def downloading(self, url: str) -> bool:
+        """Whether samples of the shard ``url`` are read by byte range now: its whole-shard
+        download is listed or under way and no read has opened its copy (NOTE [ Samples of a
+        shard still on its way ])."""
+        if not self.options.ranges_while_caching:
+            return False
+        with self._lock:
+            if self._cache is None or url in self._open:
+                return False
+            cache = self._cache
+        return cache.downloading(url)
+
     def slices(self, urls: Sequence[str], offsets: np.ndarray, sizes: np.ndarray) -> list:
         """``sizes[k]`` bytes at ``offsets[k]`` of the cached shard ``urls[k]``, as slices of
-        its map (no copy)."""
+        its map (no copy); those of a shard still downloading, by byte range from the store
+        (NOTE [ Samples of a shard still on its way ])."""
         views: dict[str, Any] = {}
-        out = []
-        for u, o, n in zip(urls, offsets.tolist(), sizes.tolist()):
+        offs, lens = offsets.tolist(), sizes.tolist()
+        out: list = [None] * len(offs)
+        ranged = []
+        for k, (u, o, n) in enumerate(zip(urls, offs, lens)):
             v = views.get(u)
             if v is None:
-                v = views[u] = self.view(u)
-            if o + n > len(v):
-                raise OSError(f"{u}: {n} bytes at offset {o} are past the end of its cached copy ({len(v)} bytes)")
-            out.append(v[o:o + n])
+                v = views[u] = False if self.downloading(u) else self.view(u)
+            if v is False:
+                ranged.append(k)
+                continue
+            out[k] = self._slice(u, v, o, n)
+        if ranged:
+            try:
+                got = read_ranges([(urls[k], offs[k], offs[k] + lens[k]) for k in ranged], self.options)
+            except RemoteReadError:
+                got = None      # the copy then: its download reports a failure of its own
+            for j, k in enumerate(ranged):
+                out[k] = got[j] if got is not None else self._slice(urls[k], self.view(urls[k]), offs[k], lens[k])
         return out
+
+    @staticmethod
+    def _slice(url: str, v: Any, o: int, n: int) -> Any:
+        if o + n > len(v):
+            raise OSError(f"{url}: {n} bytes at offset {o} are past the end of its cached copy ({len(v)} bytes)")
+        return v[o:o + n]
 
     def size(self, url: str) -> int:
         info = open_store(url, self.options).head(url)

@@ -29,7 +29,7 @@ _ENV = {
 }
 # Options of the transfer itself (not of one protocol), in seconds or counts.
 _CLIENT = ("timeout", "connect_timeout", "max_retries", "retry_timeout", "backoff", "max_backoff",
-           "allow_http", "anon")
+           "allow_http", "anon", "ranges_while_caching")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,12 @@ class StoreOptions:
         Plain-http endpoints; on by default when the endpoint or URL is ``http://``.
     anon : bool
         Unsigned requests (public buckets).
+    ranges_while_caching : bool
+        With ``cache_dir``: a sample of a shard whose whole-shard download is listed or
+        under way is read by byte range from the store instead of waiting for the copy
+        (NOTE [ Samples of a shard still on its way ] in ``files.py``). Off by default: worth
+        it where a ranged request is cheap for the store; against moto's S3 server it made
+        cold epochs slower.
     extra : dict
         Any other key, passed to the store as it is (obstore's names, e.g.
         ``virtual_hosted_style_request`` or ``service_account_path``).
@@ -76,6 +82,7 @@ class StoreOptions:
     max_backoff: float = 15.0
     allow_http: bool | None = None
     anon: bool = False
+    ranges_while_caching: bool = False
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     @classmethod
@@ -96,6 +103,9 @@ class StoreOptions:
         for k in ("timeout", "connect_timeout", "retry_timeout", "backoff", "max_backoff"):
             if k in kw and (not isinstance(kw[k], (int, float)) or kw[k] <= 0):
                 raise ValueError(f"storage_options[{k!r}] must be a positive number of seconds, got {kw[k]!r}")
+        if not isinstance(kw.get("ranges_while_caching", False), bool):
+            raise ValueError(f"storage_options['ranges_while_caching'] must be True or False, "
+                             f"got {kw['ranges_while_caching']!r}")
         if "max_retries" in kw and (not isinstance(kw["max_retries"], int) or kw["max_retries"] < 0):
             raise ValueError(f"storage_options['max_retries'] must be an int >= 0, got {kw['max_retries']!r}")
         return cls(**kw, extra=tuple(sorted(given.items())))

@@ -107,6 +107,7 @@ class ShardCache:
                         else StoreOptions.resolve(storage_options))
         self.workers = max(1, int(workers))
         self._info: dict[str, ObjectInfo] = {}
+        self._keys: dict[str, str] = {}
         self._lock = threading.Lock()
         self._seq = 0
         self._clock = 0
@@ -120,8 +121,11 @@ class ShardCache:
     def key(self, url: str) -> str:
         import hashlib  # here, not at import: NOTE [ What import costs ] in loaderlib/__init__.py
 
-        base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
-        return hashlib.sha256(url.encode()).hexdigest()[:20] + "-" + base
+        got = self._keys.get(url)
+        if got is None:
+            base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
+            got = self._keys[url] = hashlib.sha256(url.encode()).hexdigest()[:20] + "-" + base
+        return got
 
     def path_of(self, url: str) -> str:
         """Where the copy of ``url`` is (or will be) published."""
@@ -338,6 +342,8 @@ class ShardCache:
             lock_fd = os.open(self._p(key, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(lock_fd, fcntl.LOCK_SH)
             if self._valid(key, info):
+                with self._q.cond:
+                    self._q.failed.discard(url)
                 fd = os.open(self._p(key), os.O_RDONLY)
                 self._touch(self._p(key, ".json"))     # most recently used
                 return Lease(url, self._p(key), fd, lock_fd)
@@ -361,12 +367,28 @@ class ShardCache:
                 raise ValueError("the shard cache is closed")
             q.upcoming = list(urls)
             q.items = list(urls)
+            q.queued = set(q.items)
             while len(q.threads) < min(self.workers, len(q.items)):
                 t = threading.Thread(target=_worker, args=(weakref.ref(self), q),
                                      name=f"ll-shard-cache-{len(q.threads)}", daemon=True)
                 q.threads.append(t)
                 t.start()
             q.cond.notify_all()
+
+    def downloading(self, url: str) -> bool:
+        """Whether ``url`` is on the background downloads' list or being downloaded by one of
+        them now, and no valid copy is published (NOTE [ Samples of a shard still on its way ]
+        in ``files.py``)."""
+        q = self._q
+        with q.cond:
+            if url in q.failed or (url not in q.active and url not in q.queued):
+                return False     # a failed download: the read's own download reports it
+        # Listed or started: it may be here already (an earlier run's copy, a warm epoch with
+        # a limit; the thread finds it valid). One stat tells a cold shard (no sidecar yet).
+        key = self.key(url)
+        if not os.path.exists(self._p(key, ".json")):
+            return True
+        return not self._valid(key, self.info(url))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until the background downloads have drained their list; ``False`` on timeout."""
@@ -394,6 +416,9 @@ class _Queue:
         self.items: list[str] = []
         self.upcoming: list[str] = []
         self.threads: list[threading.Thread] = []
+        self.queued: set[str] = set()      # the URLs of items, for a quick look-up
+        self.active: set[str] = set()      # the URLs being downloaded by the threads now
+        self.failed: set[str] = set()      # the URLs whose download by a thread failed last
         self.busy = 0
         self.closed = False
 
@@ -407,6 +432,8 @@ def _worker(ref: weakref.ref, q: _Queue) -> None:
             if q.closed:
                 return
             url = q.items.pop(0)
+            q.queued.discard(url)
+            q.active.add(url)
             q.busy += 1
         cache = ref()
         try:
@@ -415,11 +442,18 @@ def _worker(ref: weakref.ref, q: _Queue) -> None:
             if not cache.ensure(url, _prefetch=True):
                 with q.cond:
                     q.items.clear()     # no room without evicting a shard needed sooner
+                    q.queued.clear()
+            else:
+                with q.cond:
+                    q.failed.discard(url)
         except Exception as e:   # noqa: BLE001  the reader that needs the shard raises it
             log.debug("shard cache: prefetch of %s failed: %s", url, e)
+            with q.cond:
+                q.failed.add(url)
         finally:
             del cache
             with q.cond:
+                q.active.discard(url)
                 q.busy -= 1
                 q.cond.notify_all()
 
@@ -430,6 +464,7 @@ def _stop(q: _Queue, join: bool = True) -> None:
     with q.cond:
         q.closed = True
         q.items.clear()
+        q.queued.clear()
         q.cond.notify_all()
         threads = list(q.threads)
         q.threads.clear()
