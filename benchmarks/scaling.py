@@ -67,6 +67,9 @@ def child(root: str, threads: int, epochs: int, variant: str, pin: str = "", pre
     loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard", **kw)
     for _ in loader:   # warm-up epoch
         pass
+    import resource
+
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0, n = time.perf_counter(), 0
     team, idle0 = None, 0
     for _ in range(epochs):
@@ -76,9 +79,11 @@ def child(root: str, threads: int, epochs: int, variant: str, pin: str = "", pre
                 idle0 = team.idle_ns if team is not None else 0
             n += len(x)
     wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_ms = 1e3 * (cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime) / max(1, n)
     idle = (team.idle_ns - idle0) / 1e9 / (wall * team.size) if team is not None else float("nan")
     print(json.dumps({"rate": n / wall, "engine": loader.engine, "slots": loader._arena_ring.peak_leased,
-                      "idle": idle}))
+                      "idle": idle, "cpu_ms": cpu_ms}))
 
 
 def _kernel_team(loader):
@@ -280,7 +285,7 @@ def main() -> None:
                 idle[n, pf].append(res.get("idle", float("nan")))
                 print(f"  round {r + 1}: {n:>3} threads, prefetch {pf:>7}: {res['rate']:8.0f} img/s, "
                       f"{res['slots']} batch slots at most, kernel threads idle {100 * res.get('idle', 0):.1f}% "
-                      "of the time", flush=True)
+                      f"of the time, {res.get('cpu_ms', 0):.3f} CPU ms/img", flush=True)
     for pf in settings:
         if len(settings) > 1:
             print(f"prefetch={pf}" + (" (the batch cap, NOTE [ Batches in memory ])" if pf == "default" else

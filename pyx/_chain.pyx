@@ -865,7 +865,7 @@ def start_into(CompiledChain chain not None, Team team not None, int kind, list 
     pend.job.ctx = c
     pend.job.n = n
     pend.job.limit = num_threads
-    # NOTE [ Staged items ]: while the gate is closed, up to an eighth of the batch (two items
+    # NOTE [ Staged items ]: while the gate is closed, up to an eighth of the batch (four items
     # a thread) may be run ahead into the team's scratch.
     pend.job.stage = NULL
     if gated and _STAGING:

@@ -20,8 +20,8 @@ cdef extern from "ll_worker.h":
     ctypedef struct ll_worker:
         ll_jpeg_dec dec
         ll_buf file
-        ll_buf stage[2]
-        int64_t stage_item[2]
+        ll_buf stage[4]
+        int64_t stage_item[4]
 
     const int LL_CACHE_LINE
     ll_worker* ll_workers_alloc(int n) noexcept nogil

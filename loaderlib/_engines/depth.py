@@ -56,12 +56,11 @@ and ``ahead`` ready or in production.
   its third slot raised the float32 bench's peak PSS from 0.52-0.54x to 0.79x the lightest
   peer's (benchmarks/loader.py --peers), past the 0.75x the project keeps to, so small teams
   stay at one ahead and a loader-bound job with memory to spare passes ``prefetch=2``. The rest
-  is taken without a slot: while the gate is closed, idle kernel threads run up to two items each of
-  the gated batch into scratch of their own and copy them into place when the gate opens (NOTE
-  [ Staged items ] in pyx/include/ll_pool.h), so the tail and the hand-over are spent on the
-  next batch, for at most an eighth of a batch's outputs in scratch (8 items, 4.8 MB, for float
-  RN50 batches of 64). The fewer images
-  each thread gets per batch, the larger the tail's share, so ``ahead``
+  is taken without a slot: while the gate is closed, idle kernel threads run up to four items
+  each of the gated batch into scratch of their own and copy them into place when the gate
+  opens (NOTE [ Staged items ] in pyx/include/ll_pool.h), so the tail and the hand-over are
+  spent on the next batch, for at most an eighth of a batch's outputs in scratch (8 items,
+  4.8 MB, for float RN50 batches of 64). The fewer images each thread gets per batch, the larger the tail's share, so ``ahead``
   starts at 1 only for small teams, at most ``1 + batch_size / SMALL_TEAM`` threads (2
   threads with batches of 64, 6 with 256), and at 2 otherwise (two batches in production, as
   the engine's lookahead plans: 16 threads keep 3 slots).

@@ -39,19 +39,21 @@
  * With one batch ahead the team still idled at each batch's end: a thread that claimed its
  * last item waits while the others finish theirs (the tail), and then every thread waits
  * while the batch is handed over and the user gives back the slot that opens the next
- * batch's gate. A job may let an idle thread *stage* one of its items while its gate is
+ * batch's gate. A job may let an idle thread *stage* some of its items while its gate is
  * closed: the thread claims the item (under the mutex: no other claim happens before the
  * gate opens), runs it into scratch of its own (``stage``: the read, the decode and the whole
  * chain; the output the user still holds is not touched), and at the opening copies it into
  * place (``flush``) before claiming the rest as usual. A thread holds at most
  * LL_STAGE_PER_THREAD staged items, a job at most ``stage_max``, and only the first
  * ``stage_max / LL_STAGE_PER_THREAD`` threads stage, so the scratch that stays allocated is
- * ``stage_max`` items' worth whatever the team's size (an eighth of a batch in _chain.pyx). One item a thread left 1.7-1.8% of the threads' time idle in the
- * float RN50 bench at 2 threads (the thread that staged first waits for the gate), two leave
- * NN (benchmarks/scaling.py's idle share). A thread holding a staged item still
- * runs any open job's items (a batch that must finish before the gate can open, a fill
- * after failures, may be queued after it staged); ll_pool_withdraw drops a staged item and
- * waits for its thread to let go of the job (at most the item it is running). Whether the
+ * ``stage_max`` items' worth whatever the team's size (an eighth of a batch in _chain.pyx).
+ * The float RN50 bench at 2 threads (benchmarks/scaling.py, which reports the team's idle
+ * share, ll_pool_idle_ns) had its kernel threads idle 4.0-5.9% of the time without staging,
+ * 1.7-1.8% with one item a thread, 1.3-1.6% with two and 0.5-1.1% with four (``prefetch=2``:
+ * 0.0-0.2%), at the same CPU per image within 1%: the copies cost little. A thread holding
+ * staged items still runs any open job's items (a batch that must finish before the gate can open, a fill
+ * after failures, may be queued after it staged); ll_pool_withdraw drops staged items and
+ * waits for their threads to let go of the job (at most the item it is running). Whether the
  * bytes of an item were staged is invisible in the output: the same claim runs the same
  * chain into another buffer, and the copy is exact.
  */
@@ -159,7 +161,7 @@ typedef void (*ll_job_fn)(void *ctx, int64_t i, int tid);
  * then runs as usual at the gate's opening); and write that staged item into the output. */
 typedef int (*ll_job_stage_fn)(void *ctx, int64_t i, int tid, int slot);
 typedef void (*ll_job_flush_fn)(void *ctx, int tid, int slot);
-#define LL_STAGE_PER_THREAD 2
+#define LL_STAGE_PER_THREAD 4
 
 typedef struct ll_job {
     ll_job_fn fn;
