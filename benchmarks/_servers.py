@@ -81,10 +81,12 @@ class NginxServer:
     It runs as root with ``user root;`` so its worker can read pytest's 0700 tmp folders.
     ``host`` is the address it listens on, ``reach`` the one its ``url`` names (``host`` when
     not given), and ``prefix`` a command it runs under (the benchmark's ``ip netns exec NAME``).
+    ``limit_rate`` (nginx's syntax, e.g. ``"25m"``: bytes/s) caps each connection's rate, as a
+    store's per-connection bandwidth does.
     """
 
     def __init__(self, root: str, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
-                 reach: str | None = None) -> None:
+                 reach: str | None = None, limit_rate: str | None = None) -> None:
         exe = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.path.exists(p)),
                                             None)
         if exe is None:
@@ -112,7 +114,8 @@ http {{
   default_type application/octet-stream;
   server {{
     listen {host}:{self.port};
-    root {self.root};
+    root {self.root};{f'''
+    limit_rate {limit_rate};''' if limit_rate else ''}
   }}
 }}
 """
