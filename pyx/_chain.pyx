@@ -261,7 +261,7 @@ cdef class Team:
     @property
     def idle_ns(self):
         """Nanoseconds the threads have waited with nothing to run since the team started,
-        summed over the threads (0 on Windows). A loader-bound run's idle share,
+        summed over the threads. A loader-bound run's idle share,
         ``idle_ns / (wall_ns * size)``, is what the batch cap costs it (NOTE [ Staged items ])."""
         if not ll_pool_usable(self.pool):
             return 0

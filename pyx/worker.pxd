@@ -8,6 +8,7 @@ from jpeglib cimport ll_jpeg_dec
 
 
 cdef extern from "ll_common.h":
+    enum: LL_STAGE_PER_THREAD
     ctypedef struct ll_buf:
         unsigned char* p
         size_t cap
@@ -20,8 +21,8 @@ cdef extern from "ll_worker.h":
     ctypedef struct ll_worker:
         ll_jpeg_dec dec
         ll_buf file
-        ll_buf stage[4]
-        int64_t stage_item[4]
+        ll_buf stage[LL_STAGE_PER_THREAD]
+        int64_t stage_item[LL_STAGE_PER_THREAD]
 
     const int LL_CACHE_LINE
     ll_worker* ll_workers_alloc(int n) noexcept nogil

@@ -109,12 +109,6 @@ typedef struct {
     uint64_t emit_kb[3];        /* per channel: which of them come from the chunk's last 64 bytes */
 } ll_plan;
 
-static inline int64_t ll_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* The per-axis state of NOTE [ Fused geometry ]. */
 typedef struct {
     int n;

@@ -12,14 +12,27 @@
 #ifndef LL_COMMON_H
 #define LL_COMMON_H
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifndef _WIN32
 #include <sys/mman.h>
 #endif
 #ifdef __GLIBC__
 #include <malloc.h> /* malloc_trim */
 #endif
+
+/* CLOCK_MONOTONIC nanoseconds: the kernels' timings, the read-ahead's and the team's idle time. */
+static inline int64_t ll_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Items one kernel thread may hold staged (NOTE [ Staged items ] in ll_pool.h): its scratch
+ * slots in ll_worker and the pool's claims. */
+#define LL_STAGE_PER_THREAD 4
 
 /* X(name, code, message) */
 #define LL_STATUS_LIST(X) \

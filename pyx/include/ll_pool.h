@@ -63,6 +63,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ll_common.h" /* ll_now_ns */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -161,7 +163,6 @@ typedef void (*ll_job_fn)(void *ctx, int64_t i, int tid);
  * then runs as usual at the gate's opening); and write that staged item into the output. */
 typedef int (*ll_job_stage_fn)(void *ctx, int64_t i, int tid, int slot);
 typedef void (*ll_job_flush_fn)(void *ctx, int tid, int slot);
-#define LL_STAGE_PER_THREAD 4
 
 typedef struct ll_job {
     ll_job_fn fn;
@@ -198,16 +199,6 @@ struct ll_pool {
     int64_t idle_ns;      /* summed over the threads: time waiting with nothing to run (under mu) */
 };
 
-/* A monotonic clock for the team's idle time (0 where there is none). */
-static int64_t ll_pool_clock_ns(void) {
-#ifdef _WIN32
-    return 0;
-#else
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-#endif
-}
 
 /* The oldest job with unclaimed items that thread ``tid`` may work on; caller holds mu. */
 static ll_job *ll_pool_find(ll_pool *p, int tid) {
@@ -239,6 +230,21 @@ static void ll_pool_unlink(ll_pool *p, ll_job *job) {
     }
 }
 
+/* Run ``job``'s items as thread ``tid`` claims them (an atomic add each) until all are claimed,
+ * then detach from it; called with the mutex released, returns holding it. The thread is
+ * attached: the submitter frees a job only once every item is claimed and no thread is
+ * attached (ll_pool_wait), so a claim that comes back past the end still touches live memory. */
+static void ll_pool_drain(ll_pool *p, ll_job *job, int tid) {
+    for (;;) {
+        const int64_t i = LL_FETCH_ADD(&job->next, 1);
+        if (i >= job->n) break;
+        job->fn(job->ctx, i, tid);
+    }
+    ll_mutex_lock(&p->mu);
+    ll_pool_unlink(p, job);   /* fully claimed (a no-op when another thread unlinked it) */
+    if (--job->attached == 0) ll_cond_broadcast(&p->fin);   /* the job may be finished */
+}
+
 /* The work loop of team thread ``tid``, until stop. */
 static void ll_pool_loop(ll_pool *p, int tid) {
     ll_name_thread("ll-team", tid);   /* NOTE [ Thread names ] */
@@ -267,14 +273,7 @@ static void ll_pool_loop(ll_pool *p, int tid) {
                 if (held_staged[h]) j->flush(j->ctx, tid, h);
                 else j->fn(j->ctx, held_k[h], tid);
             }
-            for (;;) {
-                const int64_t i = LL_FETCH_ADD(&j->next, 1);
-                if (i >= j->n) break;
-                j->fn(j->ctx, i, tid);
-            }
-            ll_mutex_lock(&p->mu);
-            ll_pool_unlink(p, j);
-            if (--j->attached == 0) ll_cond_broadcast(&p->fin);
+            ll_pool_drain(p, j, tid);   /* still attached since it staged */
             continue;
         }
         if (p->stop) break;
@@ -294,25 +293,16 @@ static void ll_pool_loop(ll_pool *p, int tid) {
                 ll_mutex_lock(&p->mu);
                 continue;
             }
-            const int64_t t0 = ll_pool_clock_ns();
+            const int64_t t0 = ll_now_ns();
             ll_cond_wait(&p->work, &p->mu);
-            p->idle_ns += ll_pool_clock_ns() - t0;
+            p->idle_ns += ll_now_ns() - t0;
             continue;
         }
-        /* Attached, the thread claims items with an atomic add until the job runs out; the
-         * mutex is taken once per job, not per item. The submitter frees a job only once
-         * every item is claimed and no thread is attached (ll_pool_wait), so a claim that
-         * comes back past the end still touches live memory. */
+        /* Attached, the thread claims items until the job runs out: the mutex is taken once
+         * per job, not per item. */
         j->attached++;
         ll_mutex_unlock(&p->mu);
-        for (;;) {
-            const int64_t i = LL_FETCH_ADD(&j->next, 1);
-            if (i >= j->n) break;
-            j->fn(j->ctx, i, tid);
-        }
-        ll_mutex_lock(&p->mu);
-        ll_pool_unlink(p, j);   /* fully claimed (a no-op when another thread unlinked it) */
-        if (--j->attached == 0) ll_cond_broadcast(&p->fin);   /* the job may be finished */
+        ll_pool_drain(p, j, tid);
     }
     if (held != NULL && --held->attached == 0) ll_cond_broadcast(&p->fin);   /* stop: never opened */
     ll_mutex_unlock(&p->mu);

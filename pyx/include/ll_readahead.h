@@ -66,8 +66,8 @@
 #include <sys/resource.h> /* getrusage(RUSAGE_THREAD): voluntary context switches */
 #endif
 
-#include "ll_chain.h" /* ll_now_ns */
-#include "ll_common.h"
+#include "ll_chain.h"
+#include "ll_common.h" /* ll_now_ns */
 #include "ll_pool.h"
 #include "ll_read.h"
 

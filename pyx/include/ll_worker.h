@@ -34,8 +34,8 @@ typedef struct {
     int dec_ok;
     ll_buf file, region, taps, hbuf, misc;
     ll_buf inter[2]; /* intermediate images of multi-stage chains (NOTE [ Fused geometry ]) */
-    ll_buf stage[4];       /* items run ahead of their batch's gate (NOTE [ Staged items ] in ll_pool.h) */
-    int64_t stage_item[4]; /* their indexes in the batch */
+    ll_buf stage[LL_STAGE_PER_THREAD];       /* items run ahead of their batch's gate (NOTE [ Staged items ]) */
+    int64_t stage_item[LL_STAGE_PER_THREAD]; /* their indexes in the batch */
 } __attribute__((aligned(LL_CACHE_LINE))) ll_worker;
 
 /* A zeroed array of n entries, aligned to LL_CACHE_LINE; free it with free(). */
@@ -63,7 +63,7 @@ static void ll_worker_free(ll_worker *w) {
     ll_buf_free(&w->misc);
     ll_buf_free(&w->inter[0]);
     ll_buf_free(&w->inter[1]);
-    for (int k = 0; k < 4; k++) ll_buf_free(&w->stage[k]);
+    for (int k = 0; k < LL_STAGE_PER_THREAD; k++) ll_buf_free(&w->stage[k]);
 }
 
 #endif
