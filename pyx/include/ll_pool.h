@@ -49,8 +49,10 @@
  * ``stage_max`` items' worth whatever the team's size (an eighth of a batch in _chain.pyx).
  * The float RN50 bench at 2 threads (benchmarks/scaling.py, which reports the team's idle
  * share, ll_pool_idle_ns) had its kernel threads idle 4.0-5.9% of the time without staging,
- * 1.7-1.8% with one item a thread, 1.3-1.6% with two and 0.5-1.1% with four (``prefetch=2``:
- * 0.0-0.2%), at the same CPU per image within 1%: the copies cost little. A thread holding
+ * 1.7-1.8% with one item a thread, 1.3-1.6% with two and 0.5-1.2% with four (``prefetch=2``:
+ * 0.0-0.2%); the CPU per image was the same in the medians of one such run (1.29 ms for both,
+ * --repeat 3 --epochs 3), and differed by a few per cent either way between the two in single
+ * rounds, so the copies cost little against the run-to-run noise. A thread holding
  * staged items still runs any open job's items (a batch that must finish before the gate can open, a fill
  * after failures, may be queued after it staged); ll_pool_withdraw drops staged items and
  * waits for their threads to let go of the job (at most the item it is running). Whether the
@@ -198,7 +200,6 @@ struct ll_pool {
     long *tids;           /* want entries: each team thread's kernel id (0: none), for ll_pool_free */
     int64_t idle_ns;      /* summed over the threads: time waiting with nothing to run (under mu) */
 };
-
 
 /* The oldest job with unclaimed items that thread ``tid`` may work on; caller holds mu. */
 static ll_job *ll_pool_find(ll_pool *p, int tid) {
