@@ -68,7 +68,7 @@ typedef struct {
     int32_t maxcode[17];       /* the largest code of each length, -1 if none */
     int32_t valoff[17];        /* symbol index of a code of length l: code + valoff[l] */
     uint8_t key[17 + 256];     /* the JHUFF_TBL it was built from: bits, then the symbols */
-    int built;                 /* 0 none, 1 DC, 2 AC */
+    int built;                 /* 0 none, 1 DC, 2 AC, 3 AC without pair entries */
 } ll_htab;
 
 typedef struct {
@@ -92,6 +92,12 @@ typedef struct {
     ll_bits br;
     jmp_buf *jb; /* where ll_huff_bail jumps (the decode's setjmp) */
     int bailed;
+    /* Progressive scans (NOTE [ Progressive scans ] in ll_phuff.h). */
+    struct jpeg_progress_mgr hook;            /* called before libjpeg reads the first scan */
+    void (*lib_start_pass)(j_decompress_ptr); /* libjpeg's per-scan set-up, which ours wraps */
+    unsigned long mcus_left;                  /* MCUs of this scan not decoded yet */
+    unsigned eobrun;                          /* blocks left in the current end-of-band run */
+    int scans;                                /* scans of this image given to our decoder */
 } ll_huff;
 
 /* Zigzag index to natural order. The extra entries map every index past 63 to 63: runs past
@@ -135,7 +141,9 @@ static inline int ll_extend(unsigned r, int s) {
 }
 
 /* Builds t from src (libjpeg has already validated src: jpeg_make_d_derived_tbl ran in
- * jpeg_start_decompress). Returns 0 for a table it cannot represent. */
+ * jpeg_start_decompress, or for a progressive scan in its start_pass). ac: 0 a DC table, 1 an
+ * AC table with its pair entries, 2 an AC table without them (progressive scans, which do not
+ * use them). Returns 0 for a table it cannot represent. */
 static int ll_htab_build(ll_htab *t, const JHUFF_TBL *src, int ac) {
     uint8_t key[17 + 256];
     memcpy(key, src->bits, 17);
@@ -159,7 +167,7 @@ static int ll_htab_build(ll_htab *t, const JHUFF_TBL *src, int ac) {
             for (int j = 0; j < (1 << shift); j++) {
                 int idx = (code << shift) | j;
                 t->look[idx] = (uint16_t)((sym << 8) | l);
-                if (l + s <= LL_HB) {
+                if (l + s <= LL_HB && !(ac == 2 && s == 0)) { /* progressive: no EOBr or ZRL */
                     unsigned r = s ? (unsigned)(j >> (shift - s)) & ((1u << s) - 1u) : 0u;
                     uint32_t v = (uint32_t)(s ? ll_extend(r, s) : 0);
                     t->fast[idx] = (int32_t)((v << 16) | (uint32_t)(run << 8) | (uint32_t)(l + s));
@@ -170,7 +178,7 @@ static int ll_htab_build(ll_htab *t, const JHUFF_TBL *src, int ac) {
         if (code > (1 << l)) return 0; /* over-subscribed: libjpeg refuses these */
         code <<= 1;
     }
-    if (ac) {
+    if (ac == 1) {
         const unsigned mask = (1u << LL_HB) - 1u;
         for (unsigned idx = 0; idx <= mask; idx++) {
             const int32_t f1 = t->fast[idx];
@@ -308,6 +316,7 @@ static void ll_huff_restart(ll_huff *h) {
     h->br = b;
     h->next_rst = (h->next_rst + 1) & 7;
     memset(h->last_dc, 0, sizeof h->last_dc);
+    h->eobrun = 0; /* progressive scans: a restart ends an end-of-band run */
     h->to_go = h->restart_interval;
 }
 

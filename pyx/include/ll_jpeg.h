@@ -28,6 +28,7 @@
 
 #include "ll_common.h"
 #include "ll_huff.h"
+#include "ll_phuff.h"
 
 #ifndef LIBJPEG_TURBO_VERSION_NUMBER
 #define LIBJPEG_TURBO_VERSION_NUMBER 0
@@ -259,6 +260,7 @@ static int ll_jpeg_decode_pass(ll_jpeg_dec *d, int mode, int denom, int x0, int 
     if (!d->have_header) return LL_ERR_STATE;
     d->have_header = 0;
     if (setjmp(d->err.jb)) {
+        c->progress = NULL;
         jpeg_abort_decompress(c);
         if (d->huff != NULL && d->huff->bailed) return LL_HUFF_BAILED;
         return LL_ERR_DECODE;
@@ -279,7 +281,12 @@ static int ll_jpeg_decode_pass(ll_jpeg_dec *d, int mode, int denom, int x0, int 
     c->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW; /* NOTE [ Fast decode ] */
     c->do_fancy_upsampling = fast ? FALSE : TRUE;
     c->do_block_smoothing = TRUE;
+    if (huff && c->progressive_mode) { /* NOTE [ Progressive scans ] in ll_phuff.h */
+        if (d->huff == NULL) d->huff = (ll_huff *)calloc(1, sizeof(ll_huff));
+        if (d->huff != NULL) ll_phuff_hook(c, d->huff, &d->err.jb);
+    }
     jpeg_start_decompress(c);
+    c->progress = NULL;
     if (huff) { /* NOTE [ Our Huffman decoder ] */
         if (d->huff == NULL) d->huff = (ll_huff *)calloc(1, sizeof(ll_huff));
         if (d->huff != NULL) ll_huff_install(c, d->huff, &d->err.jb);

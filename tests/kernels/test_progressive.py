@@ -1,0 +1,277 @@
+"""loaderlib's progressive Huffman decoder (NOTE [ Progressive scans ] in pyx/include/ll_phuff.h)
+against libjpeg's own, on progressive files of many scan scripts and on damaged ones.
+
+As for the baseline decoder (test_huffman.py): valid files give the same pixels as libjpeg's
+decoder and as OpenCV, and our decoder must have finished them (its counters say so); damaged
+files give exactly libjpeg's outcome. The files come from OpenCV's encoder (libjpeg's standard
+script) and from tests/kernels/progressive_writer.c, which writes other scripts through
+libjpeg's compressor: spectral selection alone, four bit planes of successive approximation,
+one DC scan per component, restart intervals in every scan."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import warnings
+
+import cv2
+import numpy as np
+import pytest
+
+from benchmarks._synth import photo_like
+from loaderlib import jpeg_info
+from loaderlib._ext import _jpeg
+from loaderlib.decoding import decode, decode_batch
+from loaderlib.errors import DecodeError, DecodeWarning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = ("simple", "spectral", "deep", "dc-split")
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="builds a C program with cc")
+
+
+@pytest.fixture(scope="module")
+def writer(tmp_path_factory):
+    """The built progressive_writer: a function (image, script, quality, restart, sampling) -> bytes."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    assert shutil.which(cc), f"no C compiler ({cc}) to build tests/kernels/progressive_writer.c"
+    tmp = tmp_path_factory.mktemp("progressive")
+    exe = str(tmp / "progressive_writer")
+    src = os.path.join(ROOT, "tests", "kernels", "progressive_writer.c")
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libjpeg"], capture_output=True, text=True,
+                           check=False).stdout.split() or ["-ljpeg"]
+    built = subprocess.run([cc, "-O1", src, "-o", exe, *flags], capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    count = [0]
+
+    def write(img: np.ndarray, script: str, quality: int = 90, restart: int = 0, sampling: str = "420") -> bytes:
+        count[0] += 1
+        pnm, out = str(tmp / f"in{count[0]}.pnm"), str(tmp / f"out{count[0]}.jpg")
+        h, w = img.shape[:2]
+        with open(pnm, "wb") as f:
+            f.write(f"{'P5' if img.ndim == 2 else 'P6'} {w} {h} 255\n".encode())
+            f.write(np.ascontiguousarray(img if img.ndim == 2 else img[:, :, ::-1]).tobytes())   # BGR -> RGB
+        res = subprocess.run([exe, pnm, out, script, str(quality), str(restart), sampling], capture_output=True,
+                             text=True, check=False)
+        assert res.returncode == 0, res.stderr
+        with open(out, "rb") as f:
+            data = f.read()
+        assert jpeg_info(data).progressive
+        return data
+
+    return write
+
+
+@pytest.fixture
+def decoders():
+    yield lambda ours: _jpeg.set_huffman_decoder(ours)
+    _jpeg.set_huffman_decoder(None)
+
+
+def _noise(w: int, h: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+
+
+def _opencv(img: np.ndarray, quality: int, rst: int = 0) -> bytes:
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_PROGRESSIVE, 1,
+                                         cv2.IMWRITE_JPEG_RST_INTERVAL, rst])
+    assert ok
+    return buf.tobytes()
+
+
+def _corpus(write) -> list[tuple[str, bytes]]:
+    out = []
+    for k, (w, h) in enumerate([(1, 1), (8, 8), (17, 13), (97, 61), (333, 251)]):
+        img = photo_like(w, h, seed=k)
+        gray = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+        out.append((f"{w}x{h}-opencv", _opencv(img, 90)))
+        out.append((f"{w}x{h}-opencv-noise-q100", _opencv(_noise(w, h, k), 100)))
+        for script in SCRIPTS:
+            out.append((f"{w}x{h}-{script}-420", write(img, script, 90, 0, "420")))
+            out.append((f"{w}x{h}-{script}-gray", write(gray, script, 85, 0)))
+        out.append((f"{w}x{h}-deep-444-rst2", write(img, "deep", 95, 2, "444")))
+        out.append((f"{w}x{h}-spectral-422-rst1", write(img, "spectral", 75, 1, "422")))
+        out.append((f"{w}x{h}-dc-split-noise-rst3", write(_noise(w, h, k), "dc-split", 100, 3, "420")))
+        out.append((f"{w}x{h}-simple-q5", write(img, "simple", 5, 0, "420")))
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(writer):
+    return _corpus(writer)
+
+
+def _variants(data: bytes) -> list[tuple[str, dict]]:
+    info = jpeg_info(data)
+    w, h = info.width, info.height
+    out = [("full", {}), ("gray", {"mode": "GRAY"}), ("half", {"scale": 0.5}), ("eighth", {"scale": 0.125})]
+    if w > 20 and h > 20:
+        out.append(("crop", {"crop": (w // 3, h // 4, w // 2, h // 2)}))
+        out.append(("crop-bottom", {"crop": (1, h - 9, w - 3, 9)}))
+    return out
+
+
+def test_valid_progressive_files_decode_as_libjpeg_and_opencv(corpus, decoders):
+    assert len(corpus) == 70
+    for name, data in corpus:
+        ref = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION),
+                           cv2.COLOR_BGR2RGB)
+        for label, kw in _variants(data):
+            decoders(False)
+            theirs = decode(data, **kw)
+            decoders(True)
+            _, installed, bailed = _jpeg.huffman_decoder()
+            ours = decode(data, **kw)
+            _, installed2, bailed2 = _jpeg.huffman_decoder()
+            assert (installed2 - installed, bailed2 - bailed) == (1, 0), f"{name} {label}: our decoder did not finish it"
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"{name} {label}")
+            if label == "full":
+                np.testing.assert_array_equal(ours, ref, err_msg=f"{name}: differs from OpenCV")
+
+
+def test_batch_of_progressive_files_equal_on_one_and_two_threads(corpus, decoders):
+    datas = [d for _, d in corpus]
+    decoders(False)
+    theirs = decode_batch(datas, _single=True, num_threads=1)
+    decoders(True)
+    one = decode_batch(datas, num_threads=1)
+    two = decode_batch(datas, num_threads=2)
+    for (name, _), a, b, c in zip(corpus, theirs.images, one.images, two.images):
+        np.testing.assert_array_equal(b, a, err_msg=name)
+        np.testing.assert_array_equal(c, a, err_msg=name)
+
+
+# --------------------------------------------------------------------------- damaged data
+
+
+def _segments(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each scan's entropy-coded data."""
+    out, i = [], 2
+    while i < len(data) - 1:
+        assert data[i] == 0xFF, i
+        marker = data[i + 1]
+        if marker == 0xD9:
+            break
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        i += 2 + length
+        if marker == 0xDA:
+            j = i
+            while not (data[j] == 0xFF and data[j + 1] != 0 and not 0xD0 <= data[j + 1] <= 0xD7):
+                j += 1
+            out.append((i, j))
+            i = j
+    return out
+
+
+def _damaged(write) -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(11)
+    img = photo_like(160, 120, seed=5)
+    cases = []
+    for kind, data in (("simple", _opencv(img, 90)), ("rst", write(img, "deep", 90, 3, "420")),
+                       ("noise", write(_noise(64, 48, 2), "spectral", 100, 1, "444"))):
+        segs = _segments(data)
+        s, n = segs[0][0], len(data) - segs[0][0]
+        for frac in (0.05, 0.3, 0.6, 0.9, 0.999):
+            cut = s + int(frac * n)
+            cases.append((f"{kind}-cut{frac}", data[:cut]))
+            cases.append((f"{kind}-cut{frac}-eoi", data[:cut] + b"\xff\xd9"))
+        cases.append((f"{kind}-no-eoi", data[:-2]))
+        cases.append((f"{kind}-garbage-tail", data[:-2] + b"\x12\x34\xff\xd9"))
+        for j in range(15):   # a byte changed in some scan's data
+            b = bytearray(data)
+            a, e = segs[int(rng.integers(0, len(segs)))]
+            if e - a < 3:
+                continue
+            pos = a + int(rng.integers(0, e - a - 1))
+            b[pos] = int(rng.integers(0, 256)) if j % 3 else 0xFF
+            cases.append((f"{kind}-flip{j}", bytes(b)))
+        a, e = max(segs, key=lambda x: x[1] - x[0])
+        b = bytearray(data)
+        b[a + (e - a) // 3:a + (e - a) // 3 + 6] = b"\xff\x00" * 3   # 24 one bits: no code is that long
+        cases.append((f"{kind}-invalid-code", bytes(b)))
+        # Bytes left over at the end of a scan, and a scan whose data stops short.
+        a, e = segs[len(segs) // 2]
+        cases.append((f"{kind}-scan-extraneous", data[:e] + b"\x55\xaa\x55" + data[e:]))
+        cases.append((f"{kind}-scan-fill", data[:e] + b"\xff" + data[e:]))
+        cases.append((f"{kind}-scan-short", data[:max(a, e - 4)] + data[e:]))
+        rst = [i for i in range(a, e - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
+        if rst:
+            p = rst[len(rst) // 2]
+            cases.append((f"{kind}-rst-missing", data[:p] + data[p + 2:]))
+            b = bytearray(data)
+            b[p + 1] = 0xD0 + (b[p + 1] - 0xD0 + 3) % 8
+            cases.append((f"{kind}-rst-wrong-number", bytes(b)))
+            cases.append((f"{kind}-rst-extraneous", data[:p] + b"\x55\xaa" + data[p:]))
+            cases.append((f"{kind}-rst-early", data[:max(a, p - 3)] + data[p:]))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def damaged(writer):
+    return _damaged(writer)
+
+
+def _outcome(data: bytes, **kw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            img = decode(data, **kw)
+        except DecodeError as e:
+            return ("error", str(e))
+    return ("ok", img.tobytes(), [str(w.message) for w in caught if issubclass(w.category, DecodeWarning)])
+
+
+def test_damaged_progressive_files_give_libjpegs_outcome(damaged, decoders):
+    for name, data in damaged:
+        for kw in ({"strict": False}, {}, {"strict": True}, {"strict": False, "crop": (40, 50, 64, 48)},
+                   {"strict": False, "mode": "GRAY", "scale": 0.5}):
+            if "crop" in kw and name.startswith("noise"):
+                continue
+            decoders(False)
+            theirs = _outcome(data, **kw)
+            decoders(True)
+            ours = _outcome(data, **kw)
+            assert ours == theirs, f"{name} {kw}: {ours[0]} {ours[-1]} vs libjpeg's {theirs[0]} {theirs[-1]}"
+
+
+def test_progressive_damage_is_handed_back_and_valid_data_is_not(damaged, decoders):
+    decoders(True)
+    handed_back, finished = set(), set()
+    for name, data in damaged:
+        _, i0, b0 = _jpeg.huffman_decoder()
+        _outcome(data, strict=False)
+        _, i1, b1 = _jpeg.huffman_decoder()
+        kind = name.split("-", 1)[1]
+        if b1 > b0:
+            handed_back.add(kind)
+        elif i1 > i0:
+            finished.add(kind)
+    for kind in ("cut0.3", "cut0.6-eoi", "invalid-code", "scan-extraneous", "scan-fill", "scan-short",
+                 "rst-missing", "rst-wrong-number", "rst-extraneous", "rst-early"):
+        assert kind in handed_back, (kind, sorted(handed_back))
+    assert "no-eoi" in handed_back or "no-eoi" in finished
+    assert any("flip" in n for n in finished), sorted(finished)
+
+
+def test_truncated_progressive_file_is_an_error_with_either_decoder(decoders):
+    data = _opencv(photo_like(97, 61, seed=1), 90)
+    for ours in (False, True):
+        decoders(ours)
+        with pytest.raises(DecodeError, match=r"truncated: the data ends before the image"):
+            decode(data[:len(data) // 2])
+        with pytest.warns(DecodeWarning, match="Premature end of JPEG file"):
+            decode(data[:len(data) // 2], strict=False)
+
+
+def test_environment_variable_selects_libjpegs_decoder_for_progressive_files():
+    code = ("import cv2; from loaderlib._ext import _jpeg; from loaderlib.decoding import decode; "
+            "from benchmarks._synth import photo_like; "
+            "ok, b = cv2.imencode('.jpg', photo_like(32, 32), [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]); "
+            "decode(b.tobytes()); print(_jpeg.huffman_decoder())")
+    for env, expect in (("libjpeg", "(False, 0, 0)"), ("loaderlib", "(True, 1, 0)")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                             env={**os.environ, "LOADERLIB_HUFFMAN": env}).stdout.strip()
+        assert out == expect
