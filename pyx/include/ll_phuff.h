@@ -183,8 +183,9 @@ static boolean ll_phuff_ac_first(j_decompress_ptr c, JBLOCKROW *MCU_data) {
  * decode. Here a block's nonzero coefficients are first a 64-bit mask in zigzag order (one
  * SSE2 compare per row of eight, and a table per row that turns its eight natural-order
  * bits into zigzag positions). A run of r zeros then ends at the mask's (r+1)-th clear bit,
- * and the correction bits go to its set bits below that, one iteration per nonzero
- * coefficient and none per zero one; a correction is applied without a branch on the bit. */
+ * and its correction bits, one for each set bit below that, are taken from the data at once
+ * and put in place by a pdep (BMI2). They change no coefficient's zeroness, so they are
+ * applied at the block's end, one step per coefficient moved, without a branch on the data. */
 static uint64_t ll_zz_rows[8][256]; /* row r's nonzero bits (natural order) -> zigzag bits */
 static pthread_once_t ll_zz_once = PTHREAD_ONCE_INIT;
 
@@ -223,16 +224,64 @@ static inline __attribute__((always_inline)) uint64_t ll_zz_mask(const JCOEF *bl
 /* Bits 0..n-1 (n <= 64). */
 static inline uint64_t ll_low_bits(int n) { return n >= 64 ? ~0ull : ((1ull << n) - 1u); }
 
-/* The correction bits of the nonzero coefficients at the set bits of cor (G.1.2.3): a 1
- * moves a coefficient's magnitude up by p1, unless that bit is set already. */
-static inline __attribute__((always_inline)) void ll_phuff_correct(ll_huff *h, ll_bits *b, JCOEF *blk, uint64_t cor,
-                                                                    int p1, int m1) {
+/* x with its 64 bits in reverse order. */
+static inline uint64_t ll_bitrev64(uint64_t x) {
+    x = __builtin_bswap64(x);
+    x = ((x >> 4) & 0x0F0F0F0F0F0F0F0Full) | ((x & 0x0F0F0F0F0F0F0F0Full) << 4);
+    x = ((x >> 2) & 0x3333333333333333ull) | ((x & 0x3333333333333333ull) << 2);
+    return ((x >> 1) & 0x5555555555555555ull) | ((x & 0x5555555555555555ull) << 1);
+}
+
+/* The correction bits of the nonzero coefficients at the set bits of cor, which come next in
+ * the data in zigzag order: returns the mask of those whose bit is 1. With BMI2, up to 32
+ * bits are taken at once and one pdep puts them in place (the data's first bit, reversed to
+ * bit 0, lands at cor's lowest set bit); otherwise bit by bit. */
+static inline __attribute__((always_inline)) uint64_t ll_phuff_bits_to(ll_huff *h, ll_bits *b, uint64_t cor,
+                                                                       int bmi2) {
+    uint64_t up = 0;
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (bmi2) { /* no branch on whether there are any: a run passes 0, 1 or 2 as often */
+        int n = __builtin_popcountll(cor);
+        if (__builtin_expect(n > 32, 0)) { /* two takes */
+            uint64_t low;
+            __asm__("pdepq %2, %1, %0" : "=r"(low) : "r"(0xFFFFFFFFull), "r"(cor));
+            if (b->cnt < 32) ll_refill(h, b);
+            const uint64_t bits = ll_bitrev64(b->buf) & 0xFFFFFFFFull;
+            b->buf <<= 32;
+            b->cnt -= 32;
+            __asm__("pdepq %2, %1, %0" : "=r"(up) : "r"(bits), "r"(low));
+            cor &= ~low;
+            n -= 32;
+        }
+        if (b->cnt < n) ll_refill(h, b);
+        const uint64_t bits = ll_bitrev64(b->buf) & ll_low_bits(n); /* the data's first bit at bit 0 */
+        b->buf <<= n;
+        b->cnt -= n;
+        uint64_t got;
+        __asm__("pdepq %2, %1, %0" : "=r"(got) : "r"(bits), "r"(cor));
+        up |= got;
+        return up;
+    }
+#endif
+    (void)bmi2;
     while (cor) {
-        JCOEF *q = blk + ll_natural[__builtin_ctzll(cor)];
-        cor &= cor - 1;
+        const uint64_t low = cor & (0 - cor);
+        cor ^= low;
+        up |= ll_pbit(h, b) ? low : 0;
+    }
+    return up;
+}
+
+/* Applies a block's correction bits (G.1.2.3): a 1 moves a coefficient's magnitude up by p1,
+ * unless that bit is set already. Each coefficient has at most one in a scan, and the
+ * positions of a scan's runs depend only on which coefficients are zero, so they wait for
+ * the block's end. */
+static inline __attribute__((always_inline)) void ll_phuff_correct(JCOEF *blk, uint64_t up, int p1, int m1) {
+    while (up) {
+        JCOEF *q = blk + ll_natural[__builtin_ctzll(up)];
+        up &= up - 1;
         const int v = *q;
-        const int up = -(int)(ll_pbit(h, b) & (unsigned)((v & p1) == 0));
-        *q = (JCOEF)(v + ((v >= 0 ? p1 : m1) & up));
+        *q = (JCOEF)(v + ((v >= 0 ? p1 : m1) & -(int)((v & p1) == 0)));
     }
 }
 
@@ -265,7 +314,7 @@ static inline __attribute__((always_inline)) boolean ll_phuff_refine(j_decompres
     const int Se = c->Se;
     const int p1 = 1 << c->Al, m1 = (int)(~0u << c->Al);
     const uint64_t band = ll_low_bits(Se + 1) & (~0ull << c->Ss);
-    uint64_t nz = ll_zz_mask(blk) & band;
+    uint64_t nz = ll_zz_mask(blk) & band, up = 0;
     int k = c->Ss;
     if (h->eobrun == 0) {
         for (; k <= Se; k++) {
@@ -282,7 +331,7 @@ static inline __attribute__((always_inline)) boolean ll_phuff_refine(j_decompres
             /* The run ends at the (r+1)-th zero coefficient from k (a ZRL's: the sixteenth),
              * or past the band (64); the nonzero ones before it get their correction bits. */
             const int end = ll_nth_bit(~nz & band & (~0ull << k), r, bmi2);
-            ll_phuff_correct(h, &b, blk, nz & ll_low_bits(end) & (~0ull << k), p1, m1);
+            up |= ll_phuff_bits_to(h, &b, nz & ll_low_bits(end) & (~0ull << k), bmi2);
             k = end;
             if (s) {
                 if (k > Se) ll_huff_bail(h); /* past the band */
@@ -292,16 +341,17 @@ static inline __attribute__((always_inline)) boolean ll_phuff_refine(j_decompres
         }
     }
     if (h->eobrun > 0) { /* in an end-of-band run: only correction bits */
-        if (k <= Se) ll_phuff_correct(h, &b, blk, nz & (~0ull << k), p1, m1);
+        if (k <= Se) up |= ll_phuff_bits_to(h, &b, nz & (~0ull << k), bmi2);
         h->eobrun--;
     }
+    ll_phuff_correct(blk, up, p1, m1);
     return ll_phuff_done(c, h, b);
 }
 
 static boolean ll_phuff_ac_refine(j_decompress_ptr c, JBLOCKROW *MCU_data) { return ll_phuff_refine(c, MCU_data, 0); }
 
 #if defined(__GNUC__) && defined(__x86_64__)
-__attribute__((target("bmi,bmi2"))) static boolean ll_phuff_ac_refine_bmi2(j_decompress_ptr c, JBLOCKROW *MCU_data) {
+__attribute__((target("bmi,bmi2,popcnt"))) static boolean ll_phuff_ac_refine_bmi2(j_decompress_ptr c, JBLOCKROW *MCU_data) {
     return ll_phuff_refine(c, MCU_data, 1);
 }
 #endif
@@ -313,7 +363,8 @@ static ll_decode_mcu_fn ll_phuff_refiner(void) {
         ll_decode_mcu_fn f = ll_phuff_ac_refine;
 #if defined(__GNUC__) && defined(__x86_64__)
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("bmi2") && __builtin_cpu_supports("bmi")) f = ll_phuff_ac_refine_bmi2;
+        if (__builtin_cpu_supports("bmi2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt"))
+            f = ll_phuff_ac_refine_bmi2;
 #endif
         fn = f;
     }
