@@ -8,10 +8,12 @@ What it measures (images/s, median of interleaved rounds, all inputs in memory):
      crop box (crop-region decode) vs the crop box at the smallest DCT scale that still
      gives >= 224 px on both sides (crop + scale), boxes drawn like torchvision's
      RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3)); and a fixed central 224x224 region;
-  3. loaderlib's baseline Huffman decoder (NOTE [ Our Huffman decoder ] in pyx/include/ll_huff.h)
-     against libjpeg's own (``LOADERLIB_HUFFMAN=libjpeg``), one thread, switched between
-     alternating rounds in one process: the full decode and the RandomResizedCrop boxes of 2,
-     as the median of the per-round ratios.
+  3. loaderlib's Huffman decoders (NOTE [ Our Huffman decoder ] in pyx/include/ll_huff.h, NOTE
+     [ Progressive scans ] in pyx/include/ll_phuff.h) against libjpeg's own
+     (``LOADERLIB_HUFFMAN=libjpeg``), one thread, switched between alternating rounds in one
+     process: the full decode and the RandomResizedCrop boxes of 2, as the median of the
+     per-round ratios; then the same images encoded progressive (libjpeg's standard script, as
+     OpenCV and Pillow write them).
 
 Run:  python benchmarks/decode.py [--images N] [--rounds R]
 """
@@ -197,9 +199,23 @@ def main() -> None:
         fn()
         return time.perf_counter() - t
 
+    prog = [encode_jpeg(photo_like(i.width, i.height, seed=1000 + k), quality=(75, 85, 90, 95)[k % 4],
+                        sampling=("420", "420", "444", "422")[k % 4], progressive=True)
+            for k, i in enumerate(infos)]
+    prog_out = [np.empty((i.height, i.width, 3), np.uint8) for i in infos]
+
+    def prog_full() -> int:
+        ll.decode_batch(prog, num_threads=1, out=prog_out)
+        return n
+
+    def prog_crop() -> int:
+        ll.decode_batch(prog, crop=boxes, num_threads=1, out=crop_out)
+        return n
+
     print("\n3. Huffman decoding: loaderlib's decoder vs libjpeg's, 1 thread (same pixels; "
-          f"{4 * args.rounds + 1} alternating rounds)")
-    for what, fn in (("full decode", full), ("RRC box", crop_only)):
+          f"{4 * args.rounds + 1} alternating rounds; progressive: {np.mean([len(d) for d in prog]) / 1e3:.0f} KB mean)")
+    for what, fn in (("full decode", full), ("RRC box", crop_only), ("progressive, full", prog_full),
+                     ("progressive, RRC box", prog_crop)):
         ratios, ours_rate, theirs_rate = [], [], []
         for r in range(4 * args.rounds + 1):
             if r % 2:
@@ -212,7 +228,7 @@ def main() -> None:
             ours_rate.append(n / a)
             theirs_rate.append(n / b)
         q = statistics.quantiles(ratios, n=4)
-        print(f"   {what:12s} loaderlib's {med(ours_rate):6.0f} images/s, libjpeg's {med(theirs_rate):6.0f}: "
+        print(f"   {what:20s} loaderlib's {med(ours_rate):6.0f} images/s, libjpeg's {med(theirs_rate):6.0f}: "
               f"{statistics.median(ratios):.2f}x (per-round ratios, quartiles {q[0]:.2f}-{q[2]:.2f})")
     _jpeg.set_huffman_decoder(None)
 
