@@ -46,10 +46,15 @@ def child(root: str, variant: str, images: int, threads: int) -> None:
 
     ds = ll.ImageFolderDataset(root).transform_first(rn50_chain(variant))
     loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
-    for _ in range(2):   # two whole epochs first: every arena slot (the warm next epoch's too) is
-        for _ in loader:   # touched once, so its first-touch page faults are not measured
-            pass
-    it = iter(loader)
+    # Two whole epochs first, iterated as the measurement below iterates (a batch still held
+    # when the next epoch starts), so every arena slot that loop uses -- the next epoch's too --
+    # is touched once and its first-touch page faults are not measured.
+    it, n = iter(loader), 0
+    while n < 2 * len(loader):
+        for x, _ in it:
+            n += 1
+        else:
+            it = iter(loader)
     next(it)
     # Warm: tell the parent, which attaches perf to this process, and wait for its go.
     print("ready", flush=True)
