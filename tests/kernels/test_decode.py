@@ -86,7 +86,7 @@ def test_scale_argument_forms():
 
 
 def test_crop_equals_full_decode_then_slice(jpeg_matrix):
-    """Bitwise: the kernel decodes one extra iMCU around the box (NOTE [ Exact crop decode ])."""
+    """Bitwise: the kernel decodes a little past the box (NOTE [ Exact crop decode ])."""
     rng = np.random.default_rng(0)
     for name, data in jpeg_matrix:
         info = jpeg_info(data)
@@ -206,3 +206,46 @@ def test_arithmetic_coded_jpeg():
     info = jpeg_info(data)
     assert info.arithmetic is True
     assert np.array_equal(ll.decode(data), cv2_reference(data))
+
+
+_SWEEP_SAMPLING = {"420": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, "422": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
+                   "444": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444, "440": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440,
+                   "411": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411}
+
+
+@pytest.mark.parametrize("progressive", [False, True], ids=["baseline", "progressive"])
+@pytest.mark.parametrize("sampling", [*_SWEEP_SAMPLING, "gray"])
+def test_crop_edges_at_every_offset_equal_the_full_decode(sampling, progressive):
+    """NOTE [ Exact crop decode ]: the decoded area reaches only LL_CROP_CONTEXT pixels past the
+    box, so every phase of the box's edges against the iMCU grid must still give the full
+    decode's pixels. The left, right and top edges each sweep two iMCUs (32 output pixels) of
+    offsets, at every DCT scale, exact and fast (merged upsampling), RGB and GRAY."""
+    img = make_photo(150, 118, seed=41)
+    params = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive)]
+    if sampling == "gray":
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+    else:
+        params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, _SWEEP_SAMPLING[sampling]]
+    ok, buf = cv2.imencode(".jpg", img, params)
+    assert ok
+    data = buf.tobytes()
+    W, H = 150, 118
+    checked = 0
+    for denom in (1, 2, 4, 8):
+        for fast in (False, True):
+            for mode in ("RGB", "GRAY"):
+                full = ll.decode(data, scale=1 / denom, fast=fast, mode=mode)
+                boxes = []
+                for x in range(0, min(34 * denom, W - 1), denom):   # the left edge
+                    boxes.append((x, 9, max(1, (W - x) // 2), 40))
+                for e in range(max(2, W - 34 * denom), W + 1, denom):   # the right edge
+                    boxes.append((1, 17, e - 1, 33))
+                for y in range(0, min(34 * denom, H - 1), denom):   # the top edge
+                    boxes.append((7, y, 61, max(1, (H - y) // 2)))
+                for x, y, w, h in boxes:
+                    got = ll.decode(data, scale=1 / denom, crop=(x, y, w, h), fast=fast, mode=mode)
+                    ref = full[y // denom : -(-(y + h) // denom), x // denom : -(-(x + w) // denom)]
+                    assert got.shape == ref.shape, (denom, fast, mode, (x, y, w, h))
+                    assert np.array_equal(got, ref), (denom, fast, mode, (x, y, w, h))
+                    checked += 1
+    assert checked > 500
