@@ -239,7 +239,7 @@ static void ll_cmyk_row(const unsigned char *src, unsigned char *dst, int n, int
  * context pixels it fails for 4:2:0 and 4:2:2, with one it passes). This used to be a whole
  * iMCU on each side and above: under callgrind, 320 items of the float ResNet-50 chain on
  * the ImageNet-like photos ran 0.9% fewer instructions with the narrower margin (libjpeg's
- * scanline reading and skipping 1.5% fewer). */
+ * scanline reading and skipping 1.5% fewer).
  *
  * NOTE [ Fast decode ]
  * fast != 0 trades exactness for speed, as tf.data's dct_method="INTEGER_FAST" with
