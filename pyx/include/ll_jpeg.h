@@ -60,6 +60,7 @@ typedef struct {
     const unsigned char *src; /* the buffer of the last ll_jpeg_header, to decode again */
     size_t src_size;
     ll_huff *huff; /* NOTE [ Our Huffman decoder ]; allocated on first use */
+    int headers;   /* headers read since the decompressor was created (NOTE [ Tables end with their image ]) */
 } ll_jpeg_dec;
 
 /* Header facts. subsampling: 444, 422, 420, 440, 411, 410, 0 (grayscale), -1 (other). */
@@ -141,6 +142,37 @@ static int ll_jpeg_subsampling(const struct jpeg_decompress_struct *c) {
     return -1;
 }
 
+/* NOTE [ Tables end with their image ]
+ * libjpeg keeps Huffman and quantization tables in its decompressor from one image to the
+ * next, for abbreviated datastreams that define them once. A decoder reused across a
+ * dataset's files then decodes a file that lacks a table it uses (damaged, or cut from a
+ * stream) with the table of whichever file the same thread decoded before: the pixels,
+ * warnings and errors of one file depended on another (differential fuzzing of the
+ * progressive decoder found it: the same damaged file failed with "Huffman table 0x00 was
+ * not defined" on a fresh decoder and decoded with warnings after another image). Every file
+ * must decode as on a fresh decoder, so each header starts with no tables: the pointers are
+ * cleared (libjpeg then defines the tables the file has, installs its standard Huffman
+ * tables where a file has none, as for Motion-JPEG frames, and fails on a missing
+ * quantization table). The tables a file defines are allocated in libjpeg's permanent pool,
+ * so the decompressor is created again every LL_JPEG_RENEW headers, which bounds that memory
+ * (a few KB an image) at a negligible cost. */
+#define LL_JPEG_RENEW 64
+
+/* Called with d->err.jb set (jpeg_create_decompress fails only when out of memory). */
+static void ll_jpeg_forget_tables(ll_jpeg_dec *d) {
+    struct jpeg_decompress_struct *c = &d->cinfo;
+    if (++d->headers >= LL_JPEG_RENEW) {
+        d->headers = 0;
+        jpeg_destroy_decompress(c); /* keeps c->err and c->client_data */
+        d->created = 0;
+        jpeg_create_decompress(c);
+        d->created = 1;
+        return; /* a new decompressor has no tables */
+    }
+    for (int i = 0; i < NUM_QUANT_TBLS; i++) c->quant_tbl_ptrs[i] = NULL;
+    for (int i = 0; i < NUM_HUFF_TBLS; i++) c->dc_huff_tbl_ptrs[i] = c->ac_huff_tbl_ptrs[i] = NULL;
+}
+
 /* Parses the headers of buf[0:size] (never reads outside it). On LL_OK, info is filled
  * and the decoder is ready for ll_jpeg_decode on the same buffer. */
 static int ll_jpeg_header(ll_jpeg_dec *d, const unsigned char *buf, size_t size, ll_jpeg_info *info) {
@@ -160,6 +192,7 @@ static int ll_jpeg_header(ll_jpeg_dec *d, const unsigned char *buf, size_t size,
         return LL_ERR_DECODE;
     }
     jpeg_abort_decompress(c);
+    ll_jpeg_forget_tables(d);
     d->src = buf;
     d->src_size = size;
     jpeg_mem_src(c, buf, (unsigned long)size);

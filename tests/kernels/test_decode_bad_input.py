@@ -396,3 +396,49 @@ def test_opencv_formats_decode_without_a_full_size_copy(tmp_path, ext, mode, rgb
     assert same == "True"
     limit = 0.5 if ext == ".tiff" else 0.3   # libtiff maps the file itself: an uncompressed TIFF is 1/3 of it
     assert float(ratio) < limit, f"{ext} {mode}: {float(ratio):.2f} colour images beyond the output"
+
+
+def _without_segments(data: bytes, marker: int) -> bytes:
+    """data with every segment of the given marker before the first scan removed."""
+    out, i = bytearray(data[:2]), 2
+    while i < len(data) - 1:
+        m, length = data[i + 1], int.from_bytes(data[i + 2:i + 4], "big")
+        if m == 0xDA:
+            return bytes(out + data[i:])
+        if m != marker:
+            out += data[i:i + 2 + length]
+        i += 2 + length
+    raise AssertionError("no scan")
+
+
+def _reason(err) -> str | None:
+    """An item's error without the item's index."""
+    return None if err is None else str(err).split(": ", 1)[-1]
+
+
+@pytest.mark.parametrize("progressive", [False, True], ids=["baseline", "progressive"])
+def test_a_file_without_its_tables_decodes_as_on_a_fresh_decoder(progressive):
+    """NOTE [ Tables end with their image ] (ll_jpeg.h): libjpeg keeps a decompressor's tables
+    from one image to the next, so a file that lacks one used to borrow the table of the file
+    the same thread decoded before it. Now it decodes as on a fresh decoder, whatever came
+    before: without its Huffman tables, with libjpeg's standard ones; without its quantization
+    table, not at all."""
+    good = encode_jpeg(make_photo(64, 48, seed=1), 90, "420", progressive)
+    other = encode_jpeg(make_photo(64, 48, seed=2), 40, "444", True)
+    no_dqt = _without_segments(good, 0xDB)
+    no_dht = _without_segments(good, 0xC4)
+    with pytest.raises(DecodeError, match=r"Quantization table 0x00 was not defined"):
+        ll.decode(no_dqt)
+    for bad in (no_dqt, no_dht):
+        alone = decode_batch([bad], num_threads=1, strict=False, on_error="return")
+        for before in (other, good):
+            after = decode_batch([before] * 3 + [bad], num_threads=1, strict=False, on_error="return")
+            assert after.status[3] == alone.status[0]
+            assert _reason(after.errors.get(3)) == _reason(alone.errors.get(0))
+            if alone.images[0] is not None:
+                np.testing.assert_array_equal(after.images[3], alone.images[0])
+    # More files than one decompressor lives for (it is renewed every 64 headers): the same.
+    many = decode_batch([good, other] * 70 + [no_dht], num_threads=1, strict=False, on_error="return")
+    alone = decode_batch([no_dht], num_threads=1, strict=False, on_error="return")
+    assert many.status[-1] == alone.status[0]
+    np.testing.assert_array_equal(many.images[0], decode_batch([good], num_threads=1).images[0])
