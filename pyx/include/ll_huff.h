@@ -442,18 +442,41 @@ __attribute__((target("bmi2"))) static boolean ll_huff_decode_mcu_bmi2(j_decompr
 }
 #endif
 
-/* The copy of the decoder this CPU runs (NOTE [ Shift by the entry ]); chosen once. */
-static ll_decode_mcu_fn ll_huff_decoder(void) {
-    static ll_decode_mcu_fn fn = NULL; /* racing first calls store the same value */
-    if (fn == NULL) {
-        ll_decode_mcu_fn f = ll_huff_decode_mcu;
+/* Whether this CPU has BMI1, BMI2 and POPCNT (the BMI2 copies' targets); found once. */
+static int ll_has_bmi2(void) {
+    static int has = -1; /* racing first calls store the same value */
+    if (has < 0) {
+        int h = 0;
 #if defined(__GNUC__) && defined(__x86_64__)
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("bmi2")) f = ll_huff_decode_mcu_bmi2;
+        h = __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt");
 #endif
-        fn = f;
+        has = h;
     }
-    return fn;
+    return has;
+}
+
+/* The copy of the decoder this CPU runs (NOTE [ Shift by the entry ]). */
+static ll_decode_mcu_fn ll_huff_decoder(void) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (ll_has_bmi2()) return ll_huff_decode_mcu_bmi2;
+#endif
+    return ll_huff_decode_mcu;
+}
+
+/* A scan's start: its MCU's blocks, DC predictions, restart count and end-of-band run reset,
+ * and the bit reader at the scan's first byte (libjpeg's source, right after the SOS). */
+static void ll_huff_start_scan(struct jpeg_decompress_struct *c, ll_huff *h) {
+    h->nblocks = c->blocks_in_MCU;
+    memset(h->last_dc, 0, sizeof h->last_dc);
+    h->eobrun = 0;
+    h->restart_interval = c->restart_interval;
+    h->to_go = c->restart_interval;
+    h->next_rst = 0;
+    h->br.p = c->src->next_input_byte;
+    h->br.end = c->src->next_input_byte + c->src->bytes_in_buffer;
+    h->br.buf = 0;
+    h->br.cnt = h->br.pad = h->br.marker = 0;
 }
 
 /* Puts ll_huff_decode_mcu in place of libjpeg's decoder for this image, right after
@@ -481,15 +504,7 @@ static int ll_huff_install(struct jpeg_decompress_struct *c, ll_huff *h, jmp_buf
         h->dc_needed[b] = k->component_needed ? 1 : 0;
         h->ac_needed[b] = k->component_needed && LL_DCT_SCALED(k) > 1;
     }
-    h->nblocks = c->blocks_in_MCU;
-    memset(h->last_dc, 0, sizeof h->last_dc);
-    h->restart_interval = c->restart_interval;
-    h->to_go = c->restart_interval;
-    h->next_rst = 0;
-    h->br.p = c->src->next_input_byte;
-    h->br.end = c->src->next_input_byte + c->src->bytes_in_buffer;
-    h->br.buf = 0;
-    h->br.cnt = h->br.pad = h->br.marker = 0;
+    ll_huff_start_scan(c, h);
     h->jb = jb;
     h->bailed = 0;
     c->client_data = h;

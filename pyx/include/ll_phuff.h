@@ -360,19 +360,12 @@ __attribute__((target("bmi,bmi2,popcnt"))) static boolean ll_phuff_ac_refine_bmi
 }
 #endif
 
-/* The copy of the refinement decoder this CPU runs; chosen once. */
+/* The copy of the refinement decoder this CPU runs. */
 static ll_decode_mcu_fn ll_phuff_refiner(void) {
-    static ll_decode_mcu_fn fn = NULL; /* racing first calls store the same value */
-    if (fn == NULL) {
-        ll_decode_mcu_fn f = ll_phuff_ac_refine;
 #if defined(__GNUC__) && defined(__x86_64__)
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("bmi2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt"))
-            f = ll_phuff_ac_refine_bmi2;
+    if (ll_has_bmi2()) return ll_phuff_ac_refine_bmi2;
 #endif
-        fn = f;
-    }
-    return fn;
+    return ll_phuff_ac_refine;
 }
 
 /* After libjpeg's start_pass of a scan: our decoder for it, when the scan is one it takes. */
@@ -406,16 +399,7 @@ static void ll_phuff_setup(j_decompress_ptr c) {
     }
     const unsigned long n = (unsigned long)c->MCUs_per_row * (unsigned long)c->MCU_rows_in_scan;
     if (n == 0) return;
-    h->nblocks = c->blocks_in_MCU;
-    memset(h->last_dc, 0, sizeof h->last_dc);
-    h->eobrun = 0;
-    h->restart_interval = c->restart_interval;
-    h->to_go = c->restart_interval;
-    h->next_rst = 0;
-    h->br.p = c->src->next_input_byte;
-    h->br.end = c->src->next_input_byte + c->src->bytes_in_buffer;
-    h->br.buf = 0;
-    h->br.cnt = h->br.pad = h->br.marker = 0;
+    ll_huff_start_scan(c, h);
     h->mcus_left = n;
     e->decode_mcu = dc ? (c->Ah == 0 ? ll_phuff_dc_first : ll_phuff_dc_refine)
                        : (c->Ah == 0 ? ll_phuff_ac_first : ll_phuff_refiner());

@@ -11,17 +11,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import warnings
 
 import cv2
 import numpy as np
 import pytest
 
 from benchmarks._synth import photo_like
-from loaderlib import jpeg_info
 from loaderlib._ext import _jpeg
-from loaderlib.decoding import decode, decode_batch
+from loaderlib.decoding import decode
 from loaderlib.errors import DecodeError, DecodeWarning
+from tests.kernels._huffman_checks import (
+    assert_batch_equal_on_one_and_two_threads,
+    assert_valid_file_decodes_as_libjpeg_and_opencv,
+    both,
+    noise,
+    outcome,
+)
 
 SAMPLING = {
     "444": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
@@ -42,11 +47,6 @@ def _encode(img: np.ndarray, quality: int = 90, sampling: str = "420", rst: int 
     return buf.tobytes()
 
 
-def _noise(w: int, h: int, seed: int) -> np.ndarray:
-    """Noise: large coefficients, long codes, stuffed 0xFF bytes."""
-    return np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
-
-
 def _corpus() -> list[tuple[str, bytes]]:
     out = []
     for k, (w, h) in enumerate([(1, 1), (8, 8), (17, 13), (97, 61), (333, 251), (640, 480)]):
@@ -56,7 +56,7 @@ def _corpus() -> list[tuple[str, bytes]]:
         out.append((f"{w}x{h}-gray", _encode(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY), 90)))
         out.append((f"{w}x{h}-rst", _encode(img, 85, "420", rst=2)))
         out.append((f"{w}x{h}-optimized", _encode(img, 95, "422", optimize=True)))
-        out.append((f"{w}x{h}-q100-noise", _encode(_noise(w, h, k), 100, "444")))
+        out.append((f"{w}x{h}-q100-noise", _encode(noise(w, h, k), 100, "444")))
         out.append((f"{w}x{h}-q5", _encode(img, 5, "420", rst=1)))
     return out
 
@@ -64,50 +64,13 @@ def _corpus() -> list[tuple[str, bytes]]:
 CORPUS = _corpus()
 
 
-@pytest.fixture
-def decoders():
-    """Switches this process's decodes between the two Huffman decoders; restores the default."""
-    yield lambda ours: _jpeg.set_huffman_decoder(ours)
-    _jpeg.set_huffman_decoder(None)
-
-
-def _variants(data: bytes) -> list[tuple[str, dict]]:
-    info = jpeg_info(data)
-    w, h = info.width, info.height
-    out = [("full", {}), ("gray", {"mode": "GRAY"}), ("half", {"scale": 0.5}), ("eighth", {"scale": 0.125})]
-    if w > 20 and h > 20:
-        out.append(("crop", {"crop": (w // 3, h // 4, w // 2, h // 2)}))
-        out.append(("crop-bottom", {"crop": (1, h - 9, w - 3, 9)}))
-    return out
-
-
 @pytest.mark.parametrize("name,data", CORPUS, ids=[n for n, _ in CORPUS])
 def test_valid_files_decode_as_libjpeg_and_opencv(name, data, decoders):
-    ref = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION),
-                       cv2.COLOR_BGR2RGB)
-    for label, kw in _variants(data):
-        decoders(False)
-        theirs = decode(data, **kw)
-        decoders(True)
-        _, installed, bailed = _jpeg.huffman_decoder()
-        ours = decode(data, **kw)
-        _, installed2, bailed2 = _jpeg.huffman_decoder()
-        assert (installed2 - installed, bailed2 - bailed) == (1, 0), f"{name} {label}: our decoder did not finish it"
-        np.testing.assert_array_equal(ours, theirs, err_msg=f"{name} {label}")
-        if label == "full":
-            np.testing.assert_array_equal(ours, ref, err_msg=f"{name}: differs from OpenCV")
+    assert_valid_file_decodes_as_libjpeg_and_opencv(name, data, decoders)
 
 
 def test_batch_of_every_kind_equal_on_one_and_two_threads(decoders):
-    datas = [d for _, d in CORPUS]
-    decoders(False)
-    theirs = decode_batch(datas, _single=True, num_threads=1)
-    decoders(True)
-    one = decode_batch(datas, num_threads=1)
-    two = decode_batch(datas, num_threads=2)
-    for (name, _), a, b, c in zip(CORPUS, theirs.images, one.images, two.images):
-        np.testing.assert_array_equal(b, a, err_msg=name)
-        np.testing.assert_array_equal(c, a, err_msg=name)
+    assert_batch_equal_on_one_and_two_threads(CORPUS, decoders)
 
 
 # --------------------------------------------------------------------------- damaged data
@@ -134,7 +97,7 @@ def _damaged() -> list[tuple[str, bytes]]:
     img = photo_like(160, 120, seed=3)
     cases = []
     for kind, data in (("plain", _encode(img, 90, "420")), ("rst", _encode(img, 90, "420", rst=3)),
-                       ("noise", _encode(_noise(64, 48, 1), 100, "444", rst=1))):
+                       ("noise", _encode(noise(64, 48, 1), 100, "444", rst=1))):
         s = _scan_start(data)
         n = len(data) - s
         for frac in (0.0, 0.1, 0.5, 0.9, 0.999):
@@ -168,26 +131,16 @@ def _damaged() -> list[tuple[str, bytes]]:
 DAMAGED = _damaged()
 
 
-def _outcome(data: bytes, **kw):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            img = decode(data, **kw)
-        except DecodeError as e:
-            return ("error", str(e))
-    return ("ok", img.tobytes(), [str(w.message) for w in caught if issubclass(w.category, DecodeWarning)])
-
-
 @pytest.mark.parametrize("name,data", DAMAGED, ids=[n for n, _ in DAMAGED])
-def test_damaged_files_give_libjpegs_outcome(name, data, decoders):
+def test_damaged_files_give_libjpegsoutcome(name, data, decoders):
     for kw in ({"strict": False}, {}, {"strict": True}, {"strict": False, "crop": (40, 50, 64, 48)},
                {"strict": False, "mode": "GRAY", "scale": 0.5}):
         if "crop" in kw and not name.startswith(("plain", "rst")):
             continue
         decoders(False)
-        theirs = _outcome(data, **kw)
+        theirs = outcome(data, **kw)
         decoders(True)
-        ours = _outcome(data, **kw)
+        ours = outcome(data, **kw)
         assert ours == theirs, f"{name} {kw}: {ours[0]} {ours[-1]} vs libjpeg's {theirs[0]} {theirs[-1]}"
 
 
@@ -217,16 +170,11 @@ def test_a_missing_or_damaged_eoi_decodes_the_complete_image_with_either_decoder
     finished_alone = 0
     for name, data, intact in _eoi_cases():
         for kw in ({}, {"strict": True}, {"strict": False, "scale": 0.5}):
-            decoders(False)
-            theirs = _outcome(data, **kw)
-            decoders(True)
-            _, i0, b0 = _jpeg.huffman_decoder()
-            ours = _outcome(data, **kw)
-            _, i1, b1 = _jpeg.huffman_decoder()
+            ours, theirs, finished, _ = both(decoders, data, **kw)
             assert ours == theirs, f"{name} {kw}: {ours[0]} {ours[-1]} vs libjpeg's {theirs[0]} {theirs[-1]}"
             assert ours[0] == "ok" and ours[2] == [], f"{name} {kw}: {ours[-1]}"
             assert ours[1] == decode(intact, **kw).tobytes(), f"{name} {kw}"
-            finished_alone += kw == {} and i1 > i0 and b1 == b0
+            finished_alone += kw == {} and finished
     assert finished_alone >= 10, finished_alone
 
 
@@ -248,7 +196,7 @@ def test_damage_is_handed_back_and_valid_data_is_not(decoders):
     handed_back, finished = set(), set()
     for name, data in DAMAGED:
         _, i0, b0 = _jpeg.huffman_decoder()
-        _outcome(data, strict=False)
+        outcome(data, strict=False)
         _, i1, b1 = _jpeg.huffman_decoder()
         if b1 > b0:
             handed_back.add(name.split("-", 1)[1])

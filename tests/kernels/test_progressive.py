@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import warnings
 
 import cv2
 import numpy as np
@@ -24,8 +23,15 @@ import pytest
 from benchmarks._synth import photo_like
 from loaderlib import jpeg_info
 from loaderlib._ext import _jpeg
-from loaderlib.decoding import decode, decode_batch
+from loaderlib.decoding import decode
 from loaderlib.errors import DecodeError, DecodeWarning
+from tests.kernels._huffman_checks import (
+    assert_batch_equal_on_one_and_two_threads,
+    assert_valid_file_decodes_as_libjpeg_and_opencv,
+    both,
+    noise,
+    outcome,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = ("simple", "spectral", "deep", "dc-split")
@@ -65,16 +71,6 @@ def writer(tmp_path_factory):
     return write
 
 
-@pytest.fixture
-def decoders():
-    yield lambda ours: _jpeg.set_huffman_decoder(ours)
-    _jpeg.set_huffman_decoder(None)
-
-
-def _noise(w: int, h: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
-
-
 def _opencv(img: np.ndarray, quality: int, rst: int = 0) -> bytes:
     ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_PROGRESSIVE, 1,
                                          cv2.IMWRITE_JPEG_RST_INTERVAL, rst])
@@ -88,13 +84,13 @@ def _corpus(write) -> list[tuple[str, bytes]]:
         img = photo_like(w, h, seed=k)
         gray = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
         out.append((f"{w}x{h}-opencv", _opencv(img, 90)))
-        out.append((f"{w}x{h}-opencv-noise-q100", _opencv(_noise(w, h, k), 100)))
+        out.append((f"{w}x{h}-opencv-noise-q100", _opencv(noise(w, h, k), 100)))
         for script in SCRIPTS:
             out.append((f"{w}x{h}-{script}-420", write(img, script, 90, 0, "420")))
             out.append((f"{w}x{h}-{script}-gray", write(gray, script, 85, 0)))
         out.append((f"{w}x{h}-deep-444-rst2", write(img, "deep", 95, 2, "444")))
         out.append((f"{w}x{h}-spectral-422-rst1", write(img, "spectral", 75, 1, "422")))
-        out.append((f"{w}x{h}-dc-split-noise-rst3", write(_noise(w, h, k), "dc-split", 100, 3, "420")))
+        out.append((f"{w}x{h}-dc-split-noise-rst3", write(noise(w, h, k), "dc-split", 100, 3, "420")))
         out.append((f"{w}x{h}-simple-q5", write(img, "simple", 5, 0, "420")))
     return out
 
@@ -104,44 +100,14 @@ def corpus(writer):
     return _corpus(writer)
 
 
-def _variants(data: bytes) -> list[tuple[str, dict]]:
-    info = jpeg_info(data)
-    w, h = info.width, info.height
-    out = [("full", {}), ("gray", {"mode": "GRAY"}), ("half", {"scale": 0.5}), ("eighth", {"scale": 0.125})]
-    if w > 20 and h > 20:
-        out.append(("crop", {"crop": (w // 3, h // 4, w // 2, h // 2)}))
-        out.append(("crop-bottom", {"crop": (1, h - 9, w - 3, 9)}))
-    return out
-
-
 def test_valid_progressive_files_decode_as_libjpeg_and_opencv(corpus, decoders):
     assert len(corpus) == 70
     for name, data in corpus:
-        ref = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION),
-                           cv2.COLOR_BGR2RGB)
-        for label, kw in _variants(data):
-            decoders(False)
-            theirs = decode(data, **kw)
-            decoders(True)
-            _, installed, bailed = _jpeg.huffman_decoder()
-            ours = decode(data, **kw)
-            _, installed2, bailed2 = _jpeg.huffman_decoder()
-            assert (installed2 - installed, bailed2 - bailed) == (1, 0), f"{name} {label}: our decoder did not finish it"
-            np.testing.assert_array_equal(ours, theirs, err_msg=f"{name} {label}")
-            if label == "full":
-                np.testing.assert_array_equal(ours, ref, err_msg=f"{name}: differs from OpenCV")
+        assert_valid_file_decodes_as_libjpeg_and_opencv(name, data, decoders)
 
 
 def test_batch_of_progressive_files_equal_on_one_and_two_threads(corpus, decoders):
-    datas = [d for _, d in corpus]
-    decoders(False)
-    theirs = decode_batch(datas, _single=True, num_threads=1)
-    decoders(True)
-    one = decode_batch(datas, num_threads=1)
-    two = decode_batch(datas, num_threads=2)
-    for (name, _), a, b, c in zip(corpus, theirs.images, one.images, two.images):
-        np.testing.assert_array_equal(b, a, err_msg=name)
-        np.testing.assert_array_equal(c, a, err_msg=name)
+    assert_batch_equal_on_one_and_two_threads(corpus, decoders)
 
 
 # --------------------------------------------------------------------------- damaged data
@@ -171,7 +137,7 @@ def _damaged(write) -> list[tuple[str, bytes]]:
     img = photo_like(160, 120, seed=5)
     cases = []
     for kind, data in (("simple", _opencv(img, 90)), ("rst", write(img, "deep", 90, 3, "420")),
-                       ("noise", write(_noise(64, 48, 2), "spectral", 100, 1, "444"))):
+                       ("noise", write(noise(64, 48, 2), "spectral", 100, 1, "444"))):
         segs = _segments(data)
         s, n = segs[0][0], len(data) - segs[0][0]
         for frac in (0.05, 0.3, 0.6, 0.9, 0.999):
@@ -214,26 +180,13 @@ def damaged(writer):
     return _damaged(writer)
 
 
-def _outcome(data: bytes, **kw):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            img = decode(data, **kw)
-        except DecodeError as e:
-            return ("error", str(e))
-    return ("ok", img.tobytes(), [str(w.message) for w in caught if issubclass(w.category, DecodeWarning)])
-
-
-def test_damaged_progressive_files_give_libjpegs_outcome(damaged, decoders):
+def test_damaged_progressive_files_give_libjpegsoutcome(damaged, decoders):
     for name, data in damaged:
         for kw in ({"strict": False}, {}, {"strict": True}, {"strict": False, "crop": (40, 50, 64, 48)},
                    {"strict": False, "mode": "GRAY", "scale": 0.5}):
             if "crop" in kw and name.startswith("noise"):
                 continue
-            decoders(False)
-            theirs = _outcome(data, **kw)
-            decoders(True)
-            ours = _outcome(data, **kw)
+            ours, theirs, _, _ = both(decoders, data, **kw)
             assert ours == theirs, f"{name} {kw}: {ours[0]} {ours[-1]} vs libjpeg's {theirs[0]} {theirs[-1]}"
 
 
@@ -242,7 +195,7 @@ def test_progressive_damage_is_handed_back_and_valid_data_is_not(damaged, decode
     handed_back, finished = set(), set()
     for name, data in damaged:
         _, i0, b0 = _jpeg.huffman_decoder()
-        _outcome(data, strict=False)
+        outcome(data, strict=False)
         _, i1, b1 = _jpeg.huffman_decoder()
         kind = name.split("-", 1)[1]
         if b1 > b0:
@@ -277,7 +230,7 @@ def test_environment_variable_selects_libjpegs_decoder_for_progressive_files():
         assert out == expect
 
 
-def test_mutated_progressive_files_give_libjpegs_outcome(decoders):
+def test_mutated_progressive_files_give_libjpegsoutcome(decoders):
     """Differential fuzzing, seeded: 1,200 progressive files with one to three random byte
     changes, insertions or deletions past their headers, decoded by both decoders (full, at
     half scale, cropped; strict and not). Every outcome must be libjpeg's. Both paths must run:
@@ -289,7 +242,7 @@ def test_mutated_progressive_files_give_libjpegs_outcome(decoders):
         img = photo_like(w, h, seed=k)
         for rst in (0, 2):
             seeds.append(_opencv(img, 90, rst))
-        seeds.append(_opencv(_noise(w, h, k), 100))
+        seeds.append(_opencv(noise(w, h, k), 100))
     finished = handed_back = 0
     for i in range(1200):
         d = bytearray(seeds[int(rng.integers(len(seeds)))])
@@ -305,14 +258,9 @@ def test_mutated_progressive_files_give_libjpegs_outcome(decoders):
                 d[p:p] = bytes(rng.integers(0, 256, int(rng.integers(1, 4)), dtype=np.uint8))
         data = bytes(d)
         kw = ({"strict": False}, {}, {"strict": False, "scale": 0.5}, {"strict": False, "crop": (5, 7, 30, 20)})[i % 4]
-        decoders(False)
-        theirs = _outcome(data, **kw)
-        decoders(True)
-        _, i0, b0 = _jpeg.huffman_decoder()
-        ours = _outcome(data, **kw)
-        _, i1, b1 = _jpeg.huffman_decoder()
-        finished += i1 > i0 and b1 == b0
-        handed_back += b1 > b0
+        ours, theirs, done, back = both(decoders, data, **kw)
+        finished += done
+        handed_back += back
         assert ours[0] == theirs[0] and ours[-1] == theirs[-1], f"mutation {i} {kw}: {ours[0]} vs {theirs[0]}"
         assert ours == theirs, f"mutation {i} {kw}: different pixels"
     assert finished > 100 and handed_back > 100, (finished, handed_back)
