@@ -33,7 +33,8 @@
  * symbol of more than one bit, which libjpeg warns of, and a coefficient past the scan's
  * band) stops the decode (ll_huff_bail) and the image is decoded again from its header by
  * libjpeg alone, so warnings, errors and damaged pixels stay exactly libjpeg's
- * (tests/kernels/test_huffman.py compares the two). */
+ * (tests/kernels/test_progressive.py compares the two on valid, damaged and randomly mutated
+ * files). */
 #ifndef LL_PHUFF_H
 #define LL_PHUFF_H
 
