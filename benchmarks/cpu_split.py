@@ -48,8 +48,10 @@ def child(root: str, variant: str, images: int, threads: int) -> None:
     loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_threads=threads, last_batch="discard")
     # Two whole epochs first, iterated as the measurement below iterates (a batch still held
     # when the next epoch starts). An arena slot can still be touched for the first time inside
-    # the measured window: its huge-page faults (clear_page_erms under ll_emit_row) are a fixed
-    # cost that shows in "other" as about 15% at --images 512, 5% at 2048, 2.5% at 4096.
+    # the measured window; its page faults (under ll_emit_row) are a fixed cost in "other". In
+    # huge pages they were 5-15% of the profile (clear_page_erms); slots are in small pages
+    # now (NOTE [ Slots in small pages ] in pyx/_arena.pyx) and no fault is among the top
+    # symbols at --images 2048.
     it, n = iter(loader), 0
     while n < 2 * len(loader):
         for x, _ in it:

@@ -30,6 +30,7 @@ from libc.stdint cimport uint8_t, uintptr_t
 from libc.stdlib cimport free
 from libc.string cimport memset
 import numpy as np
+import os
 
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void** memptr, size_t alignment, size_t size)
@@ -52,21 +53,43 @@ cdef extern from *:
     #else
     #define LL_MADV_HUGEPAGE (-1)
     #endif
+    #ifdef MADV_NOHUGEPAGE
+    #define LL_MADV_NOHUGEPAGE MADV_NOHUGEPAGE
+    #else
+    #define LL_MADV_NOHUGEPAGE (-1)
+    #endif
     """
     const int LL_MADV_HUGEPAGE
+    const int LL_MADV_NOHUGEPAGE
 
 # NOTE [ Large slots come from mmap ]: anonymous mappings are page aligned and zero by
 # definition, with pages faulted in by the first write, in parallel, by the kernel threads
 # that fill the batch. Zeroing a 38 MB slot up front instead cost ~30 ms per slot before
 # the first batch. Small buffers come from posix_memalign and are zeroed explicitly.
-# Slots are also offered to transparent huge pages (madvise): a 38 MB float batch then
-# takes ~20 page faults instead of ~9,400, and the kernels' writes miss the TLB less. Only
-# the whole 2 MB ranges inside a slot are: slots mapped side by side merge into one mapping,
-# and a huge page across the boundary of two would make writing one slot's last bytes
-# resident 2 MB that are mostly the next slot's (1.2 MB more per float slot, measured by a
-# profiling script reading /proc/self/smaps on the RN50 bench).
+#
+# NOTE [ Slots in small pages ]
+# Slots of 4 MB and more are kept out of transparent huge pages (MADV_NOHUGEPAGE), whatever
+# the system's THP policy. Huge pages would save faults (~20 instead of ~9,400 for a 38 MB
+# float batch) and TLB misses, but:
+#   - the TLB saving is within the noise: the kernels write a slot once per batch,
+#     sequentially (benchmarks/slot_pages.py, steady state: 1.213 against 1.201 CPU-ms per
+#     image, medians of 6 rounds);
+#   - a huge page has to be found first. With THP's usual defrag=madvise, a fault in an
+#     madvised range compacts memory until a free 2 MB block exists, and on a virtual
+#     machine that block is often memory the host has not backed yet (free memory is handed
+#     back to the host): on the benchmark machine the first write of fresh memory cost
+#     3.3 ms per MB in huge pages against 0.85 ms in small pages (a C loop over fresh
+#     mappings). The second slot is first written inside benchmarks/loader.py's measured
+#     window, which ran at 1,604 images/s in small pages against 1,524 in huge pages
+#     (benchmarks/slot_pages.py, 1.05x; system CPU 0.055 against 0.086 ms per image).
+# LOADERLIB_HUGE_PAGES=1 (read once, at import) offers slots to huge pages instead; then only
+# the whole 2 MB ranges inside a slot are advised: slots mapped side by side merge into one
+# mapping, and a huge page across the boundary of two would make writing one slot's last
+# bytes resident 2 MB that are mostly the next slot's (1.2 MB more per float slot, measured
+# by a profiling script reading /proc/self/smaps on the RN50 bench).
 cdef size_t _MMAP_MIN = 1 << 20
 cdef size_t _HUGE = 2 << 20
+cdef bint _HUGE_PAGES = os.environ.get("LOADERLIB_HUGE_PAGES", "") not in ("", "0")
 
 # Process-wide counters of AlignedBuffer allocations (arena steady-state checks use them).
 cdef long long _n_alloc = 0
@@ -137,11 +160,14 @@ cdef class AlignedBuffer:
             p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
             if p == MAP_FAILED:
                 raise MemoryError(f"cannot map {nbytes} bytes")
-            if LL_MADV_HUGEPAGE >= 0 and size >= (4 << 20):
+            # NOTE [ Slots in small pages ]; advice only: a failure changes nothing
+            if size >= (4 << 20) and _HUGE_PAGES and LL_MADV_HUGEPAGE >= 0:
                 lo = (<size_t>p + _HUGE - 1) & ~(_HUGE - 1)
                 hi = (<size_t>p + size) & ~(_HUGE - 1)
-                if hi > lo:   # advisory: failure changes nothing
+                if hi > lo:
                     madvise(<void*>lo, hi - lo, LL_MADV_HUGEPAGE)
+            elif size >= (4 << 20) and LL_MADV_NOHUGEPAGE >= 0:
+                madvise(p, size, LL_MADV_NOHUGEPAGE)
             self.ptr = p
             self.mapped = True
             self.mapped_size = size

@@ -1,5 +1,8 @@
 import gc
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -103,3 +106,33 @@ def test_torch_zero_copy():
     assert arena.stats["leased"] == 1   # the tensor keeps the slot
     del t
     assert arena.stats["leased"] == 0
+
+
+_PAGES_CHILD = """
+import numpy as np
+from loaderlib.arena import aligned_empty
+a = aligned_empty((12 << 20,), np.uint8)   # a 12 MB buffer: a mapping of its own
+a[...] = 1
+addr = a.ctypes.data
+flags = []
+with open("/proc/self/smaps") as f:
+    inside = False
+    for line in f:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr + (6 << 20) < hi      # the mapping holding the buffer's middle
+        elif inside and head == "VmFlags:":
+            flags = line.split()[1:]
+print(" ".join(flags))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/PID/smaps")
+@pytest.mark.parametrize("env, want, not_want", [("", "nh", "hg"), ("0", "nh", "hg"), ("1", "hg", "nh")])
+def test_large_slots_are_kept_out_of_huge_pages_unless_asked(env, want, not_want):
+    # NOTE [ Slots in small pages ]: the kernel's VmFlags show the advice (nh: MADV_NOHUGEPAGE,
+    # hg: MADV_HUGEPAGE) on the mapping that holds the buffer.
+    out = subprocess.run([sys.executable, "-c", _PAGES_CHILD], capture_output=True, text=True, check=True,
+                         env={**os.environ, "LOADERLIB_HUGE_PAGES": env}).stdout.split()
+    assert want in out and not_want not in out, out
