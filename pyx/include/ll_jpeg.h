@@ -330,9 +330,10 @@ static int ll_jpeg_decode_pass(ll_jpeg_dec *d, int mode, int denom, int x0, int 
     }
     jpeg_start_decompress(c);
     c->progress = NULL;
+    int ours = 0; /* our baseline decoder runs this image */
     if (huff) { /* NOTE [ Our Huffman decoder ] */
         if (d->huff == NULL) d->huff = (ll_huff *)calloc(1, sizeof(ll_huff));
-        if (d->huff != NULL) ll_huff_install(c, d->huff, &d->err.jb);
+        if (d->huff != NULL) ours = ll_huff_install(c, d->huff, &d->err.jb);
     }
 
     int full_w = (int)c->output_width, full_h = (int)c->output_height;
@@ -349,6 +350,7 @@ static int ll_jpeg_decode_pass(ll_jpeg_dec *d, int mode, int denom, int x0, int 
         xoff = (JDIMENSION)xs;
         xw = (JDIMENSION)(xe - xs);
         jpeg_crop_scanline(c, &xoff, &xw); /* moves xoff left to an iMCU boundary */
+        if (ours) ll_huff_keep_columns(c, d->huff, xoff, xw); /* NOTE [ Columns nobody reads ] */
     }
     int skip_cols = x0 - (int)xoff;
     if (wide != NULL) { /* NOTE [ Decoding in place ] */
