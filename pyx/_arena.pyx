@@ -161,13 +161,14 @@ cdef class AlignedBuffer:
             if p == MAP_FAILED:
                 raise MemoryError(f"cannot map {nbytes} bytes")
             # NOTE [ Slots in small pages ]; advice only: a failure changes nothing
-            if size >= (4 << 20) and _HUGE_PAGES and LL_MADV_HUGEPAGE >= 0:
-                lo = (<size_t>p + _HUGE - 1) & ~(_HUGE - 1)
-                hi = (<size_t>p + size) & ~(_HUGE - 1)
-                if hi > lo:
-                    madvise(<void*>lo, hi - lo, LL_MADV_HUGEPAGE)
-            elif size >= (4 << 20) and LL_MADV_NOHUGEPAGE >= 0:
-                madvise(p, size, LL_MADV_NOHUGEPAGE)
+            if size >= (4 << 20):
+                if _HUGE_PAGES and LL_MADV_HUGEPAGE >= 0:
+                    lo = (<size_t>p + _HUGE - 1) & ~(_HUGE - 1)
+                    hi = (<size_t>p + size) & ~(_HUGE - 1)
+                    if hi > lo:
+                        madvise(<void*>lo, hi - lo, LL_MADV_HUGEPAGE)
+                elif not _HUGE_PAGES and LL_MADV_NOHUGEPAGE >= 0:
+                    madvise(p, size, LL_MADV_NOHUGEPAGE)
             self.ptr = p
             self.mapped = True
             self.mapped_size = size
