@@ -42,16 +42,23 @@ def outcome(data: bytes, **kw):
     return ("ok", img.tobytes(), [str(w.message) for w in caught if issubclass(w.category, DecodeWarning)])
 
 
+def with_each_decoder(switch, fn, data: bytes, **kw):
+    """(ours, libjpeg's, installed, handed_back): ``fn(data, **kw)`` with libjpeg's decoder, then
+    with ours, and how many images ours took and handed back meanwhile."""
+    switch(False)
+    theirs = fn(data, **kw)
+    switch(True)
+    _, i0, b0 = _jpeg.huffman_decoder()
+    ours = fn(data, **kw)
+    _, i1, b1 = _jpeg.huffman_decoder()
+    return ours, theirs, i1 - i0, b1 - b0
+
+
 def both(switch, data: bytes, **kw):
     """(ours, libjpeg's, finished, handed_back): the outcome with each decoder, and whether
     ours finished the file or handed it back."""
-    switch(False)
-    theirs = outcome(data, **kw)
-    switch(True)
-    _, i0, b0 = _jpeg.huffman_decoder()
-    ours = outcome(data, **kw)
-    _, i1, b1 = _jpeg.huffman_decoder()
-    return ours, theirs, i1 > i0 and b1 == b0, b1 > b0
+    ours, theirs, installed, bailed = with_each_decoder(switch, outcome, data, **kw)
+    return ours, theirs, installed > 0 and bailed == 0, bailed > 0
 
 
 def assert_valid_file_decodes_as_libjpeg_and_opencv(name: str, data: bytes, switch) -> None:
@@ -60,13 +67,8 @@ def assert_valid_file_decodes_as_libjpeg_and_opencv(name: str, data: bytes, swit
     ref = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION),
                        cv2.COLOR_BGR2RGB)
     for label, kw in variants(data):
-        switch(False)
-        theirs = decode(data, **kw)
-        switch(True)
-        _, installed, bailed = _jpeg.huffman_decoder()
-        ours = decode(data, **kw)
-        _, installed2, bailed2 = _jpeg.huffman_decoder()
-        assert (installed2 - installed, bailed2 - bailed) == (1, 0), f"{name} {label}: our decoder did not finish it"
+        ours, theirs, installed, bailed = with_each_decoder(switch, decode, data, **kw)
+        assert (installed, bailed) == (1, 0), f"{name} {label}: our decoder did not finish it"
         np.testing.assert_array_equal(ours, theirs, err_msg=f"{name} {label}")
         if label == "full":
             np.testing.assert_array_equal(ours, ref, err_msg=f"{name}: differs from OpenCV")
