@@ -346,7 +346,13 @@ class WorkerPool:
         return tree_map(place, batch)
 
     def _reclaim(self, w: _Worker) -> None:
-        """Free the slots of a worker that can no longer write (dead, or killed and reaped)."""
+        """Free the slots of a worker that can no longer write (dead, or killed and reaped).
+
+        Tasks are kept by worker id, so a worker that :meth:`revive` has replaced has nothing
+        left to free (its tasks went when it was replaced): a run that still waited on it and
+        finds it dead only later must not take the tasks of the fresh worker with that id."""
+        if self.workers[w.wid] is not w:
+            return
         for tid in [t for t, (_lease, wid) in self.inflight.items() if wid == w.wid]:
             del self.inflight[tid]
             self.abandoned.discard(tid)

@@ -106,6 +106,35 @@ def test_next_epoch_after_a_timeout_while_the_failed_iterator_is_kept(tmp_path):
     loader.close()
 
 
+def test_a_stale_wait_on_a_replaced_worker_leaves_the_fresh_one_alone():
+    # The race behind the test above, made deterministic: the timed-out run's driver, still
+    # waiting on the killed worker, finds it dead only after the next epoch has started a
+    # fresh worker with the same id and sent it a batch. That batch stays the fresh worker's
+    # (it was lost: "worker 0 was replaced; cannot load batch 0 of epoch 1").
+    from loaderlib._engines.messages import Done
+    from loaderlib._engines.processes import _decode
+
+    x, y = _xy(8)
+    loader = DataLoader(ArrayDataset(x, y).transform(_double), batch_size=4, num_workers=2, timeout=60)
+    assert len(list(loader)) == 2   # the pool is up
+    pool = loader._workers
+    old = pool.workers[0]
+    pool.kill(0)
+    pool.revive()
+    tid, wid = pool.submit(np.arange(4), wid=0)
+    assert wid == 0 and pool.workers[0] is not old
+    with pytest.raises(ll.WorkerError, match="worker 0 .*while loading batch 2 of epoch 0"):
+        raise pool._fail(old, "batch 2 of epoch 0")   # what the stale driver does
+    assert tid in pool.inflight
+    msg, lease = pool.recv(0, tid, 60, "batch 0 of epoch 1")
+    assert isinstance(msg, Done)
+    a, b = _decode(msg.structure, np.frombuffer(lease, np.uint8))
+    np.testing.assert_array_equal(a, x[:4] * 2)
+    np.testing.assert_array_equal(b, y[:4])
+    del a, b, lease
+    loader.close()
+
+
 def test_killed_worker_is_replaced_next_epoch():
     x, y = _xy(80)
     loader = DataLoader(ArrayDataset(x, y).transform(_double), batch_size=4, num_workers=2, timeout=60)
