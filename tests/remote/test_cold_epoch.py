@@ -260,22 +260,35 @@ def test_no_ranged_read_once_the_shards_are_cached(ds_root, proxy, tmp_path):
 
 
 def test_a_download_that_fails_midway_names_its_shard(ds_root, proxy, tmp_path):
-    # Shard 1's body is cut off every time: its samples read by range while the download is
-    # under way are fine; once the download has failed, a read of the shard downloads it
-    # itself, and that failure is the run's error, naming the shard (in the first epoch, or
-    # in the second when every sample of shard 1 came by range before the download failed).
+    # Shard 1's body is cut off every time. Its samples read by range while the download is
+    # under way are fine, so the first epoch may end without an error (or fail naming the
+    # shard, when a read came after the download failed). Once the background download has
+    # failed, no sample of shard 1 is read by range: a read downloads the shard itself, and
+    # that failure is the run's error, naming the shard. The second epoch starts only after
+    # the background downloads have ended (a second epoch started at once could be read by
+    # range again while the first epoch's download was still retrying).
     ds = ll.RecordFileDataset(_url(proxy.url, ds_root), cache_dir=str(tmp_path / "c"), storage_options=RANGED)
     try:
         proxy.reset()
         # The body stops after 1,000 bytes, and the store's resumption from there fails too.
         proxy.add("truncate", match="part-00001.llrec", method="GET", ranged=False, keep=1000, times=1 << 20)
         proxy.add("status", match="part-00001.llrec", method="GET", range="bytes=1000-", status=500, times=1 << 20)
-        loader = ll.DataLoader(ds.transform_first(CHAIN), batch_size=4, shuffle=True, seed=5, num_threads=2,
-                               timeout=60)
+
+        def loader():
+            return ll.DataLoader(ds.transform_first(CHAIN), batch_size=4, shuffle=True, seed=5, num_threads=2,
+                                 timeout=60)
+
+        first = loader()
+        try:
+            _batches(first)
+        except ll.RemoteReadError as e:
+            assert "part-00001.llrec" in str(e)
+        first.close()
+        assert ds._remote.cache.wait_idle(BOUND_S)
+        second = loader()
         with pytest.raises(ll.RemoteReadError, match=r"part-00001\.llrec"):
-            for _ in range(2):
-                _batches(loader)
-        loader.close()
+            _batches(second)
+        second.close()
     finally:
         ds.close()
     assert not [t for t in threading.enumerate() if t.name.startswith(("ll-shard-cache", "loaderlib-remote-read"))]
