@@ -331,14 +331,18 @@ def test_no_batch_is_gated_while_the_read_ahead_reads_ahead(folder, monkeypatch)
     """NOTE [ Batches in memory ]: a batch queued early attaches positions whose reads were not
     queued yet, which the kernel threads then read themselves; so while the read-ahead reads
     ahead (a fixed io_depth always does) no batch waits behind a gate, and the output is the
-    uncapped loader's."""
+    uncapped loader's. A warm next epoch's first batches may still follow the slots of the
+    epoch before (NOTE [ Warm slots ]; whether they do depends on timing): their reads were
+    queued when the epoch before had issued its last ones, so only gates of a run's own slots
+    count here."""
     from loaderlib._engines.native import NativeProducer
 
     gated: list[int] = []
     submit_after = NativeProducer.submit_after
 
     def counting(self, task, lease):
-        gated.append(task.number)
+        if any(ref() is lease for ref in self._handed):   # a slot of this run's own batches
+            gated.append(task.number)
         return submit_after(self, task, lease)
 
     monkeypatch.setattr(NativeProducer, "submit_after", counting)
