@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pathlib
 
+import ipykernel  # noqa: F401  (the notebooks' kernel; requirements-test.txt, as the others)
+import nbclient
+import nbconvert
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
@@ -58,7 +58,6 @@ def _check_static_page(path, nb):
     want = hooks.dashboards_expected(path.read_text(encoding="utf-8"))
     if not want:
         return
-    nbconvert = pytest.importorskip("nbconvert")
     page, _ = nbconvert.HTMLExporter().from_notebook_node(hooks.keep_static_views(nb))
     assert page.count(f'class="{hooks.FRAME_MARK}"') + page.count(f"class='{hooks.FRAME_MARK}'") == want
     assert 'src="data:image/png;base64,' in page or "src='data:image/png;base64," in page
