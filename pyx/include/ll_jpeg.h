@@ -328,6 +328,20 @@ static int ll_jpeg_decode_pass(ll_jpeg_dec *d, int mode, int denom, int x0, int 
         if (d->huff == NULL) d->huff = (ll_huff *)calloc(1, sizeof(ll_huff));
         if (d->huff != NULL) ll_phuff_hook(c, d->huff, &d->err.jb);
     }
+    /* NOTE [ Merged upsampling leaves cconvert stale ]
+     * With do_fancy_upsampling off (fast=True) on a 4:2:0 or 4:2:2 image, libjpeg-turbo's
+     * merged upsampler converts colours itself and jpeg_start_decompress leaves
+     * cinfo->cconvert as it was: NULL on a fresh decompressor, but on ours, reused from image
+     * to image, a pointer into the previous image's pool, which jpeg_abort_decompress has
+     * freed. jpeg_skip_scanlines (read_and_discard_scanlines, in 2.1 and 3.0) tests cconvert
+     * for NULL only, then reads its color_convert and writes a no-op there until the skip is
+     * done: a read and two writes of freed memory, which by then may hold this image's
+     * tables. That crashed a test run once in many (SIGSEGV in a kernel thread); valgrind
+     * shows it on every fast crop. Cleared here, cconvert is set again by the converter that
+     * uses it and stays NULL under the merged upsampler. tests/kernels/decoder_reuse.c
+     * decodes through an allocator that makes freed memory inaccessible. */
+    c->cconvert = NULL;
+    c->cquantize = NULL; /* tested the same way; never set here (no colour quantisation) */
     jpeg_start_decompress(c);
     c->progress = NULL;
     int ours = 0; /* our baseline decoder runs this image */

@@ -4,6 +4,7 @@ raises DecodeError naming the item; the process never crashes."""
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import cv2
@@ -442,3 +443,51 @@ def test_a_file_without_its_tables_decodes_as_on_a_fresh_decoder(progressive):
     alone = decode_batch([no_dht], num_threads=1, strict=False, on_error="return")
     assert many.status[-1] == alone.status[0]
     np.testing.assert_array_equal(many.images[0], decode_batch([good], num_threads=1).images[0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the program's allocator uses mmap and mprotect")
+def test_a_reused_decoder_never_touches_the_memory_of_the_image_before(tmp_path):
+    """NOTE [ Merged upsampling leaves cconvert stale ] (ll_jpeg.h): one decompressor decodes
+    each image with fancy upsampling, then fast (the merged upsampler on 4:2:0 and 4:2:2), with
+    crops that start below the top (jpeg_skip_scanlines). tests/kernels/decoder_reuse.c runs
+    the decodes through an allocator that makes freed memory inaccessible, so a read of the
+    image before's freed state is a SIGSEGV on every run (it was: libjpeg read and wrote the
+    previous image's colour converter)."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    assert shutil.which(cc), f"no C compiler {cc!r} (the extensions need one too)"
+    flags = ["-ljpeg"]
+    if shutil.which("pkg-config"):
+        got = subprocess.run(["pkg-config", "--cflags", "--libs", "libjpeg"], capture_output=True, text=True,
+                             check=False)
+        if got.returncode == 0:
+            flags = got.stdout.split()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    exe = str(tmp_path / "decoder_reuse")
+    built = subprocess.run([cc, "-O1", "-g", "-I", os.path.join(root, "pyx", "include"),
+                            os.path.join(root, "tests", "kernels", "decoder_reuse.c"), "-o", exe, *flags, "-lm"],
+                           capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    img = make_photo(120, 168, seed=4)
+    files = []
+    for name, params in [
+        ("444", [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444]),
+        ("420", [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420]),
+        ("422", [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422]),
+        ("420p", [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+                  cv2.IMWRITE_JPEG_PROGRESSIVE, 1]),
+    ]:
+        ok, enc = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90, *params])
+        assert ok
+        path = tmp_path / f"{name}.jpg"
+        path.write_bytes(enc.tobytes())
+        files.append(str(path))
+    gray = tmp_path / "gray.jpg"
+    gray.write_bytes(cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_BGR2GRAY))[1].tobytes())
+    files.insert(2, str(gray))
+    res = subprocess.run([exe, *files], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, f"exit {res.returncode}: {res.stdout}{res.stderr}"
+    assert res.stdout.split() == ["decodes", str(20 * len(files)), "bad", "items", "0"], res.stdout
