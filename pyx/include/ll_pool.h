@@ -116,8 +116,18 @@ static void ll_cond_broadcast(ll_cond *c) { pthread_cond_broadcast(c); }
 static int ll_thread_start(ll_thread *t, void *(*fn)(void *), void *arg) { return pthread_create(t, NULL, fn, arg); }
 static void ll_thread_join(ll_thread t) { pthread_join(t, NULL); }
 static ll_pid ll_getpid(void) { return getpid(); }
-/* New threads inherit the creator's mask: block everything around their creation. */
-#define LL_BLOCK_SIGNALS(old) do { sigset_t all_; sigfillset(&all_); pthread_sigmask(SIG_SETMASK, &all_, &(old)); } while (0)
+/* New threads inherit the creator's mask: block everything around their creation, so that
+ * signals sent to the process (Ctrl-C, SIGTERM) reach the Python threads, except the faults a
+ * thread raises itself.
+ * NOTE [ Fault signals reach the handler ]
+ * A SIGSEGV, SIGBUS, SIGFPE or SIGILL that a thread raises while it has that signal blocked
+ * is not delivered: the kernel kills the process at once, and no handler runs. With them
+ * blocked, a crash in a kernel thread printed nothing but the shell's "Segmentation fault",
+ * and Python's faulthandler (which pytest enables) never said where. Left unblocked, the
+ * process's handler runs in the faulting thread; tests/kernels/fault_signal.c checks that. */
+#define LL_BLOCK_SIGNALS(old) do { sigset_t all_; sigfillset(&all_); sigdelset(&all_, SIGSEGV); \
+    sigdelset(&all_, SIGBUS); sigdelset(&all_, SIGFPE); sigdelset(&all_, SIGILL); \
+    pthread_sigmask(SIG_SETMASK, &all_, &(old)); } while (0)
 #define LL_RESTORE_SIGNALS(old) pthread_sigmask(SIG_SETMASK, &(old), NULL)
 #endif
 

@@ -226,3 +226,21 @@ def test_gated_jobs_write_staged_items_once_when_opened_and_none_when_withdrawn(
     out = _build_and_run(tmp_path, os.path.join(ROOT, "tests", "kernels", "gate_stress.c"))
     staged = int(out.split("staged ")[1].split(",")[0])
     assert staged > 0, out
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a C program with cc; POSIX signals")
+def test_a_fault_in_a_team_thread_reaches_the_process_handler(tmp_path):
+    # NOTE [ Fault signals reach the handler ]: a team thread that faults runs the process's
+    # SIGSEGV handler (faulthandler's, in Python) instead of killing the process silently.
+    import shutil
+    import sysconfig
+
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    assert shutil.which(cc), f"no C compiler {cc!r} (the extensions need one too)"
+    exe = str(tmp_path / "fault_signal")
+    built = subprocess.run([cc, "-O1", "-g", "-fopenmp", "-I", os.path.join(ROOT, "pyx", "include"),
+                            os.path.join(ROOT, "tests", "kernels", "fault_signal.c"), "-o", exe, "-lpthread"],
+                           capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    res = subprocess.run([exe], capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 3 and "handler ran" in res.stdout, (res.returncode, res.stdout, res.stderr)
