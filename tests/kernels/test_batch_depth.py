@@ -341,17 +341,9 @@ def test_the_last_batch_is_handed_on_before_production_is_freed(prefetch, queued
 
 def _team_threads() -> set[int]:
     """The system ids of this process's kernel team threads (NOTE [ Thread names ])."""
-    import os
+    from tests._threads import threads
 
-    out = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().startswith("ll-team"):
-                    out.add(int(tid))
-        except OSError:   # ended while listing
-            pass
-    return out
+    return {tid for tid, name in threads().items() if name.startswith("ll-team")}
 
 
 def test_every_epoch_runs_on_the_first_epochs_kernel_team(folder):

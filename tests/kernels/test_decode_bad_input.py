@@ -453,24 +453,11 @@ def test_a_reused_decoder_never_touches_the_memory_of_the_image_before(tmp_path)
     the decodes through an allocator that makes freed memory inaccessible, so a read of the
     image before's freed state is a SIGSEGV on every run (it was: libjpeg read and wrote the
     previous image's colour converter)."""
-    import shutil
     import subprocess
-    import sysconfig
 
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    assert shutil.which(cc), f"no C compiler {cc!r} (the extensions need one too)"
-    flags = ["-ljpeg"]
-    if shutil.which("pkg-config"):
-        got = subprocess.run(["pkg-config", "--cflags", "--libs", "libjpeg"], capture_output=True, text=True,
-                             check=False)
-        if got.returncode == 0:
-            flags = got.stdout.split()
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    exe = str(tmp_path / "decoder_reuse")
-    built = subprocess.run([cc, "-O1", "-g", "-I", os.path.join(root, "pyx", "include"),
-                            os.path.join(root, "tests", "kernels", "decoder_reuse.c"), "-o", exe, *flags, "-lm"],
-                           capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
+    from tests.kernels._cprog import ROOT, build_c, libjpeg_flags
+
+    exe = build_c(tmp_path, os.path.join(ROOT, "tests", "kernels", "decoder_reuse.c"), [*libjpeg_flags(), "-lm"])
     img = make_photo(120, 168, seed=4)
     files = []
     for name, params in [

@@ -11,10 +11,8 @@ one DC scan per component, restart intervals in every scan."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 
 import cv2
 import numpy as np
@@ -25,6 +23,7 @@ from loaderlib import jpeg_info
 from loaderlib._ext import _jpeg
 from loaderlib.decoding import decode
 from loaderlib.errors import DecodeError, DecodeWarning
+from tests.kernels._cprog import build_c, libjpeg_flags
 from tests.kernels._huffman_checks import (
     assert_batch_equal_on_one_and_two_threads,
     assert_valid_file_decodes_as_libjpeg_and_opencv,
@@ -42,15 +41,8 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="builds a C prog
 @pytest.fixture(scope="module")
 def writer(tmp_path_factory):
     """The built progressive_writer: a function (image, script, quality, restart, sampling) -> bytes."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    assert shutil.which(cc), f"no C compiler ({cc}) to build tests/kernels/progressive_writer.c"
     tmp = tmp_path_factory.mktemp("progressive")
-    exe = str(tmp / "progressive_writer")
-    src = os.path.join(ROOT, "tests", "kernels", "progressive_writer.c")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libjpeg"], capture_output=True, text=True,
-                           check=False).stdout.split() or ["-ljpeg"]
-    built = subprocess.run([cc, "-O1", src, "-o", exe, *flags], capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
+    exe = build_c(tmp, os.path.join(ROOT, "tests", "kernels", "progressive_writer.c"), libjpeg_flags())
     count = [0]
 
     def write(img: np.ndarray, script: str, quality: int = 90, restart: int = 0, sampling: str = "420") -> bytes:

@@ -20,6 +20,7 @@ from loaderlib._chain import PendingBatch, compile_chain
 from loaderlib._ext import _chain
 from loaderlib.decoding import status_tables
 from tests.conftest import make_photo
+from tests.kernels._cprog import ROOT, build_c
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -190,24 +191,10 @@ def test_a_forked_child_starts_its_own_threads(jpegs):
     assert old.usable and plan._team is old
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def _build_and_run(tmp_path, src: str) -> str:
     """Build the C program ``src`` against the team's header (with AddressSanitizer where the
     compiler has its runtime) and run it; returns its output."""
-    import shutil
-    import sysconfig
-
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(cc) is None:
-        pytest.skip(f"no C compiler ({cc})")
-    exe = str(tmp_path / os.path.basename(src)[:-2])
-    base = [cc, "-O1", "-g", "-fopenmp", "-I", os.path.join(ROOT, "pyx", "include"), src, "-o", exe, "-lpthread"]
-    built = subprocess.run([*base, "-fsanitize=address"], capture_output=True, text=True, check=False)
-    if built.returncode != 0:   # no AddressSanitizer runtime: the counts still catch a stale thread
-        built = subprocess.run(base, capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
+    exe = build_c(tmp_path, src, ["-fopenmp", "-lpthread"], asan=True)
     res = subprocess.run([exe], capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0 and "bad items 0" in res.stdout, res.stdout + res.stderr
     return res.stdout
@@ -232,15 +219,6 @@ def test_gated_jobs_write_staged_items_once_when_opened_and_none_when_withdrawn(
 def test_a_fault_in_a_team_thread_reaches_the_process_handler(tmp_path):
     # NOTE [ Fault signals reach the handler ]: a team thread that faults runs the process's
     # SIGSEGV handler (faulthandler's, in Python) instead of killing the process silently.
-    import shutil
-    import sysconfig
-
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    assert shutil.which(cc), f"no C compiler {cc!r} (the extensions need one too)"
-    exe = str(tmp_path / "fault_signal")
-    built = subprocess.run([cc, "-O1", "-g", "-fopenmp", "-I", os.path.join(ROOT, "pyx", "include"),
-                            os.path.join(ROOT, "tests", "kernels", "fault_signal.c"), "-o", exe, "-lpthread"],
-                           capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
+    exe = build_c(tmp_path, os.path.join(ROOT, "tests", "kernels", "fault_signal.c"), ["-fopenmp", "-lpthread"])
     res = subprocess.run([exe], capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 3 and "handler ran" in res.stdout, (res.returncode, res.stdout, res.stderr)

@@ -23,24 +23,13 @@ from loaderlib import transforms as T
 from loaderlib._ext import _chain
 from loaderlib._extract import closing, readahead
 from tests._synth import encode_jpeg, photo_like
+from tests._threads import threads
 
 #: The native threads' system names (NOTE [ Thread names ]). The loader's Python threads (its
 #: driver, the threads engine's pool, the remote read-ahead) are checked through ``threading``:
 #: a joined Python thread has finished, but CPython does not join its system thread, whose
 #: last instructions may still show in /proc for a moment.
 NATIVE_THREADS = ("ll-io", "ll-team")
-
-
-def threads() -> dict[int, str]:
-    """This process's threads: system thread id -> system name, as ``top -H`` shows them."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                out[int(tid)] = f.read().strip()
-        except OSError:   # the thread ended while listing
-            pass
-    return out
 
 
 def thread_names() -> list[str]:

@@ -18,6 +18,7 @@ from loaderlib._extract.readahead import MAX_DEPTH, MIN_DEPTH, START_DEPTH, Read
 from loaderlib._extract.source import NativeSource, SourceKind
 from loaderlib.errors import DecodeError
 from loaderlib.sampler import RandomSampler
+from tests import _threads
 from tests._synth import encode_jpeg, photo_like
 
 CHAIN = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip()])
@@ -264,14 +265,7 @@ def test_no_io_threads_left_after_abandoned_iterators(folder):
         del it
     loader.close()
     # Joined, not left to exit on their own (NOTE [ Closing the read-ahead ]): nothing to wait for.
-    native = []
-    for t in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{t}/comm") as f:
-                if int(t) not in io_before:
-                    native.append(f.read().strip())
-        except OSError:   # ended while listing: a joined Python thread's last instructions
-            pass
+    native = [name for tid, name in _threads.threads().items() if tid not in io_before]
     assert [n for n in native if n.startswith(("ll-io", "ll-team"))] == []
     assert threading.active_count() <= before
     gc.collect()
