@@ -28,15 +28,14 @@ import numpy as np
 
 from . import _threads
 from ._autotune import attach, batch_nbytes
-from ._chain import compile_chain
 from ._checks import check_int
 from ._engines.base import LoaderIterator, Producer, RunState, WarmStart, _Knobs, _Run
 from ._engines.depth import depth_for
 from ._engines.handoff import HeldRecorder
-from ._engines.native import NativeProducer, kernel_threads, native_worker_init
-from ._engines.threads import HybridProducer, PythonPool, ThreadsProducer
-from ._extract.source import SourceKind, announce_order
-from ._iterable import IterableProducer, IterableRunState, resume_source
+from ._engines.native import kernel_threads, native_worker_init
+from ._engines.threads import PythonPool
+from ._extract.source import announce_order
+from ._iterable import IterableRunState, resume_source
 from ._loader.analysis import _analyze, _iterable_analysis, read_ahead_line, reads_lines
 from ._loader.options import check_options
 from ._loader.output import (
@@ -47,6 +46,7 @@ from ._loader.output import (
     bfloat16_first,
     to_torch,  # noqa: F401 - public: loaderlib.loader.to_torch
 )
+from ._loader.producers import make_producer
 from ._loader.state import (
     STATE_VERSION,  # noqa: F401 - what state_dict()'s "version" is
     check_state,
@@ -321,6 +321,7 @@ class DataLoader:
         # threads still run (NOTE [ Threads at interpreter exit ] in _engines/base.py).
         weakref.finalize(self, self._warm.drop_at_exit)
         self._resume: dict | None = None
+        self._applied: str | None = None   # how the last loaded state was applied, if not as this rank's own
         self._native_init_done = False   # worker_init_fn ran for the native engine's thread slots
         self._last_state: RunState | None = None   # the newest run's state (state_dict after it ends)
         self._closed = False
@@ -473,6 +474,8 @@ class DataLoader:
         if self._knobs.depth is not None:
             lines.append(f"  {'batches':<17} {'native':<7} {self._knobs.depth.describe(kernel_threads(self._knobs))}")
         lines += reads_lines(self.recorder)
+        if self._applied is not None:
+            lines.append(f"  resume: {self._applied}")
         return "\n".join(lines)
 
     def _read_waiting(self) -> float:
@@ -549,15 +552,24 @@ class DataLoader:
         """Continue from ``state`` (:meth:`state_dict`, or :func:`loaderlib.merge_state_dicts` of
         every rank's, which resumes on any layout: NOTE [ Elastic resume ]) at the next ``iter()``.
 
+        Any rank's state resumes every rank, on any layout, when it was saved in lockstep
+        (``on_error="raise"``, no rollover carry) by a job whose ranks ran in step, as
+        frameworks that save rank 0's state only assume (NOTE [ One state for every rank ];
+        ``explain()`` says so). An empty dict loads nothing.
+
         Raises
         ------
         StateError
             The state is from another version, dataset length, seed, batch size,
-            ``last_batch`` mode, sampler or shard layout; the message says which.
+            ``last_batch`` mode, sampler or global order, or another rank's that cannot
+            locate this one; the message says which.
         """
-        state = check_state(self, state)
+        if isinstance(state, dict) and not state:
+            return   # DCP and torchdata pass {} for "nothing saved"
+        state, applied = check_state(self, state)
         s = self._pure_sampler()
         with self._lock:
+            self._applied = applied
             self._warm.drop()
             if int(state["seed"]) != self.seed:
                 self._adopt_seed(int(state["seed"]))
@@ -754,68 +766,7 @@ class DataLoader:
         return self._pool
 
     def _make_producer(self, state: RunState, recorder: Recorder) -> Producer:
-        a = self._analysis
-        src = a.native_source
-        if self.max_skipped is not None:
-            n = state.order.stream.size if not self._iterable else 0
-            state.max_skipped = (int(self.max_skipped) if isinstance(self.max_skipped, (int, np.integer))
-                                 else max(1, int(self.max_skipped * n)) if n else None)
-        on_error = self.on_error
-        if self._iterable and self.num_workers == 0:
-            assert isinstance(state, IterableRunState)   # _iterable_run made it
-            return IterableProducer(dataset=self.dataset, rank=self.rank, world_size=self.world_size,
-                                    pad=self._last_batch != "discard", batchify_fn=self.batchify_fn,
-                                    arena=self._arena(), state=state, recorder=recorder, on_error=on_error)
-        if a.engine == "native":
-            assert src is not None and a.shards is not None   # _analyze chose "native" for a native source
-            plan = None if src.kind is SourceKind.ARRAYS else compile_chain(a.chain)
-            if recorder.enabled:
-                recorder.python_gil("python", False)
-            return NativeProducer(src=src, plan=plan, shards=a.shards, arena=self._arena(),
-                                  knobs=self._knobs, batch_size=self._batch_size, timeout=self.timeout,
-                                  read_budget=self._read_budget(), state=state, recorder=recorder,
-                                  on_error=on_error)
-        if recorder.enabled:
-            recorder.python_gil("python", True)
-        if a.engine == "threads" and a.hybrid is not None:
-            assert src is not None   # a native prefix reads a native source
-            native = NativeProducer(src=src, plan=compile_chain(a.chain), shards=(None, None),
-                                    arena=self._arena(), knobs=self._knobs, batch_size=self._batch_size,
-                                    timeout=self.timeout, read_budget=self._read_budget(), state=state,
-                                    recorder=recorder, on_error=on_error)
-            return HybridProducer(native=native, suffix=a.hybrid["suffix"], suffix_position=a.hybrid["position"],
-                                  others=a.hybrid["others"], batchify_fn=self.batchify_fn, arena=self._arena(),
-                                  pool=self._python_pool(), state=state, recorder=recorder, on_error=on_error)
-        if a.engine == "threads":
-            return ThreadsProducer(dataset=self.dataset, batchify_fn=self.batchify_fn, arena=self._arena(),
-                                   pool=self._python_pool(), io_depth=self._knobs.io_depth,
-                                   batch_size=self._batch_size, timeout=self.timeout,
-                                   read_budget=self._read_budget(), read_hint=self._knobs.read_hint, state=state,
-                                   recorder=recorder, on_error=on_error)
-        from ._engines.processes import NativePrefix, ProcessesProducer, WorkerPool  # lazy: cloudpickle
-
-        if self._workers is None or self._workers.closed:
-            prefix = None
-            if a.hybrid is not None:
-                assert src is not None   # a native prefix reads a native source
-                prefix = NativePrefix(src=src, chain=a.chain, suffix=a.hybrid["suffix"],
-                                      position=a.hybrid["position"], others=a.hybrid["others"],
-                                      io_depth=self._knobs.io_depth, timeout=self.timeout)
-            self._workers = WorkerPool(self.num_workers, self.dataset, self.batchify_fn, self.worker_init_fn,
-                                       self.on_error, self.seed, load_balance=self.load_balance, prefix=prefix,
-                                       registrar=self._host_registrar())
-        else:
-            self._workers.revive()   # a worker that died or timed out gets a fresh process
-        if self._iterable:
-            from ._engines.processes import IterableProcessesProducer
-
-            return IterableProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs,
-                                             max_in_flight=self.max_in_flight, rank=self.rank,
-                                             world_size=self.world_size, pad=self._last_batch != "discard",
-                                             batch_size=self._batch_size, state=state, recorder=recorder,
-                                             on_error=on_error)
-        return ProcessesProducer(pool=self._workers, timeout=self.timeout, knobs=self._knobs,
-                                 max_in_flight=self.max_in_flight, state=state, recorder=recorder, on_error=on_error)
+        return make_producer(self, state, recorder)
 
     def close(self) -> None:
         """Stop threads and workers and free arena slots. Idempotent."""
@@ -851,8 +802,8 @@ class DataLoader:
             pass
 
     # -- pickling: configuration travels, running state does not ------------------------
-    _RUNTIME = ("_analysis", "_errors", "_epoch", "_lock", "_workers", "_pool", "_arena_ring", "_current", "_warm", "_resume", "_closed", "_tuner",
-                "_last_state")
+    _RUNTIME = ("_analysis", "_errors", "_epoch", "_lock", "_workers", "_pool", "_arena_ring", "_current", "_warm",
+                "_resume", "_applied", "_closed", "_tuner", "_last_state")
 
     def __getstate__(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}

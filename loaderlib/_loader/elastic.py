@@ -22,6 +22,23 @@ sample is delivered twice beyond the padding. The segment travels in the epoch's
 epoch has no segment and equals a fresh run of the new layout (with rollover, but for the
 samples carried into it).
 
+NOTE [ One state for every rank ]
+Lightning (2.2 on), Accelerate's ``register_for_checkpointing`` and Composer save the loader
+state of global rank 0 only and load that one state on every rank. Synchronous data
+parallelism is what makes that enough: every rank delivered the same number of batches. A
+loader whose position is a function of that count alone (``on_error="raise"``: no rank can
+have replaced a failed sample with a later one; nothing carried in by ``last_batch=
+"rollover"``, whose samples are each rank's own) records ``"lockstep": true`` in its state,
+and such a state locates every rank: rank ``r`` of the saved layout stands where the saving
+rank stands in its own shard. :func:`spread` writes that down as the merged state of the whole
+run (the saving rank's state repeated for each rank), which :func:`localize` applies as it
+applies any merged state: on the saved layout each rank continues its own shard bitwise, on
+another the rest of the epoch is split again. The loader's ``explain()`` then says that the
+state was applied this way. A state without the mark (``on_error="skip"``, a state of an
+older loaderlib) or with a rollover carry cannot locate the other ranks: loaded into another
+rank it raises :class:`~loaderlib.StateError` saying to merge, and ``merge_state_dicts`` of
+every rank's state stays the exact path when ranks stopped at different steps.
+
 An iterable sharded by the loader's ``rank``/``world_size`` (NOTE [ Iterable shards ]) is read
 by every rank in full, and rank ``r`` keeps item ``r`` of each round of ``world_size``. Its
 position is the iterable's own state; it can be split again only where every rank stopped
@@ -41,7 +58,7 @@ from .._layout import positions_from_json, positions_to_json
 from ..errors import StateError
 from ..sampler import ShardedSampler
 
-__all__ = ["STATE_VERSION", "layout_error", "localize", "merge_state_dicts"]
+__all__ = ["STATE_VERSION", "describe_layout", "localize", "merge_state_dicts", "spread"]
 
 #: Version of the dict ``DataLoader.state_dict()`` returns; bumped when its meaning changes.
 STATE_VERSION = 1
@@ -59,14 +76,6 @@ def describe_layout(layout: dict | None, sampler: str) -> str:
         return f"rank {layout['rank']} of world_size {layout['world_size']}"
     return (f"shard {layout['shard_id']} of ShardedSampler(num_shards={layout['num_shards']}, "
             f"drop_last={layout['drop_last']})")
-
-
-def layout_error(saved: dict | None, mine: dict | None, sampler: str) -> StateError:
-    """The error for one rank's state loaded into another layout."""
-    return StateError(f"this state was saved by {describe_layout(saved, sampler)}, but this loader is "
-                      f"{describe_layout(mine, sampler)}: one rank's state resumes only the layout it was saved "
-                      "under. Gather the states of every rank and load ll.merge_state_dicts(states), which "
-                      "resumes on any number of ranks")
 
 
 def _rank_of(state: dict) -> int:
@@ -149,9 +158,12 @@ def _check_run(states: list[dict]) -> list[dict]:
             if a[key] != b[key]:
                 raise StateError(f"states of different runs: rank {r0} has {what} {a[key]!r}, rank {r} has "
                                  f"{b[key]!r}")
-        if st.get("seed") != first.get("seed"):
+        if st.get("seed") != first.get("seed") and (st.get("seed_given") is not False
+                                                     or first.get("seed_given") is not False):
             raise StateError(f"states of different seeds: rank {r0} has seed {first.get('seed')!r}, rank {r} has "
-                             f"{st.get('seed')!r}")
+                             f"{st.get('seed')!r}: build every rank's loader with the same seed=, or without one "
+                             "on every rank (a drawn seed only keys augmentation; the order comes from the "
+                             "sampler's seed)")
         if st.get("epoch") != first.get("epoch"):
             raise StateError(f"states of different epochs: rank {r0} is in epoch {first.get('epoch')!r}, rank {r} "
                              f"in epoch {st.get('epoch')!r}; merge states saved at the same step")
@@ -171,6 +183,43 @@ def _check_run(states: list[dict]) -> list[dict]:
         raise StateError(f"the states of ranks {missing} are missing: {len(states)} states for world size {world}; "
                          "pass the state of every rank")
     return [seen[r] for r in range(world)]
+
+
+def spread(state: dict, mine: dict) -> dict:
+    """The merged state of a run whose ranks ran in step, from the state of one of its ranks
+    (NOTE [ One state for every rank ]), for the loader with header ``mine``.
+
+    Raises
+    ------
+    StateError
+        The state cannot locate the other ranks (not saved in lockstep, or carrying rollover
+        samples); the message says why and to merge.
+    """
+    saved, sampler = state.get("layout") or {}, str(state.get("sampler"))
+
+    def refuse(why: str) -> StateError:
+        return StateError(f"this state was saved by {describe_layout(saved, sampler)}, but this loader is "
+                          f"{describe_layout(mine.get('layout'), sampler)}, and {why}. Gather the states of every "
+                          "rank and load ll.merge_state_dicts(states), which resumes on any number of ranks")
+
+    if state.get("lockstep") is False:
+        raise refuse("it was saved with on_error='skip', so ranks that delivered as many batches may stand at "
+                     "different samples: one rank's state cannot locate the others")
+    if not state.get("lockstep"):
+        raise refuse("it does not record that ranks ran in step (a state of an older loaderlib): one rank's "
+                     "state resumes only the layout it was saved under")
+    if state.get("carry"):
+        raise refuse(f"it carries {len(state['carry'])} samples of its own shard into the epoch "
+                     "(last_batch='rollover'), which differ from rank to rank")
+    key = "shard_id" if "shard_id" in saved else "rank"
+    world = int(saved["num_shards"] if key == "shard_id" else saved["world_size"])
+    states = []
+    for r in range(world):
+        st = dict(state, layout={**saved, key: r})
+        if key == "rank":
+            st["rank"] = r
+        states.append(st)
+    return _merge_iterable(states) if sampler == "iterable" else _merge_sharded(states)
 
 
 def _merge_sharded(ranks: list[dict]) -> dict:
@@ -209,8 +258,8 @@ def _merge_sharded(ranks: list[dict]) -> dict:
         delivered[spos[np.flatnonzero(done[x:])]] = True
         remaining[spos[np.flatnonzero(left[x:])]] = True
     pending = [extra[i] for i in np.flatnonzero(left[:x]).tolist()] + carried
-    head = {key: first.get(key) for key in ("version", "dataset_length", "seed", "batch_size", "last_batch",
-                                            "sampler", "order")}
+    head = {key: first.get(key) for key in ("version", "dataset_length", "seed", "seed_given", "batch_size",
+                                            "last_batch", "sampler", "order")}
     return {**head, "kind": "merged", "epoch": int(first["epoch"]), "layout": {"num_shards": k, "drop_last": drop},
             "order_key": first.get("order_key") or {}, "delivered": positions_to_json(delivered),
             "remaining": positions_to_json(remaining), "pending": pending,
@@ -231,8 +280,8 @@ def _merge_iterable(ranks: list[dict]) -> dict:
         raise StateError("cannot split this iterable again: its ranks report different states of the iterable "
                          "after the same items (is it the same stream on every rank, in the same order?)")
     first = ranks[0]
-    head = {key: first.get(key) for key in ("version", "dataset_length", "seed", "batch_size", "last_batch",
-                                            "sampler")}
+    head = {key: first.get(key) for key in ("version", "dataset_length", "seed", "seed_given", "batch_size",
+                                            "last_batch", "sampler")}
     return {**head, "kind": "merged", "epoch": int(first["epoch"]), "layout": {"world_size": world},
             "items": pos[0] * world, "source_state": first.get("source_state"),
             "ranks": [{"delivered": int(st["delivered"]), "position": int(st["position"])} for st in ranks]}
@@ -252,8 +301,8 @@ def localize(mine: dict, sampler: Any, merged: dict) -> dict:
     if not isinstance(merged["ranks"], list) or len(merged["ranks"]) != world:
         raise StateError(f"the merged state's layout has {world!r} ranks, but it lists the positions of "
                          f"{len(merged['ranks']) if isinstance(merged['ranks'], list) else 'no'} ranks")
-    head = {key: merged.get(key) for key in ("version", "dataset_length", "seed", "batch_size", "last_batch",
-                                             "sampler", "order")}
+    head = {key: merged.get(key) for key in ("version", "dataset_length", "seed", "seed_given", "batch_size",
+                                             "last_batch", "sampler", "order")}
     e = int(merged["epoch"])
     if iterable:
         if mine.get("sampler") != "iterable":

@@ -11,7 +11,7 @@ from .._engines.base import RunState
 from .._iterable import cannot_resume, is_stateful
 from ..errors import StateError
 from ..sampler import BatchSampler, EpochOrder, ShardedSampler
-from .elastic import STATE_VERSION, layout_error, localize
+from .elastic import STATE_VERSION, describe_layout, localize, spread
 
 
 class LoaderView(Protocol):
@@ -23,6 +23,7 @@ class LoaderView(Protocol):
     rank: int
     world_size: int
     num_workers: int
+    on_error: str
     _iterable: bool
     _batch_size: Any
     _last_batch: str
@@ -42,15 +43,16 @@ class LoaderView(Protocol):
 def header(ld: LoaderView) -> dict:
     """What a state must match to be loaded: version, dataset length, seed, batch size,
     last_batch mode, sampler, and the shard layout with the global order's key (a
-    ShardedSampler's; the rank and world size of an iterable): NOTE [ Elastic resume ]."""
+    ShardedSampler's; the rank and world size of an iterable): NOTE [ Elastic resume ]. Also
+    whether the seed was given and whether the position follows from the batch count alone
+    (``lockstep``: NOTE [ One state for every rank ])."""
     s = ld.sampler
+    common = {"version": STATE_VERSION, "seed": int(ld.seed), "seed_given": bool(ld._seed_given),
+              "lockstep": ld.on_error == "raise", "batch_size": ld._batch_size, "last_batch": ld._last_batch}
     if ld._iterable:
-        return {"version": STATE_VERSION, "dataset_length": None, "seed": int(ld.seed),
-                "batch_size": ld._batch_size, "last_batch": ld._last_batch, "sampler": "iterable",
-                "rank": ld.rank, "world_size": ld.world_size, "layout": {"world_size": ld.world_size,
-                                                                         "rank": ld.rank}}
-    d = {"version": STATE_VERSION, "dataset_length": len(ld.dataset), "seed": int(ld.seed),
-         "batch_size": ld._batch_size, "last_batch": ld._last_batch,
+        return {**common, "dataset_length": None, "sampler": "iterable", "rank": ld.rank,
+                "world_size": ld.world_size, "layout": {"world_size": ld.world_size, "rank": ld.rank}}
+    d = {**common, "dataset_length": len(ld.dataset),
          "sampler": type(s).__name__ if s is not None else type(ld._batch_sampler).__name__}
     if isinstance(s, ShardedSampler):
         d["layout"], d["order"] = s.layout(), s.global_order()
@@ -100,12 +102,15 @@ def state_between(ld: LoaderView, epoch: int | None = None, carry: np.ndarray | 
     return d
 
 
-def check_state(ld: LoaderView, state: Any) -> dict:
+def check_state(ld: LoaderView, state: Any) -> tuple[dict, str | None]:
     """The state that continues loader ``ld`` from ``state`` (a merged one becomes this rank's:
-    NOTE [ Elastic resume ]); raise StateError unless it can (NOTE [ Iterator state ])."""
+    NOTE [ Elastic resume ]; another rank's, saved in lockstep, too: NOTE [ One state for every
+    rank ]), and how it was applied when not as this rank's own (for ``explain()``); raise
+    StateError unless it can continue (NOTE [ Iterator state ])."""
     if not isinstance(state, dict):
         raise StateError(f"a loader state is a dict, got {type(state).__name__}")
     mine = header(ld)
+    applied = None
     if state.get("kind") == "merged":
         state = localize(mine, ld._pure_sampler(), state)
     if state.get("version") != STATE_VERSION:
@@ -122,7 +127,10 @@ def check_state(ld: LoaderView, state: Any) -> dict:
     if saved is None and ld._iterable:   # a state of a loaderlib that recorded no layout yet
         saved = {"world_size": state.get("world_size"), "rank": state.get("rank")}
     if "layout" in mine and saved is not None and saved != mine["layout"]:
-        raise layout_error(saved, mine["layout"], mine["sampler"])
+        applied = (f"the state of {describe_layout(saved, mine['sampler'])} applied to "
+                   f"{describe_layout(mine['layout'], mine['sampler'])} as ranks in step: every rank continues "
+                   "where the ranks of that layout stood after as many batches")
+        state = localize(mine, ld._pure_sampler(), spread(state, mine))
     for key in ("epoch", "delivered", "position", "carry"):
         if key not in state:
             raise StateError(f"the state has no {key!r} entry")
@@ -133,7 +141,7 @@ def check_state(ld: LoaderView, state: Any) -> dict:
                              "has no load_state_dict()")
     elif s is None and "stream" not in state and (state["delivered"] or state["position"]):
         raise StateError("a mid-epoch state of a sampler that is not a loaderlib Sampler needs its 'stream'")
-    return state
+    return state, applied
 
 
 def next_order(bsamp: Any, pure: bool, epoch: int) -> tuple[EpochOrder, int]:
