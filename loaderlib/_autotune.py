@@ -56,6 +56,7 @@ logic is tested with synthetic measurements on an injected clock.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -317,6 +318,8 @@ def batch_nbytes(loader: Any) -> int | None:
     src = a.native_source
     if src.kind is SourceKind.ARRAYS:
         return sum(b * arr[0:1].nbytes for arr in src.arrays)
+    if src.kind is SourceKind.TOKENS:
+        return sum(math.prod(shape) * dt.itemsize for shape, dt in src.dataset.token_parts(b))
     plan = a.plan
     if plan is None or plan.sample_shape is None:
         return None

@@ -223,14 +223,36 @@ class Tuple:
 _STACK = Stack()
 
 
+class TokenSample(dict):
+    """One training sequence of a :class:`~loaderlib.TokenDataset` read from Python: ``input_ids``,
+    ``labels`` and ``position_ids`` (1-D), with its ``cu_seqlens`` and ``max_seqlen``. The
+    default batchify function collates such samples with :func:`collate_tokens`."""
+
+
+def collate_tokens(samples: Sequence[Any]) -> dict:
+    """The batch of token samples, equal to the native engine's (NOTE [ Token batches ] in
+    loaderlib/_datasets/tokens/dataset.py): the rows stacked, and ``cu_seqlens`` over the
+    flattened batch from where ``position_ids`` restart at 0 (a segment's first token)."""
+    ids = _STACK([s["input_ids"] for s in samples])
+    lab = _STACK([s["labels"] for s in samples])
+    pos = _STACK([s["position_ids"] for s in samples])
+    flat = pos.reshape(-1)
+    cu = np.append(np.flatnonzero(flat == 0), flat.size).astype(np.int32)
+    return {"input_ids": ids, "labels": lab, "position_ids": pos, "cu_seqlens": cu,
+            "max_seqlen": int(np.diff(cu).max()) if cu.size > 1 else 0}
+
+
 def default_batchify_fn(samples: Sequence[Any]) -> Any:
     """Gluon's default: stack arrays and numbers; collate tuples field by field.
 
-    Python ints become int64, floats float64; strings and other objects are returned as a list.
+    Python ints become int64, floats float64; strings and other objects are returned as a list;
+    token samples (:class:`TokenSample`) are collated by :func:`collate_tokens`.
     """
     if not samples:
         raise ValueError("cannot batchify an empty batch")
     first = samples[0]
+    if isinstance(first, TokenSample):
+        return collate_tokens(samples)
     if isinstance(first, (tuple, list)):
         return tuple(default_batchify_fn(field) for field in _fields(samples, len(first), "default_batchify_fn"))
     if isinstance(first, dict):

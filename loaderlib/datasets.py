@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ._dataset_base import Dataset, SimpleDataset, _check_index, _TransformDataset  # noqa: F401 - re-exported
+from ._datasets.tokens.dataset import TokenDataset
 from ._extract.remote.files import RemoteFiles, remote_files
 from ._extract.remote.store import expand_urls
 from ._extract.remote.urls import is_url
@@ -35,6 +36,7 @@ __all__ = [
     "ImageFolderDataset",
     "ImageListDataset",
     "MixtureDataset",
+    "TokenDataset",
     "SimpleDataset",
     "TupleDataset",
 ]

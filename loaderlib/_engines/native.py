@@ -85,7 +85,7 @@ class NativeProducer(Producer):
         src = src.at_epoch(state.epoch, state.seed)   # NOTE [ Datasets that change with the epoch ]
         self.src = src
         self.knobs = knobs
-        self.leases_at_submit = src.kind is not SourceKind.ARRAYS   # start() leases; arrays are taken at finish
+        self.leases_at_submit = not src.gathered   # start() leases; arrays and tokens are gathered at finish
         self.plan = plan
         # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
         self.reader: ReadAhead | None = None
@@ -111,7 +111,9 @@ class NativeProducer(Producer):
         self._prev_end = 0            # NOTE [ Batch wall time ]
         self._arrays: Sequence[np.ndarray] = src.arrays or ()   # SourceKind.ARRAYS
         self._take_mode = src.take_mode   # np.take's mode for stream indices (NOTE [ Virtual indices ])
-        if src.kind is SourceKind.ARRAYS:
+        if src.kind is SourceKind.TOKENS:
+            parts = src.dataset.token_parts(batch_size)
+        elif src.kind is SourceKind.ARRAYS:
             parts = [((batch_size, *a.shape[1:]), a.dtype) for a in self._arrays]
         else:
             parts = [((batch_size, *plan.sample_shape), plan.dtype)]
@@ -129,7 +131,9 @@ class NativeProducer(Producer):
     def _layout(self, n: int) -> BatchLayout:
         lay = self._layouts.get(n)
         if lay is None:
-            lay = self._layouts[n] = BatchLayout.of([((n, *s), d) for s, d in self._part_specs])
+            parts = (self.src.dataset.token_parts(n) if self.src.kind is SourceKind.TOKENS
+                     else [((n, *s), d) for s, d in self._part_specs])
+            lay = self._layouts[n] = BatchLayout.of(parts)
         return lay
 
     def continue_from(self, before: Producer) -> None:
@@ -182,19 +186,34 @@ class NativeProducer(Producer):
             self.rec.batch_done(idx.size, {"collate": dt}, dt, 1)
         return Produced(self._structure(views), task.start + idx.size, idx.size, task.target)
 
+    def _finish_tokens(self, task: Task) -> Produced:
+        """A token batch: the kernel writes the rows into a slot on this thread's OpenMP team
+        (NOTE [ Token batches ] in loaderlib/_datasets/tokens/dataset.py)."""
+        idx = task.indices
+        t0 = _clock()
+        _lease, views = self.arena.acquire(self._layout(idx.size))
+        ds = self.src.dataset
+        threads = self.threads()
+        ds.gather_into(self.src.data_index(idx), views, num_threads=threads)
+        batch = ds.token_batch(views, idx.size)
+        if self.rec.enabled:
+            dt = _clock() - t0
+            self.rec.batch_done(idx.size, {"collate": dt}, dt, threads)
+        return Produced(batch, task.start + idx.size, idx.size, task.target)
+
     def _structure(self, views: list) -> Any:
         out = [finish_native(v, k) for v, k in zip(views, self.shards)]
         return out[0] if len(out) == 1 else tuple(out)
 
     def submit(self, task: Task) -> Any:
-        if self.src.kind is SourceKind.ARRAYS:
+        if self.src.gathered:
             return task
         return self.start(task.indices, task.target, task.start + task.indices.size, task.number)
 
     def gate_target(self) -> Any:
         """The lease of the oldest batch handed on whose slot may take a gated successor (the
         slot the user gives back next), or None (NOTE [ Batches in memory ])."""
-        if self.src.kind is SourceKind.ARRAYS:
+        if self.src.gathered:
             return None
         if self.reader is not None and not getattr(self.reader, "inline", True):
             # Reading ahead, a batch queued early attaches positions whose reads were not queued
@@ -253,6 +272,8 @@ class NativeProducer(Producer):
     def finish(self, handle: Any) -> Produced | None:
         if self.src.kind is SourceKind.ARRAYS:
             return self._finish_arrays(handle)
+        if self.src.kind is SourceKind.TOKENS:
+            return self._finish_tokens(handle)
         res = self.complete(handle)
         if res is None:
             return None

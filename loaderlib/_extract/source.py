@@ -78,6 +78,10 @@ class SourceKind(enum.Enum):
     PIXELS = "pixels"
     #: Plain numpy arrays gathered with ``take`` (no image pipeline).
     ARRAYS = "arrays"
+    #: Training rows of a token corpus, written by the token kernel through the dataset's
+    #: ``token_parts`` / ``gather_into`` / ``token_batch`` (NOTE [ Token batches ] in
+    #: loaderlib/_datasets/tokens/dataset.py); no image pipeline.
+    TOKENS = "tokens"
 
 
 class NativeSource:
@@ -130,6 +134,8 @@ class NativeSource:
         """Arrays in a batch: the columns (ARRAYS), else the images and, with labels, the labels."""
         if self.kind is SourceKind.ARRAYS:
             return len(self.arrays or ())
+        if self.kind is SourceKind.TOKENS:
+            return 1   # one dict
         return 1 if self.labels is None else 2
 
     @property
@@ -187,6 +193,12 @@ class NativeSource:
         if self.kind is SourceKind.ARRAYS:
             return None
         return self.dataset.source(i)
+
+    @property
+    def gathered(self) -> bool:
+        """Whether the samples are gathered whole on the driver (ARRAYS, TOKENS) rather than
+        run through a compiled image plan."""
+        return self.kind in (SourceKind.ARRAYS, SourceKind.TOKENS)
 
     # ------------------------------------------------------------------ the readers
 

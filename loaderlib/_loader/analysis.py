@@ -115,7 +115,7 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     nparts = 0
 
     src = native_source_of(base)
-    if src is not None and src.kind is SourceKind.ARRAYS and layers:
+    if src is not None and src.gathered and layers:
         src = None   # a Python transform of array rows: gathered and transformed from Python
     if src is not None:
         stages.append(("read", "native", src.stage))
@@ -132,7 +132,7 @@ def _analyze(dataset: Any, batchify_fn: Any, num_workers: int) -> _Analysis:
     hybrid = None
     plan_spec = None
     plan = None
-    if src is not None and src.kind is not SourceKind.ARRAYS:
+    if src is not None and not src.gathered:
         steps = _steps(firsts) if ordered else []
         k, plan = _native_prefix(steps) if ordered else (0, None)
         if plan is None:

@@ -11,7 +11,6 @@ from .._chain import compile_chain
 from .._engines.base import Producer, RunState
 from .._engines.native import NativeProducer
 from .._engines.threads import HybridProducer, ThreadsProducer
-from .._extract.source import SourceKind
 from .._iterable import IterableProducer, IterableRunState
 from .._recorder import Recorder
 
@@ -35,7 +34,7 @@ def make_producer(ld: Any, state: RunState, recorder: Recorder) -> Producer:
                                 arena=ld._arena(), state=state, recorder=recorder, on_error=on_error)
     if a.engine == "native":
         assert src is not None and a.shards is not None   # _analyze chose "native" for a native source
-        plan = None if src.kind is SourceKind.ARRAYS else compile_chain(a.chain)
+        plan = None if src.gathered else compile_chain(a.chain)
         if recorder.enabled:
             recorder.python_gil("python", False)
         return NativeProducer(src=src, plan=plan, shards=a.shards, arena=ld._arena(),

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import transforms as T
 from .._engines.base import LoaderIterator, RunState, WarmStart
-from .._extract.source import NativeSource, SourceKind, native_source_of
+from .._extract.source import NativeSource, native_source_of
 from .._tree import tree_leaves, tree_map
 from ..datasets import Dataset
 from ..loader import DataLoader
@@ -241,7 +241,7 @@ class _Engine:
         loader = None
         src = native_source_of(base)
         if src is not None and all(isinstance(m, T.Transform) for m in maps):
-            if maps and src.kind is not SourceKind.ARRAYS:
+            if maps and not src.gathered:
                 cand = _Numbered(base).transform_first(T.Compose(list(maps)))
             elif not maps:
                 cand = _Numbered(base)

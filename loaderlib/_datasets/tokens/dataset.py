@@ -1,0 +1,273 @@
+"""``TokenDataset``: training sequences from a token corpus, gathered by a nogil kernel.
+
+The owner of ``loaderlib._ext._tokens``: it validates what the kernel is given, resolves the
+thread count, owns the corpus description the kernel reads and turns row status codes into
+errors that name the file and the token at fault.
+
+NOTE [ Token batches ]
+A batch is a dict: ``input_ids``, ``labels``, ``position_ids`` (``(B, S)``; int32 unless asked,
+``input_ids`` may be uint16), ``cu_seqlens`` (int32, the start of every segment of the
+flattened ``B * S`` tokens and ``B * S`` last: a segment is a document, or a row's padding)
+and ``max_seqlen`` (an int), as flash-attention's varlen functions and Hugging Face's
+padding-free collation take them. On the native engine the rows are written straight into an
+arena slot (``token_parts``) and ``cu_seqlens`` is made from the rows' segment starts; a
+sample read from Python (``dataset[i]``) is the same dict for one row, and
+``batchify.collate_tokens`` makes the batch of such samples, equal to the native one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import _threads
+from ..._dataset_base import Dataset, _check_index
+from ..._ext import _tokens
+from ..._extract.source import NativeSource, SourceKind
+from ..._tensor_spec import TensorSpec
+from ...batchify import TokenSample
+from ...errors import LoaderError
+from .formats import TokenFile, open_sources
+from .packing import BlockPlan, ConcatPlan, Spans
+
+__all__ = ["TokenDataset"]
+
+PACKINGS = ("concat", "pack", "pad")
+_INT_MAX = {"uint16": 1 << 16, "int32": 1 << 31, "int64": 1 << 62}
+
+
+def _int(value: Any, name: str, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+class TokenDataset(Dataset):
+    """Training sequences of ``seq_len`` tokens from a token corpus (NOTE [ Token batches ]).
+
+    Parameters
+    ----------
+    sources : str, path or list of them
+        Megatron-LM ``.bin``/``.idx`` pairs (a prefix, or either file), flat token files
+        (``.bin`` of ``token_dtype``, ``.npy``), datatrove ``.ds`` files (with ``.ds.index``),
+        Arrow or Parquet files with a ``column`` of token lists; folders and globs too. The
+        files are concatenated in order (NOTE [ Opening a token corpus ]).
+    seq_len : int
+        Tokens a model reads per sequence; each sample is ``seq_len + 1`` tokens of the corpus
+        (``labels`` are ``input_ids`` shifted by one).
+    packing : {"concat", "pack", "pad"}
+        ``concat``: the corpus as one stream cut into windows (nothing wasted, documents may
+        be cut); ``pack``: whole documents placed into sequences, best fit (longer ones
+        split), the rest padding; ``pad``: one document (piece) per sequence
+        (NOTE [ Packing in blocks ]).
+    eos_id : int, optional
+        The id that ends a document in flat files (``.bin``/``.npy``: no index); also the
+        default ``pad_id``.
+    vocab_size : int, optional
+        When given, every token id is checked to be below it (an error names the file).
+    pad_id : int, optional
+        ``input_ids`` of padding (default ``eos_id``, else 0).
+    ignore_index : int
+        ``labels`` where nothing is to be predicted (padding; document starts with
+        ``mask_document_starts``). Default -100, as PyTorch's cross entropy.
+    mask_document_starts : bool
+        Put ``ignore_index`` where the next token starts another document.
+    dtype : {"int32", "int64"}
+        Type of ``labels`` and ``position_ids`` (and of ``input_ids`` unless ``ids_dtype``).
+    ids_dtype : {"uint16", "int32", "int64"}, optional
+        Type of ``input_ids`` (uint16 needs every id below 65536).
+    token_dtype : numpy dtype, optional
+        Type of the tokens in raw ``.bin`` files without an index (default uint16) and in
+        datatrove files (default: from the files' sizes).
+    column : str
+        The column of token lists in Arrow and Parquet files.
+    block : int
+        Documents per placement block in ``pack`` and ``pad`` modes.
+    """
+
+    def __init__(self, sources: Any, seq_len: int, *, packing: str = "concat", eos_id: int | None = None,
+                 vocab_size: int | None = None, pad_id: int | None = None, ignore_index: int = -100,
+                 mask_document_starts: bool = False, dtype: str = "int32", ids_dtype: str | None = None,
+                 token_dtype: Any = None, column: str = "input_ids", block: int = 16384) -> None:
+        self._args = (sources, seq_len, {
+            "packing": packing, "eos_id": eos_id, "vocab_size": vocab_size, "pad_id": pad_id,
+            "ignore_index": ignore_index, "mask_document_starts": mask_document_starts, "dtype": dtype,
+            "ids_dtype": ids_dtype, "token_dtype": token_dtype, "column": column, "block": block})
+        self.seq_len = _int(seq_len, "seq_len", 1)
+        if packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+        self.packing = packing
+        if str(dtype) not in ("int32", "int64"):
+            raise ValueError(f"dtype must be 'int32' or 'int64', got {dtype!r}")
+        self.dtype = np.dtype(str(dtype))
+        ids = str(dtype) if ids_dtype is None else str(np.dtype(ids_dtype))
+        if ids not in _INT_MAX:
+            raise ValueError(f"ids_dtype must be 'uint16', 'int32' or 'int64', got {ids_dtype!r}")
+        self.ids_dtype = np.dtype(ids)
+        self.vocab_size = None if vocab_size is None else _int(vocab_size, "vocab_size", 1)
+        self.ignore_index = _int(ignore_index, "ignore_index")
+        if abs(self.ignore_index) >= _INT_MAX[self.dtype.name]:
+            raise ValueError(f"ignore_index {ignore_index} does not fit labels of {self.dtype}")
+        self.mask_document_starts = bool(mask_document_starts)
+        self.block = _int(block, "block", 1)
+        self.files: list[TokenFile] = open_sources(sources, dtype=token_dtype, column=column)
+        self._sources = sources
+        limit = _INT_MAX[self.ids_dtype.name]
+        if self.vocab_size is not None:
+            if self.vocab_size > limit:
+                raise ValueError(f"vocab_size {self.vocab_size} does not fit input_ids of {self.ids_dtype}")
+            limit = self.vocab_size
+        self.limit = min(limit, _INT_MAX[self.dtype.name])
+        if eos_id is not None:
+            eos_id = _int(eos_id, "eos_id", 0)
+            if eos_id >= self.limit:
+                what = f"vocab_size {self.vocab_size}" if self.vocab_size is not None else f"{self.ids_dtype} ids"
+                raise ValueError(f"eos_id {eos_id} is out of range ({what})")
+            for tf in self.files:
+                top = np.iinfo(tf.tokens.dtype).max
+                if eos_id > top:
+                    raise ValueError(f"eos_id {eos_id} cannot occur in {tf.path}: its tokens are {tf.tokens.dtype} "
+                                     f"(at most {top})")
+        self.eos_id = eos_id
+        self.pad_id = (eos_id if eos_id is not None else 0) if pad_id is None else _int(pad_id, "pad_id", 0)
+        if self.pad_id >= self.limit:
+            raise ValueError(f"pad_id {self.pad_id} is out of range (ids below {self.limit})")
+        self._corpus = _tokens.Corpus(
+            [tf.tokens for tf in self.files],
+            [_tokens.SOURCE_TYPES[tf.tokens.dtype.name] for tf in self.files],
+            [None if tf.bounds is None else np.ascontiguousarray(tf.bounds, np.int64) for tf in self.files],
+            [int(tf.divisor) for tf in self.files],
+            [bool(tf.eos_split) for tf in self.files])
+        self.file_start = np.asarray(self._corpus.file_start, np.int64)
+        total = int(self.file_start[-1])
+        names = ", ".join(tf.path for tf in self.files[:3]) + (", ..." if len(self.files) > 3 else "")
+        if total == 0:
+            raise LoaderError(f"the token corpus is empty ({names}: no tokens)")
+        if packing == "concat":
+            self.plan: ConcatPlan | BlockPlan = ConcatPlan(total, self.seq_len)
+            if len(self.plan) == 0:
+                raise LoaderError(f"the token corpus ({names}) has {total} tokens, fewer than one sequence of "
+                                  f"seq_len + 1 = {self.seq_len + 1}")
+        else:
+            self.plan = BlockPlan(self.files, self.file_start, self.seq_len, packing, eos_id, self.block)
+            if len(self.plan) == 0:
+                raise LoaderError(f"the token corpus ({names}) has no non-empty document")
+        self.num_tokens = total
+
+    # -- pickling: the files are opened again where the dataset lands (worker processes) --
+
+    def __getstate__(self) -> dict:
+        return {"args": self._args}
+
+    def __setstate__(self, state: dict) -> None:
+        sources, seq_len, kw = state["args"]
+        self.__init__(sources, seq_len, **kw)   # type: ignore[misc]
+
+    # -- the dataset protocol ----------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    @property
+    def padding_share(self) -> float:
+        """The share of input positions that are padding over one pass of the corpus."""
+        return 1.0 - self.plan.real_tokens / (len(self.plan) * self.seq_len)
+
+    def __getitem__(self, idx: int) -> TokenSample:
+        i = _check_index(idx, len(self))
+        views = [np.empty(shape, dt) for shape, dt in self.token_parts(1)]
+        self.gather_into(np.asarray([i], np.int64), views, num_threads=1)
+        out = self.token_batch(views, 1)
+        return TokenSample({k: (v[0] if k in ("input_ids", "labels", "position_ids") else v) for k, v in out.items()})
+
+    def source(self, idx: int) -> str | None:
+        """The file (and token offset) sample ``idx`` starts in."""
+        i = _check_index(idx, len(self))
+        sp = self.plan.spans(np.asarray([i], np.int64))
+        return self._where(int(sp.g[0])) if sp.g.size else None
+
+    def _where(self, g: int) -> str:
+        f = int(np.searchsorted(self.file_start, g, side="right")) - 1
+        f = min(max(f, 0), len(self.files) - 1)
+        return f"{self.files[f].path} at token {g - int(self.file_start[f])}"
+
+    def native_source(self) -> NativeSource:
+        """TOKENS: rows gathered by the token kernel (NOTE [ Token batches ])."""
+        return NativeSource(SourceKind.TOKENS, stage=self._stage(), dataset=self, description=repr(self))
+
+    def _stage(self) -> str:
+        kinds = sorted({tf.kind for tf in self.files})
+        return (f"TokenDataset of {len(self.files)} {'/'.join(kinds)} file(s), {self.num_tokens} tokens: "
+                f"{self.packing} rows of {self.seq_len} + 1 tokens gathered by a nogil kernel")
+
+    def element_spec(self) -> Any:
+        s = (self.seq_len,)
+        return {"input_ids": TensorSpec(s, self.ids_dtype), "labels": TensorSpec(s, self.dtype),
+                "position_ids": TensorSpec(s, self.dtype), "cu_seqlens": TensorSpec((None,), np.dtype(np.int32)),
+                "max_seqlen": TensorSpec((), np.dtype(np.int64))}
+
+    def __repr__(self) -> str:
+        src = self._sources if isinstance(self._sources, str) else f"{len(self.files)} files"
+        return f"TokenDataset({src!r}, seq_len={self.seq_len}, packing={self.packing!r})"
+
+    # -- what the native engine calls ----------------------------------------------------
+
+    def token_parts(self, batch_size: int) -> list[tuple[tuple, np.dtype]]:
+        """The arena parts of a batch of ``batch_size`` rows: ids, labels, positions,
+        cu_seqlens (room for every segment), each row's segment starts and their counts."""
+        b, s = int(batch_size), self.seq_len
+        if b * s >= 1 << 31:
+            raise ValueError(f"a batch of {b} x {s} tokens does not fit int32 cu_seqlens")
+        return [((b, s), self.ids_dtype), ((b, s), self.dtype), ((b, s), self.dtype),
+                ((b * s + 1,), np.dtype(np.int32)), ((b, s + 2), np.dtype(np.int32)), ((b,), np.dtype(np.int64))]
+
+    def spans(self, rows: np.ndarray) -> Spans:
+        return self.plan.spans(np.asarray(rows, np.int64))
+
+    def gather_into(self, rows: np.ndarray, views: list[np.ndarray], *, num_threads: int | None = None,
+                    out_rows: np.ndarray | None = None) -> None:
+        """Write samples ``rows`` into rows ``out_rows`` (default ``0..``) of ``views`` (the parts of
+        :meth:`token_parts`). Raises :class:`LoaderError` naming the file and token of a bad row."""
+        rows = np.ascontiguousarray(rows, np.int64)
+        out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.ascontiguousarray(out_rows, np.int64)
+        self._check_views(views)
+        sp = self.spans(rows)
+        n = rows.size
+        status = np.zeros(n, np.int32)
+        where = np.zeros(n, np.int64)
+        threads = 1 if not num_threads else _threads.resolve_num_threads(num_threads)
+        ids, lab, pos, _cu, starts, counts = views
+        _tokens.rows_into(self._corpus, sp.g, sp.n, sp.ptr, out, sp.detect, self.seq_len,
+                          -1 if self.eos_id is None else self.eos_id, self.limit, self.pad_id, self.ignore_index,
+                          self.mask_document_starts, _tokens.OUTPUT_TYPES[self.ids_dtype.name],
+                          _tokens.OUTPUT_TYPES[self.dtype.name], ids.ctypes.data, lab.ctypes.data, pos.ctypes.data,
+                          ids.strides[0], lab.strides[0], starts, counts, status, where, max(1, min(threads, n)))
+        bad = np.flatnonzero(status != _tokens.OK)
+        if bad.size:
+            j = int(bad[0])
+            self._raise(int(rows[j]), int(status[j]), int(where[j]))
+
+    def _raise(self, row: int, status: int, where: int) -> None:
+        at = self._where(where) if where >= 0 else "an unknown position"
+        if status == _tokens.RANGE:
+            raise LoaderError(f"sample {row}: a token id at {at} is out of range (ids must be 0 <= id < {self.limit}"
+                              + (", the vocab_size" if self.vocab_size is not None else "") + ")")
+        raise LoaderError(f"sample {row}: its tokens at {at} lie outside the corpus (a corrupt index)")
+
+    def _check_views(self, views: list[np.ndarray]) -> None:
+        if len(views) != 6:
+            raise ValueError(f"gather_into needs the 6 parts of token_parts, got {len(views)}")
+        for v, (shape, dt) in zip(views, self.token_parts(views[0].shape[0])):
+            if v.dtype != dt or v.shape[1:] != shape[1:] or not v.flags.c_contiguous or not v.flags.writeable:
+                raise ValueError(f"gather_into: a part of shape {v.shape} {v.dtype}, expected {shape} {dt}, "
+                                 "C-contiguous and writeable")
+
+    def token_batch(self, views: list[np.ndarray], n: int) -> dict:
+        """The batch dict of the first ``n`` rows written into ``views`` (NOTE [ Token batches ])."""
+        ids, lab, pos, cu, starts, counts = views
+        m, longest = _tokens.cu_seqlens_into(starts, counts, int(n), self.seq_len, cu)
+        return {"input_ids": ids[:n], "labels": lab[:n], "position_ids": pos[:n], "cu_seqlens": cu[:m],
+                "max_seqlen": int(longest)}

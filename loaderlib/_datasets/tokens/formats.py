@@ -1,0 +1,332 @@
+"""Token corpora in the formats users have, opened as read-only mappings.
+
+NOTE [ Opening a token corpus ]
+Every format is opened in O(1) per file, whatever its number of documents: the tokens are a
+mapping of the file (``numpy.memmap``), and the document starts are the index's own array,
+mapped too, never copied or scanned:
+- Megatron-LM / NeMo indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``, the ``MMIDIDX``
+  header): the sequence pointers, in bytes, are the document starts (``divisor`` = the
+  token size); an index whose documents group several sequences gets its starts gathered
+  once (``sequence_pointers[document_indices[:-1]]``);
+- datatrove's ``.ds`` with ``.ds.index`` (uint64 document ends, in tokens): the ends are the
+  next documents' starts;
+- flat token files (``.bin`` of a given dtype, ``.npy``): no index; documents end at the EOS
+  id the user names, found while a row is assembled (NOTE [ A token row ] in
+  pyx/include/ll_tokens.h);
+- Arrow / Parquet columns of token lists (``input_ids`` as Hugging Face ``datasets`` saves
+  them): Arrow IPC files are mapped and their list offsets are the starts; Parquet is
+  compressed, so its column is decoded into memory once when the dataset opens (say so in
+  the docs: convert large Parquet corpora with ``write_tokens`` first).
+What can be checked up front is checked here and named with the file: magic, version, dtype
+code, that the ``.bin`` holds what the ``.idx`` points to, that the sizes agree. Reads never
+trust the index: every span the kernels read is checked against its file.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...errors import LoaderError
+
+__all__ = ["TokenFile", "TokenFormatError", "open_sources"]
+
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+#: Megatron-LM's dtype codes (``DType`` of megatron/core/datasets/indexed_dataset.py).
+MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+                   8: np.uint16}
+#: Token types the kernels read.
+TOKEN_DTYPES = ("uint8", "uint16", "int16", "uint32", "int32", "int64")
+
+
+class TokenFormatError(LoaderError, ValueError):
+    """A token file that cannot be read as what it claims to be; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """One file of a token corpus.
+
+    ``tokens`` is a 1-D array of token ids (a read-only mapping, or in memory for Parquet);
+    ``bounds`` the sorted document starts in units of ``1 / divisor`` tokens (None: no index;
+    with ``eos_split`` the documents end at the EOS id); ``kind`` names the format.
+    """
+
+    path: str
+    kind: str
+    tokens: np.ndarray
+    bounds: np.ndarray | None
+    divisor: int
+    eos_split: bool
+    lengths: np.ndarray | None = None   # Megatron: tokens per document (with ``bounds``)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.size)
+
+    def doc_spans(self, eos_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """Start and length (tokens, int64) of every document of the file, in file order.
+
+        Index formats read their index (O(documents), vectorised); a flat file delimited by
+        ``eos_id`` is scanned for it in chunks (O(tokens); NOTE [ Packing in blocks ]);
+        without one the file is one document.
+        """
+        n = self.num_tokens
+        if self.bounds is not None and self.kind == "datatrove":   # the bounds are document ends
+            ends = np.asarray(self.bounds, np.int64)
+            starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+            return starts, ends - starts
+        if self.bounds is not None:
+            starts = np.asarray(self.bounds, np.int64) // self.divisor
+            if self.lengths is not None:
+                lens = np.asarray(self.lengths, np.int64)
+            else:
+                ends = np.append(starts[1:], n)
+                lens = ends - starts
+            return starts, lens
+        if self.eos_split and eos_id is not None:
+            ends = [np.zeros(0, np.int64)]
+            step = 1 << 24
+            for lo in range(0, n, step):
+                ends.append(np.flatnonzero(self.tokens[lo:lo + step] == eos_id).astype(np.int64) + lo + 1)
+            e = np.concatenate(ends)
+            if e.size == 0 or e[-1] != n:
+                e = np.append(e, n)
+            starts = np.concatenate([[0], e[:-1]]).astype(np.int64)
+            return starts, e - starts
+        return np.zeros(1 if n else 0, np.int64), np.full(1 if n else 0, n, np.int64)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        raise FileNotFoundError(f"token file not found: {path}") from None
+
+
+def _map(path: str, dtype: Any, count: int | None = None, offset: int = 0) -> np.ndarray:
+    dt = np.dtype(dtype)
+    n = (_size(path) - offset) // dt.itemsize if count is None else count
+    if n == 0:
+        return np.zeros(0, dt)
+    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=(n,))
+
+
+def open_megatron(prefix: str) -> TokenFile:
+    """``PREFIX.bin`` + ``PREFIX.idx`` of Megatron-LM / NeMo (NOTE [ Opening a token corpus ])."""
+    idx, binp = prefix + ".idx", prefix + ".bin"
+    size = _size(idx)
+    with open(idx, "rb") as f:
+        head = f.read(34)
+    if len(head) < 34:
+        raise TokenFormatError(f"{idx}: {len(head)} bytes, too short for a Megatron index header (34 bytes)")
+    if head[:9] != MEGATRON_MAGIC:
+        raise TokenFormatError(f"{idx}: not a Megatron index (magic {head[:9]!r}, expected {MEGATRON_MAGIC!r})")
+    (version,) = struct.unpack("<Q", head[9:17])
+    if version != 1:
+        raise TokenFormatError(f"{idx}: Megatron index version {version}, only version 1 is known")
+    code = head[17]
+    if code not in MEGATRON_DTYPES:
+        raise TokenFormatError(f"{idx}: unknown dtype code {code} (Megatron's codes are 1-8)")
+    dtype = np.dtype(MEGATRON_DTYPES[code])
+    if dtype.name not in TOKEN_DTYPES:
+        raise TokenFormatError(f"{idx}: dtype code {code} ({dtype.name}) is not a token type "
+                               f"(one of {', '.join(TOKEN_DTYPES)})")
+    nseq, ndoc = struct.unpack("<QQ", head[18:34])
+    need = 34 + nseq * 4 + nseq * 8 + ndoc * 8
+    if size < need:
+        raise TokenFormatError(f"{idx}: {size} bytes, but its header describes {nseq} sequences and {ndoc} "
+                               f"document indices ({need} bytes)")
+    lengths = _map(idx, np.int32, nseq, 34)
+    pointers = _map(idx, np.int64, nseq, 34 + nseq * 4)
+    docs = _map(idx, np.int64, ndoc, 34 + nseq * 12)
+    bsize = _size(binp)
+    expect = int(pointers[-1]) + int(lengths[-1]) * dtype.itemsize if nseq else 0
+    if bsize != expect:
+        raise TokenFormatError(f"{binp}: {bsize} bytes, but {idx} says its last sequence ends at byte {expect}")
+    if bsize % dtype.itemsize:
+        raise TokenFormatError(f"{binp}: {bsize} bytes is not a whole number of {dtype.name} tokens")
+    if ndoc and (int(docs[0]) != 0 or int(docs[-1]) != nseq):
+        raise TokenFormatError(f"{idx}: document indices run from {int(docs[0])} to {int(docs[-1])}, "
+                               f"expected 0 to {nseq}")
+    tokens = _map(binp, dtype)
+    if ndoc == 0 or ndoc == nseq + 1:
+        # One sequence per document (what GPT-style preprocessing writes): the pointers are the
+        # starts as they are; a corrupt index gives wrong positions, never a read outside the file.
+        return TokenFile(binp, "megatron", tokens, pointers, dtype.itemsize, False, lengths)
+    first = np.asarray(docs[:-1], np.int64)
+    last = np.asarray(docs[1:], np.int64) - 1
+    if first.size and (first.min() < 0 or last.max() >= nseq or (last < first).any()):
+        raise TokenFormatError(f"{idx}: document indices outside its {nseq} sequences")
+    starts = np.asarray(pointers[first], np.int64)
+    ends = np.asarray(pointers[last], np.int64) + np.asarray(lengths[last], np.int64) * dtype.itemsize
+    return TokenFile(binp, "megatron", tokens, starts, dtype.itemsize, False, (ends - starts) // dtype.itemsize)
+
+
+def open_flat(path: str, dtype: Any = None) -> TokenFile:
+    """A flat token file: ``.npy`` (its own dtype) or raw ``.bin`` of ``dtype`` (default uint16,
+    as nanoGPT writes ``train.bin``); documents end at the EOS id (NOTE [ Opening a token corpus ])."""
+    if path.endswith(".npy"):
+        try:
+            arr = np.load(path, mmap_mode="r")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"token file not found: {path}") from None
+        except ValueError as e:
+            raise TokenFormatError(f"{path}: not a readable .npy file ({e})") from None
+        if arr.ndim != 1:
+            raise TokenFormatError(f"{path}: a token file holds a 1-D array, this one has shape {arr.shape}")
+        if arr.dtype.name not in TOKEN_DTYPES:
+            raise TokenFormatError(f"{path}: dtype {arr.dtype} is not a token type (one of {', '.join(TOKEN_DTYPES)})")
+        if not arr.dtype.isnative:
+            raise TokenFormatError(f"{path}: byte order {arr.dtype.byteorder!r} is not this machine's")
+        return TokenFile(path, "flat", arr, None, 1, True)
+    dt = np.dtype("uint16" if dtype is None else dtype)
+    if dt.name not in TOKEN_DTYPES:
+        raise ValueError(f"dtype {dt} is not a token type (one of {', '.join(TOKEN_DTYPES)})")
+    size = _size(path)
+    if size % dt.itemsize:
+        raise TokenFormatError(f"{path}: {size} bytes is not a whole number of {dt.name} tokens")
+    return TokenFile(path, "flat", _map(path, dt), None, 1, True)
+
+
+def open_datatrove(path: str, dtype: Any = None) -> TokenFile:
+    """datatrove's ``NAME.ds`` and ``NAME.ds.index`` (uint64 document ends, in tokens); the token
+    size is 2 or 4 bytes, taken from ``dtype`` or from the two files' sizes."""
+    index = path + ".index"
+    isize = _size(index)
+    if isize % 8:
+        raise TokenFormatError(f"{index}: {isize} bytes is not a whole number of uint64 document ends")
+    ends = _map(index, "<u8")
+    size = _size(path)
+    last = int(ends[-1]) if ends.size else 0
+    if dtype is not None:
+        dt = np.dtype(dtype)
+    elif last and size == last * 2:
+        dt = np.dtype(np.uint16)
+    elif last and size == last * 4:
+        dt = np.dtype(np.uint32)
+    else:
+        dt = np.dtype(np.uint16)
+    if size != last * dt.itemsize:
+        raise TokenFormatError(f"{path}: {size} bytes, but {index} says its last document ends at token {last} "
+                               f"({last * dt.itemsize} bytes of {dt.name})")
+    bounds = ends.view(np.int64) if ends.size else None
+    return TokenFile(path, "datatrove", _map(path, dt), bounds, 1, False)
+
+
+def open_arrow(path: str, column: str = "input_ids") -> TokenFile:
+    """A column of token lists from an Arrow IPC file (mapped) or a Parquet file (decoded once)."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise ImportError(f"reading {path} needs pyarrow: pip install 'loaderlib[tokens]' (or pyarrow)") from None
+    _size(path)
+    try:
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            names = pq.read_schema(path).names
+            if column not in names:
+                raise TokenFormatError(f"{path}: no column {column!r} (columns: {', '.join(names)})")
+            table = pq.read_table(path, columns=[column])
+        else:
+            src = pa.memory_map(path, "r")
+            try:
+                table = pa.ipc.open_file(src).read_all()
+            except pa.ArrowInvalid:
+                src = pa.memory_map(path, "r")
+                table = pa.ipc.open_stream(src).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise TokenFormatError(f"{path}: not a readable {'Parquet' if path.endswith('.parquet') else 'Arrow'} "
+                               f"file ({e})") from None
+    except KeyError:
+        raise TokenFormatError(f"{path}: no column {column!r}") from None
+    if column not in table.column_names:
+        raise TokenFormatError(f"{path}: no column {column!r} (columns: {', '.join(table.column_names)})")
+    col = table.column(column).combine_chunks()
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or not pa.types.is_integer(
+            col.type.value_type):
+        raise TokenFormatError(f"{path}: column {column!r} is {col.type}, not a list of integer token ids")
+    if col.null_count:
+        raise TokenFormatError(f"{path}: column {column!r} has {col.null_count} null rows")
+    offsets = np.asarray(col.offsets, np.int64)
+    values = col.values
+    tokens = np.asarray(values)
+    if offsets.size and (offsets[0] != 0 or offsets[-1] != tokens.size):
+        # a sliced column: take exactly the tokens its rows cover
+        tokens = tokens[offsets[0]:offsets[-1]]
+        offsets = offsets - offsets[0]
+    if tokens.dtype.name not in TOKEN_DTYPES:
+        if tokens.dtype.kind in "iu" and (tokens.size == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < 2**31)):
+            tokens = tokens.astype(np.int32)
+        else:
+            raise TokenFormatError(f"{path}: column {column!r} holds {tokens.dtype} values, not token ids")
+    return TokenFile(path, "arrow", tokens, offsets[:-1].copy() if offsets.size > 1 else None, 1, False)
+
+
+_EXTENSIONS = (".idx", ".bin", ".npy", ".ds", ".parquet", ".arrow")
+
+
+def _expand(source: str) -> list[str]:
+    if any(c in source for c in "*?["):
+        found = sorted(glob.glob(source))
+        if not found:
+            raise FileNotFoundError(f"no token files match {source!r}")
+        return found
+    if os.path.isdir(source):
+        found = sorted(os.path.join(source, f) for f in os.listdir(source) if f.endswith(_EXTENSIONS))
+        if not found:
+            raise FileNotFoundError(f"no token files in {source} (looked for {', '.join(_EXTENSIONS)})")
+        return found
+    return [source]
+
+
+def _kind_of(path: str) -> tuple[str, str]:
+    """(format, the path to open) of one source path."""
+    if path.endswith(".idx") and os.path.exists(path[:-4] + ".bin"):
+        return "megatron", path[:-4]
+    if path.endswith(".bin"):
+        return ("megatron", path[:-4]) if os.path.exists(path[:-4] + ".idx") else ("flat", path)
+    if os.path.exists(path + ".idx") and os.path.exists(path + ".bin"):
+        return "megatron", path
+    if path.endswith(".npy"):
+        return "flat", path
+    if path.endswith(".ds"):
+        return "datatrove", path
+    if path.endswith(".ds.index"):
+        return "datatrove", path[:-6]
+    if path.endswith((".parquet", ".arrow")):
+        return "arrow", path
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"token source not found: {path} (nor {path}.bin + {path}.idx)")
+    raise TokenFormatError(f"{path}: not a token file loaderlib knows (Megatron .bin/.idx, .bin, .npy, datatrove "
+                           ".ds, .parquet, .arrow)")
+
+
+def open_sources(sources: Any, *, dtype: Any = None, column: str = "input_ids") -> list[TokenFile]:
+    """Every file of ``sources`` (a path, a Megatron prefix, a folder, a glob, or a list of
+    them), in order; each Megatron pair, datatrove pair or Parquet file once."""
+    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    if not items:
+        raise ValueError("TokenDataset needs at least one source")
+    out: list[TokenFile] = []
+    seen: set[tuple[str, str]] = set()
+    for src in items:
+        for path in _expand(os.fspath(src)):
+            kind, target = _kind_of(path)
+            if (kind, target) in seen:
+                continue
+            seen.add((kind, target))
+            if kind == "megatron":
+                out.append(open_megatron(target))
+            elif kind == "flat":
+                out.append(open_flat(target, dtype))
+            elif kind == "datatrove":
+                out.append(open_datatrove(target, dtype))
+            else:
+                out.append(open_arrow(target, column))
+    return out

@@ -1,0 +1,226 @@
+# cython: freethreading_compatible = False
+"""Token kernels: training rows from a token corpus (owner: loaderlib/_datasets/tokens/dataset.py).
+
+``rows_into`` runs one ``prange`` over the rows of a batch; per row the C helper ``ll_tok_row``
+(include/ll_tokens.h, NOTE [ A token row ]) widens the row's spans of the corpus into
+per-thread scratch and writes ``input_ids``, ``labels`` and ``position_ids`` with the row's
+segment starts, and returns a status code, never raising. ``cu_seqlens_into`` turns the rows'
+segment starts into the batch's ``cu_seqlens``; ``best_fit`` places document pieces into rows.
+"""
+
+from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdlib cimport free, malloc
+
+cimport cython
+from cython.parallel cimport prange, threadid
+
+
+cdef extern from "ll_tokens.h":
+    const int LL_TOK_U8, LL_TOK_U16, LL_TOK_I16, LL_TOK_U32, LL_TOK_I32, LL_TOK_I64
+    const int LL_TOK_OUT_U16, LL_TOK_OUT_I32, LL_TOK_OUT_I64
+    const int LL_TOK_OK, LL_TOK_RANGE, LL_TOK_SPAN, LL_TOK_NOMEM
+
+    ctypedef struct ll_tok_file:
+        const void* data
+        int64_t ntok
+        int dtype
+        const int64_t* bounds
+        int64_t nbounds
+        int64_t bdiv
+        int eos_split
+
+    ctypedef struct ll_tok_spec:
+        const ll_tok_file* files
+        int64_t nfiles
+        const int64_t* file_start
+        int64_t eos
+        int64_t limit
+        int64_t pad_id
+        int64_t ignore
+        int mask_doc_starts
+        int64_t S
+        int ids_type
+        int idx_type
+
+    ctypedef struct ll_tok_fail:
+        int status
+        int64_t where
+
+    int ll_tok_row(const ll_tok_spec* sp, const int64_t* seg_g, const int64_t* seg_n, int64_t nseg, int detect,
+                   int64_t* row, int32_t* starts, int64_t* nseg_out, void* ids, void* lab, void* pos,
+                   ll_tok_fail* fail) noexcept nogil
+    int64_t ll_tok_cu_seqlens(const int32_t* starts, int64_t stride, const int64_t* counts, int64_t n, int64_t S,
+                              int32_t* cu, int64_t* max_len) noexcept nogil
+    int64_t ll_tok_best_fit(const int64_t* lens, int64_t n, int64_t cap, int64_t* row_of,
+                            int64_t* order) noexcept nogil
+
+
+#: Source token types (the ``dtype`` of a file in ``Corpus``), by numpy dtype name.
+SOURCE_TYPES = {"uint8": LL_TOK_U8, "uint16": LL_TOK_U16, "int16": LL_TOK_I16, "uint32": LL_TOK_U32,
+                "int32": LL_TOK_I32, "int64": LL_TOK_I64}
+#: Output types of ``input_ids`` (all three) and of labels and positions (int32, int64).
+OUTPUT_TYPES = {"uint16": LL_TOK_OUT_U16, "int32": LL_TOK_OUT_I32, "int64": LL_TOK_OUT_I64}
+OK, RANGE, SPAN, NOMEM = LL_TOK_OK, LL_TOK_RANGE, LL_TOK_SPAN, LL_TOK_NOMEM
+
+
+cdef class Corpus:
+    """The files of a token corpus as the kernels read them: per file its tokens (a 1-D array,
+    usually a read-only mapping), their type code and its document starts (or None).
+
+    Keeps every array it points into alive for as long as it lives. Read-only once made, so
+    any number of threads may read it at once.
+    """
+
+    cdef ll_tok_file* files
+    cdef int64_t nfiles
+    cdef int64_t[::1] starts
+    cdef list keep
+
+    def __cinit__(self, list tokens, list types, list bounds, list divisors, list eos_split):
+        cdef Py_ssize_t i, n = len(tokens)
+        self.files = <ll_tok_file*>malloc(max(n, 1) * sizeof(ll_tok_file))
+        if self.files == NULL:
+            raise MemoryError()
+        self.nfiles = n
+        self.keep = []
+        import numpy as np
+        st = np.zeros(n + 1, np.int64)
+        for i in range(n):
+            a = tokens[i]
+            b = bounds[i]
+            self.keep.append(a)
+            self.files[i].data = <const void*><uintptr_t>a.__array_interface__["data"][0] if a.size else NULL
+            self.files[i].ntok = a.size
+            self.files[i].dtype = types[i]
+            self.files[i].bdiv = divisors[i]
+            self.files[i].eos_split = 1 if eos_split[i] else 0
+            if b is None or b.size == 0:
+                self.files[i].bounds = NULL
+                self.files[i].nbounds = 0
+            else:
+                self.keep.append(b)
+                self.files[i].bounds = <const int64_t*><uintptr_t>b.__array_interface__["data"][0]
+                self.files[i].nbounds = b.size
+            st[i + 1] = st[i] + a.size
+        self.starts = st
+
+    def __dealloc__(self):
+        free(self.files)
+
+    @property
+    def file_start(self):
+        """The global token offset of each file, and the total last (int64, ``nfiles + 1``)."""
+        return self.starts.base
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def rows_into(Corpus corpus, const int64_t[::1] seg_g not None, const int64_t[::1] seg_n not None,
+              const int64_t[::1] row_ptr not None, const int64_t[::1] out_rows not None, bint detect,
+              int64_t seq_len, int64_t eos, int64_t limit, int64_t pad_id, int64_t ignore, bint mask_doc_starts,
+              int ids_type, int idx_type, uintptr_t ids, uintptr_t labels, uintptr_t positions,
+              Py_ssize_t ids_stride, Py_ssize_t idx_stride, int32_t[:, ::1] starts not None,
+              int64_t[::1] counts not None, int32_t[::1] status not None, int64_t[::1] where not None,
+              int num_threads):
+    """Fill output rows ``out_rows[i]`` from the spans ``row_ptr[i]:row_ptr[i + 1]`` of
+    ``seg_g``/``seg_n`` (global token start, length; NOTE [ A token row ]).
+
+    ``ids``/``labels``/``positions``: addresses of C-contiguous 2-D outputs of ``seq_len``
+    columns, rows ``ids_stride`` / ``idx_stride`` bytes apart (the owner checks them).
+    ``starts[r]`` (``seq_len + 2`` int32) and ``counts[r]`` receive output row r's segment
+    starts; ``status[i]``/``where[i]`` row i's status code and the global token at fault.
+    Thread-safe for distinct output rows; one ``prange`` over the rows.
+    """
+    cdef ll_tok_spec sp
+    cdef Py_ssize_t n = out_rows.shape[0], i
+    cdef int64_t* scratch
+    cdef int64_t r, a, b
+    cdef int t, nt = num_threads if num_threads > 0 else 1
+    cdef ll_tok_fail* fails
+    if row_ptr.shape[0] != n + 1 or status.shape[0] < n or where.shape[0] < n:
+        raise ValueError("rows_into: row_ptr, status and where must cover every row")
+    if starts.shape[1] < seq_len + 2:
+        raise ValueError("rows_into: starts needs seq_len + 2 columns")
+    if n == 0:
+        return
+    if row_ptr[0] < 0 or row_ptr[n] > seg_g.shape[0] or seg_n.shape[0] != seg_g.shape[0]:
+        raise ValueError("rows_into: row_ptr points outside the spans")
+    for i in range(n):
+        if row_ptr[i + 1] < row_ptr[i]:
+            raise ValueError("rows_into: row_ptr must not decrease")
+        if out_rows[i] < 0 or out_rows[i] >= starts.shape[0] or out_rows[i] >= counts.shape[0]:
+            raise ValueError(f"rows_into: output row {out_rows[i]} out of range")
+    sp.files = corpus.files
+    sp.nfiles = corpus.nfiles
+    sp.file_start = &corpus.starts[0]
+    sp.eos = eos
+    sp.limit = limit
+    sp.pad_id = pad_id
+    sp.ignore = ignore
+    sp.mask_doc_starts = 1 if mask_doc_starts else 0
+    sp.S = seq_len
+    sp.ids_type = ids_type
+    sp.idx_type = idx_type
+    scratch = <int64_t*>malloc(nt * (seq_len + 1) * sizeof(int64_t))
+    fails = <ll_tok_fail*>malloc(nt * sizeof(ll_tok_fail))
+    if scratch == NULL or fails == NULL:
+        free(scratch)
+        free(fails)
+        raise MemoryError()
+    try:
+        # NOTE [ Dynamic schedule ] (pyx/_chain.pyx): rows of pieces cost what their spans cost.
+        for i in prange(n, nogil=True, num_threads=nt, schedule="dynamic"):
+            t = threadid()
+            r = out_rows[i]
+            a = row_ptr[i]
+            b = row_ptr[i + 1]
+            status[i] = ll_tok_row(&sp, &seg_g[a], &seg_n[a], b - a, detect, scratch + t * (seq_len + 1),
+                                   &starts[r, 0], &counts[r], <void*>(ids + r * ids_stride),
+                                   <void*>(labels + r * idx_stride), <void*>(positions + r * idx_stride), fails + t)
+            where[i] = fails[t].where
+    finally:
+        free(scratch)
+        free(fails)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def cu_seqlens_into(const int32_t[:, ::1] starts not None, const int64_t[::1] counts not None, Py_ssize_t n,
+                    int64_t seq_len, int32_t[::1] cu not None):
+    """``cu_seqlens`` of the first ``n`` rows into ``cu``; returns ``(entries, max_seqlen)``.
+    ``cu`` needs ``sum(counts[:n]) + 1`` entries (at most ``n * seq_len + 1``)."""
+    cdef int64_t total = 0, longest = 0, m
+    cdef Py_ssize_t r
+    if n > starts.shape[0] or n > counts.shape[0]:
+        raise ValueError("cu_seqlens_into: more rows than starts")
+    for r in range(n):
+        if counts[r] < 1 or counts[r] > starts.shape[1]:
+            raise ValueError(f"cu_seqlens_into: row {r} has {counts[r]} segments")
+        total += counts[r]
+    if cu.shape[0] < total + 1:
+        raise ValueError("cu_seqlens_into: cu is too short")
+    with nogil:
+        m = ll_tok_cu_seqlens(&starts[0, 0], starts.shape[1], &counts[0], n, seq_len, &cu[0], &longest)
+    return m, longest
+
+
+def best_fit(const int64_t[::1] lens not None, int64_t cap):
+    """Best-fit decreasing placement of pieces of ``lens`` (each 1..cap) into rows of ``cap``
+    tokens (NOTE [ Packing in blocks ]): ``(row_of, order, rows)``, the row of each piece, the
+    order they were placed in, and the number of rows."""
+    import numpy as np
+    cdef Py_ssize_t n = lens.shape[0]
+    row_of = np.empty(n, np.int64)
+    order = np.empty(n, np.int64)
+    cdef int64_t[::1] ro = row_of
+    cdef int64_t[::1] od = order
+    cdef int64_t rows
+    if cap < 1:
+        raise ValueError("best_fit: cap must be at least 1")
+    if n == 0:
+        return row_of, order, 0
+    with nogil:
+        rows = ll_tok_best_fit(&lens[0], n, cap, &ro[0], &od[0])
+    if rows < 0:
+        raise MemoryError("best_fit: out of memory")
+    return row_of, order, int(rows)

@@ -1,0 +1,327 @@
+"""TokenDataset: each format read equals numpy's reading of the same files, and batches equal
+a plain-Python model of the three packings (tests/unit/_token_model.py) on every engine and
+thread count; resume, sharding and bad input."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import loaderlib as ll
+from loaderlib.batchify import collate_tokens
+from tests.unit._token_model import model_batch, model_rows, write_datatrove, write_megatron
+
+EOS = 1
+
+
+def make_docs(seed: int, n: int, vocab: int = 500, empty: bool = True) -> list[list[int]]:
+    """Documents with lengths from a heavy-tailed distribution (a few tokens to a few hundred),
+    each ending in EOS, some empty."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(n):
+        k = int(min(400, rng.lognormal(3.0, 1.0)))
+        if empty and rng.random() < 0.05:
+            docs.append([])
+            continue
+        body = rng.integers(2, vocab, size=max(0, k - 1)).tolist()
+        docs.append(body + [EOS])
+    return docs
+
+
+def starts_of(docs):
+    out, at = [], 0
+    for d in docs:
+        out.append(at)
+        at += len(d)
+    return out
+
+
+def flat(docs):
+    return [t for d in docs for t in d]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The same documents in every format: two files each."""
+    root = tmp_path_factory.mktemp("tokens")
+    a, b = make_docs(1, 60), make_docs(2, 45)
+    out = {}
+    write_megatron(str(root / "meg_a"), a)
+    write_megatron(str(root / "meg_b"), b)
+    out["megatron"] = ([str(root / "meg_a"), str(root / "meg_b.bin")], [(flat(a), starts_of(a)), (flat(b), starts_of(b))])
+    np.asarray(flat(a), np.uint16).tofile(root / "a.bin")
+    np.save(root / "b.npy", np.asarray(flat(b), np.int32))
+    out["flat"] = ([str(root / "a.bin"), str(root / "b.npy")], [(flat(a), None), (flat(b), None)])
+    write_datatrove(str(root / "a.ds"), a)
+    write_datatrove(str(root / "b.ds"), b, np.uint32)
+    out["datatrove"] = ([str(root / "a.ds"), str(root / "b.ds")], [(flat(a), starts_of(a)), (flat(b), starts_of(b))])
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"input_ids": pa.array(a, pa.list_(pa.int32()))}), root / "a.parquet")
+    with pa.OSFile(str(root / "b.arrow"), "wb") as sink:
+        t = pa.table({"input_ids": pa.array(b, pa.list_(pa.int64()))})
+        with pa.ipc.new_file(sink, t.schema) as w:
+            w.write_table(t)
+    out["arrow"] = ([str(root / "a.parquet"), str(root / "b.arrow")], [(flat(a), starts_of(a)), (flat(b), starts_of(b))])
+    return out
+
+
+FORMATS = ["megatron", "flat", "datatrove", "arrow"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_format_reads_what_numpy_reads(corpus, fmt):
+    paths, files = corpus[fmt]
+    ds = ll.TokenDataset(paths, 8, eos_id=EOS)
+    assert len(ds.files) == 2
+    for tf, (toks, starts) in zip(ds.files, files):
+        np.testing.assert_array_equal(np.asarray(tf.tokens, np.int64), np.asarray(toks, np.int64))
+        if starts is not None:
+            s, n = tf.doc_spans(EOS)
+            np.testing.assert_array_equal(s, starts)
+            np.testing.assert_array_equal(n, np.diff(starts + [len(toks)]))
+
+
+def _check_loader(ds, expected, S, batch_size, **kw):
+    loader = ll.DataLoader(ds, batch_size=batch_size, **kw)
+    k = 0
+    for batch in loader:
+        n = batch["input_ids"].shape[0]
+        ids, lab, pos, cu, longest = model_batch(expected[k:k + n], S)
+        np.testing.assert_array_equal(batch["input_ids"], ids)
+        np.testing.assert_array_equal(batch["labels"], lab)
+        np.testing.assert_array_equal(batch["position_ids"], pos)
+        np.testing.assert_array_equal(batch["cu_seqlens"], cu)
+        assert batch["max_seqlen"] == longest
+        k += n
+    assert k == len(expected)
+    return loader
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("packing", ["concat", "pack", "pad"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batches_equal_the_model(corpus, fmt, packing, threads):
+    paths, files = corpus[fmt]
+    S = 32
+    ds = ll.TokenDataset(paths, S, packing=packing, eos_id=EOS, block=20)
+    expected = model_rows(files, S, packing, EOS, block=20)
+    assert len(ds) == len(expected)
+    loader = _check_loader(ds, expected, S, 8, num_threads=threads)
+    assert loader.engine == "native"
+    b = next(iter(loader))
+    assert b["input_ids"].dtype == np.int32 and b["labels"].dtype == np.int32
+    assert b["position_ids"].dtype == np.int32 and b["cu_seqlens"].dtype == np.int32
+
+
+@pytest.mark.parametrize("packing", ["concat", "pack", "pad"])
+def test_options_mask_pad_ignore_and_dtypes(corpus, packing):
+    paths, files = corpus["megatron"]
+    S = 16
+    ds = ll.TokenDataset(paths, S, packing=packing, eos_id=EOS, pad_id=0, ignore_index=-1,
+                         mask_document_starts=True, ids_dtype="uint16", dtype="int64", block=7)
+    expected = model_rows(files, S, packing, EOS, pad=0, ignore=-1, mask=True, block=7)
+    loader = _check_loader(ds, expected, S, 5)
+    b = next(iter(loader))
+    assert b["input_ids"].dtype == np.uint16 and b["labels"].dtype == np.int64
+
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_python_engines_equal_the_model(corpus, engine):
+    paths, files = corpus["datatrove"]
+    S = 24
+    ds = ll.TokenDataset(paths, S, packing="pack", eos_id=EOS, block=30)
+    expected = model_rows(files, S, "pack", EOS, block=30)
+    kw = {"num_workers": 2} if engine == "processes" else {}
+    loader = _check_loader(ds.transform(lambda s: s), expected, S, 6, **kw)
+    assert loader.engine == engine
+
+
+def test_one_sample_from_python_equals_its_batch(corpus):
+    paths, files = corpus["flat"]
+    ds = ll.TokenDataset(paths, 12, packing="concat", eos_id=EOS)
+    expected = model_rows(files, 12, "concat", EOS)
+    s = ds[3]
+    np.testing.assert_array_equal(s["input_ids"], expected[3][0])
+    np.testing.assert_array_equal(s["position_ids"], expected[3][2])
+    b = collate_tokens([ds[i] for i in range(5)])
+    ids, lab, pos, cu, longest = model_batch(expected[:5], 12)
+    np.testing.assert_array_equal(b["cu_seqlens"], cu)
+    assert b["max_seqlen"] == longest
+    assert "at token" in ds.source(3)
+
+
+def test_without_eos_a_flat_file_is_one_document(tmp_path):
+    t = np.arange(100, dtype=np.uint16)
+    t.tofile(tmp_path / "train.bin")
+    ds = ll.TokenDataset(str(tmp_path / "train.bin"), 10)
+    s = ds[2]
+    np.testing.assert_array_equal(s["input_ids"], np.arange(20, 30))
+    np.testing.assert_array_equal(s["labels"], np.arange(21, 31))
+    np.testing.assert_array_equal(s["position_ids"], np.arange(10))
+    assert len(ds) == 9
+
+
+def test_shuffled_resume_and_sharding_deliver_every_sequence_once(corpus):
+    paths, files = corpus["megatron"]
+    ds = ll.TokenDataset(paths, 16, packing="pack", eos_id=EOS, block=25)
+    full = [b["input_ids"].copy() for b in ll.DataLoader(ds, batch_size=4, shuffle=True, seed=3)]
+    loader = ll.DataLoader(ds, batch_size=4, shuffle=True, seed=3)
+    it = iter(loader)
+    first = [next(it)["input_ids"].copy() for _ in range(3)]
+    state = loader.state_dict()
+    resumed = ll.DataLoader(ds, batch_size=4, shuffle=True, seed=3)
+    resumed.load_state_dict(state)
+    rest = [b["input_ids"].copy() for b in resumed]
+    assert len(first) + len(rest) == len(full)
+    for x, y in zip(first + rest, full):
+        np.testing.assert_array_equal(x, y)
+    rows = []
+    for rank in range(2):
+        sampler = ll.ShardedSampler(2, rank, shuffle=True, seed=5)
+        for b in ll.DataLoader(ds, batch_size=4, sampler=sampler):
+            rows.extend(map(bytes, b["input_ids"]))
+    whole = [bytes(ds[i]["input_ids"]) for i in range(len(ds))]
+    assert sorted(set(rows)) == sorted(set(whole))
+
+
+def test_pack_wastes_less_than_pad(corpus):
+    paths, _ = corpus["megatron"]
+    pack = ll.TokenDataset(paths, 64, packing="pack", eos_id=EOS)
+    pad = ll.TokenDataset(paths, 64, packing="pad", eos_id=EOS)
+    concat = ll.TokenDataset(paths, 64, packing="concat", eos_id=EOS)
+    assert concat.padding_share == 0.0
+    assert 0 < pack.padding_share < pad.padding_share
+    assert len(pack) < len(pad)
+
+
+def test_long_documents_are_split_and_empty_ones_skipped(tmp_path):
+    docs = [[], list(range(2, 40)), [], [5, 6]]
+    write_megatron(str(tmp_path / "c"), docs)
+    files = [(flat(docs), starts_of(docs))]
+    for packing, rows in (("pad", 5), ("pack", 4)):   # 38 tokens: pieces of 11, 11, 11 and 8
+        ds = ll.TokenDataset(str(tmp_path / "c"), 10, packing=packing)
+        expected = model_rows(files, 10, packing, None)
+        assert len(ds) == len(expected) == rows
+        _check_loader(ds, expected, 10, 2)
+
+
+def test_offsets_past_2_to_the_32(tmp_path):
+    """A sparse corpus of more than 2^32 tokens: rows near its end hold the tokens written there."""
+    n = (1 << 32) + 5000
+    last_start = ((n - 1) // 1024 - 1) * 1024
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as f:
+        f.truncate(n * 2)
+        for at, val in ((1000, 7), (last_start + 3, 9), ((1 << 32) + 17, 11)):
+            f.seek(at * 2)
+            f.write(struct.pack("<H", val))
+    ds = ll.TokenDataset(str(path), 1024)
+    assert len(ds) == (n - 1) // 1024
+    i = ((1 << 32) + 17) // 1024
+    s = ds[i]
+    j = (1 << 32) + 17 - i * 1024
+    assert s["input_ids"][j] == 11 and s["labels"][j - 1] == 11
+    last = ds[len(ds) - 1]
+    assert (len(ds) - 1) * 1024 == last_start
+    assert last["input_ids"][3] == 9 and last["input_ids"].sum() == 9
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_bin_size_not_matching_its_idx(tmp_path):
+    write_megatron(str(tmp_path / "c"), [[2, 3, 4], [5, 6]])
+    with open(tmp_path / "c.bin", "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(ll.LoaderError, match=r"c\.bin: 12 bytes, but .*c\.idx says its last sequence ends at byte 10"):
+        ll.TokenDataset(str(tmp_path / "c"), 2)
+
+
+@pytest.mark.parametrize("offset,value,message", [
+    (0, b"NOTANIDX\0", r"not a Megatron index \(magic"),
+    (9, struct.pack("<Q", 2), r"Megatron index version 2"),
+    (17, bytes([9]), r"unknown dtype code 9"),
+    (17, bytes([6]), r"dtype code 6 \(float64\) is not a token type"),
+])
+def test_a_corrupt_megatron_header(tmp_path, offset, value, message):
+    write_megatron(str(tmp_path / "c"), [[2, 3, 4], [5, 6]])
+    with open(tmp_path / "c.idx", "r+b") as f:
+        f.seek(offset)
+        f.write(value)
+    with pytest.raises(ll.LoaderError, match=message) as e:
+        ll.TokenDataset(str(tmp_path / "c"), 2)
+    assert "c.idx" in str(e.value)
+
+
+def test_a_truncated_index(tmp_path):
+    write_megatron(str(tmp_path / "c"), [[2, 3, 4], [5, 6]])
+    with open(tmp_path / "c.idx", "r+b") as f:
+        f.truncate(40)
+    with pytest.raises(ll.LoaderError, match=r"c\.idx: 40 bytes, but its header describes 2 sequences"):
+        ll.TokenDataset(str(tmp_path / "c"), 2)
+
+
+def test_token_ids_past_the_vocabulary_name_the_file(tmp_path):
+    write_megatron(str(tmp_path / "c"), [[2, 3, 4, 700], [5, 6]])
+    ds = ll.TokenDataset(str(tmp_path / "c"), 2, vocab_size=500)
+    ds[0]
+    with pytest.raises(ll.LoaderError, match=r"sample 1: a token id at .*c\.bin at token 3 is out of range"):
+        ds[1]
+    with pytest.raises(ll.LoaderError, match=r"c\.bin at token 3 is out of range"):
+        list(ll.DataLoader(ds, batch_size=2))
+
+
+def test_empty_and_short_corpora(tmp_path):
+    np.zeros(0, np.uint16).tofile(tmp_path / "empty.bin")
+    with pytest.raises(ll.LoaderError, match=r"the token corpus is empty \(.*empty\.bin: no tokens\)"):
+        ll.TokenDataset(str(tmp_path / "empty.bin"), 4)
+    np.arange(5, dtype=np.uint16).tofile(tmp_path / "short.bin")
+    with pytest.raises(ll.LoaderError, match=r"short\.bin\) has 5 tokens, fewer than one sequence of seq_len \+ 1 = 9"):
+        ll.TokenDataset(str(tmp_path / "short.bin"), 8)
+    write_megatron(str(tmp_path / "none"), [[], []])
+    with pytest.raises(ll.LoaderError, match=r"the token corpus is empty"):
+        ll.TokenDataset(str(tmp_path / "none"), 4, packing="pack")
+
+
+def test_bad_arguments(tmp_path):
+    np.arange(50, dtype=np.uint16).tofile(tmp_path / "t.bin")
+    p = str(tmp_path / "t.bin")
+    with pytest.raises(ValueError, match=r"seq_len must be at least 1, got 0"):
+        ll.TokenDataset(p, 0)
+    with pytest.raises(ValueError, match=r"packing must be one of"):
+        ll.TokenDataset(p, 4, packing="greedy")
+    with pytest.raises(ValueError, match=r"eos_id 600 is out of range \(vocab_size 500\)"):
+        ll.TokenDataset(p, 4, eos_id=600, vocab_size=500)
+    with pytest.raises(ValueError, match=r"eos_id 70000 is out of range \(uint16 ids\)"):
+        ll.TokenDataset(p, 4, eos_id=70000, ids_dtype="uint16")
+    with pytest.raises(ValueError, match=r"eos_id 70000 cannot occur in .*t\.bin: its tokens are uint16"):
+        ll.TokenDataset(p, 4, eos_id=70000)
+    with pytest.raises(FileNotFoundError, match=r"token source not found: .*missing"):
+        ll.TokenDataset(str(tmp_path / "missing"), 4)
+    (tmp_path / "odd.bin").write_bytes(b"\0\0\0")
+    with pytest.raises(ll.LoaderError, match=r"odd\.bin: 3 bytes is not a whole number of uint16 tokens"):
+        ll.TokenDataset(str(tmp_path / "odd.bin"), 4)
+    (tmp_path / "x.txt").write_text("hello")
+    with pytest.raises(ll.LoaderError, match=r"x\.txt: not a token file loaderlib knows"):
+        ll.TokenDataset(str(tmp_path / "x.txt"), 4)
+
+
+def test_datatrove_sizes_that_disagree(tmp_path):
+    write_datatrove(str(tmp_path / "a.ds"), [[2, 3], [4, 5, 6]])
+    with open(tmp_path / "a.ds", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ll.LoaderError, match=r"a\.ds: 11 bytes, but .*a\.ds\.index says its last document ends at token 5"):
+        ll.TokenDataset(str(tmp_path / "a.ds"), 2)
+
+
+def test_a_parquet_file_without_the_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": ["a", "b"]}), tmp_path / "t.parquet")
+    with pytest.raises(ll.LoaderError, match=r"t\.parquet: no column 'input_ids'"):
+        ll.TokenDataset(str(tmp_path / "t.parquet"), 2)
+    assert os.path.exists(tmp_path / "t.parquet")
