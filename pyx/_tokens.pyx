@@ -2,8 +2,7 @@
 """Token kernels: training rows from a token corpus (owner: loaderlib/_datasets/tokens/dataset.py).
 
 ``rows_into`` runs one ``prange`` over the rows of a batch; per row the C helper ``ll_tok_row``
-(include/ll_tokens.h, NOTE [ A token row ]) widens the row's spans of the corpus into
-per-thread scratch and writes ``input_ids``, ``labels`` and ``position_ids`` with the row's
+(include/ll_tokens.h, NOTE [ A token row ]) copies the row's spans of the corpus and writes ``input_ids``, ``labels`` and ``position_ids`` with the row's
 segment starts, and returns a status code, never raising. ``cu_seqlens_into`` turns the rows'
 segment starts into the batch's ``cu_seqlens``; ``best_fit`` places document pieces into rows.
 """
@@ -47,7 +46,7 @@ cdef extern from "ll_tokens.h":
         int64_t where
 
     int ll_tok_row(const ll_tok_spec* sp, const int64_t* seg_g, const int64_t* seg_n, int64_t nseg, int detect,
-                   int64_t* row, int32_t* starts, int64_t* nseg_out, void* ids, void* lab, void* pos,
+                   int32_t* starts, int64_t* nseg_out, void* ids, void* lab, void* pos,
                    ll_tok_fail* fail) noexcept nogil
     int64_t ll_tok_cu_seqlens(const int32_t* starts, int64_t stride, const int64_t* counts, int64_t n, int64_t S,
                               int32_t* cu, int64_t* max_len) noexcept nogil
@@ -133,7 +132,6 @@ def rows_into(Corpus corpus, const int64_t[::1] seg_g not None, const int64_t[::
     """
     cdef ll_tok_spec sp
     cdef Py_ssize_t n = out_rows.shape[0], i
-    cdef int64_t* scratch
     cdef int64_t r, a, b
     cdef int t, nt = num_threads if num_threads > 0 else 1
     cdef ll_tok_fail* fails
@@ -161,11 +159,8 @@ def rows_into(Corpus corpus, const int64_t[::1] seg_g not None, const int64_t[::
     sp.S = seq_len
     sp.ids_type = ids_type
     sp.idx_type = idx_type
-    scratch = <int64_t*>malloc(nt * (seq_len + 1) * sizeof(int64_t))
     fails = <ll_tok_fail*>malloc(nt * sizeof(ll_tok_fail))
-    if scratch == NULL or fails == NULL:
-        free(scratch)
-        free(fails)
+    if fails == NULL:
         raise MemoryError()
     try:
         # NOTE [ Dynamic schedule ] (pyx/_chain.pyx): rows of pieces cost what their spans cost.
@@ -174,12 +169,10 @@ def rows_into(Corpus corpus, const int64_t[::1] seg_g not None, const int64_t[::
             r = out_rows[i]
             a = row_ptr[i]
             b = row_ptr[i + 1]
-            status[i] = ll_tok_row(&sp, &seg_g[a], &seg_n[a], b - a, detect, scratch + t * (seq_len + 1),
-                                   &starts[r, 0], &counts[r], <void*>(ids + r * ids_stride),
+            status[i] = ll_tok_row(&sp, &seg_g[a], &seg_n[a], b - a, detect, &starts[r, 0], &counts[r], <void*>(ids + r * ids_stride),
                                    <void*>(labels + r * idx_stride), <void*>(positions + r * idx_stride), fails + t)
             where[i] = fails[t].where
     finally:
-        free(scratch)
         free(fails)
 
 
