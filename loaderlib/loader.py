@@ -355,6 +355,16 @@ class DataLoader:
         return self._batch_size
 
     @property
+    def drop_last(self) -> bool:
+        """PyTorch's name: whether a short last batch is dropped (``last_batch="discard"``)."""
+        return self._last_batch == "discard"
+
+    @property
+    def collate_fn(self) -> Callable | None:
+        """PyTorch's name of :attr:`batchify_fn`."""
+        return self.batchify_fn
+
+    @property
     def sampler(self) -> Any:
         """The sampler that orders sample indices (None with a custom ``batch_sampler``)."""
         bs = self._batch_sampler
@@ -587,7 +597,25 @@ class DataLoader:
             self._pool.seed = seed
 
     # -- iteration --------------------------------------------------------------------
+    # NOTE [ Lazy iter ]
+    # ``iter(loader)`` only makes a handle: the epoch is chosen (a loaded state, the sampler's
+    # epoch), the run planned and its threads started at the first ``next()``, as torch's
+    # DataLoader, whose sampler is iterated only then. Trainers rely on it: Lightning calls
+    # ``iter()`` once to check that a loader is iterable and drops it, and calls the epoch's
+    # ``iter()`` before ``set_epoch`` on the sampler; an iterator that began at ``iter()`` would
+    # have run the epoch before the one asked for, with threads started for nothing.
     def __iter__(self) -> LoaderIterator:
+        if self._closed:
+            raise RuntimeError("this DataLoader is closed")
+        post: tuple = ()
+        if self.batch_transform is not None:
+            post += (BatchTransformStep(self.batch_transform),)
+        if self.output == "torch":
+            post += (TorchStep(self._bfloat16_first()),)
+        return LoaderIterator(None, self, post, start=self._start_run)
+
+    def _start_run(self, it: LoaderIterator) -> _Run:
+        """The run of iterator ``it``, at its first ``next()`` (NOTE [ Lazy iter ])."""
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
         if self.recorder.enabled:
@@ -612,17 +640,11 @@ class DataLoader:
                     run = self._new_run(RunState(order, self.seed, delivered=delivered, position=position))
         if isinstance(run.recorder, HeldRecorder):
             run.recorder.release()
-        post: tuple = ()
-        if self.batch_transform is not None:
-            post += (BatchTransformStep(self.batch_transform),)
-        if self.output == "torch":
-            post += (TorchStep(self._bfloat16_first()),)
-        it = LoaderIterator(run, self, post)
         self._current = weakref.ref(it)   # never keep an abandoned iterator alive
         if self._last_state is not None:
             self._errors.extend(self._last_state.skipped)
         self._last_state = run.state
-        return it
+        return run
 
     def _iterable_run(self, resume: dict | None) -> _Run:
         if resume is not None:

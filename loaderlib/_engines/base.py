@@ -743,38 +743,60 @@ class LoaderIterator:
     conversion of ``output="torch"``).
     """
 
-    def __init__(self, run: _Run, owner: Any = None, post: tuple = ()) -> None:
-        self._run = run
+    def __init__(self, run: _Run | None, owner: Any = None, post: tuple = (),
+                 start: Callable[[LoaderIterator], _Run] | None = None) -> None:
         self._post = post
         # ``for b in DataLoader(...)`` drops the loader at once: the iterator keeps it (and its
         # worker processes) alive. The loader refers back only weakly, so there is no cycle.
         self._owner = owner
-        self._finalizer = weakref.finalize(self, _finish, run, owner)
+        self._start = start   # makes the run at the first next() (NOTE [ Lazy iter ] in loader.py)
+        self._started: _Run | None = None
+        self._finalizer: Any = None
+        if run is not None:
+            self._bind(run)
+
+    def _bind(self, run: _Run) -> _Run:
+        self._started = run
+        self._finalizer = weakref.finalize(self, _finish, run, self._owner)
+        return run
+
+    @property
+    def _run(self) -> _Run:
+        if self._started is not None:
+            return self._started
+        if self._start is None:
+            raise RuntimeError("this iterator was closed before its first batch")
+        start, self._start = self._start, None
+        return self._bind(start(self))
 
     def __iter__(self) -> LoaderIterator:
         return self
 
     def __len__(self) -> int:
+        if self._started is None:   # not started: the epoch the loader will run
+            return max(0, len(self._owner) - self.delivered) if self._start is not None else 0
         st = self._run.state
         return max(0, st.total - st.delivered)
 
     @property
     def epoch(self) -> int:
-        return self._run.state.epoch
+        return self._owner.epoch if self._started is None else self._run.state.epoch
 
     @property
     def delivered(self) -> int:
         """Batches handed to the user so far in this epoch."""
-        return self._run.state.delivered
+        return int(self.state_dict()["delivered"]) if self._started is None else self._run.state.delivered
 
     def state_dict(self) -> dict:
         """The loader state that continues after the last batch this iterator returned."""
-        return self._owner._state_of(self._run.state)
+        return self._owner.state_dict() if self._started is None else self._owner._state_of(self._run.state)
 
     def __reduce__(self):
         return (_restore_iterator, (self._owner, self.state_dict()))
 
     def __next__(self) -> Any:
+        if self._started is None and self._start is None:
+            raise StopIteration   # closed before its first batch
         run = self._run
         if run.closed:
             raise StopIteration
@@ -842,12 +864,13 @@ class LoaderIterator:
         old = self._run
         self._finalizer.detach()
         old.close()
-        self._run = run
-        self._finalizer = weakref.finalize(self, _finish, run, self._owner)
+        self._bind(run)
 
     def close(self) -> None:
         """Stop the pipeline: join its threads, stop its work and free its slots. Idempotent."""
-        self._finalizer()
+        self._start = None
+        if self._finalizer is not None:
+            self._finalizer()
 
 
 def _report_skips(state: RunState) -> None:

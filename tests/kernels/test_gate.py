@@ -273,11 +273,11 @@ def test_the_next_epochs_first_batch_is_queued_behind_the_users_slot_before_the_
     the other one), so it starts when the user gives the slot back, as a batch mid-epoch does."""
     loader = _loader(folder, num_threads=1)
     it = iter(loader)
-    ring = loader._arena_ring
     got = []
     for k in range(8):   # batches 0..7 of 9; batch 7 is still held after the loop
         x, y = next(it)
         got.append((x.copy(), y.copy()))
+    ring = loader._arena_ring   # made by the first next() (NOTE [ Lazy iter ])
     held = [_lease(x)]
     assert _poll(lambda: loader._warm.run is not None and not ring.can_follow(held[0])), \
         "the next epoch's first batch was not queued behind the slot the user holds"

@@ -1,0 +1,114 @@
+"""What training frameworks expect of a loader (NOTE [ Lazy iter ]): ``iter()`` starts nothing
+until the first ``next()``, ``set_epoch`` on ``loader.sampler`` after ``iter()`` still chooses
+the epoch, ``len()`` is exact per rank and unchanged by a resume, and PyTorch's attribute names
+are readable.
+
+The reference for the batches is the documented order: a ``ShardedSampler``'s shard of epoch
+``e`` is slots ``r, r + k, ...`` of the one-shard order of ``e`` (padded by wrapping around).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import loaderlib as ll
+
+from .._threads import threads
+
+N, BATCH, ORDER_SEED = 30, 4, 7
+
+
+def _order(epoch: int) -> list[int]:
+    return ll.ShardedSampler(1, 0, N, shuffle=True, seed=ORDER_SEED).order(epoch).tolist()
+
+
+def _shard_batches(epoch: int, world: int, rank: int) -> list[list[int]]:
+    order, per = _order(epoch), -(-N // world)
+    shard = [order[(rank + j * world) % N] for j in range(per)]
+    return [shard[i:i + BATCH] for i in range(0, per, BATCH)]
+
+
+def _loader(world=2, rank=1, threads_=2, **kw):
+    return ll.DataLoader(ll.ArrayDataset(np.arange(N, dtype=np.int64)), batch_size=BATCH, num_threads=threads_,
+                         seed=0, sampler=ll.ShardedSampler(world, rank, shuffle=True, seed=ORDER_SEED), **kw)
+
+
+class _Counting(ll.ArrayDataset):
+    """Counts the samples read through ``__getitem__`` (a Python dataset: the threads engine)."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        type(self).reads += 1
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("threads_", [1, 2])
+def test_iter_starts_nothing_before_the_first_next(threads_):
+    ds = _Counting(np.arange(N, dtype=np.int64)).transform(lambda x: x)
+    ld = ll.DataLoader(ds, batch_size=BATCH, num_threads=threads_, seed=0,
+                       sampler=ll.ShardedSampler(2, 1, shuffle=True, seed=ORDER_SEED))
+    assert ld.engine == "threads"
+    before = set(threads())
+    _Counting.reads = 0
+    it = iter(ld)
+    iter(ld)                                  # Lightning's check that the loader is iterable
+    assert set(threads()) <= before           # no thread started
+    assert _Counting.reads == 0               # nothing read
+    assert ld.epoch == 0 and ld.sampler.epoch == 0   # no epoch drawn
+    assert len(it) == len(ld) == 4
+    ld.sampler.set_epoch(2)                   # Lightning: set_epoch after the epoch's iter()
+    got = [b.tolist() for b in it]
+    assert got == _shard_batches(2, 2, 1)
+    assert _Counting.reads == 15
+    ld.close()
+
+
+def test_an_iterator_closed_before_its_first_batch_ends():
+    ld = _loader()
+    it = iter(ld)
+    it.close()
+    assert list(it) == []
+    assert [b.tolist() for b in ld] == _shard_batches(0, 2, 1)   # the loader's epoch 0 is untouched
+    ld.close()
+
+
+def test_a_state_loaded_after_iter_applies_at_the_first_next():
+    src = _loader()
+    first = iter(src)
+    next(first)
+    state = src.state_dict()
+    src.close()
+    ld = _loader()
+    it = iter(ld)
+    ld.load_state_dict(state)
+    assert [b.tolist() for b in it] == _shard_batches(0, 2, 1)[1:]
+    ld.close()
+
+
+def test_len_is_exact_per_rank_and_unchanged_by_a_resume():
+    for world, rank in ((1, 0), (2, 1), (4, 3)):
+        ld = _loader(world, rank)
+        want = _shard_batches(0, world, rank)
+        assert len(ld) == len(want)
+        it = iter(ld)
+        next(it)
+        ld2 = _loader(world, rank)
+        ld2.load_state_dict(ld.state_dict())
+        assert len(ld2) == len(want)
+        it2 = iter(ld2)
+        assert len(it2) == len(want) - 1
+        assert len(list(it2)) == len(want) - 1
+        ld.close()
+        ld2.close()
+
+
+def test_pytorch_attribute_names_are_readable():
+    collate = ll.batchify.Stack()
+    ld = ll.DataLoader(ll.ArrayDataset(np.arange(N)), batch_size=BATCH, drop_last=True, collate_fn=collate,
+                       num_workers=0, seed=0)
+    assert (ld.batch_size, ld.drop_last, ld.num_workers, ld.collate_fn) == (BATCH, True, 0, collate)
+    assert ld.sampler is not None and ld.batch_sampler is not None
+    assert ld.batch_sampler.sampler is ld.sampler
+    assert not _loader().drop_last
