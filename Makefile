@@ -36,17 +36,19 @@ $(OPENCV): $(BASE) requirements-opencv.txt
 # Test-only dependencies. PyTorch is optional: the benchmarks compare against its
 # DataLoader and a few tests check zero-copy conversion. It is installed only from a local
 # CPU wheel (never a multi-GB CUDA download); WITH_TORCH=0 skips it.
-$(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements-remote.txt
-	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-test.txt -r requirements-remote.txt
+$(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements-remote.txt requirements-tokens.txt
+	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-test.txt -r requirements-remote.txt -r requirements-tokens.txt
 	@# tests/remote serves files with nginx (Debian's nginx-light), started by the tests on 127.0.0.1.
 	@if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then \
 	  echo "installing nginx-light with apt-get (tests/remote serves files with it)"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q nginx-light; \
 	  elif command -v sudo >/dev/null 2>&1; then sudo -n apt-get update -q && sudo -n apt-get install -y -q nginx-light; fi \
 	  || echo "WARNING: nginx-light could not be installed: tests/remote will fail saying so"; fi
+	@# megatron-core (after torch, which it needs; 0.17+ needs Python 3.12) reads what write_tokens writes.
 	@whl=$$(ls $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1); \
 	if [ "$(WITH_TORCH)" = "0" ]; then echo "WITH_TORCH=0: PyTorch not installed"; \
-	elif [ -n "$$whl" ]; then $(BIN)/python -m pip install "$$whl"; \
+	elif [ -n "$$whl" ]; then $(BIN)/python -m pip install "$$whl" && { $(BIN)/python -m pip install "megatron-core==0.16.1" \
+	  || echo "megatron-core not installed: the Megatron reader check of tests/unit/test_tokenize.py is skipped"; }; \
 	else echo "no local PyTorch CPU wheel in $(TORCH_WHEELS): PyTorch tests and comparisons are skipped"; fi
 	@# MXNet 1.9.1 (an independent RecordIO writer for tests/unit/test_recordio.py) needs numpy < 1.24:
 	@# it lives in a side environment; if it cannot be installed, that one test is skipped.

@@ -19,6 +19,7 @@ from . import _check_build  # noqa: F401  # isort: skip
 from . import batchify, sampler, transforms
 from ._autotune import AUTOTUNE
 from ._build import build_info
+from ._datasets.tokens.write import TokenWriteReport, write_tokens
 from ._device import DeviceLoader, to_device
 from ._loader.elastic import merge_state_dicts
 from ._probe import probe_storage
@@ -85,6 +86,7 @@ __all__ = [
     "StageRecorder",
     "StateError",
     "Stats",
+    "TokenWriteReport",
     "TupleDataset",
     "WebDataset",
     "WeightedRandomSampler",
@@ -105,6 +107,7 @@ __all__ = [
     "to_device",
     "transforms",
     "write_records",
+    "write_tokens",
     "write_webdataset",
     "write_webdataset_index",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``python -m loaderlib {bench,pack,doctor} ...`` (also installed as ``loaderlib``).
+"""Command line: ``python -m loaderlib {bench,pack,tokenize,doctor} ...`` (also installed as ``loaderlib``).
 
 ``bench``: the profiling harness (its options and code live in ``loaderlib.profiling.cli``,
 imported only when this subcommand runs: the core never imports profiling otherwise).
@@ -6,6 +6,8 @@ imported only when this subcommand runs: the core never imports profiling otherw
 (``OUT.llrec`` plus ``OUT.llidx``), readable with :class:`loaderlib.RecordFileDataset`;
 ``--max-side N --quality Q [--raw-below PIXELS] [--reencode]`` store images at a capped
 resolution (:func:`loaderlib.pack`).
+``tokenize INPUT... OUT --tokenizer tokenizer.json``: tokenize JSON Lines, text or Parquet files
+into a Megatron-LM indexed dataset (``OUT.bin`` plus ``OUT.idx``; :func:`loaderlib.write_tokens`).
 ``doctor``: what this installation was built with and why the defaults are what they are.
 
 Exit status: 0 success, 1 the command failed (a message says why), 2 bad command line (one
@@ -28,6 +30,7 @@ EXAMPLES = f"""examples:
   {PROG} bench                          benchmark on the demo dataset
   {PROG} bench --data ~/imagenet/train --threads 8
   {PROG} pack ~/imagenet/train train --shard-size 1GB
+  {PROG} tokenize corpus/*.jsonl.zst corpus --tokenizer tokenizer.json --append-eos
 """
 
 PACK_EXAMPLES = f"""examples:
@@ -38,6 +41,15 @@ PACK_EXAMPLES = f"""examples:
   {PROG} pack photos/ small --max-side 160 --raw-below 30000
                                       images under 30,000 pixels stored as raw pixels
 then read it with:  loaderlib.RecordFileDataset("train-*.llrec")
+"""
+
+TOKENIZE_EXAMPLES = f"""examples:
+  {PROG} tokenize train.jsonl train --tokenizer tokenizer.json       writes train.bin and train.idx
+  {PROG} tokenize shards/*.jsonl.zst web --tokenizer tok/ --append-eos
+                                      tok/tokenizer.json; EOS from tok/tokenizer_config.json
+  {PROG} tokenize wiki.parquet wiki --tokenizer tokenizer.json --text-key article --append-eos --eos-id 2
+  {PROG} tokenize books/*.txt books --tokenizer tokenizer.json         each .txt file is one document
+then read it with loaderlib.TokenDataset, or with Megatron-LM: IndexedDataset("train")
 """
 
 DOCTOR_EXAMPLES = f"""examples:
@@ -106,6 +118,16 @@ def _threads(text: str) -> int:
     return v
 
 
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
 def _seconds(text: str) -> float:
     try:
         v = float(text)
@@ -166,6 +188,27 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     pack.add_argument("--force", action="store_true", help="replace existing output files")
     pack.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    tok = sub.add_parser("tokenize", help="tokenize text files into a Megatron .bin/.idx token corpus",
+                         description=textwrap.fill(
+                             "Tokenize INPUT files (JSON Lines .jsonl/.ndjson/.json, plain .txt: one document per "
+                             "file, either optionally .gz or .zst; .parquet) with a Hugging Face tokenizer into "
+                             "OUT.bin and OUT.idx, the Megatron-LM indexed dataset format (uint16 tokens up to "
+                             "65,536 ids, else int32), one sequence per document; empty documents are skipped. "
+                             "The files appear only once complete. Needs the [tokens] extra.", 88),
+                         epilog=TOKENIZE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tok.add_argument("inputs", nargs="+", metavar="INPUT", help="text files to tokenize, in this order")
+    tok.add_argument("out", metavar="OUT", help="output prefix: writes OUT.bin and OUT.idx (replacing them)")
+    tok.add_argument("--tokenizer", required=True, metavar="FILE",
+                     help="a Hugging Face tokenizer.json, or a folder holding one")
+    tok.add_argument("--text-key", default="text", metavar="KEY",
+                     help="the JSON key or Parquet column holding the text (default: text)")
+    tok.add_argument("--append-eos", action="store_true",
+                     help="append an end-of-document id to every document (the tokenizer's EOS, or --eos-id)")
+    tok.add_argument("--eos-id", type=_count, default=None, metavar="N", help="the id --append-eos appends")
+    tok.add_argument("--batch-size", type=_threads, default=1000, metavar="N",
+                     help="documents per tokenizer batch (default 1000)")
+    tok.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     doctor = sub.add_parser("doctor", help="report the build, thread defaults, fork safety and extras",
                             description=textwrap.fill(
                                 "What this installation of loaderlib was built with (OpenMP, SIMD, libjpeg-turbo), "
@@ -219,6 +262,21 @@ def _pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokenize(args: argparse.Namespace) -> int:
+    from . import write_tokens
+    from .errors import LoaderError
+
+    try:
+        report = write_tokens(args.inputs, args.out, tokenizer=args.tokenizer, text_key=args.text_key,
+                              append_eos=args.append_eos, eos_id=args.eos_id, batch_size=args.batch_size,
+                              progress=not args.no_progress)
+    except (OSError, LoaderError, ValueError, TypeError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)   # the messages name the flag beside the keyword
+        return 1
+    print(report.summary())
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from ._doctor import diagnose, format_report
 
@@ -268,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     if args.command == "pack":
         return _pack(args)
+    if args.command == "tokenize":
+        return _tokenize(args)
     if args.command == "doctor":
         return _doctor(args)
     from .profiling.cli import run  # imported lazily: only this subcommand needs it

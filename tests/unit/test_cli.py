@@ -69,14 +69,15 @@ def test_unknown_command_exit_status_in_a_real_process():
     res = _run("frobnicate")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.splitlines() == [("python -m loaderlib: error: argument COMMAND: invalid choice: 'frobnicate' "
-                                        "(choose from 'bench', 'pack', 'doctor') (see 'python -m loaderlib --help')")]
+                                        "(choose from 'bench', 'pack', 'tokenize', 'doctor') (see 'python -m loaderlib --help')")]
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["--help"], ["bench", "pack", "doctor", "--version", "examples:"]),
+    (["--help"], ["bench", "pack", "tokenize", "doctor", "--version", "examples:"]),
     (["bench", "--help"], ["--data DIR", "--model-step-ms", "examples:", "python -m loaderlib bench --data"]),
     (["pack", "--help"], ["image_dir", "--shard-size SIZE", "examples:", "RecordFileDataset"]),
     (["doctor", "--help"], ["--seconds S", "--json", "examples:", "LOCAL_WORLD_SIZE"]),
+    (["tokenize", "--help"], ["INPUT [INPUT ...] OUT", "--tokenizer FILE", "examples:", "IndexedDataset"]),
 ])
 def test_help_has_options_and_examples(capsys, argv, expected):
     with pytest.raises(SystemExit, match="^0$"):
