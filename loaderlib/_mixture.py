@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ._dataset_base import Dataset, _check_index, _source_of, _TransformDataset
+from ._datasets.tokens.mixture import token_parts_of
 from ._extract.source import NativeSource, SourceKind, native_source_of
 from .errors import _add_context
 
@@ -160,6 +161,16 @@ def _native_of(mixture: MixtureDataset) -> tuple[NativeSource | None, str | None
                       + ", ".join(f"{k}: {s.kind.name.lower()}" for k, s in enumerate(srcs))
                       + "); the native engine reads a mixture of one kind")
     kind = srcs[0].kind
+    if kind is SourceKind.TOKENS and not any(s.wrap for s in srcs):
+        parts, why = token_parts_of([s.dataset for s in srcs], mixture.starts, mixture.source_names)
+        if parts is None:
+            return None, why
+        stage = (f"MixtureDataset of {len(srcs)} token sources, " + " + ".join(str(c) for c in mixture.counts.tolist())
+                 + " sequences per epoch: " + "; ".join(f"{mixture.source_names[k]}: {s.stage}"
+                                                        for k, s in enumerate(srcs)))
+        out = NativeSource(kind, stage=stage, dataset=parts, description=repr(mixture))
+        out.epoch_map = mixture.rows
+        return out, None
     if kind not in (SourceKind.FILES, SourceKind.SHARDS, SourceKind.ARRAYS) or any(s.wrap for s in srcs):
         return None, (f"MixtureDataset: {kind.name.lower()} sources (objects in a store, cached pixels) are read "
                       "from Python in a mixture")
@@ -210,6 +221,9 @@ class MixtureDataset(Dataset):
         all zero). Default: proportional to the sources' lengths.
     size : int, optional
         Samples per epoch (default: the sum of the sources' lengths); ``len(mixture)``.
+    weights_in : {"samples", "tokens"}
+        What ``weights`` are shares of: samples, or (token datasets) tokens, turned into shares
+        of samples by each source's ``tokens_per_sample`` (NOTE [ Mixture weights in tokens ]).
     seed : int, optional
         Keys the walk and the interleaving. None: the seed of the loader reading the mixture
         (0 when it is indexed from Python).
@@ -233,7 +247,7 @@ class MixtureDataset(Dataset):
     """
 
     def __init__(self, datasets: Sequence[Any], weights: Sequence[float] | None = None, *, size: int | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, weights_in: str = "samples") -> None:
         if isinstance(datasets, (str, bytes)) or not hasattr(datasets, "__iter__"):
             raise TypeError(f"datasets must be a sequence of datasets, got {type(datasets).__name__}")
         dsets = list(datasets)
@@ -248,7 +262,24 @@ class MixtureDataset(Dataset):
                 raise ValueError(f"datasets[{k}] ({_short(d)}) is empty: every source needs a sample")
             lengths.append(n)
         self.datasets = dsets
+        if weights_in not in ("samples", "tokens"):
+            raise ValueError(f"weights_in must be 'samples' or 'tokens', got {weights_in!r}")
         self.weights = check_weights(weights, len(dsets), lengths)
+        if weights_in == "tokens" and weights is not None:
+            # NOTE [ Mixture weights in tokens ]: a source's share of tokens w_k is a share of
+            # samples proportional to w_k / t_k, t_k its tokens per sample (not padding): for
+            # concat sources every sample holds seq_len tokens and nothing changes; for packed
+            # or padded ones, t_k is the source's mean over one pass, so the token shares hold
+            # over an epoch on average, and the counts per epoch stay exact and resumable.
+            per = []
+            for k, d in enumerate(dsets):
+                t = getattr(d, "tokens_per_sample", None)
+                if t is None:
+                    raise ValueError(f"weights_in='tokens': datasets[{k}] ({_short(d)}) does not say its tokens per "
+                                     "sample (TokenDataset.tokens_per_sample)")
+                per.append(float(t))
+            w = self.weights / np.asarray(per, np.float64)
+            self.weights = w / w.sum()
         if size is None:
             size = sum(lengths)
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)):

@@ -84,6 +84,8 @@ class Recorder(Protocol):
 
     def extract(self, counters: dict) -> None: ...
 
+    def tokens(self, real: int, padding: int) -> None: ...
+
     def python_gil(self, stage: str, held: bool) -> None: ...
 
 
@@ -221,6 +223,7 @@ class StageRecorder:
         self._rows_from_batches = 0
         self._bins: collections.deque = collections.deque([_Bin(0, self._num_threads)], maxlen=self._series_len)
         self._extract: dict | None = None
+        self._tokens = [0, 0]   # tokens and padding positions delivered (token datasets)
         # Each batch's end, samples and stage thread time (NOTE [ Per-batch log ]).
         self._batch_log: collections.deque = collections.deque(maxlen=BATCH_LOG)
 
@@ -346,6 +349,14 @@ class StageRecorder:
         if not self._enabled:
             return
         self._extract = counters
+
+    def tokens(self, real: int, padding: int) -> None:
+        """A token batch held ``real`` input positions with a token and ``padding`` without."""
+        if not self._enabled:
+            return
+        with self._lock:
+            self._tokens[0] += int(real)
+            self._tokens[1] += int(padding)
 
     def python_gil(self, stage: str, held: bool) -> None:
         """Note whether the Python step of ``stage`` holds the GIL while it runs."""
@@ -556,6 +567,7 @@ class StageRecorder:
             "gil": dict(self._gil),
             "percentile_source": source,
             "extract": self._extract,
+            "tokens": tuple(self._tokens),
             "batch_log": tuple(self._batch_log),
         }
         return state, rows, bins_out
@@ -637,5 +649,7 @@ def _build_stats(s: dict, rows: np.ndarray, bins: list) -> Stats:
         gil_held=s["gil"],
         series=series,
         extract=ExtractStats.from_counters(s["extract"], elapsed) if s.get("extract") else None,
+        tokens=s["tokens"][0],
+        padding_tokens=s["tokens"][1],
         batch_log=tuple((t / 1e9, n, tuple(x / 1e9 for x in st)) for t, n, st in s["batch_log"]),
     )

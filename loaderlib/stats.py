@@ -505,6 +505,9 @@ class Stats:
     sources : dict
         For a :class:`~loaderlib.MixtureDataset`: samples of each source (named ``[k] repr``)
         delivered so far in the current or last epoch; empty for other datasets.
+    tokens, padding_tokens : int
+        For a :class:`~loaderlib.TokenDataset`: input positions produced holding a token, and
+        holding padding (``tokens_per_s`` and ``padding_share`` derive from them); 0 otherwise.
     """
 
     enabled: bool
@@ -540,6 +543,8 @@ class Stats:
     memory: dict = dataclasses.field(default_factory=dict)
     batch_log: tuple = ()
     sources: dict = dataclasses.field(default_factory=dict)
+    tokens: int = 0
+    padding_tokens: int = 0
 
     # -- derived figures -----------------------------------------------------------------
     @property
@@ -567,6 +572,8 @@ class Stats:
         del d["batch_log"]   # thousands of entries; the series and totals say it in short
         d["stage_share"] = self.stage_share
         d["consumer_wait_fraction"] = self.consumer_wait_fraction
+        d["tokens_per_s"] = self.tokens_per_s
+        d["padding_share"] = self.padding_share
         return _jsonable(d)
 
     def to_json(self, **kwargs: Any) -> str:
@@ -588,6 +595,17 @@ class Stats:
             for name in STAGES
         ]
 
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens (not padding) produced per second over ``elapsed_s`` (token datasets)."""
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def padding_share(self) -> float:
+        """The share of produced input positions that are padding (token datasets)."""
+        total = self.tokens + self.padding_tokens
+        return self.padding_tokens / total if total else 0.0
+
     def _summary(self) -> list[str]:
         if not self.enabled:
             return ["recording disabled (loader.recorder.enabled = False)"]
@@ -599,6 +617,9 @@ class Stats:
             f"plus {self.boundary_wait_s:.3f} s for the epoch's first batch, "
             f"producer blocked {self.producer_blocked_s:.3f} s"),
         ]
+        if self.tokens or self.padding_tokens:
+            lines.append(f"{self.tokens:,} tokens: {self.tokens_per_s:,.0f} tokens/s, "
+                         f"padding {100 * self.padding_share:.1f}% of positions")
         if self.queue_capacity:
             lines.append(
                 f"prefetch queue {self.queue_depth}/{self.queue_capacity} (mean {self.queue_depth_mean:.1f})"

@@ -470,6 +470,9 @@ class Dashboard:
             ("consumer waits", f"{100 * now.wait_fraction:.0f}%"),
             ("epoch starts", f"{100 * now.boundary_fraction:.0f}%"),
         ]
+        if stats.tokens or stats.padding_tokens:
+            cells[2:2] = [("tokens/s (epoch)", f"{stats.tokens_per_s:,.0f}"),
+                          ("padding", f"{100 * stats.padding_share:.1f}%")]
         if cores is not None:
             cells.append(("CPU cores", f"{cores:.2f}"))
         if others is not None:

@@ -194,11 +194,12 @@ class NativeProducer(Producer):
         _lease, views = self.arena.acquire(self._layout(idx.size))
         ds = self.src.dataset
         threads = self.threads()
-        ds.gather_into(self.src.data_index(idx), views, num_threads=threads)
+        real = ds.gather_into(self.src.data_index(idx), views, num_threads=threads)
         batch = ds.token_batch(views, idx.size)
         if self.rec.enabled:
             dt = _clock() - t0
             self.rec.batch_done(idx.size, {"collate": dt}, dt, threads)
+            self.rec.tokens(real, idx.size * batch["input_ids"].shape[1] - real)
         return Produced(batch, task.start + idx.size, idx.size, task.target)
 
     def _structure(self, views: list) -> Any:

@@ -79,7 +79,7 @@ def row_outputs(row: list[int], doc_starts: set[int], S: int, pad: int, ignore: 
     for j in range(S):
         s = max(x for x in segs if x <= j)
         pos.append(j - s)
-    return ids, labels, pos, segs
+    return ids, labels, pos, segs, real
 
 
 def pieces_of(docs, S):

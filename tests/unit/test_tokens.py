@@ -325,3 +325,61 @@ def test_a_parquet_file_without_the_column(tmp_path):
     with pytest.raises(ll.LoaderError, match=r"t\.parquet: no column 'input_ids'"):
         ll.TokenDataset(str(tmp_path / "t.parquet"), 2)
     assert os.path.exists(tmp_path / "t.parquet")
+
+
+# ---------------------------------------------------------------------------- mixtures
+
+def test_a_native_mixture_of_token_datasets(corpus):
+    (a, b), _ = corpus["megatron"]
+    da = ll.TokenDataset(a, 16, packing="concat", eos_id=EOS)
+    db = ll.TokenDataset(b, 16, packing="pack", eos_id=EOS, block=10)
+    mix = ll.MixtureDataset([da, db], [0.75, 0.25], size=40, seed=4)
+    loader = ll.DataLoader(mix, batch_size=8, num_threads=2)
+    assert loader.engine == "native"
+    sources, samples = mix.epoch_indices(0)
+    got = [b for b in loader]
+    k = 0
+    for batch in got:
+        n = batch["input_ids"].shape[0]
+        want = collate_tokens([(da if s == 0 else db)[int(j)] for s, j in zip(sources[k:k + n], samples[k:k + n])])
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            np.testing.assert_array_equal(batch[key], want[key])
+        assert batch["max_seqlen"] == want["max_seqlen"]
+        k += n
+    assert k == 40 and list(mix.counts) == [30, 10]
+
+
+def test_mixture_weights_in_tokens(corpus):
+    (a, b), _ = corpus["megatron"]
+    da = ll.TokenDataset(a, 16, packing="concat", eos_id=EOS)
+    db = ll.TokenDataset(b, 16, packing="pad", eos_id=EOS)
+    mix = ll.MixtureDataset([da, db], [0.5, 0.5], size=1000, seed=1, weights_in="tokens")
+    tokens = mix.counts * np.asarray([da.tokens_per_sample, db.tokens_per_sample])
+    assert abs(tokens[0] / tokens.sum() - 0.5) < 0.01
+    assert mix.counts[1] > mix.counts[0]   # padded samples hold fewer tokens
+    with pytest.raises(ValueError, match=r"weights_in='tokens': datasets\[1\] .* does not say its tokens per sample"):
+        ll.MixtureDataset([da, ll.ArrayDataset(np.zeros(4))], [0.5, 0.5], weights_in="tokens")
+    with pytest.raises(ValueError, match=r"weights_in must be 'samples' or 'tokens'"):
+        ll.MixtureDataset([da, db], weights_in="bytes")
+    mixed = ll.TokenDataset(a, 8, eos_id=EOS)
+    bad = ll.MixtureDataset([da, mixed])
+    assert ll.DataLoader(bad, batch_size=4).engine != "native"
+    assert "seq_len 8" in bad.python_read
+
+
+def test_stats_count_tokens_and_padding(corpus):
+    paths, files = corpus["megatron"]
+    S = 16
+    ds = ll.TokenDataset(paths, S, packing="pack", eos_id=EOS)
+    loader = ll.DataLoader(ds, batch_size=4)
+    loader.recorder.enabled = True
+    batches = list(loader)
+    stats = loader.stats
+    ids = np.concatenate([b["input_ids"] for b in batches])
+    expected = model_rows(files, S, "pack", EOS)
+    real = sum(r[4] for r in expected)
+    assert ids.shape[0] == len(expected)
+    assert stats.tokens == real and stats.padding_tokens == len(expected) * S - real
+    assert 0 < stats.padding_tokens
+    assert stats.padding_share == pytest.approx(ds.padding_share)
+    assert "tokens/s" in repr(stats) and stats.to_dict()["padding_share"] == stats.padding_share

@@ -172,6 +172,11 @@ class TokenDataset(Dataset):
         return len(self.plan)
 
     @property
+    def tokens_per_sample(self) -> float:
+        """Input positions holding a token (not padding) per sample, over one pass of the corpus."""
+        return self.plan.real_tokens / len(self.plan)
+
+    @property
     def padding_share(self) -> float:
         """The share of input positions that are padding over one pass of the corpus."""
         return 1.0 - self.plan.real_tokens / (len(self.plan) * self.seq_len)
@@ -228,9 +233,10 @@ class TokenDataset(Dataset):
         return self.plan.spans(np.asarray(rows, np.int64))
 
     def gather_into(self, rows: np.ndarray, views: list[np.ndarray], *, num_threads: int | None = None,
-                    out_rows: np.ndarray | None = None) -> None:
+                    out_rows: np.ndarray | None = None) -> int:
         """Write samples ``rows`` into rows ``out_rows`` (default ``0..``) of ``views`` (the parts of
-        :meth:`token_parts`). Raises :class:`LoaderError` naming the file and token of a bad row."""
+        :meth:`token_parts`); returns the input positions that hold a token (the rest is padding).
+        Raises :class:`LoaderError` naming the file and token of a bad row."""
         rows = np.ascontiguousarray(rows, np.int64)
         out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.ascontiguousarray(out_rows, np.int64)
         self._check_views(views)
@@ -249,6 +255,11 @@ class TokenDataset(Dataset):
         if bad.size:
             j = int(bad[0])
             self._raise(int(rows[j]), int(status[j]), int(where[j]))
+        if sp.detect:
+            return n * self.seq_len
+        filled = np.zeros(n, np.int64)
+        np.add.at(filled, np.repeat(np.arange(n), np.diff(sp.ptr)), sp.n)
+        return int(np.minimum(filled, self.seq_len).sum())
 
     def _raise(self, row: int, status: int, where: int) -> None:
         at = self._where(where) if where >= 0 else "an unknown position"

@@ -1,0 +1,60 @@
+"""Token datasets side by side for a native ``MixtureDataset`` (NOTE [ Mixture epochs ] in
+loaderlib/_mixture.py): row ``d`` of the concatenation is sample ``d - starts[k]`` of source
+``k``; each source's kernel writes its own rows of the batch, and ``cu_seqlens`` is made once
+over all of them (NOTE [ Token batches ] in dataset.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .dataset import TokenDataset
+
+__all__ = ["TokenParts", "token_parts_of"]
+
+
+def token_parts_of(datasets: Sequence[TokenDataset], starts: np.ndarray,
+                   names: Sequence[str]) -> tuple[TokenParts | None, str | None]:
+    """The sources as one TOKENS dataset, or None and why they cannot be (their rows differ)."""
+    first = datasets[0]
+    for k, d in enumerate(datasets[1:], 1):
+        if (d.seq_len, d.ids_dtype, d.dtype) != (first.seq_len, first.ids_dtype, first.dtype):
+            return None, (f"MixtureDataset: token source {names[k]} has seq_len {d.seq_len} and dtypes "
+                          f"{d.ids_dtype}/{d.dtype}, source {names[0]} {first.seq_len} and "
+                          f"{first.ids_dtype}/{first.dtype}: a batch needs one shape")
+    return TokenParts(list(datasets), starts, list(names)), None
+
+
+class TokenParts:
+    """What the native engine asks of a TOKENS source, for several token datasets at once."""
+
+    def __init__(self, datasets: list[TokenDataset], starts: np.ndarray, names: list[str]) -> None:
+        self.datasets = datasets
+        self.starts = np.asarray(starts, np.int64)
+        self.names = names
+
+    def _split(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.starts, rows, side="right") - 1
+
+    def token_parts(self, batch_size: int) -> list:
+        return self.datasets[0].token_parts(batch_size)
+
+    def gather_into(self, rows: np.ndarray, views: list[np.ndarray], *, num_threads: int | None = None,
+                    out_rows: np.ndarray | None = None) -> int:
+        rows = np.asarray(rows, np.int64)
+        out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.asarray(out_rows, np.int64)
+        src = self._split(rows)
+        real = 0
+        for k in np.unique(src).tolist():
+            sel = np.flatnonzero(src == k)
+            real += self.datasets[k].gather_into(rows[sel] - self.starts[k], views, num_threads=num_threads,
+                                                 out_rows=out[sel])
+        return real
+
+    def token_batch(self, views: list[np.ndarray], n: int) -> dict:
+        return self.datasets[0].token_batch(views, n)
+
+    def source(self, d: int) -> str | None:
+        k = int(self._split(np.asarray([d]))[0])
+        return f"{self.names[k]}: {self.datasets[k].source(int(d - self.starts[k]))}"
