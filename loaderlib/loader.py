@@ -35,7 +35,7 @@ from ._engines.handoff import HeldRecorder
 from ._engines.native import kernel_threads, native_worker_init
 from ._engines.threads import PythonPool
 from ._extract.source import announce_order
-from ._iterable import IterableRunState, resume_source
+from ._iterable import IterableRunState, default_rank, resume_source
 from ._loader.analysis import _analyze, _iterable_analysis, read_ahead_line, reads_lines
 from ._loader.options import check_options
 from ._loader.output import (
@@ -241,6 +241,7 @@ class DataLoader:
         if self._iterable:
             assert o.rank is not None and o.world_size is not None   # check_options sets both for an iterable
             self.rank, self.world_size = o.rank, o.world_size
+        self._rank_auto = self._iterable and rank is None and world_size is None   # NOTE [ Rank at the first iter() ]
         n = 0 if self._iterable else len(self.dataset)
         self.multiprocessing_context = o.multiprocessing_context
         self.output = o.output
@@ -500,6 +501,7 @@ class DataLoader:
                 f"num_threads={self.num_threads}, prefetch={self.prefetch})")
 
     def __len__(self) -> int:
+        self._auto_rank()
         if self._iterable:
             if not hasattr(self.dataset, "__len__"):
                 raise TypeError(f"{type(self.dataset).__name__} is an iterable dataset without __len__: the number "
@@ -549,6 +551,7 @@ class DataLoader:
         delivered, bitwise equal to an uninterrupted run. Between epochs it points at the
         start of the next one.
         """
+        self._auto_rank()
         with self._lock:
             if self._resume is not None:
                 return json.loads(json.dumps(self._resume))
@@ -576,6 +579,7 @@ class DataLoader:
         """
         if isinstance(state, dict) and not state:
             return   # DCP and torchdata pass {} for "nothing saved"
+        self._auto_rank()
         state, applied = check_state(self, state)
         s = self._pure_sampler()
         with self._lock:
@@ -614,10 +618,22 @@ class DataLoader:
             post += (TorchStep(self._bfloat16_first()),)
         return LoaderIterator(None, self, post, start=self._start_run)
 
+    # NOTE [ Rank at the first iter() ]
+    # An iterable dataset's loader built without rank= and world_size= takes them from
+    # torch.distributed (else RANK/WORLD_SIZE) until its first run starts, not only when it is
+    # built: trainers (Lightning) build loaders before or apart from the process group.
+    def _auto_rank(self) -> None:
+        if self._rank_auto and self._last_state is None:
+            r, w = default_rank()
+            if (r, w) != (self.rank, self.world_size):
+                self.rank, self.world_size = r, w
+                self._analysis = _iterable_analysis(self.dataset, r, w, self.num_workers)
+
     def _start_run(self, it: LoaderIterator) -> _Run:
         """The run of iterator ``it``, at its first ``next()`` (NOTE [ Lazy iter ])."""
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
+        self._auto_rank()
         if self.recorder.enabled:
             # Before the run starts: its driver records from its first batch on.
             self.recorder.epoch_started(self.num_threads if self.engine != "processes" else self.num_workers,

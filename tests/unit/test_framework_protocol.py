@@ -112,3 +112,35 @@ def test_pytorch_attribute_names_are_readable():
     assert ld.sampler is not None and ld.batch_sampler is not None
     assert ld.batch_sampler.sampler is ld.sampler
     assert not _loader().drop_last
+
+
+class _Count:
+    """An iterable of the numbers 0 .. n-1."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(np.arange(self.n, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_an_iterables_rank_comes_from_the_job_at_the_first_iter(monkeypatch):
+    """NOTE [ Rank at the first iter() ]: built before the process group (here: before torchrun's
+    RANK and WORLD_SIZE are known), the loader shards as the job does once it runs; its rank is
+    fixed from then on."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ld = ll.DataLoader(_Count(12), batch_size=2, num_threads=1, seed=0)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    it = iter(ld)
+    assert len(ld) == 2
+    assert [b.tolist() for b in it] == [[1, 4], [7, 10]]   # item 1 of each round of 3
+    monkeypatch.setenv("RANK", "0")
+    assert (ld.rank, ld.world_size) == (1, 3)
+    assert [b.tolist() for b in ld] == [[1, 4], [7, 10]]
+    given = ll.DataLoader(_Count(12), batch_size=2, num_threads=1, seed=0, rank=0, world_size=1)
+    assert len(list(given)) == 6                           # given: kept
