@@ -9,12 +9,16 @@ import numpy as np
 
 from .errors import StateError
 
-__all__ = ["positions_from_json", "positions_to_json", "segment_items", "shard_of", "shard_positions"]
+__all__ = ["LAZY_MIN", "LazyOrder", "LazyPermutation", "LazyRange", "LazyShard", "positions_from_json",
+           "positions_to_json", "segment_items", "shard_of", "shard_positions"]
 
 
-def shard_of(items: np.ndarray, num_shards: int, shard_id: int, drop_last: bool) -> np.ndarray:
+def shard_of(items: np.ndarray, num_shards: int, shard_id: int, drop_last: bool) -> Any:
     """Shard ``shard_id`` of ``items``: padded by wrapping around (or cut, ``drop_last``) to a
-    multiple of ``num_shards``, then every ``num_shards``-th item from ``shard_id``."""
+    multiple of ``num_shards``, then every ``num_shards``-th item from ``shard_id`` (a
+    :class:`LazyShard` of a :class:`LazyOrder`)."""
+    if isinstance(items, LazyOrder):
+        return LazyShard(items, num_shards, shard_id, drop_last)
     return items[shard_positions(items.size, num_shards, drop_last)[shard_id::num_shards]]
 
 
@@ -87,3 +91,151 @@ def positions_from_json(d: Any, length: int) -> np.ndarray:
             raise StateError(f"the state's position bitmap is too short for {length} positions")
         return np.unpackbits(bits, count=length).astype(bool)
     raise StateError(f"a position set is {{'ranges': [...]}} or {{'bitmap': ..., 'length': n}}, got {d!r:.80}")
+
+
+# NOTE [ Orders too large to hold ]
+# An epoch's order is an int64 array of every sample index: 8 bytes a sample, so a token corpus
+# of 10^12 tokens in sequences of 2,048 (4.9 * 10^8 samples) needs 3.9 GB and seconds of
+# numpy.random.permutation before its first batch, and a shard of it as much again. From
+# LAZY_MIN samples on, the samplers give a LazyOrder instead: a sequence whose item at any
+# position is computed when a batch asks for it, from O(1) state, so opening such a dataset
+# and taking its first batch costs the same whatever its size. A shuffled order is a
+# bijection of [0, n) (a 4-round Feistel network on the smallest power of 4 that holds n,
+# walked until it lands below n: each walk is a step of the network's own permutation of
+# that domain, so the result is a permutation of [0, n), and at most 4 steps are expected);
+# its keys come from SeedSequence([seed, epoch, 7]), so the order is a pure function of
+# (seed, epoch) like every sampler's (NOTE [ Sampler order is a pure function ] in
+# ``sampler.py``). Below LAZY_MIN the orders stay numpy's permutations, as before. Slicing a
+# LazyOrder gives a numpy array; ``numpy.asarray`` of one materialises it (the rollover carry
+# and an elastic resume's leftover positions do: both are rare on such corpora).
+LAZY_MIN = 1 << 24
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, on uint64 arrays (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+class LazyOrder:
+    """A sequence of ``size`` int64 sample indices computed on demand (NOTE [ Orders too large
+    to hold ]): slices and integer arrays of positions give numpy arrays."""
+
+    ndim = 1
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.size,)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _at(self, pos: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.size)
+            return self._at(np.arange(start, stop, step, dtype=np.int64))
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (self.size if key < 0 else 0)
+            if not 0 <= i < self.size:
+                raise IndexError(f"position {key} out of range for an order of {self.size}")
+            return int(self._at(np.asarray([i], np.int64))[0])
+        pos = np.asarray(key, np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= self.size):
+            raise IndexError(f"positions out of range for an order of {self.size}")
+        return self._at(pos)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = np.empty(self.size, np.int64)
+        step = 1 << 22
+        for lo in range(0, self.size, step):
+            out[lo:lo + step] = self._at(np.arange(lo, min(lo + step, self.size), dtype=np.int64))
+        return out if dtype is None else out.astype(dtype)
+
+    def __iter__(self) -> Any:
+        step = 1 << 16
+        for lo in range(0, self.size, step):
+            yield from self[lo:lo + step].tolist()
+
+    def tolist(self) -> list:
+        return np.asarray(self).tolist()
+
+    def head(self, n: int) -> LazyOrder:
+        """The first ``n`` items (a view)."""
+        return _Head(self, min(int(n), self.size))
+
+    def astype(self, dtype: Any, copy: bool = True) -> Any:
+        return self if np.dtype(dtype) == np.int64 and not copy else np.asarray(self).astype(dtype)
+
+
+class _Head(LazyOrder):
+    def __init__(self, base: LazyOrder, n: int) -> None:
+        super().__init__(n)
+        self.base = base
+
+    def _at(self, pos: np.ndarray) -> np.ndarray:
+        return self.base._at(pos)
+
+
+class LazyRange(LazyOrder):
+    """``start, start + 1, ...``: a sequential order of ``size`` items."""
+
+    def __init__(self, size: int, start: int = 0) -> None:
+        super().__init__(size)
+        self.start = int(start)
+
+    def _at(self, pos: np.ndarray) -> np.ndarray:
+        return pos + self.start
+
+
+class LazyPermutation(LazyOrder):
+    """A seeded permutation of ``range(size)`` (NOTE [ Orders too large to hold ])."""
+
+    ROUNDS = 4
+
+    def __init__(self, size: int, seed: int, epoch: int) -> None:
+        super().__init__(size)
+        half = 1
+        while (1 << (2 * half)) < max(self.size, 2):
+            half += 1
+        self._half = np.uint64(half)
+        self._mask = np.uint64((1 << half) - 1)
+        ss = np.random.SeedSequence([int(seed) & ((1 << 64) - 1), int(epoch), 7])
+        self._keys = ss.generate_state(self.ROUNDS, np.uint64)
+
+    def _step(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self._half, x & self._mask
+        for k in self._keys:
+            left, right = right, left ^ (_mix(right ^ k) & self._mask)
+        return (left << self._half) | right
+
+    def _at(self, pos: np.ndarray) -> np.ndarray:
+        n = np.uint64(self.size)
+        x = self._step(pos.astype(np.uint64))
+        out = x >= n
+        while out.any():
+            x[out] = self._step(x[out])
+            out = x >= n
+        return x.astype(np.int64)
+
+
+class LazyShard(LazyOrder):
+    """Shard ``shard_id`` of ``base`` as :func:`shard_of` takes it, without holding either."""
+
+    def __init__(self, base: LazyOrder, num_shards: int, shard_id: int, drop_last: bool) -> None:
+        n = base.size
+        per = n // num_shards if drop_last else -(-n // num_shards)
+        super().__init__(per if n else 0)
+        self.base, self.num_shards, self.shard_id, self.n = base, int(num_shards), int(shard_id), n
+
+    def _at(self, pos: np.ndarray) -> np.ndarray:
+        return self.base._at((self.shard_id + pos * self.num_shards) % self.n)

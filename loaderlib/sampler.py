@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from . import _layout
 from ._checks import check_int
-from ._layout import segment_items, shard_of
+from ._layout import LazyOrder, LazyPermutation, LazyRange, segment_items, shard_of
 
 __all__ = [
     "LAST_BATCH_MODES",
@@ -118,7 +119,8 @@ class Sampler:
         return e
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.order(self._take_epoch()).tolist())
+        order = self.order(self._take_epoch())
+        return iter(order) if isinstance(order, LazyOrder) else iter(order.tolist())
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -140,7 +142,9 @@ class SequentialSampler(Sampler):
         self._length = _check_length(length)
         self._start = int(start)
 
-    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
+    def order(self, epoch: int, key: dict | None = None) -> Any:
+        if self._length >= _layout.LAZY_MIN:   # NOTE [ Orders too large to hold ] in _layout.py
+            return LazyRange(self._length, self._start)
         return np.arange(self._start, self._start + self._length, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -167,7 +171,9 @@ class RandomSampler(Sampler):
         self._length = _check_length(length)
         self.seed = draw_seed() if seed is None else int(seed)
 
-    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
+    def order(self, epoch: int, key: dict | None = None) -> Any:
+        if self._length >= _layout.LAZY_MIN:   # NOTE [ Orders too large to hold ] in _layout.py
+            return LazyPermutation(self._length, self.seed, epoch)
         return _rng(self.seed, epoch).permutation(self._length).astype(np.int64, copy=False)
 
     def __len__(self) -> int:
@@ -380,12 +386,15 @@ class ShardedSampler(Sampler):
         n, k = self._need_length(), self.num_shards
         return n // k if self.drop_last else -(-n // k)
 
-    def full_order(self, epoch: int) -> np.ndarray:
-        """The epoch's order before sharding: the same for every layout."""
+    def full_order(self, epoch: int) -> Any:
+        """The epoch's order before sharding: the same for every layout (a LazyOrder from
+        LAZY_MIN samples on, NOTE [ Orders too large to hold ] in _layout.py)."""
         n = self._need_length()
+        if n >= _layout.LAZY_MIN:
+            return LazyPermutation(n, self.seed, epoch) if self.shuffle else LazyRange(n)
         return _rng(self.seed, epoch).permutation(n) if self.shuffle else np.arange(n, dtype=np.int64)
 
-    def order(self, epoch: int, key: dict | None = None) -> np.ndarray:
+    def order(self, epoch: int, key: dict | None = None) -> Any:
         full = self.full_order(epoch)
         seg = (self.key_for(epoch) if key is None else key).get("segment")
         if seg is not None:   # an elastic resume: what was left of the epoch
@@ -413,7 +422,7 @@ class EpochOrder:
 
     __slots__ = ("carry_in", "carry_out", "drop_short", "epoch", "key", "stream", "targets")
 
-    def __init__(self, epoch: int, stream: np.ndarray, targets: list[int], drop_short: bool,
+    def __init__(self, epoch: int, stream: Any, targets: Any, drop_short: bool,
                  carry_in: np.ndarray, carry_out: np.ndarray, key: dict) -> None:
         self.epoch = epoch
         self.stream = stream
@@ -430,6 +439,38 @@ class EpochOrder:
             out.append(self.stream[pos:pos + t])
             pos += t
         return out
+
+
+class BatchSizes:
+    """``[size] * full`` then ``tail`` (if not 0) as a sequence that holds three numbers: the
+    batch sizes of an epoch too large to list (NOTE [ Orders too large to hold ] in _layout.py)."""
+
+    __slots__ = ("full", "size", "tail")
+
+    def __init__(self, full: int, size: int, tail: int) -> None:
+        self.full, self.size, self.tail = int(full), int(size), int(tail)
+
+    def __len__(self) -> int:
+        return self.full + (1 if self.tail else 0)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        k = int(k) + (len(self) if k < 0 else 0)
+        if not 0 <= k < len(self):
+            raise IndexError(f"batch {k} out of range for an epoch of {len(self)} batches")
+        return self.size if k < self.full else self.tail
+
+    def __iter__(self) -> Iterator[int]:
+        return (self[k] for k in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BatchSizes):
+            return (self.full, self.size, self.tail) == (other.full, other.size, other.tail)
+        return isinstance(other, list) and other == list(self)
+
+    def __hash__(self) -> int:
+        return hash((self.full, self.size, self.tail))
 
 
 class BatchSampler:
@@ -492,7 +533,9 @@ class BatchSampler:
         carry = self._carry if carry is None else np.asarray(carry, np.int64)
         return self._plan(self.sampler.order(int(epoch), key), epoch, key, carry)
 
-    def _plan(self, order: np.ndarray, epoch: int, key: dict, carry: np.ndarray) -> EpochOrder:
+    def _plan(self, order: Any, epoch: int, key: dict, carry: np.ndarray) -> EpochOrder:
+        if isinstance(order, LazyOrder) and not (self.last_batch == "rollover" and carry.size):
+            return self._plan_lazy(order, epoch, key)
         order = np.asarray(order, np.int64).reshape(-1)
         if order.size and int(order.min()) < 0:
             raise ValueError(f"the sampler gave a negative index ({int(order.min())}) in epoch {epoch}: indices "
@@ -513,6 +556,21 @@ class BatchSampler:
             carry_out = stream[nfull * bs:].copy()
             stream = stream[:nfull * bs]
         return EpochOrder(int(epoch), stream, targets, self.last_batch == "discard", carry, carry_out, key)
+
+    def _plan_lazy(self, order: LazyOrder, epoch: int, key: dict) -> EpochOrder:
+        """:meth:`_plan` of an order too large to hold (NOTE [ Orders too large to hold ] in
+        _layout.py): the stream stays lazy and the batch sizes are a rule, not a list."""
+        bs = self.batch_size
+        nfull = order.size // bs
+        tail = order.size % bs
+        stream: Any = order
+        carry_out = np.zeros(0, np.int64)
+        if self.last_batch == "rollover":
+            carry_out = order[nfull * bs:]
+            stream = order.head(nfull * bs)
+        targets = BatchSizes(nfull, bs, tail if self.last_batch == "keep" else 0)
+        return EpochOrder(int(epoch), stream, targets, self.last_batch == "discard", np.zeros(0, np.int64),
+                          carry_out, key)
 
     def next_epoch(self, epoch: int | None = None) -> EpochOrder:
         """Plan the next epoch (``epoch`` None: the sampler's next one) and move the sampler

@@ -25,6 +25,7 @@ trust the index: every span the kernels read is checked against its file.
 from __future__ import annotations
 
 import glob
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -109,12 +110,26 @@ def _size(path: str) -> int:
         raise FileNotFoundError(f"token file not found: {path}") from None
 
 
-def _map(path: str, dtype: Any, count: int | None = None, offset: int = 0) -> np.ndarray:
+def _map(path: str, dtype: Any, count: int | None = None, offset: int = 0, random: bool = False) -> np.ndarray:
+    """``count`` items of ``dtype`` from byte ``offset`` of ``path``, mapped read-only.
+
+    NOTE [ Token files are read at random ]
+    A shuffled epoch reads windows of a few KB at random places of the corpus. With the
+    kernel's default advice every page fault in a mapping also reads the next 128 KB or more
+    ahead, most of it never used: 64 windows of 2,049 tokens from 200 files took 214-266 ms
+    here, against 1.2-5.4 ms with MADV_RANDOM (sparse files; on real data the waste is I/O).
+    So the token arrays are advised MADV_RANDOM (``random=True``); an index, read from start
+    to end, keeps the default.
+    """
     dt = np.dtype(dtype)
     n = (_size(path) - offset) // dt.itemsize if count is None else count
     if n == 0:
         return np.zeros(0, dt)
-    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=(n,))
+    arr = np.memmap(path, dtype=dt, mode="r", offset=offset, shape=(n,))
+    mm = getattr(arr, "_mmap", None)
+    if random and mm is not None and hasattr(mmap, "MADV_RANDOM"):
+        mm.madvise(mmap.MADV_RANDOM)
+    return arr
 
 
 def open_megatron(prefix: str) -> TokenFile:
@@ -154,7 +169,7 @@ def open_megatron(prefix: str) -> TokenFile:
     if ndoc and (int(docs[0]) != 0 or int(docs[-1]) != nseq):
         raise TokenFormatError(f"{idx}: document indices run from {int(docs[0])} to {int(docs[-1])}, "
                                f"expected 0 to {nseq}")
-    tokens = _map(binp, dtype)
+    tokens = _map(binp, dtype, random=True)
     if ndoc == 0 or ndoc == nseq + 1:
         # One sequence per document (what GPT-style preprocessing writes): the pointers are the
         # starts as they are; a corrupt index gives wrong positions, never a read outside the file.
@@ -174,6 +189,8 @@ def open_flat(path: str, dtype: Any = None) -> TokenFile:
     if path.endswith(".npy"):
         try:
             arr = np.load(path, mmap_mode="r")
+            if isinstance(arr, np.memmap) and getattr(arr, "_mmap", None) is not None and hasattr(mmap, "MADV_RANDOM"):
+                arr._mmap.madvise(mmap.MADV_RANDOM)   # NOTE [ Token files are read at random ]
         except FileNotFoundError:
             raise FileNotFoundError(f"token file not found: {path}") from None
         except ValueError as e:
@@ -191,7 +208,7 @@ def open_flat(path: str, dtype: Any = None) -> TokenFile:
     size = _size(path)
     if size % dt.itemsize:
         raise TokenFormatError(f"{path}: {size} bytes is not a whole number of {dt.name} tokens")
-    return TokenFile(path, "flat", _map(path, dt), None, 1, True)
+    return TokenFile(path, "flat", _map(path, dt, random=True), None, 1, True)
 
 
 def open_datatrove(path: str, dtype: Any = None) -> TokenFile:
@@ -216,7 +233,7 @@ def open_datatrove(path: str, dtype: Any = None) -> TokenFile:
         raise TokenFormatError(f"{path}: {size} bytes, but {index} says its last document ends at token {last} "
                                f"({last * dt.itemsize} bytes of {dt.name})")
     bounds = ends.view(np.int64) if ends.size else None
-    return TokenFile(path, "datatrove", _map(path, dt), bounds, 1, False)
+    return TokenFile(path, "datatrove", _map(path, dt, random=True), bounds, 1, False)
 
 
 def open_arrow(path: str, column: str = "input_ids") -> TokenFile:
