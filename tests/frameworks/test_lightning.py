@@ -35,7 +35,7 @@ def _require_lightning() -> str:
         import lightning
     except ImportError as e:   # a test dependency: fail saying why, never skip
         pytest.fail(f"PyTorch Lightning does not import ({e}); it is a test dependency: `make test` installs "
-                    "requirements-lightning.txt over the local CPU torch")
+                    "requirements-frameworks.txt over the local CPU torch")
     return lightning.__version__
 
 
