@@ -36,7 +36,7 @@ $(OPENCV): $(BASE) requirements-opencv.txt
 # Test-only dependencies. PyTorch is optional: the benchmarks compare against its
 # DataLoader and a few tests check zero-copy conversion. It is installed only from a local
 # CPU wheel (never a multi-GB CUDA download); WITH_TORCH=0 skips it.
-$(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements-remote.txt requirements-tokens.txt
+$(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements-remote.txt requirements-tokens.txt requirements-frameworks.txt
 	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-test.txt -r requirements-remote.txt -r requirements-tokens.txt
 	@# tests/remote serves files with nginx (Debian's nginx-light), started by the tests on 127.0.0.1.
 	@if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then \
@@ -50,6 +50,12 @@ $(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements
 	elif [ -n "$$whl" ]; then $(BIN)/python -m pip install "$$whl" && { $(BIN)/python -m pip install "megatron-core==0.16.1" \
 	  || echo "megatron-core not installed: the Megatron reader check of tests/unit/test_tokenize.py is skipped"; }; \
 	else echo "no local PyTorch CPU wheel in $(TORCH_WHEELS): PyTorch tests and comparisons are skipped"; fi
+	@# The training frameworks of tests/frameworks (Lightning, Accelerate) go over the local CPU torch,
+	@# pinned as a constraint: pip must never swap in a CUDA build, and the check after says so if it did.
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+	  $(BIN)/python -m pip install -r requirements-frameworks.txt -c requirements-torch.txt && \
+	  $(BIN)/python -c "import sys, torch; sys.exit(f'a CUDA torch {torch.__version__} replaced the CPU wheel' if torch.version.cuda else 0)"; \
+	else echo "PyTorch is not installed: nor are the frameworks, and tests/frameworks fail saying so"; fi
 	@# MXNet 1.9.1 (an independent RecordIO writer for tests/unit/test_recordio.py) needs numpy < 1.24:
 	@# it lives in a side environment; if it cannot be installed, that one test is skipped.
 	@if [ ! -x $(MXNET_VENV)/bin/python ] || ! $(MXNET_VENV)/bin/python -c "import mxnet" 2>/dev/null; then \
