@@ -243,8 +243,13 @@ FUZZ_RUNS ?= 100000
 ASAN_DIR  ?= build/asan
 FUZZ_NATIVE ?= build/fuzz-native
 CLANG ?= clang
-# No comparison tracing (trace-cmp): the bytes are parsed by libjpeg, which is not
-# instrumented, so it only traced the resampling loops' bounds, at 40% of the run time.
+# libjpeg is an instrumented libjpeg-turbo built from source by fuzz/build_libjpeg.sh (cached
+# under build/sanitize; NOTE [ Where the instrumented libjpeg comes from ]): FUZZ_LIBJPEG=3.1
+# (the release wheels' series) or 2.1 (Debian's, which `make build` links). Its own code is
+# compiled with comparison tracing and coverage, so the mutations learn libjpeg's markers and
+# tables; the harness's own code has no comparison tracing (it only traced the resampling
+# loops' bounds, at 40% of the run time).
+FUZZ_LIBJPEG ?= 3.1
 NATIVE_FUZZ_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 	-fno-sanitize-recover=undefined -fno-sanitize-coverage=trace-cmp -Ipyx/include -I$(FUZZ_NATIVE)
 SAN_ENV = PYTHONPATH=$(ASAN_DIR)/lib \
@@ -273,8 +278,8 @@ fuzz-native: build
 	    "the Python and AddressSanitizer passes still run"; exit 0; fi; \
 	set -e; mkdir -p $(FUZZ_NATIVE)/corpus; \
 	$(BIN)/python fuzz/gen_native_plans.py $(FUZZ_NATIVE)/fuzz_plans.h; \
-	$(CLANG) $(NATIVE_FUZZ_CFLAGS) $$(pkg-config --cflags libjpeg) fuzz/native_fuzz.c -o $(FUZZ_NATIVE)/native_fuzz \
-	  $$(pkg-config --libs libjpeg) -lm; \
+	lj=$$(fuzz/build_libjpeg.sh fuzz $(FUZZ_LIBJPEG) | tail -n 1); \
+	$(CLANG) $(NATIVE_FUZZ_CFLAGS) -I$$lj/include fuzz/native_fuzz.c -o $(FUZZ_NATIVE)/native_fuzz $$lj/lib/libjpeg.a -lm; \
 	rc=0; UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz -runs=$(FUZZ_RUNS) -timeout=60 \
 	  -print_final_stats=1 -artifact_prefix=$(FUZZ_NATIVE)/ $(FUZZ_NATIVE)/corpus fuzz/corpus \
 	  > $(FUZZ_NATIVE)/fuzz.log 2>&1 || rc=$$?; \
