@@ -37,6 +37,7 @@ on ``PYTHONPATH``, docs/measurements.md says how)::
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -186,7 +187,14 @@ def link_profiling() -> str | None:
     if os.path.lexists(link):
         return None
     os.symlink(os.path.join("..", "profiling"), link)
-    return "linked loaderlib/profiling -> ../profiling (an in-place build has no package_dir mapping)"
+    atexit.register(_unlink, link)   # leave no untracked file in the checkout
+    return ("linked loaderlib/profiling -> ../profiling for this run (an in-place build has no package_dir "
+            "mapping); removed at exit")
+
+
+def _unlink(link: str) -> None:
+    if os.path.islink(link):
+        os.unlink(link)
 
 
 def build(report: dict, jobs: int) -> dict:
