@@ -75,7 +75,7 @@ cdef class Corpus:
     cdef int64_t[::1] starts
     cdef list keep
 
-    def __cinit__(self, list tokens, list types, list bounds, list divisors, list eos_split):
+    def __cinit__(self, list tokens, list sizes, list types, list bounds, list divisors, list eos_split):
         cdef Py_ssize_t i, n = len(tokens)
         self.files = <ll_tok_file*>malloc(max(n, 1) * sizeof(ll_tok_file))
         if self.files == NULL:
@@ -85,14 +85,14 @@ cdef class Corpus:
         import numpy as np
         st = np.zeros(n + 1, np.int64)
         for i in range(n):
-            a = tokens[i]
             b = bounds[i]
-            self.keep.append(a)
-            self.files[i].data = <const void*><uintptr_t>a.__array_interface__["data"][0] if a.size else NULL
-            self.files[i].ntok = a.size
+            self.files[i].data = NULL
+            self.files[i].ntok = sizes[i]
             self.files[i].dtype = types[i]
             self.files[i].bdiv = divisors[i]
             self.files[i].eos_split = 1 if eos_split[i] else 0
+            if tokens[i] is not None:
+                self.set_tokens(i, tokens[i])
             if b is None or b.size == 0:
                 self.files[i].bounds = NULL
                 self.files[i].nbounds = 0
@@ -100,8 +100,20 @@ cdef class Corpus:
                 self.keep.append(b)
                 self.files[i].bounds = <const int64_t*><uintptr_t>b.__array_interface__["data"][0]
                 self.files[i].nbounds = b.size
-            st[i + 1] = st[i] + a.size
+            st[i + 1] = st[i] + sizes[i]
         self.starts = st
+
+    def set_tokens(self, Py_ssize_t i, a):
+        """Point file ``i`` at its tokens, once they are local (a C-contiguous 1-D array of
+        the file's size and type). Files without them read as an error, never as memory."""
+        if not 0 <= i < self.nfiles:
+            raise IndexError(f"file {i} out of range")
+        if a.ndim != 1 or a.size != self.files[i].ntok or not a.flags.c_contiguous:
+            raise ValueError(f"file {i}: {a.size} tokens, expected {self.files[i].ntok} in one C-contiguous run")
+        if SOURCE_TYPES.get(a.dtype.name) != self.files[i].dtype:
+            raise ValueError(f"file {i}: tokens of {a.dtype}, not the type it was opened with")
+        self.keep.append(a)
+        self.files[i].data = <const void*><uintptr_t>a.__array_interface__["data"][0] if a.size else NULL
 
     def __dealloc__(self):
         free(self.files)

@@ -61,7 +61,7 @@ static int LL_TOK_FN(ll_tok_span)(const ll_tok_spec *sp, int64_t g, int64_t n, i
         const ll_tok_file *f = &sp->files[fi];
         int64_t lo = gpos - sp->file_start[fi];
         int64_t k = f->ntok - lo;
-        if (k <= 0) { fail->status = LL_TOK_SPAN; fail->where = gpos; return LL_TOK_SPAN; }
+        if (k <= 0 || f->data == NULL) { fail->status = LL_TOK_SPAN; fail->where = gpos; return LL_TOK_SPAN; }
         if (k > n - done) k = n - done;
         int64_t p0 = at + done;
         int64_t bad = LL_TOK_FN(ll_tok_copy)(f, lo, k, p0, S, sp->limit, ids, extra);

@@ -17,6 +17,9 @@ sample read from Python (``dataset[i]``) is the same dict for one row, and
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,8 +31,9 @@ from ..._extract.source import NativeSource, SourceKind
 from ..._tensor_spec import TensorSpec
 from ...batchify import TokenSample
 from ...errors import LoaderError
-from .formats import TokenFile, open_sources
+from .formats import TokenFile, _map, open_sources
 from .packing import BlockPlan, ConcatPlan, Spans
+from .remote import open_remote
 
 __all__ = ["TokenDataset"]
 
@@ -86,16 +90,24 @@ class TokenDataset(Dataset):
         The column of token lists in Arrow and Parquet files.
     block : int
         Documents per placement block in ``pack`` and ``pad`` modes.
+    storage_options, cache_dir, cache_limit
+        For sources behind URLs (``s3://``, ``gs://``, ``http(s)://``, brace ranges, globs
+        and prefixes in object stores): the store's options (boto3's names) and the shard
+        cache the files are downloaded into (``cache_dir`` is needed; NOTE [ Token files
+        behind URLs ]).
     """
 
     def __init__(self, sources: Any, seq_len: int, *, packing: str = "concat", eos_id: int | None = None,
                  vocab_size: int | None = None, pad_id: int | None = None, ignore_index: int = -100,
                  mask_document_starts: bool = False, dtype: str = "int32", ids_dtype: str | None = None,
-                 token_dtype: Any = None, column: str = "input_ids", block: int = 16384) -> None:
+                 token_dtype: Any = None, column: str = "input_ids", block: int = 16384,
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: Any = None,
+                 cache_limit: Any = None) -> None:
         self._args = (sources, seq_len, {
             "packing": packing, "eos_id": eos_id, "vocab_size": vocab_size, "pad_id": pad_id,
             "ignore_index": ignore_index, "mask_document_starts": mask_document_starts, "dtype": dtype,
-            "ids_dtype": ids_dtype, "token_dtype": token_dtype, "column": column, "block": block})
+            "ids_dtype": ids_dtype, "token_dtype": token_dtype, "column": column, "block": block,
+            "storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit})
         self.seq_len = _int(seq_len, "seq_len", 1)
         if packing not in PACKINGS:
             raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
@@ -113,7 +125,12 @@ class TokenDataset(Dataset):
             raise ValueError(f"ignore_index {ignore_index} does not fit labels of {self.dtype}")
         self.mask_document_starts = bool(mask_document_starts)
         self.block = _int(block, "block", 1)
-        self.files: list[TokenFile] = open_sources(sources, dtype=token_dtype, column=column)
+        remote = open_remote(sources, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
+                             dtype=token_dtype, column=column)
+        self._remote = remote[1] if remote is not None else None
+        self._ensure_lock = threading.Lock()
+        self.files: list[TokenFile] = (remote[0] if remote is not None
+                                       else open_sources(sources, dtype=token_dtype, column=column))
         self._sources = sources
         limit = _INT_MAX[self.ids_dtype.name]
         if self.vocab_size is not None:
@@ -127,9 +144,9 @@ class TokenDataset(Dataset):
                 what = f"vocab_size {self.vocab_size}" if self.vocab_size is not None else f"{self.ids_dtype} ids"
                 raise ValueError(f"eos_id {eos_id} is out of range ({what})")
             for tf in self.files:
-                top = np.iinfo(tf.tokens.dtype).max
+                top = np.iinfo(tf.token_dtype).max
                 if eos_id > top:
-                    raise ValueError(f"eos_id {eos_id} cannot occur in {tf.path}: its tokens are {tf.tokens.dtype} "
+                    raise ValueError(f"eos_id {eos_id} cannot occur in {tf.path}: its tokens are {tf.token_dtype} "
                                      f"(at most {top})")
         self.eos_id = eos_id
         self.pad_id = (eos_id if eos_id is not None else 0) if pad_id is None else _int(pad_id, "pad_id", 0)
@@ -137,7 +154,8 @@ class TokenDataset(Dataset):
             raise ValueError(f"pad_id {self.pad_id} is out of range (ids below {self.limit})")
         self._corpus = _tokens.Corpus(
             [tf.tokens for tf in self.files],
-            [_tokens.SOURCE_TYPES[tf.tokens.dtype.name] for tf in self.files],
+            [tf.num_tokens for tf in self.files],
+            [_tokens.SOURCE_TYPES[tf.token_dtype.name] for tf in self.files],
             [None if tf.bounds is None else np.ascontiguousarray(tf.bounds, np.int64) for tf in self.files],
             [int(tf.divisor) for tf in self.files],
             [bool(tf.eos_split) for tf in self.files])
@@ -152,15 +170,59 @@ class TokenDataset(Dataset):
                 raise LoaderError(f"the token corpus ({names}) has {total} tokens, fewer than one sequence of "
                                   f"seq_len + 1 = {self.seq_len + 1}")
         else:
+            # documents delimited by EOS are found by reading the file (NOTE [ Packing in blocks ])
+            self._ensure([f for f, tf in enumerate(self.files) if tf.bounds is None and tf.tokens is None])
             self.plan = BlockPlan(self.files, self.file_start, self.seq_len, packing, eos_id, self.block)
             if len(self.plan) == 0:
                 raise LoaderError(f"the token corpus ({names}) has no non-empty document")
         self.num_tokens = total
 
+    def _ensure(self, files: Any) -> None:
+        """Map the token files ``files`` (indices) that are behind URLs and not mapped yet,
+        waiting for their download (NOTE [ Token files behind URLs ])."""
+        want = [int(f) for f in files if self.files[int(f)].tokens is None]
+        if not want or self._remote is None:
+            return
+        with self._ensure_lock:
+            want = [f for f in want if self.files[f].tokens is None]
+            if not want:
+                return
+            paths = self._remote.local([self.files[f].url for f in want])
+            for f, local in zip(want, paths):
+                tf = self.files[f]
+                arr = _map(local, tf.token_dtype, random=True)
+                if arr.size != tf.num_tokens:
+                    raise LoaderError(f"{tf.path}: the downloaded copy holds {arr.size} tokens, the store said "
+                                      f"{tf.num_tokens}")
+                self._corpus.set_tokens(f, arr)
+                self.files[f] = replace(tf, tokens=arr)
+
+    def _spans_files(self, sp: Spans) -> np.ndarray:
+        """The files the spans ``sp`` read."""
+        if sp.g.size == 0:
+            return np.zeros(0, np.int64)
+        fs = self.file_start
+        first = np.searchsorted(fs, sp.g, side="right") - 1
+        last = np.searchsorted(fs, np.maximum(sp.g + sp.n - 1, sp.g), side="right") - 1
+        if (last == first).all():
+            return np.unique(first)
+        return np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
+
+    def close(self) -> None:
+        """Let go of the shard cache's copies this dataset holds (datasets behind URLs)."""
+        if self._remote is not None:
+            self._remote.close()
+
     # -- pickling: the files are opened again where the dataset lands (worker processes) --
 
     def __getstate__(self) -> dict:
         return {"args": self._args}
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
 
     def __setstate__(self, state: dict) -> None:
         sources, seq_len, kw = state["args"]
@@ -241,6 +303,8 @@ class TokenDataset(Dataset):
         out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.ascontiguousarray(out_rows, np.int64)
         self._check_views(views)
         sp = self.spans(rows)
+        if self._remote is not None:
+            self._ensure(self._spans_files(sp))
         n = rows.size
         status = np.zeros(n, np.int32)
         where = np.zeros(n, np.int64)

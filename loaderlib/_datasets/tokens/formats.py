@@ -53,22 +53,31 @@ class TokenFormatError(LoaderError, ValueError):
 class TokenFile:
     """One file of a token corpus.
 
-    ``tokens`` is a 1-D array of token ids (a read-only mapping, or in memory for Parquet);
-    ``bounds`` the sorted document starts in units of ``1 / divisor`` tokens (None: no index;
-    with ``eos_split`` the documents end at the EOS id); ``kind`` names the format.
+    ``tokens`` is a 1-D array of token ids (a read-only mapping, or in memory for Parquet),
+    or None for a file behind a URL not downloaded yet (``url``; its ``ntok`` tokens of
+    ``dtype``: NOTE [ Token files behind URLs ] in remote.py); ``bounds`` the sorted document
+    starts in units of ``1 / divisor`` tokens (None: no index; with ``eos_split`` the documents
+    end at the EOS id); ``kind`` names the format; ``path`` is what messages name.
     """
 
     path: str
     kind: str
-    tokens: np.ndarray
+    tokens: np.ndarray | None
     bounds: np.ndarray | None
     divisor: int
     eos_split: bool
     lengths: np.ndarray | None = None   # Megatron: tokens per document (with ``bounds``)
+    url: str | None = None
+    ntok: int = -1
+    dtype: Any = None
 
     @property
     def num_tokens(self) -> int:
-        return int(self.tokens.size)
+        return int(self.tokens.size) if self.tokens is not None else int(self.ntok)
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        return self.tokens.dtype if self.tokens is not None else np.dtype(self.dtype)
 
     def doc_spans(self, eos_id: int | None) -> tuple[np.ndarray, np.ndarray]:
         """Start and length (tokens, int64) of every document of the file, in file order.
@@ -91,6 +100,8 @@ class TokenFile:
                 lens = ends - starts
             return starts, lens
         if self.eos_split and eos_id is not None:
+            if self.tokens is None:
+                raise RuntimeError(f"{self.path}: not downloaded yet")
             ends = [np.zeros(0, np.int64)]
             step = 1 << 24
             for lo in range(0, n, step):
@@ -132,11 +143,17 @@ def _map(path: str, dtype: Any, count: int | None = None, offset: int = 0, rando
     return arr
 
 
-def open_megatron(prefix: str) -> TokenFile:
-    """``PREFIX.bin`` + ``PREFIX.idx`` of Megatron-LM / NeMo (NOTE [ Opening a token corpus ])."""
+def open_megatron(prefix: str, *, local_idx: str | None = None,
+                  remote_bin: tuple[str, int] | None = None) -> TokenFile:
+    """``PREFIX.bin`` + ``PREFIX.idx`` of Megatron-LM / NeMo (NOTE [ Opening a token corpus ]).
+    Behind URLs (``prefix`` one): ``local_idx`` is the index's local copy and ``remote_bin``
+    ``(url, size)`` of the ``.bin``, mapped once downloaded; messages name the URLs."""
     idx, binp = prefix + ".idx", prefix + ".bin"
-    size = _size(idx)
-    with open(idx, "rb") as f:
+    if remote_bin is not None:
+        binp = remote_bin[0]
+    src = idx if local_idx is None else local_idx
+    size = _size(src)
+    with open(src, "rb") as f:
         head = f.read(34)
     if len(head) < 34:
         raise TokenFormatError(f"{idx}: {len(head)} bytes, too short for a Megatron index header (34 bytes)")
@@ -157,10 +174,10 @@ def open_megatron(prefix: str) -> TokenFile:
     if size < need:
         raise TokenFormatError(f"{idx}: {size} bytes, but its header describes {nseq} sequences and {ndoc} "
                                f"document indices ({need} bytes)")
-    lengths = _map(idx, np.int32, nseq, 34)
-    pointers = _map(idx, np.int64, nseq, 34 + nseq * 4)
-    docs = _map(idx, np.int64, ndoc, 34 + nseq * 12)
-    bsize = _size(binp)
+    lengths = _map(src, np.int32, nseq, 34)
+    pointers = _map(src, np.int64, nseq, 34 + nseq * 4)
+    docs = _map(src, np.int64, ndoc, 34 + nseq * 12)
+    bsize = remote_bin[1] if remote_bin is not None else _size(binp)
     expect = int(pointers[-1]) + int(lengths[-1]) * dtype.itemsize if nseq else 0
     if bsize != expect:
         raise TokenFormatError(f"{binp}: {bsize} bytes, but {idx} says its last sequence ends at byte {expect}")
@@ -169,21 +186,23 @@ def open_megatron(prefix: str) -> TokenFile:
     if ndoc and (int(docs[0]) != 0 or int(docs[-1]) != nseq):
         raise TokenFormatError(f"{idx}: document indices run from {int(docs[0])} to {int(docs[-1])}, "
                                f"expected 0 to {nseq}")
-    tokens = _map(binp, dtype, random=True)
+    tokens = _map(binp, dtype, random=True) if remote_bin is None else None
+    more: dict[str, Any] = {} if remote_bin is None else {"url": binp, "ntok": bsize // dtype.itemsize, "dtype": dtype}
     if ndoc == 0 or ndoc == nseq + 1:
         # One sequence per document (what GPT-style preprocessing writes): the pointers are the
         # starts as they are; a corrupt index gives wrong positions, never a read outside the file.
-        return TokenFile(binp, "megatron", tokens, pointers, dtype.itemsize, False, lengths)
+        return TokenFile(binp, "megatron", tokens, pointers, dtype.itemsize, False, lengths, **more)
     first = np.asarray(docs[:-1], np.int64)
     last = np.asarray(docs[1:], np.int64) - 1
     if first.size and (first.min() < 0 or last.max() >= nseq or (last < first).any()):
         raise TokenFormatError(f"{idx}: document indices outside its {nseq} sequences")
     starts = np.asarray(pointers[first], np.int64)
     ends = np.asarray(pointers[last], np.int64) + np.asarray(lengths[last], np.int64) * dtype.itemsize
-    return TokenFile(binp, "megatron", tokens, starts, dtype.itemsize, False, (ends - starts) // dtype.itemsize)
+    return TokenFile(binp, "megatron", tokens, starts, dtype.itemsize, False, (ends - starts) // dtype.itemsize,
+                     **more)
 
 
-def open_flat(path: str, dtype: Any = None) -> TokenFile:
+def open_flat(path: str, dtype: Any = None, *, remote_size: int | None = None) -> TokenFile:
     """A flat token file: ``.npy`` (its own dtype) or raw ``.bin`` of ``dtype`` (default uint16,
     as nanoGPT writes ``train.bin``); documents end at the EOS id (NOTE [ Opening a token corpus ])."""
     if path.endswith(".npy"):
@@ -205,21 +224,25 @@ def open_flat(path: str, dtype: Any = None) -> TokenFile:
     dt = np.dtype("uint16" if dtype is None else dtype)
     if dt.name not in TOKEN_DTYPES:
         raise ValueError(f"dtype {dt} is not a token type (one of {', '.join(TOKEN_DTYPES)})")
-    size = _size(path)
+    size = _size(path) if remote_size is None else remote_size
     if size % dt.itemsize:
         raise TokenFormatError(f"{path}: {size} bytes is not a whole number of {dt.name} tokens")
+    if remote_size is not None:
+        return TokenFile(path, "flat", None, None, 1, True, url=path, ntok=size // dt.itemsize, dtype=dt)
     return TokenFile(path, "flat", _map(path, dt, random=True), None, 1, True)
 
 
-def open_datatrove(path: str, dtype: Any = None) -> TokenFile:
+def open_datatrove(path: str, dtype: Any = None, *, index: str | None = None,
+                   remote_size: int | None = None) -> TokenFile:
     """datatrove's ``NAME.ds`` and ``NAME.ds.index`` (uint64 document ends, in tokens); the token
-    size is 2 or 4 bytes, taken from ``dtype`` or from the two files' sizes."""
-    index = path + ".index"
+    size is 2 or 4 bytes, taken from ``dtype`` or from the two files' sizes. ``remote_size``:
+    ``path`` is a URL of that many bytes, mapped once downloaded (``index``: its local index)."""
+    index = path + ".index" if index is None else index
     isize = _size(index)
     if isize % 8:
         raise TokenFormatError(f"{index}: {isize} bytes is not a whole number of uint64 document ends")
     ends = _map(index, "<u8")
-    size = _size(path)
+    size = _size(path) if remote_size is None else remote_size
     last = int(ends[-1]) if ends.size else 0
     if dtype is not None:
         dt = np.dtype(dtype)
@@ -233,6 +256,8 @@ def open_datatrove(path: str, dtype: Any = None) -> TokenFile:
         raise TokenFormatError(f"{path}: {size} bytes, but {index} says its last document ends at token {last} "
                                f"({last * dt.itemsize} bytes of {dt.name})")
     bounds = ends.view(np.int64) if ends.size else None
+    if remote_size is not None:
+        return TokenFile(path, "datatrove", None, bounds, 1, False, url=path, ntok=last, dtype=dt)
     return TokenFile(path, "datatrove", _map(path, dt, random=True), bounds, 1, False)
 
 
