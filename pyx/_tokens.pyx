@@ -50,6 +50,8 @@ cdef extern from "ll_tokens.h":
                    ll_tok_fail* fail) noexcept nogil
     int64_t ll_tok_cu_seqlens(const int32_t* starts, int64_t stride, const int64_t* counts, int64_t n, int64_t S,
                               int32_t* cu, int64_t* max_len) noexcept nogil
+    int64_t ll_tok_will_need(const ll_tok_spec* sp, const int64_t* seg_g, const int64_t* seg_n,
+                             int64_t nseg) noexcept nogil
     int64_t ll_tok_best_fit(const int64_t* lens, int64_t n, int64_t cap, int64_t* row_of,
                             int64_t* order) noexcept nogil
 
@@ -186,6 +188,23 @@ def rows_into(Corpus corpus, const int64_t[::1] seg_g not None, const int64_t[::
             where[i] = fails[t].where
     finally:
         free(fails)
+
+
+def will_need(Corpus corpus, const int64_t[::1] seg_g not None, const int64_t[::1] seg_n not None):
+    """Advise the pages of the spans ``seg_g``/``seg_n`` as needed soon (MADV_WILLNEED): the
+    kernel reads them in the background. Returns the bytes advised. Thread-safe."""
+    cdef ll_tok_spec sp
+    cdef int64_t out
+    if seg_g.shape[0] != seg_n.shape[0]:
+        raise ValueError("will_need: seg_g and seg_n differ in length")
+    if seg_g.shape[0] == 0:
+        return 0
+    sp.files = corpus.files
+    sp.nfiles = corpus.nfiles
+    sp.file_start = &corpus.starts[0]
+    with nogil:
+        out = ll_tok_will_need(&sp, &seg_g[0], &seg_n[0], seg_g.shape[0])
+    return out
 
 
 @cython.boundscheck(False)

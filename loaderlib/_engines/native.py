@@ -207,6 +207,8 @@ class NativeProducer(Producer):
         return out[0] if len(out) == 1 else tuple(out)
 
     def submit(self, task: Task) -> Any:
+        if self.src.kind is SourceKind.TOKENS:   # NOTE [ Token read-ahead ] in _datasets/tokens/dataset.py
+            self.src.dataset.read_ahead(self.src.data_index(task.indices))
         if self.src.gathered:
             return task
         return self.start(task.indices, task.target, task.start + task.indices.size, task.number)

@@ -35,6 +35,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifndef _WIN32
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 enum { LL_TOK_U8 = 0, LL_TOK_U16 = 1, LL_TOK_I16 = 2, LL_TOK_U32 = 3, LL_TOK_I32 = 4, LL_TOK_I64 = 5 };
 enum { LL_TOK_OUT_U16 = 0, LL_TOK_OUT_I32 = 1, LL_TOK_OUT_I64 = 2 };
@@ -153,6 +157,43 @@ static int ll_tok_row(const ll_tok_spec *sp, const int64_t *seg_g, const int64_t
     if (sp->ids_type == LL_TOK_OUT_I32)
         return ll_tok_row_i32_i32(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
     return ll_tok_row_i64_i32(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
+}
+
+/* Ask the kernel to read spans [g, g + n) of the corpus ahead (MADV_WILLNEED on the pages of
+ * each file's mapping they cover; NOTE [ Token read-ahead ] in loaderlib/_datasets/tokens/dataset.py).
+ * Returns the bytes advised. Spans outside the corpus or in files not mapped are skipped. */
+static int64_t ll_tok_will_need(const ll_tok_spec *sp, const int64_t *seg_g, const int64_t *seg_n, int64_t nseg) {
+#if defined(MADV_WILLNEED) && !defined(_WIN32)
+    static const int64_t ITEM[] = {1, 2, 2, 4, 4, 8};
+    int64_t total = sp->file_start[sp->nfiles], advised = 0;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) page = 4096;
+    for (int64_t s = 0; s < nseg; s++) {
+        int64_t g = seg_g[s], n = seg_n[s];
+        if (g < 0 || n <= 0 || g >= total) continue;
+        if (n > total - g) n = total - g;
+        while (n > 0) {
+            int64_t fi = ll_tok_file_of(sp, g);
+            const ll_tok_file *f = &sp->files[fi];
+            int64_t lo = g - sp->file_start[fi], k = f->ntok - lo;
+            if (k <= 0) break;
+            if (k > n) k = n;
+            if (f->data != NULL && f->dtype >= 0 && f->dtype <= LL_TOK_I64) {
+                int64_t w = ITEM[f->dtype];
+                uintptr_t a = (uintptr_t)f->data + (uintptr_t)(lo * w);
+                uintptr_t b = a + (uintptr_t)(k * w);
+                a &= ~(uintptr_t)(page - 1);
+                if (madvise((void *)a, (size_t)(b - a), MADV_WILLNEED) == 0) advised += (int64_t)(b - a);
+            }
+            g += k;
+            n -= k;
+        }
+    }
+    return advised;
+#else
+    (void)sp; (void)seg_g; (void)seg_n; (void)nseg;
+    return 0;
+#endif
 }
 
 /* cu_seqlens over a batch of ``n`` rows from each row's segment starts (``starts`` rows of

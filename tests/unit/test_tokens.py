@@ -383,3 +383,13 @@ def test_stats_count_tokens_and_padding(corpus):
     assert 0 < stats.padding_tokens
     assert stats.padding_share == pytest.approx(ds.padding_share)
     assert "tokens/s" in repr(stats) and stats.to_dict()["padding_share"] == stats.padding_share
+
+
+def test_read_ahead_asks_for_the_pages_of_the_rows(corpus):
+    paths, files = corpus["flat"]
+    ds = ll.TokenDataset(paths, 16, eos_id=EOS)
+    rows = np.asarray([0, 5, len(ds) - 1])
+    asked = ds.read_ahead(rows)
+    assert asked >= 3 * 17 * 2   # at least the rows' own bytes, page-aligned
+    assert ds.read_ahead(np.zeros(0, np.int64)) == 0
+    _check_loader(ds, model_rows(files, 16, "concat", EOS), 16, 4)   # the loader reads ahead as it plans
