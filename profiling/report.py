@@ -161,6 +161,11 @@ class Report:
                            f"({self.samples} samples in {self.wall_s:.2f} s)")),
             ("first batch", f"{1e3 * self.first_batch_s:,.0f} ms"),
         ]
+        st = self.stats
+        if st is not None and getattr(st, "tokens", 0) and st.samples:
+            # token datasets: the window's rate in tokens, at the epoch's tokens per sample
+            rows.insert(3, ("tokens", f"{self.samples_per_s * st.tokens / st.samples:,.0f} tokens/s, padding "
+                                      f"{100 * st.padding_share:.1f}% of positions"))
         if self.ceiling_samples_per_s is not None:
             rows.append(("ceiling", f"{self.ceiling_samples_per_s:,.1f} samples/s (infinitely fast model)"))
         if self.accelerator_idle_fraction is not None:

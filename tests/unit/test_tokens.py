@@ -393,3 +393,35 @@ def test_read_ahead_asks_for_the_pages_of_the_rows(corpus):
     assert asked >= 3 * 17 * 2   # at least the rows' own bytes, page-aligned
     assert ds.read_ahead(np.zeros(0, np.int64)) == 0
     _check_loader(ds, model_rows(files, 16, "concat", EOS), 16, 4)   # the loader reads ahead as it plans
+
+
+# ---------------------------------------------------------------------------- the rest of the library
+
+def test_a_pipeline_over_tokens(corpus):
+    paths, files = corpus["megatron"]
+    ds = ll.TokenDataset(paths, 16, eos_id=EOS)
+    expected = model_rows(files, 16, "concat", EOS)
+    batches = list(ll.Pipeline.from_dataset(ds).batch(5))
+    ids, lab, pos, cu, longest = model_batch(expected[:5], 16)
+    np.testing.assert_array_equal(batches[0]["input_ids"], ids)
+    np.testing.assert_array_equal(batches[0]["cu_seqlens"], cu)
+    assert sum(b["input_ids"].shape[0] for b in batches) == len(expected)
+    spec = ll.Pipeline.from_dataset(ds).element_spec
+    assert spec["input_ids"].shape == (16,) and spec["labels"].dtype == np.int32
+
+
+def test_to_device_and_the_harness_on_tokens(corpus):
+    torch = pytest.importorskip("torch")
+    from loaderlib import profiling
+
+    paths, files = corpus["flat"]
+    ds = ll.TokenDataset(paths, 16, eos_id=EOS)
+    ref = list(ll.DataLoader(ds, batch_size=4))
+    dev = ll.to_device(ll.DataLoader(ds, batch_size=4, output="torch"), "cpu")
+    got = list(dev)
+    assert len(got) == len(ref)
+    assert got[0]["input_ids"].dtype == torch.int32 and isinstance(got[0]["max_seqlen"], int)
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(g["cu_seqlens"].numpy(), r["cu_seqlens"])
+    report = profiling.benchmark(ll.DataLoader(ds, batch_size=4), seconds=0.5)
+    assert "tokens/s" in str(report)
