@@ -12,6 +12,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -495,6 +496,20 @@ def test_the_command_line_end_to_end(tmp_path, corpus, tok, tok_path):
     assert res.returncode == 2 and "the following arguments are required: --tokenizer" in res.stderr
 
 
+def test_token_dataset_reads_what_was_written(tmp_path, corpus, tok, tok_path):
+    from loaderlib.datasets import TokenDataset
+
+    src = write_jsonl(tmp_path / "c.jsonl", corpus)
+    ll.write_tokens(src, tmp_path / "o", tokenizer=tok_path, append_eos=True, progress=False)
+    eos = tok.token_to_id(EOS)
+    stream = [t for d in corpus for t in tok.encode(d).ids + [eos]]
+    ds = TokenDataset(str(tmp_path / "o"), 32)   # concat: the corpus as one stream in windows of 33
+    assert len(ds) == (len(stream) - 1) // 32
+    rows = [ds[i] for i in range(len(ds))]
+    assert np.concatenate([r["input_ids"] for r in rows]).tolist() == stream[:32 * len(ds)]
+    assert np.concatenate([r["labels"] for r in rows]).tolist() == stream[1:32 * len(ds) + 1]
+
+
 MEGATRON = """
 import json, sys, warnings
 warnings.simplefilter("ignore")
@@ -527,3 +542,15 @@ def test_megatron_core_reads_the_output_identically(tmp_path, corpus, tok_path):
         assert meg["docs"] == ours["docs"] and meg["n"] == len(ours["docs"])
         assert meg["lengths"] == ours["lengths"].tolist()
         assert meg["document_indices"] == ours["doc_idx"].tolist()
+
+
+def test_the_guide_snippet_runs():
+    """docs/guide/tokenize.md: its Python example (a tokenizer trained on the spot, a JSONL
+    file, the index read back with numpy)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "guide", "tokenize.md"), encoding="utf-8") as f:
+        snippets = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(snippets) == 1
+    scope = {"__name__": "__doc_snippet__"}
+    exec(compile(snippets[0], "tokenize.md", "exec"), scope)  # noqa: S102
+    assert len(scope["ds"]) >= 1 and scope["report"].tokens > 10
