@@ -128,6 +128,16 @@ def _count(text: str) -> int:
     return v
 
 
+def _documents(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of documents, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
 def _seconds(text: str) -> float:
     try:
         v = float(text)
@@ -205,7 +215,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     tok.add_argument("--append-eos", action="store_true",
                      help="append an end-of-document id to every document (the tokenizer's EOS, or --eos-id)")
     tok.add_argument("--eos-id", type=_count, default=None, metavar="N", help="the id --append-eos appends")
-    tok.add_argument("--batch-size", type=_threads, default=1000, metavar="N",
+    tok.add_argument("--batch-size", type=_documents, default=1000, metavar="N",
                      help="documents per tokenizer batch (default 1000)")
     tok.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -270,7 +280,7 @@ def _tokenize(args: argparse.Namespace) -> int:
         report = write_tokens(args.inputs, args.out, tokenizer=args.tokenizer, text_key=args.text_key,
                               append_eos=args.append_eos, eos_id=args.eos_id, batch_size=args.batch_size,
                               progress=not args.no_progress)
-    except (OSError, LoaderError, ValueError, TypeError, ImportError) as e:
+    except (OSError, LoaderError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)   # the messages name the flag beside the keyword
         return 1
     print(report.summary())

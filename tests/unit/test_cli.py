@@ -56,6 +56,10 @@ def test_console_script_is_the_same_command():
     (["pack", "a", "b", "--shard-size", "1XB"], "python -m loaderlib pack", "argument --shard-size: size must be a positive number of bytes"),
     (["doctor", "--seconds", "soon"], "python -m loaderlib doctor", "argument --seconds: expected a number"),
     (["doctor", "--bogus"], "python -m loaderlib", "unrecognized arguments: --bogus"),
+    (["tokenize", "a.jsonl", "out", "--tokenizer", "t.json", "--batch-size", "0"], "python -m loaderlib tokenize",
+     "argument --batch-size: must be at least 1, got 0"),
+    (["tokenize", "a.jsonl", "out", "--tokenizer", "t.json", "--eos-id", "eos"], "python -m loaderlib tokenize",
+     "argument --eos-id: expected a whole number, got 'eos'"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(capsys, argv, prog, problem):
     assert main(argv) == 2
