@@ -425,3 +425,17 @@ def test_to_device_and_the_harness_on_tokens(corpus):
         np.testing.assert_array_equal(g["cu_seqlens"].numpy(), r["cu_seqlens"])
     report = profiling.benchmark(ll.DataLoader(ds, batch_size=4), seconds=0.5)
     assert "tokens/s" in str(report)
+
+
+def test_the_language_model_guide_runs():
+    """docs/guide/language-models.md: its Python example (a packed corpus handed to a
+    Llama-style model from transformers, trained a few steps on CPU)."""
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "guide", "language-models.md"), encoding="utf-8") as f:
+        snippets = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(snippets) == 1
+    scope = {"__name__": "__doc_snippet__"}
+    exec(compile(snippets[0], "language-models.md", "exec"), scope)  # noqa: S102
+    assert len(scope["ds"]) > 10 and 0 < scope["ds"].padding_share < 0.5
