@@ -133,3 +133,15 @@ def test_the_docs_example_runs(tmp_path, monkeypatch):
         col = head.split(",").index("loader/samples_per_s")
         rates = [float(r.split(",")[col]) for r in rows if r.split(",")[col]]
         assert rates and all(v > 0 for v in rates), rows
+
+
+def test_a_lightning_outside_the_tested_range_is_refused_naming_the_version():
+    _require_lightning()
+    from loaderlib.integrations import lightning as integ
+
+    for version in ("2.1.4", "3.0.0", "1.9.5"):
+        with pytest.raises(ImportError, match=rf"Lightning >= 2\.2 and < 3\.0 .*{re.escape(version)} is installed"):
+            integ._check_version(version)
+    integ._check_version("2.6.6")
+    with pytest.raises(ValueError, match="every_n_steps must be a positive int"):
+        integ.LoaderMonitor(every_n_steps=0)
