@@ -60,7 +60,7 @@ def _corpus(paths: list[str]) -> list[bytes]:
     files = []
     for p in paths:
         names = [os.path.join(p, n) for n in sorted(os.listdir(p))] if os.path.isdir(p) else [p]
-        for name in names:
+        for name in filter(os.path.isfile, names):   # fuzz/corpus/<target>/: the parser targets' seeds
             with open(name, "rb") as f:
                 files.append(f.read())
     return files

@@ -100,7 +100,7 @@ class ImageRecordDataset(ShardFiles, Dataset):
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             if os.path.exists(self.idx_path):
-                with open(self.idx_path) as f:
+                with open(self.idx_path, encoding="utf-8", errors="replace") as f:   # bad bytes: a bad line
                     keys, starts = self._read_idx(f)
             else:
                 keys, starts = self._scan(fd, size)
@@ -118,7 +118,7 @@ class ImageRecordDataset(ShardFiles, Dataset):
         """The ``.idx`` whole, then every record's frame and header in one batched range read
         (scanning a .rec frame by frame over the network would be one request per record)."""
         try:
-            text = self._remote.fetch(self.idx_path).decode()
+            text = self._remote.fetch(self.idx_path).decode("utf-8", "replace")
         except RemoteReadError as e:
             if e.status != 404:
                 raise
@@ -193,6 +193,8 @@ class ImageRecordDataset(ShardFiles, Dataset):
         body = start + _FRAME.size + _IRHEADER.size
         labels: tuple = (label,)
         if flag > 0:
+            if body + 4 * flag > size:   # before the read: flag (up to 2**32) sizes its buffer
+                raise LoaderError(f"{self.path!r}: {what} declares {flag} labels, past the end of the file")
             labels = struct.unpack(f"<{flag}f", pread(4 * flag, body, what))
             body += 4 * flag
         img = n - _IRHEADER.size - 4 * max(flag, 0)

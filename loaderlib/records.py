@@ -510,40 +510,49 @@ def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = No
     try:
         with np.load(index, allow_pickle=False) as z:
             d = {k: z[k] for k in z.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, NotImplementedError, zlib.error) as e:
         raise LoaderError(f"{index_path!r} is not a loaderlib record index ({e})") from None
-    version = int(d.get("version", -1))
-    if version not in (1, _VERSION):
-        raise LoaderError(f"{index_path!r}: unsupported index version {version}")
-    offsets = np.ascontiguousarray(d["offsets"], np.int64)
-    sizes = np.ascontiguousarray(d["sizes"], np.int64)
-    labels = np.ascontiguousarray(d["labels"], np.int64)
-    keys = [str(k) for k in d["keys"]]
+    # A damaged index: a missing entry, or one of another type or shape (fuzz/fuzz_parsers.py).
+    try:
+        version = int(d.get("version", -1))
+        if version not in (1, _VERSION):
+            raise LoaderError(f"{index_path!r}: unsupported index version {version}")
+        offsets = np.ascontiguousarray(d["offsets"], np.int64).reshape(-1)
+        sizes = np.ascontiguousarray(d["sizes"], np.int64).reshape(-1)
+        labels = np.ascontiguousarray(d["labels"], np.int64).reshape(-1)
+        keys = [str(k) for k in np.asarray(d["keys"]).reshape(-1)]
+        synsets = [str(s) for s in np.asarray(d["synsets"]).reshape(-1)]
+        ident = str(d["ident"]) if version == _VERSION else ""
+        data_size = int(d["data_size"]) if version == _VERSION else size
+        checksum = int(d["checksum"]) if version == _VERSION else 0
+        meta = None
+        if all(k in d for k in _META):
+            meta = {"orig_sizes": np.asarray(d["orig_sizes"], np.int64),
+                    "stored_sizes": np.asarray(d["stored_sizes"], np.int64),
+                    "kinds": [str(k) for k in np.asarray(d["kinds"]).reshape(-1)]}
+    except (KeyError, ValueError, TypeError, OverflowError) as e:
+        raise LoaderError(f"{index_path!r} is not a loaderlib record index (entry {e} missing or malformed)") from None
     n = offsets.shape[0]
     if sizes.shape[0] != n or labels.shape[0] != n or len(keys) != n:
         raise LoaderError(f"{index_path!r}: {n} offsets but {sizes.shape[0]} sizes, {labels.shape[0]} labels, "
                           f"{len(keys)} keys")
-    meta = None
-    if all(k in d for k in _META):
-        meta = {"orig_sizes": np.asarray(d["orig_sizes"], np.int64), "stored_sizes": np.asarray(d["stored_sizes"],
-                np.int64), "kinds": [str(k) for k in d["kinds"]]}
+    if meta is not None:
         if meta["orig_sizes"].shape != (n, 2) or meta["stored_sizes"].shape != (n, 2) or len(meta["kinds"]) != n:
             raise LoaderError(f"{index_path!r}: the packed-record sizes do not match its {n} records")
     start = 0
     if version == _VERSION:
-        ident = str(d["ident"])
         if head[:len(_MAGIC)] != _MAGIC:
             raise LoaderError(f"{data_path!r} is not a loaderlib record file (bad magic)")
         if head[len(_MAGIC):len(_MAGIC) + 16].hex() != ident:
             raise LoaderError(f"{data_path!r} and {index_path!r} belong to different pack runs (their identifiers "
                               "differ): the pair was overwritten half-way; pack it again")
-        if int(d["data_size"]) != size:
-            raise LoaderError(f"{data_path!r} has {size} bytes, its index expects {int(d['data_size'])} (truncated "
+        if data_size != size:
+            raise LoaderError(f"{data_path!r} has {size} bytes, its index expects {data_size} (truncated "
                               "or appended to?)")
-        if int(d["checksum"]) != _checksum(offsets, sizes, labels, keys, ident, size, meta):
+        if checksum != _checksum(offsets, sizes, labels, keys, ident, size, meta):
             raise LoaderError(f"{index_path!r}: checksum mismatch: the index was modified or damaged")
         start = _HEADER
-    bad = np.flatnonzero((sizes < 0) | (offsets < start) | (offsets + sizes > size))
+    bad = np.flatnonzero((sizes < 0) | (offsets < start) | (sizes > size - offsets))   # offsets + sizes may wrap
     if bad.size:
         k = int(bad[0])
         raise LoaderError(f"{index_path!r}: record {k} ({keys[k]!r}) has offset {int(offsets[k])} and size "
@@ -552,7 +561,7 @@ def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = No
         meta = {"orig_sizes": np.full((n, 2), -1, np.int64), "stored_sizes": np.full((n, 2), -1, np.int64),
                 "kinds": ["file"] * n}
     return {"offsets": offsets, "sizes": sizes, "labels": labels, "keys": keys,
-            "synsets": [str(s) for s in d["synsets"]], **meta}
+            "synsets": synsets, **meta}
 
 
 class RecordFileDataset(ShardFiles, Dataset):

@@ -70,7 +70,10 @@ def _label(field: str, data: bytes, where: str) -> Any:
             return int(text)
         except ValueError:
             raise LoaderError(f"{where}: .cls holds {text[:40]!r}, not an integer") from None
-    obj = json.loads(text)
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise LoaderError(f"{where}: .json holds no JSON ({type(e).__name__}: {str(e)[:60]})") from None
     if isinstance(obj, int):
         return obj
     if isinstance(obj, dict):
@@ -239,7 +242,11 @@ class WebDataset(ShardFiles, Dataset):
         groups: dict[str, dict] = {}
         order: list[str] = []
         with tf:
-            for m in tf:
+            try:
+                members = list(tf)   # a damaged header further on: tarfile raises while it iterates
+            except tarfile.TarError as e:
+                raise LoaderError(f"WebDataset shard {path!r} is damaged ({e})") from None
+            for m in members:
                 if not m.isfile():
                     continue
                 base = os.path.basename(m.name)
@@ -264,7 +271,10 @@ class WebDataset(ShardFiles, Dataset):
                 label = None
                 for f in ("cls", "json"):
                     if f in g:
-                        data = tf.extractfile(g[f]).read()
+                        try:
+                            data = tf.extractfile(g[f]).read()
+                        except tarfile.TarError as e:
+                            raise LoaderError(f"WebDataset shard {path!r}: {key}.{f} is damaged ({e})") from None
                         label = _label(f, data, f"{path}:{key}.{f}")
                         break
                 out.append((key, (image, m.offset_data, m.size), label))

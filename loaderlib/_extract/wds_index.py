@@ -90,7 +90,7 @@ def parse_index(text: str, where: str, shard_size: int | None = None) -> list[tu
     if not lines:
         raise SidecarError(f"{where}: empty WebDataset index")
     head = lines[0].split()
-    if len(head) != 2 or head[0] not in ("v1.0", "v1.1", "v1.2") or not head[1].isdigit():
+    if len(head) != 2 or head[0] not in ("v1.0", "v1.1", "v1.2") or not head[1].isdecimal():
         raise SidecarError(f"{where}: not a WebDataset index (first line {lines[0][:60]!r}; expected 'v1.2 <samples>')")
     fields = 4 if head[0] == "v1.2" else 3
     body = [ln for ln in lines[1:] if ln.strip()]
@@ -105,7 +105,7 @@ def parse_index(text: str, where: str, shard_size: int | None = None) -> list[tu
         key = None
         for k in range(0, len(tok), fields):
             ext, off, size = tok[k], tok[k + 1], tok[k + 2]
-            if not (off.isdigit() and size.isdigit()):
+            if not (off.isdecimal() and size.isdecimal()):
                 raise SidecarError(f"{where}: line {n}: offset {off!r} and size {size!r} must be integers")
             o, s = int(off), int(size)
             if o % BLOCK:

@@ -78,6 +78,16 @@ def describe_layout(layout: dict | None, sampler: str) -> str:
             f"drop_last={layout['drop_last']})")
 
 
+# The most ranks a state may name: the work of a merge grows with the world size, which a
+# hostile state sets (NOTE [ Hostile states ]); a million ranks is far beyond any job.
+MAX_WORLD = 1 << 20
+
+
+def _check_world(world: int) -> None:
+    if not 0 < world <= MAX_WORLD:
+        raise StateError(f"the state names a world of {world} ranks (1 to {MAX_WORLD})")
+
+
 def _rank_of(state: dict) -> int:
     lay = state.get("layout") or {}
     return int(lay["shard_id"] if "shard_id" in lay else lay.get("rank", 0))
@@ -124,7 +134,18 @@ def merge_state_dicts(states: Iterable[dict]) -> dict:
         length, batch size, sampler, layout), epochs or seeds, a state is not a loader state,
         or an iterable's states cannot be split again; the message says which.
     """
-    states = list(states)
+    try:
+        return _merge(list(states))
+    except StateError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        # NOTE [ Hostile states ]: a state comes from a file; one this loaderlib did not write
+        # (damaged, edited, another program's) is a StateError naming what failed, never
+        # another exception (fuzz/fuzz_parsers.py, target "state").
+        raise StateError(f"not a loader state this loaderlib can merge ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+def _merge(states: list) -> dict:
     if not states:
         raise StateError("merge_state_dicts got no states: pass the state_dict() of every rank")
     for i, st in enumerate(states):
@@ -178,6 +199,7 @@ def _check_run(states: list[dict]) -> list[dict]:
         if r in seen:
             raise StateError(f"rank {r} appears twice among the {len(states)} states (world size {world})")
         seen[r] = st
+    _check_world(world)
     missing = sorted(set(range(world)) - set(seen))
     if missing:
         raise StateError(f"the states of ranks {missing} are missing: {len(states)} states for world size {world}; "
@@ -213,6 +235,7 @@ def spread(state: dict, mine: dict) -> dict:
                      "(last_batch='rollover'), which differ from rank to rank")
     key = "shard_id" if "shard_id" in saved else "rank"
     world = int(saved["num_shards"] if key == "shard_id" else saved["world_size"])
+    _check_world(world)
     states = []
     for r in range(world):
         st = dict(state, layout={**saved, key: r})

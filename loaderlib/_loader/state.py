@@ -106,7 +106,17 @@ def check_state(ld: LoaderView, state: Any) -> tuple[dict, str | None]:
     """The state that continues loader ``ld`` from ``state`` (a merged one becomes this rank's:
     NOTE [ Elastic resume ]; another rank's, saved in lockstep, too: NOTE [ One state for every
     rank ]), and how it was applied when not as this rank's own (for ``explain()``); raise
-    StateError unless it can continue (NOTE [ Iterator state ])."""
+    StateError unless it can continue (NOTE [ Iterator state ]), also for a state this
+    loaderlib did not write (NOTE [ Hostile states ] in elastic.py)."""
+    try:
+        return _check_state(ld, state)
+    except StateError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        raise StateError(f"not a loader state this loaderlib can load ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+def _check_state(ld: LoaderView, state: Any) -> tuple[dict, str | None]:
     if not isinstance(state, dict):
         raise StateError(f"a loader state is a dict, got {type(state).__name__}")
     mine = header(ld)

@@ -161,10 +161,13 @@ class ShardCache:
         try:
             with open(self._p(key, ".json")) as f:
                 side = json.load(f)
+            # A damaged sidecar (another type, a size that is no integer) is no entry.
+            if not isinstance(side, dict) or type(side.get("size")) is not int:
+                return None
             if os.path.getsize(self._p(key)) != side["size"]:
                 return None
             return side
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, RecursionError):
             return None
 
     def _valid(self, key: str, info: ObjectInfo) -> bool:
