@@ -442,6 +442,28 @@ def test_truncation_and_padding_saved_with_a_tokenizer_are_ignored(tmp_path, cor
     assert t.truncation["max_length"] == 4   # the caller's object keeps its settings
 
 
+def test_special_tokens_of_the_post_processor_and_a_transformers_tokenizer(tmp_path, corpus, tok_path):
+    from tokenizers import processors
+
+    t = Tokenizer.from_file(tok_path)
+    t.add_special_tokens(["<s>"])
+    bos = t.token_to_id("<s>")
+    t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    src = write_jsonl(tmp_path / "c.jsonl", corpus[:3])
+    plain = [Tokenizer.from_file(tok_path).encode(d).ids for d in corpus[:3]]
+    ll.write_tokens(src, tmp_path / "a", tokenizer=t, progress=False)
+    assert read_indexed(str(tmp_path / "a"))["docs"] == [[bos] + p for p in plain]   # as t.encode(d) gives
+    ll.write_tokens(src, tmp_path / "b", tokenizer=t, add_special_tokens=False, progress=False)
+    assert read_indexed(str(tmp_path / "b"))["docs"] == plain
+
+    class FastTokenizer:   # what a transformers PreTrainedTokenizerFast offers
+        backend_tokenizer = t
+        eos_token_id = 42
+
+    r = ll.write_tokens(src, tmp_path / "c", tokenizer=FastTokenizer(), append_eos=True, progress=False)
+    assert r.eos_id == 42 and read_indexed(str(tmp_path / "c"))["docs"] == [[bos] + p + [42] for p in plain]
+
+
 def test_the_progress_bar_can_be_turned_off(tmp_path, tok_path, capsys):
     src = write_jsonl(tmp_path / "c.jsonl", ["a b c"] * 10)
     ll.write_tokens(src, tmp_path / "o", tokenizer=tok_path, progress=False)
