@@ -34,6 +34,7 @@ from .datasets import (
     ImageListDataset,
     MixtureDataset,
     SimpleDataset,
+    TokenDataset,
     TupleDataset,
 )
 from .decoding import DecodeError, decode, decode_batch, jpeg_info
@@ -86,6 +87,7 @@ __all__ = [
     "StageRecorder",
     "StateError",
     "Stats",
+    "TokenDataset",
     "TokenWriteReport",
     "TupleDataset",
     "WebDataset",
