@@ -182,6 +182,15 @@ def test_a_text_file_is_one_document_and_inputs_keep_their_order(tmp_path, corpu
     assert report.documents == 6
 
 
+def test_a_glob_stands_for_its_matches_in_order(tmp_path, corpus, tok, tok_path):
+    for i in (2, 0, 1):
+        write_jsonl(tmp_path / f"shard-{i}.jsonl", corpus[3 * i:3 * i + 3])
+    r = ll.write_tokens([str(tmp_path / "shard-*.jsonl"), tmp_path / "shard-0.jsonl"], tmp_path / "o",
+                        tokenizer=tok_path, progress=False)
+    assert read_indexed(str(tmp_path / "o"))["docs"] == [tok.encode(d).ids for d in corpus[:9] + corpus[:3]]
+    assert r.documents == 12
+
+
 def test_batch_size_does_not_change_the_output(tmp_path, corpus, tok_path, monkeypatch):
     src = write_jsonl(tmp_path / "c.jsonl", corpus)
     ll.write_tokens(src, tmp_path / "a", tokenizer=tok_path, batch_size=1000, progress=False)
@@ -375,6 +384,8 @@ def test_missing_and_unknown_inputs_are_refused_before_any_work(tmp_path, tok_pa
     (tmp_path / "data.csv").write_text("text\na\n")
     with pytest.raises(tw.TokenizeError, match=r"data.csv': unknown input format: expected .jsonl"):
         ll.write_tokens(tmp_path / "data.csv", tmp_path / "o", tokenizer=tok_path, progress=False)
+    with pytest.raises(FileNotFoundError, match=r"no input matches '.*shard-\*.jsonl'"):
+        ll.write_tokens(tmp_path / "shard-*.jsonl", tmp_path / "o", tokenizer=tok_path, progress=False)
     with pytest.raises(IsADirectoryError, match=r"is a folder: name its files"):
         ll.write_tokens(tmp_path, tmp_path / "o", tokenizer=tok_path, progress=False)
     with pytest.raises(ValueError, match="at least one input file"):

@@ -469,14 +469,25 @@ def _batches(docs: Iterable[str], batch_size: int) -> Iterator[tuple[list[str], 
 
 
 def _input_paths(inputs: Any) -> list[str]:
-    paths = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
+    given = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
+    paths: list[str] = []
+    for p in given:
+        if not os.path.exists(p) and any(c in p for c in "*?["):   # a glob, as the shell would expand it
+            import glob
+
+            found = sorted(glob.glob(p))
+            if not found:
+                raise FileNotFoundError(f"no input matches {p!r}")
+            paths += found
+        else:
+            paths.append(p)
     if not paths:
         raise ValueError("write_tokens needs at least one input file")
     for p in paths:   # every input checked before any work: no hour of tokenizing before a typo
         if not os.path.exists(p):
             raise FileNotFoundError(f"input {p!r} does not exist")
         if os.path.isdir(p):
-            raise IsADirectoryError(f"input {p!r} is a folder: name its files (a shell glob: {p}/*.jsonl)")
+            raise IsADirectoryError(f"input {p!r} is a folder: name its files (a glob: {p}/*.jsonl)")
         _require(p, *input_kind(p))
     return paths
 
@@ -654,7 +665,7 @@ def write_tokens(inputs: str | os.PathLike | Iterable[str | os.PathLike], output
     Parameters
     ----------
     inputs : path or iterable of paths
-        Text files, by suffix: JSON Lines (``.jsonl``, ``.ndjson``, ``.json``: one JSON object
+        Text files (a glob such as ``"shards/*.jsonl.zst"`` stands for its matches, sorted), by suffix: JSON Lines (``.jsonl``, ``.ndjson``, ``.json``: one JSON object
         per line, its ``text_key`` a string; blank lines are ignored), plain text (``.txt``:
         the whole file is one document, UTF-8), either of them optionally ``.gz`` or ``.zst``
         compressed, and Parquet (``.parquet``: the ``text_key`` column, a string column;
