@@ -274,6 +274,13 @@ def test_offsets_past_4_gib_are_64_bit(tmp_path):
     w.commit()
     got = np.frombuffer((tmp_path / "big.idx").read_bytes(), "<i8", 4, HEADER.itemsize + 16)
     assert got.tolist() == [0, 2**31, 2**32, 3 * 2**31]
+    # a sequence length is int32 in the format: one document of 2^31 tokens cannot be written
+    w = tw._IndexedWriter(str(tmp_path / "huge.bin"), str(tmp_path / "huge.idx"), np.dtype(np.uint16))
+    with pytest.raises(ll.LoaderError, match=r"huge.bin': a document of 2,147,483,648 tokens; the Megatron format "
+                                             r"stores lengths as int32"):
+        w.add(np.zeros(0, np.uint16), np.array([2**31], np.int64))
+    w.discard()
+    assert sorted(os.listdir(tmp_path)) == ["big.bin", "big.idx"]
 
 
 def test_empty_documents_are_skipped_and_counted(tmp_path, tok, tok_path):
