@@ -9,7 +9,7 @@ import numpy as np
 
 from .errors import StateError
 
-__all__ = ["LAZY_MIN", "LazyOrder", "LazyPermutation", "LazyRange", "LazyShard", "positions_from_json",
+__all__ = ["LAZY_MIN", "LazyBlockShuffle", "LazyOrder", "LazyPermutation", "LazyRange", "LazyShard", "positions_from_json",
            "positions_to_json", "segment_items", "shard_of", "shard_positions"]
 
 
@@ -239,3 +239,50 @@ class LazyShard(LazyOrder):
 
     def _at(self, pos: np.ndarray) -> np.ndarray:
         return self.base._at((self.shard_id + pos * self.num_shards) % self.n)
+
+
+class LazyBlockShuffle(LazyOrder):
+    """The rows of consecutive blocks (``counts[b]`` rows each, in order) visited block after
+    block in a seeded order of the blocks, each block's rows in a seeded order of their own:
+    a shuffle that reads one block at a time (NOTE [ Shuffling in blocks ] in
+    loaderlib/_datasets/tokens/dataset.py). A pure function of (seed, epoch)."""
+
+    def __init__(self, counts: np.ndarray, seed: int, epoch: int) -> None:
+        counts = np.asarray(counts, np.int64)
+        super().__init__(int(counts.sum()))
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        ss = np.random.SeedSequence([int(seed) & ((1 << 64) - 1), int(epoch), 8])
+        self._perm = np.random.Generator(np.random.PCG64(ss)).permutation(counts.size)
+        self._counts = counts[self._perm]
+        self._starts = starts[self._perm]                     # block starts, in visiting order
+        self._cum = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
+        self._key = np.uint64(ss.generate_state(1, np.uint64)[0])
+        half = np.ones(counts.size, np.uint64)
+        for b, n in enumerate(self._counts.tolist()):
+            h = 1
+            while (1 << (2 * h)) < max(n, 2):
+                h += 1
+            half[b] = h
+        self._half = half
+
+    def _at(self, pos: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(self._cum, pos, side="right") - 1
+        local = (pos - self._cum[j]).astype(np.uint64)
+        n = self._counts[j].astype(np.uint64)
+        half = self._half[j]
+        mask = (np.uint64(1) << half) - np.uint64(1)
+        keys = [_mix(self._key ^ (j.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(r))
+                for r in range(LazyPermutation.ROUNDS)]
+
+        def step(x: np.ndarray, h: np.ndarray, m: np.ndarray, ks: list) -> np.ndarray:
+            left, right = x >> h, x & m
+            for k in ks:
+                left, right = right, left ^ (_mix(right ^ k) & m)
+            return (left << h) | right
+
+        x = step(local, half, mask, keys)
+        out = x >= n
+        while out.any():
+            x[out] = step(x[out], half[out], mask[out], [k[out] for k in keys])
+            out = x >= n
+        return self._starts[j] + x.astype(np.int64)

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._layout import LazyOrder
 from ..errors import DecodeError, RemoteReadError
 
 __all__ = ["NativeSource", "SourceKind", "announce_order", "encode_paths", "native_error", "native_source_of"]
@@ -124,7 +125,7 @@ class NativeSource:
         # NOTE [ Datasets that change with the epoch ] (_mixture.py): ``epoch_map(epoch, seed)``
         # gives an epoch's ``remap`` (stream index -> row); set by ``at_epoch``, needed to read.
         self.epoch_map: Callable[[int, int], np.ndarray] | None = None
-        self.remap: np.ndarray | None = None
+        self.remap: Any = None   # an ndarray, or a LazyOrder
 
     def __repr__(self) -> str:
         return f"NativeSource({self.kind.name}, {self.description})"
@@ -161,7 +162,9 @@ class NativeSource:
         if self.epoch_map is None:
             return self
         out = self._copy()
-        out.remap = np.asarray(self.epoch_map(int(epoch), int(seed)), np.int64)
+        remap = self.epoch_map(int(epoch), int(seed))
+        # an order too large to hold stays lazy (NOTE [ Orders too large to hold ] in _layout.py)
+        out.remap = remap if isinstance(remap, LazyOrder) else np.asarray(remap, np.int64)
         return out
 
     def data_index(self, idx: np.ndarray) -> np.ndarray:

@@ -462,3 +462,53 @@ def test_elastic_resume_on_another_number_of_ranks(corpus):
     whole = [bytes(ds[i]["input_ids"]) for i in range(len(ds))]
     assert sorted(set(seen)) == sorted(set(whole))
     assert len(seen) - len(whole) <= 3   # the three-way split's padding
+
+
+# ---------------------------------------------------------------------------- shuffling in blocks
+
+@pytest.mark.parametrize("packing", ["concat", "pack", "pad"])
+@pytest.mark.parametrize("engine", ["native", "threads", "processes"])
+def test_a_dataset_that_shuffles_in_blocks(corpus, packing, engine):
+    paths, files = corpus["megatron"]
+    S = 16
+    ds = ll.TokenDataset(paths, S, packing=packing, eos_id=EOS, block=12, shuffle=True, seed=6)
+    rows = model_rows(files, S, packing, EOS, block=12)
+    kw = {"num_workers": 2} if engine == "processes" else {}
+    loader = ll.DataLoader(ds if engine == "native" else ds.transform(lambda s: s), batch_size=4, **kw)
+    assert loader.engine == engine
+    for epoch in (0, 1):
+        order = np.asarray(ds.epoch_rows(epoch))
+        assert sorted(order.tolist()) == list(range(len(ds)))
+        expected = [rows[i] for i in order]
+        loader.set_epoch(epoch)
+        got = list(loader)
+        k = 0
+        for b in got:
+            n = b["input_ids"].shape[0]
+            ids, lab, pos, cu, _ = model_batch(expected[k:k + n], S)
+            np.testing.assert_array_equal(b["input_ids"], ids)
+            np.testing.assert_array_equal(b["position_ids"], pos)
+            np.testing.assert_array_equal(b["cu_seqlens"], cu)
+            k += n
+        assert k == len(ds)
+    assert not np.array_equal(np.asarray(ds.epoch_rows(0)), np.asarray(ds.epoch_rows(1)))
+    if packing != "concat":   # a block's rows stay together: the epoch reads one block after another
+        blk = np.searchsorted(ds.plan.cum, np.asarray(ds.epoch_rows(0)), side="right") - 1
+        assert np.count_nonzero(np.diff(blk)) == np.count_nonzero(np.diff(ds.plan.cum)) - 1
+
+
+def test_a_shuffling_dataset_resumes_exactly(corpus):
+    paths, _ = corpus["datatrove"]
+    ds = ll.TokenDataset(paths, 16, packing="pack", eos_id=EOS, block=10, shuffle=True)
+    full = [b["input_ids"].copy() for b in ll.DataLoader(ds, batch_size=4, seed=11)]
+    loader = ll.DataLoader(ds, batch_size=4, seed=11)
+    it = iter(loader)
+    head = [next(it)["input_ids"].copy() for _ in range(3)]
+    again = ll.DataLoader(ds, batch_size=4, seed=11)
+    again.load_state_dict(loader.state_dict())
+    rest = [b["input_ids"].copy() for b in again]
+    assert len(head) + len(rest) == len(full)
+    for x, y in zip(head + rest, full):
+        np.testing.assert_array_equal(x, y)
+    other = [b["input_ids"].copy() for b in ll.DataLoader(ds, batch_size=4, seed=12)]
+    assert any(not np.array_equal(x, y) for x, y in zip(other, full))   # seed=None: the loader's seed

@@ -28,6 +28,7 @@ from ... import _threads
 from ..._dataset_base import Dataset, _check_index
 from ..._ext import _tokens
 from ..._extract.source import NativeSource, SourceKind
+from ..._layout import LazyBlockShuffle, LazyPermutation
 from ..._tensor_spec import TensorSpec
 from ...batchify import TokenSample
 from ...errors import LoaderError
@@ -90,6 +91,13 @@ class TokenDataset(Dataset):
         The column of token lists in Arrow and Parquet files.
     block : int
         Documents per placement block in ``pack`` and ``pad`` modes.
+    shuffle : bool
+        Shuffle the samples every epoch here, in the dataset, in blocks (NOTE [ Shuffling in
+        blocks ]): the way to shuffle ``pack`` and ``pad`` datasets of many documents, with a
+        loader that does not shuffle (``DataLoader(shuffle=False)``, or a ``ShardedSampler``
+        without ``shuffle``). ``concat`` samples are shuffled across the whole corpus.
+    seed : int, optional
+        The dataset's shuffle seed; None takes the seed of the loader reading it.
     storage_options, cache_dir, cache_limit
         For sources behind URLs (``s3://``, ``gs://``, ``http(s)://``, brace ranges, globs
         and prefixes in object stores): the store's options (boto3's names) and the shard
@@ -102,12 +110,15 @@ class TokenDataset(Dataset):
                  mask_document_starts: bool = False, dtype: str = "int32", ids_dtype: str | None = None,
                  token_dtype: Any = None, column: str = "input_ids", block: int = 16384,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: Any = None,
-                 cache_limit: Any = None) -> None:
+                 cache_limit: Any = None, shuffle: bool = False, seed: int | None = None) -> None:
         self._args = (sources, seq_len, {
             "packing": packing, "eos_id": eos_id, "vocab_size": vocab_size, "pad_id": pad_id,
             "ignore_index": ignore_index, "mask_document_starts": mask_document_starts, "dtype": dtype,
             "ids_dtype": ids_dtype, "token_dtype": token_dtype, "column": column, "block": block,
-            "storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit})
+            "storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit,
+            "shuffle": shuffle, "seed": seed})
+        self.shuffle = bool(shuffle)
+        self.seed = None if seed is None else _int(seed, "seed", 0)
         self.seq_len = _int(seq_len, "seq_len", 1)
         if packing not in PACKINGS:
             raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
@@ -263,7 +274,36 @@ class TokenDataset(Dataset):
 
     def native_source(self) -> NativeSource:
         """TOKENS: rows gathered by the token kernel (NOTE [ Token batches ])."""
-        return NativeSource(SourceKind.TOKENS, stage=self._stage(), dataset=self, description=repr(self))
+        src = NativeSource(SourceKind.TOKENS, stage=self._stage(), dataset=self, description=repr(self))
+        if self.shuffle:
+            src.epoch_map = self.epoch_rows
+        return src
+
+    def epoch_rows(self, epoch: int, seed: int | None = None) -> Any:
+        """Which sample each index of ``epoch`` reads when the dataset shuffles (``shuffle=True``).
+
+        NOTE [ Shuffling in blocks ]
+        ``pack`` and ``pad`` samples are planned a block of documents at a time (NOTE [ Packing
+        in blocks ] in packing.py). A loader's global shuffle sends every sample of a batch to
+        another block, so each row pays for planning its block (a few milliseconds for
+        16,384 documents) unless that block is among the few kept. Shuffled here, an epoch
+        visits the blocks in a seeded order and each block's samples in a seeded order of
+        their own (``LazyBlockShuffle``): a block is planned once per epoch, and the samples
+        a batch holds come from one block, or two. The order is a pure function of
+        ``(seed, epoch)``, so resume and elastic resume stay exact; ``seed=None`` takes the
+        loader's (as a mixture does). ``concat`` samples need no plan: shuffled here they are
+        a permutation of the whole corpus.
+        """
+        s = self.seed if self.seed is not None else (0 if seed is None else int(seed))
+        n = len(self)
+        if isinstance(self.plan, ConcatPlan):
+            return LazyPermutation(n, s, epoch)
+        return LazyBlockShuffle(np.diff(self.plan.cum), s, epoch)
+
+    def at_epoch(self, epoch: int, seed: int) -> Dataset:
+        """This dataset fixed to ``epoch`` when it shuffles (NOTE [ Datasets that change with the
+        epoch ] in loaderlib/_mixture.py); itself otherwise."""
+        return _TokenEpoch(self, self.epoch_rows(epoch, seed)) if self.shuffle else self
 
     def _stage(self) -> str:
         kinds = sorted({tf.kind for tf in self.files})
@@ -364,3 +404,23 @@ class TokenDataset(Dataset):
         m, longest = _tokens.cu_seqlens_into(starts, counts, int(n), self.seq_len, cu)
         return {"input_ids": ids[:n], "labels": lab[:n], "position_ids": pos[:n], "cu_seqlens": cu[:m],
                 "max_seqlen": int(longest)}
+
+
+class _TokenEpoch(Dataset):
+    """A shuffling :class:`TokenDataset` fixed to one epoch's order (read from Python)."""
+
+    def __init__(self, dataset: TokenDataset, rows: Any) -> None:
+        self.dataset = dataset
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, idx: int) -> TokenSample:
+        return self.dataset[int(self.rows[_check_index(idx, len(self.dataset))])]
+
+    def source(self, idx: int) -> str | None:
+        return self.dataset.source(int(self.rows[_check_index(idx, len(self.dataset))]))
+
+    def __repr__(self) -> str:
+        return f"{self.dataset!r} (one epoch's order)"
