@@ -512,3 +512,11 @@ def test_a_shuffling_dataset_resumes_exactly(corpus):
         np.testing.assert_array_equal(x, y)
     other = [b["input_ids"].copy() for b in ll.DataLoader(ds, batch_size=4, seed=12)]
     assert any(not np.array_equal(x, y) for x, y in zip(other, full))   # seed=None: the loader's seed
+
+
+def test_a_loader_shuffle_over_many_blocks_says_to_shuffle_in_the_dataset(tmp_path):
+    docs = make_docs(5, 400, empty=False)
+    write_megatron(str(tmp_path / "c"), docs)
+    ds = ll.TokenDataset(str(tmp_path / "c"), 16, packing="pack", block=10)   # 40 blocks, 16 kept
+    with pytest.warns(UserWarning, match=r"jumps between blocks of documents.*TokenDataset\(\.\.\., shuffle=True\)"):
+        list(ll.DataLoader(ds, batch_size=8, shuffle=True, seed=0))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import warnings
 
 import numpy as np
 
@@ -107,6 +108,8 @@ class BlockPlan:
         self._cache: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = \
             collections.OrderedDict()
         self._lock = threading.Lock()
+        self._replans = 0      # placements computed again after leaving the cache
+        self._warned = False
 
     def __len__(self) -> int:
         return self.rows
@@ -171,6 +174,14 @@ class BlockPlan:
                 self._cache.move_to_end(b)
                 return got
         f, d0, nd = self.blocks[b]
+        self._replans += 1
+        if (not self._warned and self._replans > 4 * len(self.blocks) and self._replans > 64
+                and len(self.blocks) > self.CACHED):
+            self._warned = True
+            warnings.warn(f"{self.mode} sequences read in an order that jumps between blocks of documents: each "
+                          f"block has been planned {self._replans / len(self.blocks):.0f} times so far. Shuffle "
+                          f"in the dataset, TokenDataset(..., shuffle=True), with a loader that does not shuffle "
+                          "(NOTE [ Shuffling in blocks ])", stacklevel=2)
         g, n = self._block_pieces(f, d0, nd)
         placed, ptr, _rows = self._place(g, n)
         got = (g[placed], n[placed], ptr)
