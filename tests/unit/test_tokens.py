@@ -520,3 +520,32 @@ def test_a_loader_shuffle_over_many_blocks_says_to_shuffle_in_the_dataset(tmp_pa
     ds = ll.TokenDataset(str(tmp_path / "c"), 16, packing="pack", block=10)   # 40 blocks, 16 kept
     with pytest.warns(UserWarning, match=r"jumps between blocks of documents.*TokenDataset\(\.\.\., shuffle=True\)"):
         list(ll.DataLoader(ds, batch_size=8, shuffle=True, seed=0))
+
+
+def test_corrupt_indexes_give_errors_naming_the_file(tmp_path):
+    """Random bytes changed in Megatron and datatrove indexes (and truncations): opening and
+    reading the dataset either works or raises an error naming the file; it never crashes
+    (every read of the kernel is checked against its file, NOTE [ A token row ])."""
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(2, 300, rng.integers(0, 60)).tolist() for _ in range(50)]
+    write_megatron(str(tmp_path / "c"), docs)
+    write_datatrove(str(tmp_path / "t.ds"), docs)
+    originals = {p: p.read_bytes() for p in (tmp_path / "c.idx", tmp_path / "t.ds.index")}
+    failures = 0
+    for _ in range(40):
+        for path, base in originals.items():
+            b = bytearray(base)
+            for _ in range(int(rng.integers(1, 6))):
+                b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+            if rng.random() < 0.1:
+                b = b[:int(rng.integers(0, len(b)))]
+            path.write_bytes(bytes(b))
+        for src in (tmp_path / "c", tmp_path / "t.ds"):
+            for packing in ("concat", "pack", "pad"):
+                try:
+                    ds = ll.TokenDataset(str(src), 8, packing=packing, block=7, vocab_size=300)
+                    list(ll.DataLoader(ds, batch_size=4, num_threads=2))
+                except ll.LoaderError as e:
+                    failures += 1
+                    assert str(src.name) in str(e)
+    assert failures > 0
