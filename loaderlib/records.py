@@ -510,7 +510,7 @@ def _open_shard(data_path: str, index_path: str, remote: RemoteFiles | None = No
     try:
         with np.load(index, allow_pickle=False) as z:
             d = {k: z[k] for k in z.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError, NotImplementedError, zlib.error) as e:
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
         raise LoaderError(f"{index_path!r} is not a loaderlib record index ({e})") from None
     # A damaged index: a missing entry, or one of another type or shape (fuzz/fuzz_parsers.py).
     try:

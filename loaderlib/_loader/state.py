@@ -102,6 +102,10 @@ def state_between(ld: LoaderView, epoch: int | None = None, carry: np.ndarray | 
     return d
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 def check_state(ld: LoaderView, state: Any) -> tuple[dict, str | None]:
     """The state that continues loader ``ld`` from ``state`` (a merged one becomes this rank's:
     NOTE [ Elastic resume ]; another rank's, saved in lockstep, too: NOTE [ One state for every
@@ -144,6 +148,16 @@ def _check_state(ld: LoaderView, state: Any) -> tuple[dict, str | None]:
     for key in ("epoch", "delivered", "position", "carry"):
         if key not in state:
             raise StateError(f"the state has no {key!r} entry")
+    # Checked here, not when the next epoch starts (NOTE [ Lazy iter ]): a state that loads resumes.
+    for key in ("epoch", "delivered", "position"):
+        if not _is_int(state[key]) or state[key] < 0:
+            raise StateError(f"the state's {key!r} is {state[key]!r}, not a count")
+    for key in ("carry", "stream", "targets"):
+        if key in state and (not isinstance(state[key], (list, tuple, np.ndarray))
+                             or not all(_is_int(v) for v in state[key])):
+            raise StateError(f"the state's {key!r} is not a list of integers")
+    if not isinstance(state.get("order_key") or {}, dict):
+        raise StateError(f"the state's 'order_key' is {state['order_key']!r}, not a mapping")
     s = ld._pure_sampler()
     if ld._iterable:
         if state.get("source_state") is not None and not is_stateful(ld.dataset):
@@ -172,7 +186,17 @@ def next_order(bsamp: Any, pure: bool, epoch: int) -> tuple[EpochOrder, int]:
 
 def resumed_order(bsamp: Any, d: dict, drop_short: bool) -> tuple[EpochOrder, int, int, int | None]:
     """The order, delivered batches and position a loaded state ``d`` continues with, and the
-    loader's epoch counter after it (None: unchanged)."""
+    loader's epoch counter after it (None: unchanged); StateError for what ``check_state`` let
+    through but the sampler refuses (NOTE [ Hostile states ] in elastic.py)."""
+    try:
+        return _resumed_order(bsamp, d, drop_short)
+    except StateError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        raise StateError(f"the loaded state cannot resume ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+def _resumed_order(bsamp: Any, d: dict, drop_short: bool) -> tuple[EpochOrder, int, int, int | None]:
     epoch = int(d["epoch"])
     if "stream" in d:
         empty = np.zeros(0, np.int64)
