@@ -19,7 +19,8 @@ tomllib = pytest.importorskip("tomllib")
 # Import name -> the distribution that provides it, where they differ.
 DISTRIBUTION = {"cv2": "opencv-python-headless", "IPython": "ipython"}
 # Libraries that loaderlib integrates with: only users who already have them reach that code.
-INTEGRATIONS = {"torch", "datasets", "jax", "ray", "lightning", "pytorch_lightning", "transformers", "keras"}
+INTEGRATIONS = {"torch", "datasets", "jax", "ray", "lightning", "pytorch_lightning", "transformers", "keras",
+                "orbax"}
 # Installed by a declared extra as its own dependency.
 PROVIDED_BY = {"ipython": "ipywidgets"}
 
