@@ -22,6 +22,7 @@ cimport cython
 cimport numpy as cnp
 
 from _common cimport *
+from pool cimport *
 from augment cimport LL_AUG_MAX, ll_aug
 from fused cimport *
 from loaderlib._ext._jpeg cimport Inputs, Workers
@@ -193,37 +194,6 @@ cdef int _run_item(const ll_plan* plan, ll_worker* wk, int kind, const uint8_t* 
     if times != NULL:
         return ll_chain_run(plan, wk, buf, n, seed, epoch, index, out, msg, &times[1], &times[2])
     return ll_chain_run(plan, wk, buf, n, seed, epoch, index, out, msg, NULL, NULL)
-
-
-cdef extern from "ll_pool.h":
-    ctypedef void (*ll_job_fn)(void* ctx, int64_t i, int tid) noexcept nogil
-    ctypedef int (*ll_job_stage_fn)(void* ctx, int64_t i, int tid, int slot) noexcept nogil
-    ctypedef void (*ll_job_flush_fn)(void* ctx, int tid, int slot) noexcept nogil
-    ctypedef struct ll_job:
-        ll_job_fn fn
-        void* ctx
-        int64_t n
-        int limit
-        int gated
-        ll_job_stage_fn stage
-        ll_job_flush_fn flush
-        int64_t stage_max
-    ctypedef struct ll_pool:
-        int nthreads
-    ll_pool* ll_pool_new(int n) noexcept nogil
-    int ll_pool_usable(const ll_pool* p) noexcept nogil
-    void ll_pool_submit(ll_pool* p, ll_job* job) noexcept nogil
-    void ll_pool_submit_gated(ll_pool* p, ll_job* job, int gated) noexcept nogil
-    void ll_pool_wait(ll_pool* p, ll_job* job) noexcept nogil
-    int ll_pool_done(ll_pool* p, ll_job* job) noexcept nogil
-    void ll_pool_open(ll_pool* p, ll_job* job) noexcept nogil
-    int ll_pool_withdraw(ll_pool* p, ll_job* job) noexcept nogil
-    int ll_pool_gated(ll_pool* p, ll_job* job) noexcept nogil
-    int64_t ll_pool_staged(ll_pool* p, ll_job* job) noexcept nogil
-    int64_t ll_pool_idle_ns(ll_pool* p) noexcept nogil
-    int ll_pool_wait_open(ll_pool* p, ll_job* job, int64_t timeout_ns) noexcept nogil
-    void ll_pool_free(ll_pool* p) noexcept nogil
-    void ll_name_thread(const char* prefix, int id) noexcept nogil
 
 
 def name_thread(bytes name not None):

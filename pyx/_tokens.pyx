@@ -13,6 +13,8 @@ from libc.stdlib cimport free, malloc
 cimport cython
 from cython.parallel cimport prange, threadid
 
+from pool cimport *
+
 
 cdef extern from "ll_tokens.h":
     const int LL_TOK_U8, LL_TOK_U16, LL_TOK_I16, LL_TOK_U32, LL_TOK_I32, LL_TOK_I64
@@ -50,6 +52,25 @@ cdef extern from "ll_tokens.h":
                    ll_tok_fail* fail) noexcept nogil
     int64_t ll_tok_cu_seqlens(const int32_t* starts, int64_t stride, const int64_t* counts, int64_t n, int64_t S,
                               int32_t* cu, int64_t* max_len) noexcept nogil
+    ctypedef struct ll_tok_job:
+        ll_tok_spec sp
+        const int64_t* seg_g
+        const int64_t* seg_n
+        const int64_t* row_ptr
+        const int64_t* out_rows
+        int detect
+        char* ids
+        char* lab
+        char* pos
+        int64_t ids_stride
+        int64_t idx_stride
+        int32_t* starts
+        int64_t starts_stride
+        int64_t* counts
+        int32_t* status
+        int64_t* where
+        int64_t* item_ns
+    void ll_tok_job_item(void* ctx, int64_t i, int tid) noexcept nogil
     int64_t ll_tok_will_need(const ll_tok_spec* sp, const int64_t* seg_g, const int64_t* seg_n,
                              int64_t nseg) noexcept nogil
     int64_t ll_tok_best_fit(const int64_t* lens, int64_t n, int64_t cap, int64_t* row_of,
@@ -248,3 +269,132 @@ def best_fit(const int64_t[::1] lens not None, int64_t cap):
     if rows < 0:
         raise MemoryError("best_fit: out of memory")
     return row_of, order, int(rows)
+
+
+cdef class TokenTeam:
+    """``size`` persistent kernel threads (a team of include/ll_pool.h, NOTE [ One queue across
+    batches ]) that token batches queue on with :func:`start_rows_into` and run in order. The
+    threads are joined when the team is freed, which cannot happen while a batch it runs is
+    alive (each :class:`PendingRows` holds its team)."""
+
+    cdef ll_pool* pool
+    cdef readonly int size
+
+    def __cinit__(self, int size):
+        self.pool = NULL
+        if size < 1:
+            raise ValueError("a TokenTeam needs at least one thread")
+        with nogil:
+            self.pool = ll_pool_new(size)
+        if self.pool == NULL:
+            raise RuntimeError(f"could not start {size} kernel threads")
+        self.size = size
+
+    @property
+    def usable(self):
+        """False in a child process after fork(): the threads stayed in the parent."""
+        return bool(ll_pool_usable(self.pool))
+
+    def __dealloc__(self):
+        if self.pool != NULL:
+            with nogil:
+                ll_pool_free(self.pool)
+            self.pool = NULL
+
+
+cdef class PendingRows:
+    """A batch of token rows queued on a :class:`TokenTeam`: :meth:`wait` blocks until every row
+    is written. Holds the team, the corpus and every array the job points into until then; a
+    batch dropped unwaited is waited for before its memory goes."""
+
+    cdef TokenTeam team
+    cdef ll_tok_job ctx
+    cdef ll_job job
+    cdef list keep
+    cdef bint queued
+
+    def wait(self):
+        """Block until the rows are written (at once when they are)."""
+        if self.queued:
+            with nogil:
+                ll_pool_wait(self.team.pool, &self.job)
+            self.queued = False
+
+    def __dealloc__(self):
+        if self.queued and self.team is not None and self.team.pool != NULL:
+            with nogil:
+                ll_pool_wait(self.team.pool, &self.job)
+
+
+def start_rows_into(TokenTeam team not None, Corpus corpus not None, const int64_t[::1] seg_g not None,
+                    const int64_t[::1] seg_n not None, const int64_t[::1] row_ptr not None,
+                    const int64_t[::1] out_rows not None, bint detect, int64_t seq_len, int64_t eos, int64_t limit,
+                    int64_t pad_id, int64_t ignore, bint mask_doc_starts, int ids_type, int idx_type,
+                    ids, labels, positions, int32_t[:, ::1] starts not None, int64_t[::1] counts not None,
+                    int32_t[::1] status not None, int64_t[::1] where not None, int num_threads,
+                    int64_t[::1] item_ns=None):
+    """:func:`rows_into` queued on ``team`` instead of run here: returns a :class:`PendingRows`
+    (``ids``, ``labels``, ``positions``: the 2-D output arrays, C-contiguous, checked by the
+    owner). Status codes land in ``status``/``where``, and with ``item_ns`` each row's
+    nanoseconds on its thread, once it is waited for."""
+    cdef Py_ssize_t n = out_rows.shape[0], i
+    if row_ptr.shape[0] != n + 1 or status.shape[0] < n or where.shape[0] < n:
+        raise ValueError("start_rows_into: row_ptr, status and where must cover every row")
+    if starts.shape[1] < seq_len + 2:
+        raise ValueError("start_rows_into: starts needs seq_len + 2 columns")
+    if not team.usable:
+        raise RuntimeError("start_rows_into: the team belongs to another process")
+    cdef PendingRows p = PendingRows.__new__(PendingRows)
+    p.team = team
+    p.queued = False
+    p.keep = [corpus, seg_g, seg_n, row_ptr, out_rows, ids, labels, positions, starts, counts, status, where, item_ns]
+    if item_ns is not None and item_ns.shape[0] < n:
+        raise ValueError("start_rows_into: item_ns must cover every row")
+    if n == 0:
+        return p
+    if row_ptr[0] < 0 or row_ptr[n] > seg_g.shape[0] or seg_n.shape[0] != seg_g.shape[0]:
+        raise ValueError("start_rows_into: row_ptr points outside the spans")
+    for i in range(n):
+        if row_ptr[i + 1] < row_ptr[i]:
+            raise ValueError("start_rows_into: row_ptr must not decrease")
+        if (out_rows[i] < 0 or out_rows[i] >= starts.shape[0] or out_rows[i] >= counts.shape[0]
+                or out_rows[i] >= ids.shape[0] or out_rows[i] >= labels.shape[0] or out_rows[i] >= positions.shape[0]):
+            raise ValueError(f"start_rows_into: output row {out_rows[i]} out of range")
+    p.ctx.sp.files = corpus.files
+    p.ctx.sp.nfiles = corpus.nfiles
+    p.ctx.sp.file_start = &corpus.starts[0]
+    p.ctx.sp.eos = eos
+    p.ctx.sp.limit = limit
+    p.ctx.sp.pad_id = pad_id
+    p.ctx.sp.ignore = ignore
+    p.ctx.sp.mask_doc_starts = 1 if mask_doc_starts else 0
+    p.ctx.sp.S = seq_len
+    p.ctx.sp.ids_type = ids_type
+    p.ctx.sp.idx_type = idx_type
+    p.ctx.seg_g = &seg_g[0] if seg_g.shape[0] else NULL
+    p.ctx.seg_n = &seg_n[0] if seg_n.shape[0] else NULL
+    p.ctx.row_ptr = &row_ptr[0]
+    p.ctx.out_rows = &out_rows[0]
+    p.ctx.detect = 1 if detect else 0
+    p.ctx.ids = <char*><uintptr_t>ids.__array_interface__["data"][0]
+    p.ctx.lab = <char*><uintptr_t>labels.__array_interface__["data"][0]
+    p.ctx.pos = <char*><uintptr_t>positions.__array_interface__["data"][0]
+    p.ctx.ids_stride = ids.strides[0]
+    p.ctx.idx_stride = labels.strides[0]
+    p.ctx.starts = &starts[0, 0]
+    p.ctx.starts_stride = starts.shape[1]
+    p.ctx.counts = &counts[0]
+    p.ctx.status = &status[0]
+    p.ctx.where = &where[0]
+    p.ctx.item_ns = &item_ns[0] if item_ns is not None else NULL
+    p.job.fn = ll_tok_job_item
+    p.job.ctx = &p.ctx
+    p.job.n = n
+    p.job.limit = num_threads if num_threads > 0 else 1
+    p.job.stage = NULL
+    p.job.flush = NULL
+    p.job.stage_max = 0
+    with nogil:
+        ll_pool_submit(team.pool, &p.job)
+    p.queued = True
+    return p

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 
 from .. import _threads
-from .._ext import _arena
+from .._ext import _arena, _tokens
 from .._extract.readahead import ReadAhead, ReadTally, read_ahead_for
 from .._extract.source import NativeSource, SourceKind, native_error
 from .._recorder import Recorder
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena, BatchLayout
 from ..batchify import finish_native
-from ..errors import DecodeWarning
+from ..errors import DecodeWarning, LoaderError
 from .base import Produced, Producer, RunState, Task, _clock, _Knobs, batch_wall
 
 
@@ -65,6 +65,18 @@ class _NativeBatch:
     gated: bool = False     # queued behind the gate of the slot the user holds (NOTE [ Batches in memory ])
 
 
+@dataclass
+class _TokenBatch:
+    """A token batch queued on the kernel team: its task, its slot and the pending rows."""
+
+    task: Task
+    views: list
+    lease: Any
+    gather: Any
+    threads: int
+    t_start: int
+
+
 class NativeProducer(Producer):
     """One kernel job per batch straight into an arena slot; labels gathered with ``take``.
 
@@ -85,7 +97,10 @@ class NativeProducer(Producer):
         src = src.at_epoch(state.epoch, state.seed)   # NOTE [ Datasets that change with the epoch ]
         self.src = src
         self.knobs = knobs
-        self.leases_at_submit = not src.gathered   # start() leases; arrays and tokens are gathered at finish
+        # start() leases (images; tokens queued on the team, NOTE [ Token rows on the kernel team ]);
+        # arrays are taken at finish
+        self.leases_at_submit = src.kind is not SourceKind.ARRAYS
+        self._team: Any = None   # the token rows' kernel team (created at the first token batch)
         self.plan = plan
         # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
         self.reader: ReadAhead | None = None
@@ -164,6 +179,8 @@ class NativeProducer(Producer):
             _arena.release_free_memory()   # its threads' scratch, before the next run's team grows its own
 
     def close(self, wait: bool = True) -> None:
+        # The token team's threads stop once no queued batch holds it (each holds its team).
+        self._team = None
         if self.reader is not None:
             self.reader.close()   # queued reads dropped; batches waiting for bytes give up
         if wait:
@@ -186,29 +203,46 @@ class NativeProducer(Producer):
             self.rec.batch_done(idx.size, {"collate": dt}, dt, 1)
         return Produced(self._structure(views), task.start + idx.size, idx.size, task.target)
 
-    def _finish_tokens(self, task: Task) -> Produced:
-        """A token batch: the kernel writes the rows into a slot on this thread's OpenMP team
-        (NOTE [ Token batches ] in loaderlib/_datasets/tokens/dataset.py)."""
+    def _token_team(self, threads: int) -> Any:
+        team = self._team
+        if team is None or not team.usable or team.size < threads:
+            team = self._team = _tokens.TokenTeam(threads)
+        return team
+
+    def _start_tokens(self, task: Task) -> _TokenBatch:
+        """Queue a token batch's rows on the run's kernel team, into a slot leased now
+        (NOTE [ Token rows on the kernel team ] in loaderlib/_datasets/tokens/dataset.py)."""
         idx = task.indices
         t0 = _clock()
-        _lease, views = self.arena.acquire(self._layout(idx.size))
         ds = self.src.dataset
+        rows = self.src.data_index(idx)
+        ds.read_ahead(rows)   # NOTE [ Token read-ahead ]
+        lease, views = self.arena.acquire(self._layout(idx.size))
         threads = self.threads()
-        real = ds.gather_into(self.src.data_index(idx), views, num_threads=threads)
-        batch = ds.token_batch(views, idx.size)
+        gather = ds.start_gather(rows, views, team=self._token_team(threads), num_threads=threads,
+                                 timed=self.rec.enabled)
+        return _TokenBatch(task, views, lease, gather, threads, t0)
+
+    def _finish_tokens(self, b: _TokenBatch) -> Produced:
+        """Wait for a token batch and hand it on (NOTE [ Token batches ])."""
+        idx = b.task.indices
+        real = b.gather.wait()
+        batch = self.src.dataset.token_batch(b.views, idx.size)
         if self.rec.enabled:
-            dt = _clock() - t0
-            self.rec.batch_done(idx.size, {"collate": dt}, dt, threads)
+            now = _clock()
+            wall = batch_wall(b.t_start, self._prev_end, now)
+            self._prev_end = now
+            self.rec.batch_done(idx.size, {"collate": b.gather.thread_ns}, wall, b.threads)
             self.rec.tokens(real, idx.size * batch["input_ids"].shape[1] - real)
-        return Produced(batch, task.start + idx.size, idx.size, task.target)
+        return Produced(batch, b.task.start + idx.size, idx.size, b.task.target)
 
     def _structure(self, views: list) -> Any:
         out = [finish_native(v, k) for v, k in zip(views, self.shards)]
         return out[0] if len(out) == 1 else tuple(out)
 
     def submit(self, task: Task) -> Any:
-        if self.src.kind is SourceKind.TOKENS:   # NOTE [ Token read-ahead ] in _datasets/tokens/dataset.py
-            self.src.dataset.read_ahead(self.src.data_index(task.indices))
+        if self.src.kind is SourceKind.TOKENS:
+            return self._start_tokens(task)
         if self.src.gathered:
             return task
         return self.start(task.indices, task.target, task.start + task.indices.size, task.number)
@@ -266,6 +300,12 @@ class NativeProducer(Producer):
         return self.start(b.idx, b.target, b.end, b.number)
 
     def cancel(self, handle: Any) -> None:
+        if isinstance(handle, _TokenBatch):
+            try:
+                handle.gather.wait()   # its slot goes back only once the kernels are done with it
+            except LoaderError:
+                pass
+            return
         if isinstance(handle, _NativeBatch) and handle.pending is not None:
             if handle.gated and handle.pending.withdraw():
                 self.arena.clear_gate(handle.lease)   # nothing ran: its slot stays the holder's
@@ -275,7 +315,7 @@ class NativeProducer(Producer):
     def finish(self, handle: Any) -> Produced | None:
         if self.src.kind is SourceKind.ARRAYS:
             return self._finish_arrays(handle)
-        if self.src.kind is SourceKind.TOKENS:
+        if isinstance(handle, _TokenBatch):
             return self._finish_tokens(handle)
         res = self.complete(handle)
         if res is None:

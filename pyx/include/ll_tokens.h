@@ -35,6 +35,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ll_common.h" /* ll_now_ns */
 #ifndef _WIN32
 #include <sys/mman.h>
 #include <unistd.h>
@@ -157,6 +159,37 @@ static int ll_tok_row(const ll_tok_spec *sp, const int64_t *seg_g, const int64_t
     if (sp->ids_type == LL_TOK_OUT_I32)
         return ll_tok_row_i32_i32(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
     return ll_tok_row_i64_i32(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
+}
+
+/* A batch of rows as a job of the kernel team (ll_pool.h, NOTE [ Token rows on the kernel
+ * team ] in loaderlib/_datasets/tokens/dataset.py): item i is output row out_rows[i], made
+ * from the spans row_ptr[i]..row_ptr[i + 1]. Every pointer stays valid until the job is
+ * waited for (the Python owner keeps the arrays alive). */
+typedef struct {
+    ll_tok_spec sp;
+    const int64_t *seg_g, *seg_n, *row_ptr, *out_rows;
+    int detect;
+    char *ids, *lab, *pos;
+    int64_t ids_stride, idx_stride;    /* bytes between output rows */
+    int32_t *starts;
+    int64_t starts_stride;             /* int32 entries between rows of starts */
+    int64_t *counts;
+    int32_t *status;
+    int64_t *where;
+    int64_t *item_ns;                  /* each row's time on its thread (NULL: not timed) */
+} ll_tok_job;
+
+static void ll_tok_job_item(void *ctx, int64_t i, int tid) {
+    ll_tok_job *c = (ll_tok_job *)ctx;
+    ll_tok_fail fail;
+    int64_t r = c->out_rows[i], a = c->row_ptr[i], b = c->row_ptr[i + 1];
+    int64_t t0 = c->item_ns != NULL ? ll_now_ns() : 0;
+    (void)tid;
+    c->status[i] = ll_tok_row(&c->sp, c->seg_g + a, c->seg_n + a, b - a, c->detect, c->starts + r * c->starts_stride,
+                              c->counts + r, c->ids + r * c->ids_stride, c->lab + r * c->idx_stride,
+                              c->pos + r * c->idx_stride, &fail);
+    c->where[i] = fail.where;
+    if (c->item_ns != NULL) c->item_ns[i] = ll_now_ns() - t0;
 }
 
 /* Ask the kernel to read spans [g, g + n) of the corpus ahead (MADV_WILLNEED on the pages of

@@ -549,3 +549,19 @@ def test_corrupt_indexes_give_errors_naming_the_file(tmp_path):
                     failures += 1
                     assert str(src.name) in str(e)
     assert failures > 0
+
+
+def test_token_batches_run_on_a_kernel_team_that_close_stops(corpus):
+    from tests._threads import threads
+
+    paths, files = corpus["megatron"]
+    before = set(threads())
+    loader = ll.DataLoader(ll.TokenDataset(paths, 16, packing="pack", eos_id=EOS), batch_size=4, num_threads=2)
+    it = iter(loader)
+    next(it)
+    names = {name for tid, name in threads().items() if tid not in before}
+    assert any(name.startswith("ll-") for name in names), names   # the named kernel threads
+    loader.close()
+    assert set(threads()) <= before
+    _check_loader(ll.TokenDataset(paths, 16, packing="pack", eos_id=EOS), model_rows(files, 16, "pack", EOS), 16, 4,
+                  num_threads=2)

@@ -18,6 +18,7 @@ sample read from Python (``dataset[i]``) is the same dict for one row, and
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -357,6 +358,23 @@ class TokenDataset(Dataset):
         """Write samples ``rows`` into rows ``out_rows`` (default ``0..``) of ``views`` (the parts of
         :meth:`token_parts`); returns the input positions that hold a token (the rest is padding).
         Raises :class:`LoaderError` naming the file and token of a bad row."""
+        return self.start_gather(rows, views, num_threads=num_threads, out_rows=out_rows).wait()
+
+    def start_gather(self, rows: np.ndarray, views: list[np.ndarray], *, team: Any = None,
+                     num_threads: int | None = None, out_rows: np.ndarray | None = None,
+                     timed: bool = False) -> Gather:
+        """:meth:`gather_into`, queued on ``team`` (a ``TokenTeam``) when one is given, else run
+        here; the rows are written once the returned :class:`Gather` is waited for.
+
+        NOTE [ Token rows on the kernel team ]
+        The native engine keeps a team of kernel threads per run (include/ll_pool.h, NOTE [ One
+        queue across batches ]) and queues each token batch on it when it plans the batch: a
+        batch is one job whose items are its rows, claimed one at a time by whichever thread
+        is free. The driver computes the next batch's spans and hands over the one before
+        while the team writes, and the team goes from one batch to the next without a
+        barrier, as it does for images. Called without a team (``dataset[i]``, a Python
+        engine) the rows are one ``prange`` here.
+        """
         rows = np.ascontiguousarray(rows, np.int64)
         out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.ascontiguousarray(out_rows, np.int64)
         self._check_views(views)
@@ -368,20 +386,22 @@ class TokenDataset(Dataset):
         where = np.zeros(n, np.int64)
         threads = 1 if not num_threads else _threads.resolve_num_threads(num_threads)
         ids, lab, pos, _cu, starts, counts = views
-        _tokens.rows_into(self._corpus, sp.g, sp.n, sp.ptr, out, sp.detect, self.seq_len,
-                          -1 if self.eos_id is None else self.eos_id, self.limit, self.pad_id, self.ignore_index,
-                          self.mask_document_starts, _tokens.OUTPUT_TYPES[self.ids_dtype.name],
-                          _tokens.OUTPUT_TYPES[self.dtype.name], ids.ctypes.data, lab.ctypes.data, pos.ctypes.data,
-                          ids.strides[0], lab.strides[0], starts, counts, status, where, max(1, min(threads, n)))
-        bad = np.flatnonzero(status != _tokens.OK)
-        if bad.size:
-            j = int(bad[0])
-            self._raise(int(rows[j]), int(status[j]), int(where[j]))
-        if sp.detect:
-            return n * self.seq_len
-        filled = np.zeros(n, np.int64)
-        np.add.at(filled, np.repeat(np.arange(n), np.diff(sp.ptr)), sp.n)
-        return int(np.minimum(filled, self.seq_len).sum())
+        args = (self._corpus, sp.g, sp.n, sp.ptr, out, sp.detect, self.seq_len,
+                -1 if self.eos_id is None else self.eos_id, self.limit, self.pad_id, self.ignore_index,
+                self.mask_document_starts, _tokens.OUTPUT_TYPES[self.ids_dtype.name],
+                _tokens.OUTPUT_TYPES[self.dtype.name])
+        item_ns = np.zeros(n, np.int64) if timed else None
+        pending = None
+        if team is not None and n:
+            pending = _tokens.start_rows_into(team, *args, ids, lab, pos, starts, counts, status, where,
+                                              max(1, min(threads, n)), item_ns)
+        else:
+            t0 = time.perf_counter_ns()
+            _tokens.rows_into(*args, ids.ctypes.data, lab.ctypes.data, pos.ctypes.data, ids.strides[0],
+                              lab.strides[0], starts, counts, status, where, max(1, min(threads, n)))
+            if item_ns is not None and n:
+                item_ns[:] = (time.perf_counter_ns() - t0) * min(threads, n) // n
+        return Gather(self, rows, sp, status, where, pending, item_ns)
 
     def _raise(self, row: int, status: int, where: int) -> None:
         at = self._where(where) if where >= 0 else "an unknown position"
@@ -394,7 +414,7 @@ class TokenDataset(Dataset):
         if len(views) != 6:
             raise ValueError(f"gather_into needs the 6 parts of token_parts, got {len(views)}")
         for v, (shape, dt) in zip(views, self.token_parts(views[0].shape[0])):
-            if v.dtype != dt or v.shape[1:] != shape[1:] or not v.flags.c_contiguous or not v.flags.writeable:
+            if (v.dtype != dt or v.shape != shape or not v.flags.c_contiguous or not v.flags.writeable):
                 raise ValueError(f"gather_into: a part of shape {v.shape} {v.dtype}, expected {shape} {dt}, "
                                  "C-contiguous and writeable")
 
@@ -404,6 +424,37 @@ class TokenDataset(Dataset):
         m, longest = _tokens.cu_seqlens_into(starts, counts, int(n), self.seq_len, cu)
         return {"input_ids": ids[:n], "labels": lab[:n], "position_ids": pos[:n], "cu_seqlens": cu[:m],
                 "max_seqlen": int(longest)}
+
+
+class Gather:
+    """Token rows being written (NOTE [ Token rows on the kernel team ]): :meth:`wait` returns
+    the input positions holding a token once they are, or raises the error of the first bad
+    row, naming its file and token."""
+
+    def __init__(self, dataset: TokenDataset, rows: np.ndarray, sp: Spans, status: np.ndarray, where: np.ndarray,
+                 pending: Any, item_ns: np.ndarray | None) -> None:
+        self.dataset, self.rows, self.sp = dataset, rows, sp
+        self.status, self.where, self.pending, self.item_ns = status, where, pending, item_ns
+
+    def wait(self) -> int:
+        if self.pending is not None:
+            self.pending.wait()
+            self.pending = None
+        bad = np.flatnonzero(self.status != _tokens.OK)
+        if bad.size:
+            j = int(bad[0])
+            self.dataset._raise(int(self.rows[j]), int(self.status[j]), int(self.where[j]))
+        n, sp, seq_len = self.rows.size, self.sp, self.dataset.seq_len
+        if sp.detect:
+            return n * seq_len
+        filled = np.zeros(n, np.int64)
+        np.add.at(filled, np.repeat(np.arange(n), np.diff(sp.ptr)), sp.n)
+        return int(np.minimum(filled, seq_len).sum())
+
+    @property
+    def thread_ns(self) -> int:
+        """The rows' time on their threads (when timed)."""
+        return int(self.item_ns.sum()) if self.item_ns is not None else 0
 
 
 class _TokenEpoch(Dataset):

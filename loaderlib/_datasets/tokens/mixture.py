@@ -6,6 +6,7 @@ over all of them (NOTE [ Token batches ] in dataset.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,13 +45,21 @@ class TokenParts:
                     out_rows: np.ndarray | None = None) -> int:
         rows = np.asarray(rows, np.int64)
         out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.asarray(out_rows, np.int64)
+        return self.start_gather(rows, views, num_threads=num_threads, out_rows=out).wait()
+
+    def start_gather(self, rows: np.ndarray, views: list[np.ndarray], *, team: Any = None,
+                     num_threads: int | None = None, out_rows: np.ndarray | None = None,
+                     timed: bool = False) -> _Gathers:
+        """Each source's rows queued (or run) into their rows of the batch."""
+        rows = np.asarray(rows, np.int64)
+        out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.asarray(out_rows, np.int64)
         src = self._split(rows)
-        real = 0
+        parts = []
         for k in np.unique(src).tolist():
             sel = np.flatnonzero(src == k)
-            real += self.datasets[k].gather_into(rows[sel] - self.starts[k], views, num_threads=num_threads,
-                                                 out_rows=out[sel])
-        return real
+            parts.append(self.datasets[k].start_gather(rows[sel] - self.starts[k], views, team=team,
+                                                       num_threads=num_threads, out_rows=out[sel], timed=timed))
+        return _Gathers(parts)
 
     def read_ahead(self, rows: np.ndarray) -> int:
         rows = np.asarray(rows, np.int64)
@@ -63,3 +72,17 @@ class TokenParts:
     def source(self, d: int) -> str | None:
         k = int(self._split(np.asarray([d]))[0])
         return f"{self.names[k]}: {self.datasets[k].source(int(d - self.starts[k]))}"
+
+
+class _Gathers:
+    """Several sources' :class:`~.dataset.Gather` of one batch, waited for together."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+
+    def wait(self) -> int:
+        return sum(g.wait() for g in self.parts)
+
+    @property
+    def thread_ns(self) -> int:
+        return sum(g.thread_ns for g in self.parts)
