@@ -162,6 +162,22 @@ bench-peers: build $(TESTS)
 	    turboloader==2.39.0 nvidia-dali-cuda120==2.4.0 tensorflow-cpu==2.21.0; fi
 	$(BIN)/python benchmarks/loader.py --peers $(PEERS_VENV)/bin/python --repeat 5
 
+# Token batches (benchmarks/tokens.py, docs/tokens-benchmark.md): TokenDataset beside numpy memmap
+# windows, nanoGPT's get_batch, LitData, Megatron-Core, Grain and Hugging Face datasets. The
+# peers live in $(TOKPEERS_VENV), the local CPU torch wheel installed first so that pip never pulls
+# a CUDA build; Megatron-Core 0.16.1 is its last release for Python 3.11. A peer that is missing
+# is reported as not run, with the reason. TOKENS_ARGS=--quick for a short run.
+TOKPEERS_VENV ?= .venv-tokpeers
+TOKENS_ARGS ?=
+.PHONY: bench-tokens
+bench-tokens: build $(TESTS)
+	@if [ ! -x $(TOKPEERS_VENV)/bin/python ] || ! $(TOKPEERS_VENV)/bin/python -c "import torch, litdata, megatron.core, grain, datasets" 2>/dev/null; then \
+	  ($(PYTHON) -m venv $(TOKPEERS_VENV) && \
+	   $(TOKPEERS_VENV)/bin/python -m pip install -q $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl "numpy<2.5" && \
+	   $(TOKPEERS_VENV)/bin/python -m pip install -q torch==2.13.0 megatron-core==0.16.1 litdata==0.2.76 grain==0.2.18 \
+	     datasets==5.2.0 psutil) || echo "the token peers could not all be installed in $(TOKPEERS_VENV)"; fi
+	$(BIN)/python benchmarks/tokens.py --peers $(TOKPEERS_VENV)/bin/python $(TOKENS_ARGS)
+
 # Data on slow storage (benchmarks/storage.py): loaderlib, PyTorch's DataLoader and tf.data on photos
 # served through latencyfs (benchmarks/latencyfs.c, a C FUSE filesystem that charges each file a
 # latency, 0/1/4/16 ms +-50%) and from a cold local disk, against the ideal min(CPU, IO ceiling).

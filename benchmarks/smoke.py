@@ -112,6 +112,7 @@ RUNS: dict[str, tuple[list[str], object]] = {
     "storage.py": (["--data", DATA, "--latencies", "1", "--repeat", "1", "--epochs", "1", "--torch-workers", "2",
                     "--io-depths", "4", "--no-cold"], None),
     "soak.py": (["--data", DATA, "--epochs", "2", "--abandon", "3", "--images", "64"], None),
+    "tokens.py": (["--quick", "--seq-lens", "2048", "--data", DATA + "-tokens"], None),
     "transforms.py": (["--rounds", "1", "--copies", "1"], None),
     "verdict_check.py": (["--smoke"], None),
 }
@@ -121,8 +122,8 @@ MODES = {
                                            "--repeat", "1", "--epochs", "1", "--torch-workers", "2", "--shards", "2",
                                            "--io-conc", "8"], None),
 }
-HELPERS = {"_latencyfs.py", "_photos.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "_topology.py",
-           "smoke.py"}
+HELPERS = {"_latencyfs.py", "_photos.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "_token_peers.py",
+           "_topology.py", "smoke.py"}
 
 
 def make_folder(root: str, n: int = 192) -> None:
