@@ -114,7 +114,9 @@ static void ll_tok_push(int32_t *starts, int64_t *ns, int64_t cap, int64_t p) {
     if (*ns < cap && (*ns == 0 || p > starts[*ns - 1])) starts[(*ns)++] = (int32_t)p;
 }
 
-/* One row function per (input_ids type, labels/positions type): ll_tokens_row.h is a template. */
+/* One row function per (input_ids type, labels/positions type), each built twice: for the
+ * baseline x86-64 (SSE2) and for AVX2, picked at run time (ll_tok_avx2()): ll_tokens_row.h is
+ * a template. */
 #define LL_TOK_SUFFIX u16_i32
 #define TI uint16_t
 #define TX int32_t
@@ -139,6 +141,49 @@ static void ll_tok_push(int32_t *starts, int64_t *ns, int64_t cap, int64_t p) {
 #define TI int64_t
 #define TX int64_t
 #include "ll_tokens_row.h"
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LL_TOK_HAVE_AVX2 1
+#define LL_TOK_SUFFIX u16_i32_avx2
+#define TI uint16_t
+#define TX int32_t
+#define LL_TOK_ATTR __attribute__((target("avx2")))
+#include "ll_tokens_row.h"
+#define LL_TOK_SUFFIX i32_i32_avx2
+#define TI int32_t
+#define TX int32_t
+#define LL_TOK_ATTR __attribute__((target("avx2")))
+#include "ll_tokens_row.h"
+#define LL_TOK_SUFFIX i64_i32_avx2
+#define TI int64_t
+#define TX int32_t
+#define LL_TOK_ATTR __attribute__((target("avx2")))
+#include "ll_tokens_row.h"
+#define LL_TOK_SUFFIX u16_i64_avx2
+#define TI uint16_t
+#define TX int64_t
+#define LL_TOK_ATTR __attribute__((target("avx2")))
+#include "ll_tokens_row.h"
+#define LL_TOK_SUFFIX i32_i64_avx2
+#define TI int32_t
+#define TX int64_t
+#define LL_TOK_ATTR __attribute__((target("avx2")))
+#include "ll_tokens_row.h"
+#define LL_TOK_SUFFIX i64_i64_avx2
+#define TI int64_t
+#define TX int64_t
+#define LL_TOK_ATTR __attribute__((target("avx2")))
+#include "ll_tokens_row.h"
+#endif
+
+static int ll_tok_avx2(void) {
+#ifdef LL_TOK_HAVE_AVX2
+    static int have = -1;
+    if (have < 0) have = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return have;
+#else
+    return 0;
+#endif
+}
 
 /* One row from spans seg_g[0..nseg), seg_n[0..nseg) placed one after the other (``detect``:
  * a concat window, whose document starts are found inside it; otherwise every span is a
@@ -147,18 +192,28 @@ static void ll_tok_push(int32_t *starts, int64_t *ns, int64_t cap, int64_t p) {
  * in *nseg_out. Thread-safe: touches only its arguments. */
 static int ll_tok_row(const ll_tok_spec *sp, const int64_t *seg_g, const int64_t *seg_n, int64_t nseg, int detect,
                       int32_t *starts, int64_t *nseg_out, void *ids, void *lab, void *pos, ll_tok_fail *fail) {
-    if (sp->idx_type == LL_TOK_OUT_I64) {
-        if (sp->ids_type == LL_TOK_OUT_U16)
-            return ll_tok_row_u16_i64(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
-        if (sp->ids_type == LL_TOK_OUT_I32)
-            return ll_tok_row_i32_i64(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
-        return ll_tok_row_i64_i64(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
+#define LL_TOK_CALL(SUF) return ll_tok_row_##SUF(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail)
+#ifdef LL_TOK_HAVE_AVX2
+    if (ll_tok_avx2()) {
+        if (sp->idx_type == LL_TOK_OUT_I64) {
+            if (sp->ids_type == LL_TOK_OUT_U16) LL_TOK_CALL(u16_i64_avx2);
+            if (sp->ids_type == LL_TOK_OUT_I32) LL_TOK_CALL(i32_i64_avx2);
+            LL_TOK_CALL(i64_i64_avx2);
+        }
+        if (sp->ids_type == LL_TOK_OUT_U16) LL_TOK_CALL(u16_i32_avx2);
+        if (sp->ids_type == LL_TOK_OUT_I32) LL_TOK_CALL(i32_i32_avx2);
+        LL_TOK_CALL(i64_i32_avx2);
     }
-    if (sp->ids_type == LL_TOK_OUT_U16)
-        return ll_tok_row_u16_i32(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
-    if (sp->ids_type == LL_TOK_OUT_I32)
-        return ll_tok_row_i32_i32(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
-    return ll_tok_row_i64_i32(sp, seg_g, seg_n, nseg, detect, starts, nseg_out, ids, lab, pos, fail);
+#endif
+    if (sp->idx_type == LL_TOK_OUT_I64) {
+        if (sp->ids_type == LL_TOK_OUT_U16) LL_TOK_CALL(u16_i64);
+        if (sp->ids_type == LL_TOK_OUT_I32) LL_TOK_CALL(i32_i64);
+        LL_TOK_CALL(i64_i64);
+    }
+    if (sp->ids_type == LL_TOK_OUT_U16) LL_TOK_CALL(u16_i32);
+    if (sp->ids_type == LL_TOK_OUT_I32) LL_TOK_CALL(i32_i32);
+    LL_TOK_CALL(i64_i32);
+#undef LL_TOK_CALL
 }
 
 /* A batch of rows as a job of the kernel team (ll_pool.h, NOTE [ Token rows on the kernel

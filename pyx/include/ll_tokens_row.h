@@ -5,29 +5,45 @@
 #define LL_TOK_CAT2(a, b) a##_##b
 #define LL_TOK_CAT(a, b) LL_TOK_CAT2(a, b)
 #define LL_TOK_FN(name) LL_TOK_CAT(name, LL_TOK_SUFFIX)
+#ifndef LL_TOK_ATTR
+#define LL_TOK_ATTR
+#endif
 
 /* Tokens [lo, lo + m) of file f to row positions [p0, p0 + m): those below S into ids, the one
  * at S (if any) into *extra. 0, or 1 + the offset (from lo) of the first id out of [0, limit). */
-static int64_t LL_TOK_FN(ll_tok_copy)(const ll_tok_file *f, int64_t lo, int64_t m, int64_t p0, int64_t S,
-                                      int64_t limit, TI *ids, int64_t *extra) {
+LL_TOK_ATTR static int64_t LL_TOK_FN(ll_tok_copy)(const ll_tok_file *f, int64_t lo, int64_t m, int64_t p0, int64_t S,
+                                                  int64_t limit, TI *ids, int64_t *extra) {
     int64_t in_ids = p0 + m > S ? S - p0 : m;
     int64_t mn = INT64_MAX, mx = INT64_MIN, i;
     TI *dst = ids + p0;
-#define LL_TOK_CONVERT(TS) do { \
+    /* NOTE [ Token ranges checked only where they can fail ]: ids of a type whose every value
+     * lies in [0, limit) (uint8/uint16 below a limit of 65,536 or more) are copied without a
+     * check; unsigned types check their maximum only. Either way the loop is a plain copy
+     * the compiler vectorises. */
+#define LL_TOK_CONVERT(TS, LO, HI) do { \
         const TS *src = (const TS *)f->data + lo; \
         if (in_ids > 0) { \
-            TS a = src[0], b = src[0]; \
-            for (i = 0; i < in_ids; i++) { TS v = src[i]; dst[i] = (TI)v; a = v < a ? v : a; b = v > b ? v : b; } \
-            mn = (int64_t)a; mx = (int64_t)b; \
+            if ((int64_t)(LO) >= 0 && (int64_t)(HI) < limit) { \
+                for (i = 0; i < in_ids; i++) dst[i] = (TI)src[i]; \
+                mn = 0; mx = 0; \
+            } else if ((int64_t)(LO) >= 0) { \
+                TS b = src[0]; \
+                for (i = 0; i < in_ids; i++) { TS v = src[i]; dst[i] = (TI)v; b = v > b ? v : b; } \
+                mn = 0; mx = (int64_t)b; \
+            } else { \
+                TS a = src[0], b = src[0]; \
+                for (i = 0; i < in_ids; i++) { TS v = src[i]; dst[i] = (TI)v; a = v < a ? v : a; b = v > b ? v : b; } \
+                mn = (int64_t)a; mx = (int64_t)b; \
+            } \
         } \
     } while (0)
     switch (f->dtype) {
-    case LL_TOK_U8: LL_TOK_CONVERT(uint8_t); break;
-    case LL_TOK_U16: LL_TOK_CONVERT(uint16_t); break;
-    case LL_TOK_I16: LL_TOK_CONVERT(int16_t); break;
-    case LL_TOK_U32: LL_TOK_CONVERT(uint32_t); break;
-    case LL_TOK_I32: LL_TOK_CONVERT(int32_t); break;
-    default: LL_TOK_CONVERT(int64_t); break;
+    case LL_TOK_U8: LL_TOK_CONVERT(uint8_t, 0, UINT8_MAX); break;
+    case LL_TOK_U16: LL_TOK_CONVERT(uint16_t, 0, UINT16_MAX); break;
+    case LL_TOK_I16: LL_TOK_CONVERT(int16_t, INT16_MIN, INT16_MAX); break;
+    case LL_TOK_U32: LL_TOK_CONVERT(uint32_t, 0, UINT32_MAX); break;
+    case LL_TOK_I32: LL_TOK_CONVERT(int32_t, INT32_MIN, INT32_MAX); break;
+    default: LL_TOK_CONVERT(int64_t, INT64_MIN, INT64_MAX); break;
     }
 #undef LL_TOK_CONVERT
     if (in_ids < m) {   /* the row's last token: a label only */
@@ -47,7 +63,7 @@ static int64_t LL_TOK_FN(ll_tok_copy)(const ll_tok_file *f, int64_t lo, int64_t 
 
 /* Copy span [g, g + n) of the corpus to row position ``at``; with ``detect`` push the document
  * starts inside it. LL_TOK_OK, or a status with ``fail`` saying where. */
-static int LL_TOK_FN(ll_tok_span)(const ll_tok_spec *sp, int64_t g, int64_t n, int64_t at, int detect, TI *ids,
+LL_TOK_ATTR static int LL_TOK_FN(ll_tok_span)(const ll_tok_spec *sp, int64_t g, int64_t n, int64_t at, int detect, TI *ids,
                                   int64_t *extra, int32_t *starts, int64_t *ns, int64_t cap, ll_tok_fail *fail) {
     int64_t total = sp->file_start[sp->nfiles], S = sp->S;
     if (g < 0 || n < 0 || g > total || n > total - g) {
@@ -78,7 +94,15 @@ static int LL_TOK_FN(ll_tok_span)(const ll_tok_spec *sp, int64_t g, int64_t n, i
                 /* a token after EOS starts a document: EOS at row positions p0.. below S */
                 int64_t end = p0 + k - 1 < S ? p0 + k - 1 : S;
                 TI e = (TI)sp->eos;
-                for (int64_t j = p0; j < end; j++)
+                int64_t j = p0;
+                for (; j + 32 <= end; j += 32) {   /* most blocks hold no EOS: test 32 at once */
+                    int any = 0;
+                    for (int q = 0; q < 32; q++) any |= ids[j + q] == e;
+                    if (any)
+                        for (int q = 0; q < 32; q++)
+                            if (ids[j + q] == e) ll_tok_push(starts, ns, cap, j + q + 1);
+                }
+                for (; j < end; j++)
                     if (ids[j] == e) ll_tok_push(starts, ns, cap, j + 1);
             }
         }
@@ -87,7 +111,7 @@ static int LL_TOK_FN(ll_tok_span)(const ll_tok_spec *sp, int64_t g, int64_t n, i
     return LL_TOK_OK;
 }
 
-static int LL_TOK_FN(ll_tok_row)(const ll_tok_spec *sp, const int64_t *seg_g, const int64_t *seg_n, int64_t nseg,
+LL_TOK_ATTR static int LL_TOK_FN(ll_tok_row)(const ll_tok_spec *sp, const int64_t *seg_g, const int64_t *seg_n, int64_t nseg,
                                  int detect, int32_t *starts, int64_t *nseg_out, void *ids_v, void *lab_v, void *pos_v,
                                  ll_tok_fail *fail) {
     TI *ids = (TI *)ids_v;
@@ -138,6 +162,7 @@ static int LL_TOK_FN(ll_tok_row)(const ll_tok_spec *sp, const int64_t *seg_g, co
 }
 
 #undef LL_TOK_FN
+#undef LL_TOK_ATTR
 #undef LL_TOK_CAT
 #undef LL_TOK_CAT2
 #undef LL_TOK_SUFFIX

@@ -559,9 +559,9 @@ def test_token_batches_run_on_a_kernel_team_that_close_stops(corpus):
     loader = ll.DataLoader(ll.TokenDataset(paths, 16, packing="pack", eos_id=EOS), batch_size=4, num_threads=2)
     it = iter(loader)
     next(it)
-    names = {name for tid, name in threads().items() if tid not in before}
-    assert any(name.startswith("ll-") for name in names), names   # the named kernel threads
+    team = {tid: name for tid, name in threads().items() if tid not in before and name.startswith("ll-")}
+    assert team, "no named kernel threads ran the batch"
     loader.close()
-    assert set(threads()) <= before
+    assert not set(team) & set(threads()), team   # every thread of the run's team is gone
     _check_loader(ll.TokenDataset(paths, 16, packing="pack", eos_id=EOS), model_rows(files, 16, "pack", EOS), 16, 4,
                   num_threads=2)
