@@ -151,8 +151,12 @@ def sys_loaderlib(cfg: dict):
     import loaderlib as ll
     from loaderlib.datasets import TokenDataset
 
-    ds = TokenDataset(cfg["prefix"], cfg["seq_len"], packing=cfg.get("packing", "concat"))
-    loader = ll.DataLoader(ds, batch_size=cfg["batch"], shuffle=True, num_threads=cfg.get("threads", 1), seed=0)
+    packing = cfg.get("packing", "concat")
+    # concat rows shuffle across the corpus in the loader; packed rows shuffle in blocks, in the
+    # dataset (NOTE [ Shuffling in blocks ] in loaderlib/_datasets/tokens/dataset.py)
+    ds = TokenDataset(cfg["prefix"], cfg["seq_len"], packing=packing, shuffle=packing != "concat")
+    loader = ll.DataLoader(ds, batch_size=cfg["batch"], shuffle=packing == "concat", num_threads=cfg.get("threads", 1),
+                           seed=0)
     state = {"it": iter(loader)}
 
     def nxt():

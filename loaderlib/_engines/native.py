@@ -216,11 +216,10 @@ class NativeProducer(Producer):
         t0 = _clock()
         ds = self.src.dataset
         rows = self.src.data_index(idx)
-        ds.read_ahead(rows)   # NOTE [ Token read-ahead ]
         lease, views = self.arena.acquire(self._layout(idx.size))
         threads = self.threads()
         gather = ds.start_gather(rows, views, team=self._token_team(threads), num_threads=threads,
-                                 timed=self.rec.enabled)
+                                 timed=self.rec.enabled, read_ahead=True)   # NOTE [ Token read-ahead ]
         return _TokenBatch(task, views, lease, gather, threads, t0)
 
     def _finish_tokens(self, b: _TokenBatch) -> Produced:

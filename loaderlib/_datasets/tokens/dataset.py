@@ -140,6 +140,7 @@ class TokenDataset(Dataset):
         remote = open_remote(sources, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
                              dtype=token_dtype, column=column)
         self._remote = remote[1] if remote is not None else None
+        self._parts_of: dict[int, list] = {}
         self._ensure_lock = threading.Lock()
         self.files: list[TokenFile] = (remote[0] if remote is not None
                                        else open_sources(sources, dtype=token_dtype, column=column))
@@ -362,7 +363,7 @@ class TokenDataset(Dataset):
 
     def start_gather(self, rows: np.ndarray, views: list[np.ndarray], *, team: Any = None,
                      num_threads: int | None = None, out_rows: np.ndarray | None = None,
-                     timed: bool = False) -> Gather:
+                     timed: bool = False, read_ahead: bool = False) -> Gather:
         """:meth:`gather_into`, queued on ``team`` (a ``TokenTeam``) when one is given, else run
         here; the rows are written once the returned :class:`Gather` is waited for.
 
@@ -381,6 +382,8 @@ class TokenDataset(Dataset):
         sp = self.spans(rows)
         if self._remote is not None:
             self._ensure(self._spans_files(sp))
+        if read_ahead:   # NOTE [ Token read-ahead ]: the pages of rows queued behind other batches
+            _tokens.will_need(self._corpus, sp.g, sp.n)
         n = rows.size
         status = np.zeros(n, np.int32)
         where = np.zeros(n, np.int64)
@@ -413,7 +416,11 @@ class TokenDataset(Dataset):
     def _check_views(self, views: list[np.ndarray]) -> None:
         if len(views) != 6:
             raise ValueError(f"gather_into needs the 6 parts of token_parts, got {len(views)}")
-        for v, (shape, dt) in zip(views, self.token_parts(views[0].shape[0])):
+        b = views[0].shape[0]
+        parts = self._parts_of.get(b)
+        if parts is None:
+            parts = self._parts_of[b] = self.token_parts(b)
+        for v, (shape, dt) in zip(views, parts):
             if (v.dtype != dt or v.shape != shape or not v.flags.c_contiguous or not v.flags.writeable):
                 raise ValueError(f"gather_into: a part of shape {v.shape} {v.dtype}, expected {shape} {dt}, "
                                  "C-contiguous and writeable")

@@ -49,7 +49,7 @@ class TokenParts:
 
     def start_gather(self, rows: np.ndarray, views: list[np.ndarray], *, team: Any = None,
                      num_threads: int | None = None, out_rows: np.ndarray | None = None,
-                     timed: bool = False) -> _Gathers:
+                     timed: bool = False, read_ahead: bool = False) -> _Gathers:
         """Each source's rows queued (or run) into their rows of the batch."""
         rows = np.asarray(rows, np.int64)
         out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.asarray(out_rows, np.int64)
@@ -58,7 +58,8 @@ class TokenParts:
         for k in np.unique(src).tolist():
             sel = np.flatnonzero(src == k)
             parts.append(self.datasets[k].start_gather(rows[sel] - self.starts[k], views, team=team,
-                                                       num_threads=num_threads, out_rows=out[sel], timed=timed))
+                                                       num_threads=num_threads, out_rows=out[sel], timed=timed,
+                                                       read_ahead=read_ahead))
         return _Gathers(parts)
 
     def read_ahead(self, rows: np.ndarray) -> int:
