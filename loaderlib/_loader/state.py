@@ -158,6 +158,10 @@ def _check_state(ld: LoaderView, state: Any) -> tuple[dict, str | None]:
             raise StateError(f"the state's {key!r} is not a list of integers")
     if not isinstance(state.get("order_key") or {}, dict):
         raise StateError(f"the state's 'order_key' is {state['order_key']!r}, not a mapping")
+    ss = state.get("sampler_state", {})
+    if (not isinstance(ss, dict) or ("epoch" in ss and not _is_int(ss["epoch"]))
+            or not isinstance(ss.get("key") or {}, dict)):
+        raise StateError("the state's 'sampler_state' is not a sampler's state (an epoch and a key)")
     s = ld._pure_sampler()
     if ld._iterable:
         if state.get("source_state") is not None and not is_stateful(ld.dataset):
