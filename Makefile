@@ -14,6 +14,7 @@ TORCH_WHEELS ?= /opt/wheels
 WITH_TORCH   ?= 1
 MXNET_VENV   ?= .venv-mxnet
 
+.PHONY: sanitize memcheck test-long
 .PHONY: all install build test test-fast typecheck device-check bench bench-decode bench-all bench-peers bench-storage bench-storage-remote bench-storage-split bench-storage-peers peers-tf bench-io bench-smoke docs soak fuzz fuzz-native clean sdist wheel test-wheel
 
 all: build
@@ -73,12 +74,17 @@ build: $(BASE)
 	  name=$${name%%.*}; [ -f "pyx/$$name.pyx" ] || { echo "removing $$f (no pyx/$$name.pyx)"; rm -f "$$f"; }; done
 	$(BIN)/python setup.py -q build_ext --inplace -j $$(nproc 2>/dev/null || echo 2)
 
+# The slowest tests (marker `long`: pinned processes, notebooks, torchrun) run in `make test-long`;
+# .ci/run runs both.
 test: build $(TESTS)
-	$(BIN)/python -m pytest -q tests -m "not timing"
+	$(BIN)/python -m pytest -q tests -m "not timing and not long"
 	@$(BIN)/python -m pytest -q tests -m timing || echo "WARNING: the timing checks (pytest -m timing) failed; they read real clocks, so a loaded machine can fail them: not a CI failure"
 
 test-fast: build $(TESTS)
-	$(BIN)/python -m pytest -q tests -m "not slow and not timing"
+	$(BIN)/python -m pytest -q tests -m "not slow and not timing and not long"
+
+test-long: build $(TESTS)
+	$(BIN)/python -m pytest -q tests -m "long and not timing"
 
 # mypy (pinned in requirements-test.txt) on the modules listed in pyproject.toml's [tool.mypy]
 # files; tests/unit/test_typecheck.py runs the same check in `make test`.
@@ -256,6 +262,9 @@ bench-io: build $(TESTS)
 # OpenMP threads on a busy 2-core machine each input of passes 2 and 3 took 15x longer (the
 # C harness runs no OpenMP).
 FUZZ_RUNS ?= 100000
+# FUZZ_SECONDS=N: the native pass and each parser target run N seconds instead of FUZZ_RUNS inputs.
+FUZZ_SECONDS ?=
+FUZZ_LIMIT = $(if $(FUZZ_SECONDS),-max_total_time=$(FUZZ_SECONDS),-runs=$(FUZZ_RUNS))
 ASAN_DIR  ?= build/asan
 FUZZ_NATIVE ?= build/fuzz-native
 CLANG ?= clang
@@ -282,6 +291,77 @@ fuzz: fuzz-native $(OPENCV)
 	  build/fuzz-corpus fuzz/corpus
 	OMP_WAIT_POLICY=passive $(SAN_ENV) $(BIN)/python fuzz/fuzz_decode.py --sanitized --slice $(FUZZ_RUNS) \
 	  build/fuzz-corpus fuzz/corpus $(FUZZ_NATIVE)/corpus
+	@# 4. the parsers of untrusted bytes written in Python (fuzz/fuzz_parsers.py), one atheris run
+	@#    per target; new inputs go to build/fuzz-parsers/<target>, a finding to build/fuzz-parsers/<target>-crash-*.
+	@set -e; for t in records wds recordio shardcache state; do mkdir -p build/fuzz-parsers/$$t; \
+	  OMP_WAIT_POLICY=passive $(BIN)/python fuzz/fuzz_parsers.py $$t $(FUZZ_LIMIT) -timeout=20 -rss_limit_mb=3000 \
+	    -print_final_stats=1 -artifact_prefix=build/fuzz-parsers/$$t- build/fuzz-parsers/$$t fuzz/corpus/$$t \
+	    > build/fuzz-parsers/$$t.log 2>&1 || { tail -n 40 build/fuzz-parsers/$$t.log; \
+	    echo "parser target $$t FAILED: the input is build/fuzz-parsers/$$t-crash-*"; exit 1; }; \
+	  echo "parser target $$t: $$(grep -E '^stat::number_of_executed_units' build/fuzz-parsers/$$t.log), 0 findings"; done
+
+# The memory-safety checks of .ci/run (issue 50; docs/reliability.md), in $(SANITIZE_DIR) (the in-place
+# build `make test` uses is untouched):
+# 1. fuzz/native_fuzz.c built by clang with ASan + UBSan against libjpeg-turbo 2.1.5 and 3.1.3, each
+#    instrumented (fuzz/build_libjpeg.sh; NOTE [ Where the instrumented libjpeg comes from ]),
+#    replays fuzz/corpus (the seeds and every finding) with libjpeg's own reads and writes checked;
+# 2. the extensions built by gcc with ASan + UBSan against the instrumented 2.1.5 run the decode,
+#    chain and pack tests of tests/kernels (libasan preloaded: Python is not instrumented). They
+#    must import that build, not the in-place one: PYTHONPATH puts it first, `python -P` and
+#    pytest's --import-mode=append keep the source tree behind it (the editable install's finder
+#    comes after sys.path);
+# 3. the parser targets of fuzz/fuzz_parsers.py replay their corpora (fuzz/corpus/<target>/) on
+#    that build.
+# The libjpeg builds are cached; clang is installed with apt-get when it is missing.
+SANITIZE_DIR ?= build/sanitize
+SANITIZE_TESTS ?= tests/kernels/test_decode.py tests/kernels/test_decode_bad_input.py \
+	tests/kernels/test_fast_decode.py tests/kernels/test_progressive.py tests/kernels/test_pack.py \
+	tests/kernels/test_transforms.py
+# Peak-memory checks: ASan's quarantine and shadow memory make them meaningless here.
+SANITIZE_DESELECT ?= tests/kernels/test_decode_bad_input.py::test_opencv_formats_decode_without_a_full_size_copy
+SAN_EXT_ENV = PYTHONPATH=$(SANITIZE_DIR)/ext/lib OMP_WAIT_POLICY=passive \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+sanitize: $(TESTS)
+	@command -v $(CLANG) >/dev/null 2>&1 || { echo "make sanitize: clang not found, installing it (apt-get install clang)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q clang || { apt-get update -q && apt-get install -y -q clang; }; \
+	  elif command -v sudo >/dev/null 2>&1; then sudo -n apt-get install -y -q clang; fi; } || true
+	@command -v cmake >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get install -y -q cmake || \
+	  { apt-get update -q && apt-get install -y -q cmake; }; fi; } || true
+	mkdir -p $(SANITIZE_DIR)/native
+	$(BIN)/python fuzz/gen_native_plans.py $(SANITIZE_DIR)/native/fuzz_plans.h
+	@set -e; for series in 2.1 3.1; do \
+	  lj=$$(fuzz/build_libjpeg.sh fuzz $$series | tail -n 1); \
+	  $(CLANG) -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	    -fno-sanitize-coverage=trace-cmp -Wno-unknown-attributes -Ipyx/include -I$(SANITIZE_DIR)/native -I$$lj/include fuzz/native_fuzz.c \
+	    -o $(SANITIZE_DIR)/native/native_fuzz-$$series $$lj/lib/libjpeg.a -lm; \
+	  $(SANITIZE_DIR)/native/native_fuzz-$$series -runs=0 -timeout=60 -artifact_prefix=$(SANITIZE_DIR)/native/ \
+	    fuzz/corpus > $(SANITIZE_DIR)/native/replay-$$series.log 2>&1 || { \
+	    grep -E -A 30 'ERROR|runtime error|check failed' $(SANITIZE_DIR)/native/replay-$$series.log | head -n 60; \
+	    echo "make sanitize: the native harness FAILED on fuzz/corpus against libjpeg-turbo $$series"; exit 1; }; \
+	  echo "make sanitize: fuzz/corpus replayed against instrumented libjpeg-turbo $$series:" \
+	    "$$(grep -o 'Done [0-9]* runs' $(SANITIZE_DIR)/native/replay-$$series.log), 0 findings"; done
+	lj=$$(fuzz/build_libjpeg.sh asan 2.1 | tail -n 1) && \
+	CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" \
+	LDFLAGS="-fsanitize=address,undefined" LOADERLIB_LIBJPEG_PREFIX=$$lj \
+	  $(BIN)/python setup.py -q build --build-base $(SANITIZE_DIR)/ext --build-lib $(SANITIZE_DIR)/ext/lib -j 2
+	$(SAN_EXT_ENV) $(BIN)/python -P -c "import loaderlib, sys; f = loaderlib._ext.__file__; \
+	  sys.exit(0 if f.startswith('$(abspath $(SANITIZE_DIR))') else f'not the sanitizer build: {f}')"
+	$(SAN_EXT_ENV) $(BIN)/python -P -m pytest -q -p no:cacheprovider --import-mode=append -m "not timing" \
+	  $(SANITIZE_TESTS) $(foreach t,$(SANITIZE_DESELECT),--deselect $(t))
+	@for t in records wds recordio shardcache state; do \
+	  $(SAN_EXT_ENV) $(BIN)/python fuzz/fuzz_parsers.py $$t --replay fuzz/corpus/$$t || exit 1; done
+
+# valgrind (memcheck, origins tracked) over the decode and chain tests, on the in-place build with
+# the system libjpeg: what libjpeg reads and writes is checked without rebuilding anything. Long.
+MEMCHECK_TESTS ?= tests/kernels/test_fast_decode.py tests/kernels/test_decode.py tests/kernels/test_transforms.py
+memcheck: build $(TESTS)
+	@command -v valgrind >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get install -y -q valgrind || \
+	  { apt-get update -q && apt-get install -y -q valgrind; }; fi; } || true
+	PYTHONMALLOC=malloc OMP_WAIT_POLICY=passive valgrind -q --tool=memcheck --error-exitcode=99 --leak-check=no \
+	  --track-origins=yes --num-callers=30 --suppressions=fuzz/valgrind-python.supp $(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing" \
+	  $(MEMCHECK_TESTS)
 
 # Pass 1 of `make fuzz` alone (see above).
 fuzz-native: build
@@ -296,7 +376,7 @@ fuzz-native: build
 	$(BIN)/python fuzz/gen_native_plans.py $(FUZZ_NATIVE)/fuzz_plans.h; \
 	lj=$$(fuzz/build_libjpeg.sh fuzz $(FUZZ_LIBJPEG) | tail -n 1); \
 	$(CLANG) $(NATIVE_FUZZ_CFLAGS) -I$$lj/include fuzz/native_fuzz.c -o $(FUZZ_NATIVE)/native_fuzz $$lj/lib/libjpeg.a -lm; \
-	rc=0; UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz -runs=$(FUZZ_RUNS) -timeout=60 \
+	rc=0; UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz $(FUZZ_LIMIT) -timeout=60 \
 	  -print_final_stats=1 -artifact_prefix=$(FUZZ_NATIVE)/ $(FUZZ_NATIVE)/corpus fuzz/corpus \
 	  > $(FUZZ_NATIVE)/fuzz.log 2>&1 || rc=$$?; \
 	if [ $$rc -ne 0 ]; then grep -E -A 30 'ERROR|runtime error|check failed' $(FUZZ_NATIVE)/fuzz.log | head -n 60; \

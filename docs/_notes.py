@@ -15,7 +15,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = ("loaderlib", "profiling", "pyx", "fuzz", "benchmarks", "tests", "setup.py", "Makefile", "docs/_hooks.py")
-SUFFIXES = {".py", ".pyx", ".pxd", ".h", ".c"}
+SUFFIXES = {".py", ".pyx", ".pxd", ".h", ".c", ".sh"}
 DEFINITION = re.compile(r"^\s*(?:#+|//|/\*+|\*+)?\s*NOTE \[ (?P<title>[^]]+?) \]\s*$")
 COLON_DEFINITION = re.compile(r"^\s*(?:#+|//|/\*+|\*+)?\s*NOTE \[ (?P<title>[^]]+?) \]:\s*\S")
 CITATION = re.compile(r"NOTE \[ (?P<title>[^]]+?) \]")

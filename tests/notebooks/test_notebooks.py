@@ -10,6 +10,9 @@ import nbconvert
 import nbformat
 import pytest
 
+#: Among the slowest tests of the suite: `make test` leaves them to `make test-long` (.ci/run runs both).
+pytestmark = pytest.mark.long
+
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 

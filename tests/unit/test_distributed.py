@@ -21,6 +21,9 @@ from benchmarks._synth import encode_jpeg, photo_like
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+#: torchrun jobs, among the slowest tests: `make test` leaves them to `make test-long` (.ci/run runs both).
+pytestmark = pytest.mark.long
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -28,6 +28,9 @@ from tests.unit._cuda import real_cuda
 
 torch = pytest.importorskip("torch")
 
+#: Among the slowest tests of the suite: `make test` leaves them to `make test-long` (.ci/run runs both).
+pytestmark = pytest.mark.long
+
 #: CUDA's codes for the two refusals the simulated runtime gives.
 ALREADY_REGISTERED = 712
 NOT_REGISTERED = 713
