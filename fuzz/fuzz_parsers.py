@@ -19,6 +19,10 @@ exception, a hang or unbounded memory (libFuzzer's ``-timeout`` and ``-rss_limit
                 exception)
 ``state``       a JSON document loaded by ``DataLoader.load_state_dict`` (then one batch
                 drawn) and merged by ``merge_state_dicts`` (alone and beside a real state)
+``tokens``      a token corpus's index beside valid tokens (byte 0 picks: a Megatron ``.idx``
+                beside its ``.bin``, a datatrove ``.ds.index`` beside its ``.ds``, or a whole
+                ``.npy``), opened by ``TokenDataset`` with each packing, samples and one batch
+                read
 ==============  ==============================================================================
 
 Usage::
@@ -215,8 +219,50 @@ def target_state(data: bytes) -> None:
     loader.load_state_dict(_STATE)
 
 
+_TOKEN_DOCS = [[5, 6, 7, 1], [], [8, 9, 1], list(range(10, 40)) + [1], [2, 1]]
+
+
+def _good_tokens() -> tuple[bytes, bytes, bytes, bytes]:
+    """A Megatron ``.idx`` and ``.bin``, a datatrove ``.ds.index`` and ``.ds`` of _TOKEN_DOCS."""
+    import struct
+
+    lens = [len(d) for d in _TOKEN_DOCS]
+    toks = np.asarray([t for d in _TOKEN_DOCS for t in d], np.uint16).tobytes()
+    ptrs = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) * 2
+    idx = (b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + bytes([8]) + struct.pack("<QQ", len(lens), len(lens) + 1)
+           + np.asarray(lens, np.int32).tobytes() + ptrs.tobytes() + np.arange(len(lens) + 1, dtype=np.int64).tobytes())
+    ends = np.cumsum(lens).astype("<u8").tobytes()
+    return idx, toks, ends, toks
+
+
+def target_tokens(data: bytes) -> None:
+    if not data:
+        return
+    mode, body = data[0] % 3, data[1:]
+    idx, binp, ends, ds_tokens = _good_tokens()
+    if mode == 0:
+        _write("tok.bin", binp)
+        _write("tok.idx", body)
+        src = os.path.join(_TMP, "tok")
+    elif mode == 1:
+        _write("tok.ds", ds_tokens)
+        _write("tok.ds.index", body)
+        src = os.path.join(_TMP, "tok.ds")
+    else:
+        _write("tok.npy", body)
+        src = os.path.join(_TMP, "tok.npy")
+    for packing in ("concat", "pack", "pad"):
+        try:
+            ds = ll.TokenDataset(src, 4, packing=packing, eos_id=1, vocab_size=64, block=3)
+            for i in range(min(len(ds), _LIMIT_ITEMS)):
+                ds[i]
+            next(iter(ll.DataLoader(ds, batch_size=4, num_threads=2)), None)
+        except ll.LoaderError:
+            pass
+
+
 TARGETS = {"records": target_records, "wds": target_wds, "recordio": target_recordio,
-           "shardcache": target_shardcache, "state": target_state}
+           "shardcache": target_shardcache, "state": target_state, "tokens": target_tokens}
 
 
 def write_seeds(root: str) -> None:
@@ -258,6 +304,12 @@ def write_seeds(root: str) -> None:
     del it
     other.close()
     put("state", "merged.json", json.dumps(ll.merge_state_dicts([_STATE, st1])).encode())
+    idx, _bin, ends, _ds = _good_tokens()
+    put("tokens", "megatron.idx", b"\0" + idx)
+    put("tokens", "datatrove.index", b"\1" + ends)
+    npy = io.BytesIO()
+    np.save(npy, np.asarray([t for d in _TOKEN_DOCS for t in d], np.uint16))
+    put("tokens", "flat.npy", b"\2" + npy.getvalue())
 
 
 def corpus_files(paths: list[str]) -> list[str]:

@@ -565,3 +565,13 @@ def test_token_batches_run_on_a_kernel_team_that_close_stops(corpus):
     assert not set(team) & set(threads()), team   # every thread of the run's team is gone
     _check_loader(ll.TokenDataset(paths, 16, packing="pack", eos_id=EOS), model_rows(files, 16, "pack", EOS), 16, 4,
                   num_threads=2)
+
+
+def test_a_damaged_npy_header_names_the_file(tmp_path):
+    """A finding of the tokens fuzz target: numpy raised tokenize.TokenError on a header cut
+    inside its dict."""
+    np.save(tmp_path / "t.npy", np.arange(50, dtype=np.uint16))
+    data = (tmp_path / "t.npy").read_bytes()
+    (tmp_path / "t.npy").write_bytes(data[:40] + b"\n" + data[128:])
+    with pytest.raises(ll.LoaderError, match=r"t\.npy: not a readable \.npy file"):
+        ll.TokenDataset(str(tmp_path / "t.npy"), 4)

@@ -212,8 +212,8 @@ def open_flat(path: str, dtype: Any = None, *, remote_size: int | None = None) -
                 arr._mmap.madvise(mmap.MADV_RANDOM)   # NOTE [ Token files are read at random ]
         except FileNotFoundError:
             raise FileNotFoundError(f"token file not found: {path}") from None
-        except ValueError as e:
-            raise TokenFormatError(f"{path}: not a readable .npy file ({e})") from None
+        except Exception as e:   # numpy raises many types on a damaged header (ValueError, TokenError, ...)
+            raise TokenFormatError(f"{path}: not a readable .npy file ({type(e).__name__}: {e})") from None
         if arr.ndim != 1:
             raise TokenFormatError(f"{path}: a token file holds a 1-D array, this one has shape {arr.shape}")
         if arr.dtype.name not in TOKEN_DTYPES:
