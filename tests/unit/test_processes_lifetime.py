@@ -56,7 +56,9 @@ def test_thirty_early_breaks_leave_nothing_behind():
     pool = loader._workers
     assert pool.arena.stats["leased"] == 0 and not pool.inflight
     assert _shm_names() == shm1
-    assert _fds() == fd1
+    # Nothing left open by the thirty runs; the count may fall (an earlier test's garbage closing
+    # its descriptors late), never rise.
+    assert _fds() <= fd1
     loader.close()
     assert _shm_names() == shm0
 
