@@ -62,11 +62,6 @@ class TokenParts:
                                                        read_ahead=read_ahead))
         return _Gathers(parts)
 
-    def read_ahead(self, rows: np.ndarray) -> int:
-        rows = np.asarray(rows, np.int64)
-        src = self._split(rows)
-        return sum(self.datasets[k].read_ahead(rows[src == k] - self.starts[k]) for k in np.unique(src).tolist())
-
     def token_batch(self, views: list[np.ndarray], n: int) -> dict:
         return self.datasets[0].token_batch(views, n)
 
