@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 import torch
+from _leave import leave
 from accelerate import Accelerator
 
 import loaderlib as ll
@@ -67,6 +68,7 @@ def main() -> None:
     with open(os.path.join(a.out, f"rank{acc.process_index}.json"), "w") as f:
         json.dump({"batches": seen, "world_size": acc.num_processes}, f)
     acc.end_training()
+    leave()   # NOTE [ Workers leave without the interpreter's teardown ]
 
 
 if __name__ == "__main__":

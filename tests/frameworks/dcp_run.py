@@ -19,6 +19,7 @@ import os
 import numpy as np
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from _leave import leave
 
 import loaderlib as ll
 from loaderlib.integrations.dcp import LoaderState
@@ -57,8 +58,7 @@ def main() -> None:
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
         json.dump({"batches": seen, "applied": applied}, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    leave()   # NOTE [ Workers leave without the interpreter's teardown ]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 import torch
+from _leave import leave
 from transformers import Trainer, TrainingArguments
 
 import loaderlib as ll
@@ -73,6 +74,7 @@ def main() -> None:
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
         json.dump({"batches": seen, "applied": callback.applied}, f)
+    leave()   # NOTE [ Workers leave without the interpreter's teardown ]
 
 
 if __name__ == "__main__":
