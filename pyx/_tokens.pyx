@@ -8,7 +8,13 @@ segment starts into the batch's ``cu_seqlens``; ``best_fit`` places document pie
 """
 
 from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.errno cimport errno
 from libc.stdlib cimport free, malloc
+from libc.string cimport strerror
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_WRITABLE
+from posix.mman cimport MADV_RANDOM, MAP_FAILED, MAP_SHARED, PROT_READ, madvise, mmap, munmap
+from posix.types cimport off_t
+from posix.unistd cimport _SC_PAGESIZE, sysconf
 
 cimport cython
 from cython.parallel cimport prange, threadid
@@ -398,3 +404,70 @@ def start_rows_into(TokenTeam team not None, Corpus corpus not None, const int64
         ll_pool_submit(team.pool, &p.job)
     p.queued = True
     return p
+
+
+cdef char* _FORMAT_B = "B"
+
+
+cdef class FileMap:
+    """``length`` bytes of an open file from byte ``offset``, mapped read-only, exporting them
+    through the buffer protocol (``numpy.frombuffer`` makes an array of them that keeps this
+    mapping alive).
+
+    NOTE [ One mapping, no descriptor ]
+    ``numpy.memmap`` (through ``mmap.mmap``) keeps a duplicate of the file's descriptor open for
+    as long as the mapping lives: one descriptor per token file, and per index array, so a
+    corpus of a few hundred Megatron files ran past the common limit of 1,024 open files
+    (``ulimit -n``) with "Too many open files". A mapping does not need its descriptor once
+    made, so this class maps with ``mmap(2)`` and the caller closes the descriptor at once:
+    a corpus of any number of files holds none open. Unmapped when the last buffer over it is
+    released and this object is collected.
+    """
+
+    cdef char* base
+    cdef size_t maplen
+    cdef size_t skip
+    cdef readonly Py_ssize_t length
+    cdef int exports
+
+    def __cinit__(self, int fd, int64_t offset, int64_t length, bint random=False):
+        cdef int64_t page = sysconf(_SC_PAGESIZE)
+        cdef int64_t lo
+        self.base = NULL
+        if offset < 0 or length <= 0:
+            raise ValueError(f"FileMap: offset {offset} and length {length} (a positive length from a "
+                             "non-negative offset)")
+        lo = offset - offset % page
+        self.skip = <size_t>(offset - lo)
+        self.maplen = <size_t>(length + (offset - lo))
+        cdef void* p = mmap(NULL, self.maplen, PROT_READ, MAP_SHARED, fd, <off_t>lo)
+        if p == MAP_FAILED:
+            raise OSError(errno, f"mmap of {length} bytes at {offset}: {strerror(errno).decode()}")
+        self.base = <char*>p
+        self.length = length
+        if random:
+            madvise(p, self.maplen, MADV_RANDOM)   # NOTE [ Token files are read at random ]
+
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("a FileMap is read-only")
+        buffer.buf = self.base + self.skip
+        buffer.obj = self
+        buffer.len = self.length
+        buffer.readonly = 1
+        buffer.itemsize = 1
+        buffer.format = _FORMAT_B if flags & PyBUF_FORMAT else NULL
+        buffer.ndim = 1
+        buffer.shape = &self.length if flags & PyBUF_ND else NULL
+        buffer.strides = NULL
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        self.exports -= 1
+
+    def __dealloc__(self):
+        if self.base != NULL:
+            munmap(self.base, self.maplen)
+            self.base = NULL

@@ -575,3 +575,53 @@ def test_a_damaged_npy_header_names_the_file(tmp_path):
     (tmp_path / "t.npy").write_bytes(data[:40] + b"\n" + data[128:])
     with pytest.raises(ll.LoaderError, match=r"t\.npy: not a readable \.npy file"):
         ll.TokenDataset(str(tmp_path / "t.npy"), 4)
+
+
+def test_a_npy_shorter_than_its_header_says_names_the_file(tmp_path):
+    np.save(tmp_path / "t.npy", np.arange(50, dtype=np.uint16))
+    data = (tmp_path / "t.npy").read_bytes()
+    (tmp_path / "t.npy").write_bytes(data[:-10])
+    with pytest.raises(ll.LoaderError, match=r"t\.npy: \d+ bytes, but its header describes 50 tokens"):
+        ll.TokenDataset(str(tmp_path / "t.npy"), 4)
+
+
+_MANY_FILES = r"""
+import os, resource, sys
+import numpy as np
+import loaderlib as ll
+from tests.unit._token_model import write_megatron, write_datatrove
+
+root, n = sys.argv[1], int(sys.argv[2])
+paths = []
+for i in range(n):
+    docs = [[(i * 7 + j) % 500 + 1] * (3 + (i + j) % 5) for j in range(4)]
+    if i % 3 == 0:
+        write_megatron(os.path.join(root, f"m{i}"), docs); paths.append(os.path.join(root, f"m{i}"))
+    elif i % 3 == 1:
+        write_datatrove(os.path.join(root, f"d{i}.ds"), docs); paths.append(os.path.join(root, f"d{i}.ds"))
+    else:
+        np.save(os.path.join(root, f"f{i}.npy"), np.array(sum(docs, []), np.uint16)); paths.append(os.path.join(root, f"f{i}.npy"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+before = len(os.listdir("/proc/self/fd"))
+ds = ll.TokenDataset(paths, 8, packing="pack")
+tokens = 0
+with ll.DataLoader(ds, batch_size=16, num_threads=2) as loader:
+    for b in loader:
+        tokens += int((b["input_ids"] != 0).sum())
+print(before, len(os.listdir("/proc/self/fd")), len(ds), tokens)
+"""
+
+
+def test_a_corpus_of_many_files_holds_no_descriptor_per_file(tmp_path):
+    """NOTE [ One mapping, no descriptor ]: 300 files of three formats (about 900 mappings)
+    open and read under a limit of 64 open files, which one descriptor per mapping exceeds."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, "-c", _MANY_FILES, str(tmp_path), "300"], capture_output=True, text=True,
+                       cwd=root, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    before, after, rows, tokens = map(int, p.stdout.split())
+    assert after <= before + 8, (before, after)   # the loader's own (threads' eventfds and the like), not 300
+    assert rows > 0 and tokens > 0

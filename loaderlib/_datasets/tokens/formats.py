@@ -2,7 +2,7 @@
 
 NOTE [ Opening a token corpus ]
 Every format is opened in O(1) per file, whatever its number of documents: the tokens are a
-mapping of the file (``numpy.memmap``), and the document starts are the index's own array,
+mapping of the file (NOTE [ One mapping, no descriptor ]), and the document starts are the index's own array,
 mapped too, never copied or scanned:
 - Megatron-LM / NeMo indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``, the ``MMIDIDX``
   header): the sequence pointers, in bytes, are the document starts (``divisor`` = the
@@ -25,7 +25,6 @@ trust the index: every span the kernels read is checked against its file.
 from __future__ import annotations
 
 import glob
-import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._ext import _tokens
 from ...errors import LoaderError
 
 __all__ = ["TokenFile", "TokenFormatError", "open_sources"]
@@ -121,6 +121,24 @@ def _size(path: str) -> int:
         raise FileNotFoundError(f"token file not found: {path}") from None
 
 
+def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """The shape, dtype and data offset of a ``.npy`` file, read from its header alone."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dt = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"format version {version[0]}.{version[1]} (1.0 and 2.0 are read)")
+            return tuple(shape), np.dtype(dt), f.tell()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"token file not found: {path}") from None
+    except Exception as e:   # numpy raises many types on a damaged header (ValueError, TokenError, ...)
+        raise TokenFormatError(f"{path}: not a readable .npy file ({type(e).__name__}: {e})") from None
+
+
 def _map(path: str, dtype: Any, count: int | None = None, offset: int = 0, random: bool = False) -> np.ndarray:
     """``count`` items of ``dtype`` from byte ``offset`` of ``path``, mapped read-only.
 
@@ -136,11 +154,14 @@ def _map(path: str, dtype: Any, count: int | None = None, offset: int = 0, rando
     n = (_size(path) - offset) // dt.itemsize if count is None else count
     if n == 0:
         return np.zeros(0, dt)
-    arr = np.memmap(path, dtype=dt, mode="r", offset=offset, shape=(n,))
-    mm = getattr(arr, "_mmap", None)
-    if random and mm is not None and hasattr(mmap, "MADV_RANDOM"):
-        mm.madvise(mmap.MADV_RANDOM)
-    return arr
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"token file not found: {path}") from None
+    try:   # NOTE [ One mapping, no descriptor ] in pyx/_tokens.pyx
+        return np.frombuffer(_tokens.FileMap(fd, offset, n * dt.itemsize, random), dt, n)
+    finally:
+        os.close(fd)
 
 
 def open_megatron(prefix: str, *, local_idx: str | None = None,
@@ -206,21 +227,18 @@ def open_flat(path: str, dtype: Any = None, *, remote_size: int | None = None) -
     """A flat token file: ``.npy`` (its own dtype) or raw ``.bin`` of ``dtype`` (default uint16,
     as nanoGPT writes ``train.bin``); documents end at the EOS id (NOTE [ Opening a token corpus ])."""
     if path.endswith(".npy"):
-        try:
-            arr = np.load(path, mmap_mode="r")
-            if isinstance(arr, np.memmap) and getattr(arr, "_mmap", None) is not None and hasattr(mmap, "MADV_RANDOM"):
-                arr._mmap.madvise(mmap.MADV_RANDOM)   # NOTE [ Token files are read at random ]
-        except FileNotFoundError:
-            raise FileNotFoundError(f"token file not found: {path}") from None
-        except Exception as e:   # numpy raises many types on a damaged header (ValueError, TokenError, ...)
-            raise TokenFormatError(f"{path}: not a readable .npy file ({type(e).__name__}: {e})") from None
-        if arr.ndim != 1:
-            raise TokenFormatError(f"{path}: a token file holds a 1-D array, this one has shape {arr.shape}")
-        if arr.dtype.name not in TOKEN_DTYPES:
-            raise TokenFormatError(f"{path}: dtype {arr.dtype} is not a token type (one of {', '.join(TOKEN_DTYPES)})")
-        if not arr.dtype.isnative:
-            raise TokenFormatError(f"{path}: byte order {arr.dtype.byteorder!r} is not this machine's")
-        return TokenFile(path, "flat", arr, None, 1, True)
+        shape, npdt, offset = _npy_header(path)
+        if len(shape) != 1:
+            raise TokenFormatError(f"{path}: a token file holds a 1-D array, this one has shape {shape}")
+        if npdt.name not in TOKEN_DTYPES:
+            raise TokenFormatError(f"{path}: dtype {npdt} is not a token type (one of {', '.join(TOKEN_DTYPES)})")
+        if not npdt.isnative:
+            raise TokenFormatError(f"{path}: byte order {npdt.byteorder!r} is not this machine's")
+        size = _size(path)
+        if size < offset + shape[0] * npdt.itemsize:
+            raise TokenFormatError(f"{path}: {size} bytes, but its header describes {shape[0]} tokens of {npdt} "
+                                   f"from byte {offset} ({offset + shape[0] * npdt.itemsize} bytes)")
+        return TokenFile(path, "flat", _map(path, npdt, shape[0], offset, random=True), None, 1, True)
     dt = np.dtype("uint16" if dtype is None else dtype)
     if dt.name not in TOKEN_DTYPES:
         raise ValueError(f"dtype {dt} is not a token type (one of {', '.join(TOKEN_DTYPES)})")
@@ -262,7 +280,7 @@ def open_datatrove(path: str, dtype: Any = None, *, index: str | None = None,
 
 
 def open_arrow(path: str, column: str = "input_ids") -> TokenFile:
-    """A column of token lists from an Arrow IPC file (mapped) or a Parquet file (decoded once)."""
+    """A column of token lists from an Arrow IPC file (mapped, zero copy) or a Parquet file (decoded once)."""
     try:
         import pyarrow as pa
     except ImportError:
@@ -276,12 +294,11 @@ def open_arrow(path: str, column: str = "input_ids") -> TokenFile:
                 raise TokenFormatError(f"{path}: no column {column!r} (columns: {', '.join(names)})")
             table = pq.read_table(path, columns=[column])
         else:
-            src = pa.memory_map(path, "r")
+            data = pa.py_buffer(_map(path, np.uint8))   # NOTE [ One mapping, no descriptor ]
             try:
-                table = pa.ipc.open_file(src).read_all()
+                table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
             except pa.ArrowInvalid:
-                src = pa.memory_map(path, "r")
-                table = pa.ipc.open_stream(src).read_all()
+                table = pa.ipc.open_stream(pa.BufferReader(data)).read_all()
     except (pa.ArrowInvalid, OSError) as e:
         raise TokenFormatError(f"{path}: not a readable {'Parquet' if path.endswith('.parquet') else 'Arrow'} "
                                f"file ({e})") from None
