@@ -223,6 +223,10 @@ class Tuple:
 _STACK = Stack()
 
 
+TOKEN_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen")
+"""The keys of a token sample and of a token batch, in this order (NOTE [ Token batches ])."""
+
+
 class TokenSample(dict):
     """One training sequence of a :class:`~loaderlib.TokenDataset` read from Python: ``input_ids``,
     ``labels`` and ``position_ids`` (1-D), with its ``cu_seqlens`` and ``max_seqlen``. The

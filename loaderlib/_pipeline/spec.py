@@ -13,6 +13,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import transforms as T
+from ..batchify import TOKEN_KEYS
 from .._tensor_spec import TensorSpec, spec_of
 from .._tree import tree_map
 from . import ops
@@ -44,7 +45,15 @@ def relax(a: Any, b: Any, what: str = "") -> Any:
 
 
 def batch_spec(spec: Any, n: int | None) -> Any:
-    """The spec of a batch of elements of ``spec`` (``n`` None: a batch may be short)."""
+    """The spec of a batch of elements of ``spec`` (``n`` None: a batch may be short).
+
+    A token sample's spec (the keys of :func:`~loaderlib.batchify.collate_tokens`, with
+    ``cu_seqlens`` of unknown length) batches as that function collates: the rows stacked,
+    ``cu_seqlens`` one array over the flattened batch and ``max_seqlen`` one number.
+    """
+    if type(spec) is dict and tuple(spec) == TOKEN_KEYS and spec["cu_seqlens"].shape == (None,):
+        return {k: (s if k in ("cu_seqlens", "max_seqlen") else TensorSpec((n, *s.shape), s.dtype))
+                for k, s in spec.items()}
     return tree_map(lambda s: TensorSpec((n, *s.shape), s.dtype), spec)
 
 

@@ -408,6 +408,14 @@ def test_a_pipeline_over_tokens(corpus):
     assert sum(b["input_ids"].shape[0] for b in batches) == len(expected)
     spec = ll.Pipeline.from_dataset(ds).element_spec
     assert spec["input_ids"].shape == (16,) and spec["labels"].dtype == np.int32
+    for drop, n in ((False, None), (True, 5)):   # the batch's spec describes what batches hold
+        spec = ll.Pipeline.from_dataset(ds).batch(5, drop_remainder=drop).element_spec
+        assert {k: s.shape for k, s in spec.items()} == {"input_ids": (n, 16), "labels": (n, 16),
+                                                         "position_ids": (n, 16), "cu_seqlens": (None,),
+                                                         "max_seqlen": ()}
+        for k, s in spec.items():
+            v = np.asarray(batches[0][k])
+            assert v.ndim == len(s.shape) and v.dtype == s.dtype, k
 
 
 def test_to_device_and_the_harness_on_tokens(corpus):
