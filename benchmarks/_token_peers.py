@@ -169,6 +169,55 @@ def sys_loaderlib(cfg: dict):
     return nxt, f"loaderlib {ll.__version__}, {loader.engine} engine, {cfg.get('threads', 1)} thread(s)"
 
 
+def sys_loaderlib_kernel(cfg: dict):
+    """The row kernel alone: ``TokenDataset.gather_into`` of shuffled rows into one reused set of
+    batch parts, one thread, from Python in a loop (no loader, no threads, no hand-offs): what
+    the ``DataLoader`` adds is the difference to ``loaderlib``."""
+    import loaderlib as ll
+    from loaderlib.datasets import TokenDataset
+
+    ds = TokenDataset(cfg["prefix"], cfg["seq_len"])
+    parts = [np.zeros(shape, dt) for shape, dt in ds.token_parts(cfg["batch"])]
+    order = np.random.default_rng(0).permutation(len(ds))
+    state = {"at": 0}
+
+    def nxt():
+        a = state["at"]
+        if a + cfg["batch"] > order.size:
+            a = 0
+        state["at"] = a + cfg["batch"]
+        ds.gather_into(order[a:a + cfg["batch"]], parts, num_threads=1)
+        return ds.token_batch(parts, cfg["batch"])
+
+    return nxt, f"loaderlib {ll.__version__}, TokenDataset.gather_into in a loop, 1 thread"
+
+
+def sys_loaderlib_pack_loader_shuffle(cfg: dict):
+    """``packing="pack"`` shuffled by the loader across the corpus (``DataLoader(shuffle=True)``),
+    not in the dataset: what NOTE [ Shuffling in blocks ] warns against, measured."""
+    import warnings
+
+    import loaderlib as ll
+    from loaderlib.datasets import TokenDataset
+
+    ds = TokenDataset(cfg["prefix"], cfg["seq_len"], packing="pack")
+    loader = ll.DataLoader(ds, batch_size=cfg["batch"], shuffle=True, num_threads=1, seed=0)
+    state = {"it": None}
+
+    def nxt():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # the warning this system measures the reason for
+            if state["it"] is None:
+                state["it"] = iter(loader)
+            try:
+                return next(state["it"])
+            except StopIteration:
+                state["it"] = iter(loader)
+                return next(state["it"])
+
+    return nxt, f"loaderlib {ll.__version__}, packing='pack', the loader's global shuffle, 1 thread"
+
+
 def sys_numpy(cfg: dict):
     """nanoGPT-style memmap windows, made as fast as numpy reasonably allows: the windows of a
     shuffled permutation of rows, each row's ids and labels converted to int32 straight from
@@ -443,7 +492,8 @@ SYSTEMS = {
     "loaderlib": sys_loaderlib, "numpy": sys_numpy, "numpy-fancy": sys_numpy_fancy, "nanogpt": sys_nanogpt,
     "litdata": sys_litdata, "megatron": sys_megatron, "megatron-blend": sys_megatron_blend,
     "loaderlib-mix": sys_loaderlib_mix, "grain-concat": sys_grain_concat, "grain-pack": sys_grain_pack,
-    "hf": sys_hf,
+    "hf": sys_hf, "loaderlib-kernel": sys_loaderlib_kernel,
+    "loaderlib-pack-loader-shuffle": sys_loaderlib_pack_loader_shuffle,
 }
 
 

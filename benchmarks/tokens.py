@@ -13,7 +13,10 @@ Systems (each in a child process of its own, driven round by round, interleaved)
   shuffle=True, num_threads=1)``; ``loaderlib-2t`` the same with 2 threads (scaling
   efficiency = rate(2) / (2 rate(1))); ``loaderlib-pack`` with ``packing="pack"`` (beside
   Grain's first-fit packing); ``loaderlib-mix`` a ``MixtureDataset`` of two corpora (beside
-  Megatron's ``BlendedDataset``);
+  Megatron's ``BlendedDataset``); ``loaderlib-kernel`` the row kernel alone
+  (``gather_into`` in a loop into one reused batch: what the loader adds is the difference);
+  ``loaderlib-pack-loader-shuffle`` ``packing="pack"`` shuffled by the loader rather than the
+  dataset (NOTE [ Shuffling in blocks ]: each row re-plans a block);
 * ``numpy``: the same work in vectorized numpy over nanoGPT-style memmap windows (rows of a
   shuffled permutation converted to int32 straight from the mapping into a ring of 3
   preallocated output sets, positions as index minus ``np.repeat`` of the segment starts);
@@ -80,13 +83,16 @@ CHILD = os.path.join(HERE, "_token_peers.py")
 EOS = 50256
 VOCAB = 50257
 
-LOCAL = ("loaderlib", "loaderlib-2t", "loaderlib-pack", "loaderlib-mix", "numpy", "numpy-fancy", "nanogpt")
+LOCAL = ("loaderlib", "loaderlib-2t", "loaderlib-pack", "loaderlib-mix", "loaderlib-kernel",
+         "loaderlib-pack-loader-shuffle", "numpy", "numpy-fancy", "nanogpt")
 PEERS = ("litdata", "megatron", "megatron-blend", "grain-concat", "grain-pack", "hf")
 WHAT = {
     "loaderlib": "TokenDataset concat, DataLoader(shuffle=True, num_threads=1)",
     "loaderlib-2t": "the same, num_threads=2",
     "loaderlib-pack": "TokenDataset packing='pack' (best fit in blocks), 1 thread",
     "loaderlib-mix": "MixtureDataset of two TokenDatasets (0.7/0.3), 1 thread",
+    "loaderlib-kernel": "the row kernel alone: gather_into in a loop into one reused batch, 1 thread, no loader",
+    "loaderlib-pack-loader-shuffle": "packing='pack' shuffled by the loader, not the dataset (re-plans blocks)",
     "numpy": "vectorized numpy over memmap windows (row copies to int32 into reused buffers, positions by np.repeat)",
     "numpy-fancy": "numpy, one fancy-index gather (int64 index array) + astype",
     "nanogpt": "nanoGPT get_batch: int64, torch.from_numpy, no position_ids/cu_seqlens",
@@ -285,7 +291,7 @@ def bench_seq_len(S: int, systems: list[str], pythons: dict[str, str], base_cfg:
         c = dict(cfg)
         if name == "loaderlib-2t":
             c["threads"] = 2
-        if name in ("loaderlib-pack", "grain-pack"):
+        if name in ("loaderlib-pack", "grain-pack", "loaderlib-pack-loader-shuffle"):
             c["packing"] = c["check"] = "pack"
         if name == "hf":
             c["hf_dir"] = cfg["hf_dirs"][S]
@@ -492,6 +498,13 @@ def ratios(results: dict[int, dict], copy_gbs: float) -> list[str]:
         pk, gp = med("loaderlib-pack"), med("grain-pack")
         if pk and gp:
             line.append(f"pack: {pk / gp:.1f}x Grain first-fit")
+        kern = med("loaderlib-kernel")
+        if kern:
+            line.append(f"the row kernel alone {fmt_rate(kern)} M tokens/s = {kern * bpt / 1e9 / copy_gbs:.2f} of memcpy "
+                        f"(the loader keeps {ll1 / kern:.2f} of it)")
+        pls = med("loaderlib-pack-loader-shuffle")
+        if pk and pls:
+            line.append(f"pack shuffled in the dataset {pk / pls:.1f}x the loader's shuffle ({fmt_rate(pls)} M tokens/s)")
         mx, mb = med("loaderlib-mix"), med("megatron-blend")
         if mx and mb:
             line.append(f"mixture: {mx / mb:.1f}x Megatron BlendedDataset")

@@ -194,12 +194,9 @@ class BatchLayout:
         return cls(tuple(shapes), tuple(dtypes), tuple(offsets), _align(max(off, 1)))
 
     def views(self, lease: Any) -> list[np.ndarray]:
-        whole = np.frombuffer(lease, dtype=np.uint8)
-        out = []
-        for shp, dt, off in zip(self.shapes, self.dtypes, self.offsets):
-            n = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
-            out.append(whole[off:off + n].view(dt).reshape(shp))
-        return out
+        # One ndarray constructor a part over the lease's buffer: per batch, on the driver's
+        # path (np.prod, a slice, view and reshape a part cost 4-5x as many instructions).
+        return [np.ndarray(shp, dt, lease, off) for shp, dt, off in zip(self.shapes, self.dtypes, self.offsets)]
 
 
 class BatchArena:

@@ -11,7 +11,8 @@ from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.errno cimport errno
 from libc.stdlib cimport free, malloc
 from libc.string cimport strerror
-from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_WRITABLE
+from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_ND, PyBUF_WRITABLE, PyBuffer_Release,
+                             PyObject_GetBuffer)
 from posix.mman cimport MADV_RANDOM, MAP_FAILED, MAP_SHARED, PROT_READ, madvise, mmap, munmap
 from posix.types cimport off_t
 from posix.unistd cimport _SC_PAGESIZE, sysconf
@@ -332,6 +333,18 @@ cdef class PendingRows:
                 ll_pool_wait(self.team.pool, &self.job)
 
 
+cdef char* _address(a) except NULL:
+    """The first byte of ``a``, a writable C-contiguous array the caller keeps alive (read
+    through the buffer protocol: ``__array_interface__`` builds a dict a call)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(a, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+    cdef char* p = <char*>view.buf
+    PyBuffer_Release(&view)
+    if p == NULL:
+        raise ValueError("start_rows_into: an output array without memory")
+    return p
+
+
 def start_rows_into(TokenTeam team not None, Corpus corpus not None, const int64_t[::1] seg_g not None,
                     const int64_t[::1] seg_n not None, const int64_t[::1] row_ptr not None,
                     const int64_t[::1] out_rows not None, bint detect, int64_t seq_len, int64_t eos, int64_t limit,
@@ -360,11 +373,11 @@ def start_rows_into(TokenTeam team not None, Corpus corpus not None, const int64
         return p
     if row_ptr[0] < 0 or row_ptr[n] > seg_g.shape[0] or seg_n.shape[0] != seg_g.shape[0]:
         raise ValueError("start_rows_into: row_ptr points outside the spans")
+    cdef Py_ssize_t room = min(starts.shape[0], counts.shape[0], ids.shape[0], labels.shape[0], positions.shape[0])
     for i in range(n):
         if row_ptr[i + 1] < row_ptr[i]:
             raise ValueError("start_rows_into: row_ptr must not decrease")
-        if (out_rows[i] < 0 or out_rows[i] >= starts.shape[0] or out_rows[i] >= counts.shape[0]
-                or out_rows[i] >= ids.shape[0] or out_rows[i] >= labels.shape[0] or out_rows[i] >= positions.shape[0]):
+        if out_rows[i] < 0 or out_rows[i] >= room:
             raise ValueError(f"start_rows_into: output row {out_rows[i]} out of range")
     p.ctx.sp.files = corpus.files
     p.ctx.sp.nfiles = corpus.nfiles
@@ -382,9 +395,9 @@ def start_rows_into(TokenTeam team not None, Corpus corpus not None, const int64
     p.ctx.row_ptr = &row_ptr[0]
     p.ctx.out_rows = &out_rows[0]
     p.ctx.detect = 1 if detect else 0
-    p.ctx.ids = <char*><uintptr_t>ids.__array_interface__["data"][0]
-    p.ctx.lab = <char*><uintptr_t>labels.__array_interface__["data"][0]
-    p.ctx.pos = <char*><uintptr_t>positions.__array_interface__["data"][0]
+    p.ctx.ids = _address(ids)
+    p.ctx.lab = _address(labels)
+    p.ctx.pos = _address(positions)
     p.ctx.ids_stride = ids.strides[0]
     p.ctx.idx_stride = labels.strides[0]
     p.ctx.starts = &starts[0, 0]

@@ -136,6 +136,7 @@ class TokenDataset(Dataset):
         if ids not in _INT_MAX:
             raise ValueError(f"ids_dtype must be 'uint16', 'int32' or 'int64', got {ids_dtype!r}")
         self.ids_dtype = np.dtype(ids)
+        self._out_types = (_tokens.OUTPUT_TYPES[self.ids_dtype.name], _tokens.OUTPUT_TYPES[self.dtype.name])
         self.vocab_size = None if vocab_size is None else _int(vocab_size, "vocab_size", 1)
         self.ignore_index = _int(ignore_index, "ignore_index")
         if abs(self.ignore_index) >= _INT_MAX[self.dtype.name]:
@@ -146,6 +147,7 @@ class TokenDataset(Dataset):
                              dtype=token_dtype, column=column)
         self._remote = remote[1] if remote is not None else None
         self._parts_of: dict[int, list] = {}
+        self._first_rows: dict[int, np.ndarray] = {}
         self._ra = [-1, 0, 64]   # major faults seen, batches planned, advise up to this batch
         self._ensure_lock = threading.Lock()
         self.files: list[TokenFile] = (remote[0] if remote is not None
@@ -399,7 +401,13 @@ class TokenDataset(Dataset):
         engine) the rows are one ``prange`` here.
         """
         rows = np.ascontiguousarray(rows, np.int64)
-        out = np.arange(rows.size, dtype=np.int64) if out_rows is None else np.ascontiguousarray(out_rows, np.int64)
+        if out_rows is None:
+            out = self._first_rows.get(rows.size)
+            if out is None:   # read-only: shared by every batch of this size
+                out = self._first_rows[rows.size] = np.arange(rows.size, dtype=np.int64)
+                out.flags.writeable = False
+        else:
+            out = np.ascontiguousarray(out_rows, np.int64)
         self._check_views(views)
         sp = self.spans(rows)
         if self._remote is not None:
@@ -413,8 +421,7 @@ class TokenDataset(Dataset):
         ids, lab, pos, _cu, starts, counts = views
         args = (self._corpus, sp.g, sp.n, sp.ptr, out, sp.detect, self.seq_len,
                 -1 if self.eos_id is None else self.eos_id, self.limit, self.pad_id, self.ignore_index,
-                self.mask_document_starts, _tokens.OUTPUT_TYPES[self.ids_dtype.name],
-                _tokens.OUTPUT_TYPES[self.dtype.name])
+                self.mask_document_starts, *self._out_types)
         item_ns = np.zeros(n, np.int64) if timed else None
         pending = None
         if team is not None and n:
@@ -469,10 +476,11 @@ class Gather:
         if self.pending is not None:
             self.pending.wait()
             self.pending = None
-        bad = np.flatnonzero(self.status != _tokens.OK)
-        if bad.size:
-            j = int(bad[0])
-            self.dataset._raise(int(self.rows[j]), int(self.status[j]), int(self.where[j]))
+        if self.status.any():   # OK is 0 (include/ll_tokens.h): one pass when no row failed
+            bad = np.flatnonzero(self.status != _tokens.OK)
+            if bad.size:
+                j = int(bad[0])
+                self.dataset._raise(int(self.rows[j]), int(self.status[j]), int(self.where[j]))
         n, sp, seq_len = self.rows.size, self.sp, self.dataset.seq_len
         if sp.detect:
             return n * seq_len

@@ -47,14 +47,20 @@ class ConcatPlan:
         self.seq_len = seq_len
         self.rows = max(0, (total - 1) // seq_len)
         self.real_tokens = self.rows * seq_len   # input positions, none of them padding
+        self._fixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
         return self.rows
 
     def spans(self, rows: np.ndarray) -> Spans:
         k = rows.size
-        return Spans(rows * self.seq_len, np.full(k, self.seq_len + 1, np.int64), np.arange(k + 1, dtype=np.int64),
-                     True)
+        fixed = self._fixed.get(k)
+        if fixed is None:   # the lengths and row pointers of every batch of k rows: made once, read-only
+            fixed = (np.full(k, self.seq_len + 1, np.int64), np.arange(k + 1, dtype=np.int64))
+            for a in fixed:
+                a.flags.writeable = False
+            self._fixed[k] = fixed
+        return Spans(rows * self.seq_len, fixed[0], fixed[1], True)
 
 
 def _pieces(starts: np.ndarray, lens: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
