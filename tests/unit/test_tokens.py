@@ -265,7 +265,23 @@ def test_a_truncated_index(tmp_path):
         ll.TokenDataset(str(tmp_path / "c"), 2)
 
 
-def test_token_ids_past_the_vocabulary_name_the_file(tmp_path):
+def test_token_ids_past_the_vocabulary_name_the_file_at_open(tmp_path):
+    """NOTE [ Token ids checked at open ]: a corpus small enough to read at open is."""
+    write_megatron(str(tmp_path / "c"), [[2, 3, 4, 700], [5, 6]])
+    with pytest.raises(ll.LoaderError, match=r"c\.bin: token 3 is id 700, out of range \(ids must be 0 <= id < 500, "
+                                              r"the vocab_size\)"):
+        ll.TokenDataset(str(tmp_path / "c"), 2, vocab_size=500)
+    np.array([1, 2, -5, 3, 4], np.int32).tofile(tmp_path / "neg.bin")
+    with pytest.raises(ll.LoaderError, match=r"neg\.bin: token 2 is id -5, out of range"):
+        ll.TokenDataset(str(tmp_path / "neg.bin"), 2, token_dtype="int32")
+    ll.TokenDataset(str(tmp_path / "c"), 2, vocab_size=701)   # uint16 ids below 701: nothing to find
+
+
+def test_token_ids_past_the_vocabulary_name_the_file_at_read(tmp_path, monkeypatch):
+    """Above OPEN_CHECK_TOKENS the corpus opens without reading; the kernel checks each id."""
+    from loaderlib._datasets.tokens import dataset as token_dataset
+
+    monkeypatch.setattr(token_dataset, "OPEN_CHECK_TOKENS", 0)
     write_megatron(str(tmp_path / "c"), [[2, 3, 4, 700], [5, 6]])
     ds = ll.TokenDataset(str(tmp_path / "c"), 2, vocab_size=500)
     ds[0]
