@@ -121,6 +121,33 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _half_bits(n: int) -> int:
+    """The half width ``h`` of the Feistel domain for ``n`` items: the smallest ``4**h >= n``."""
+    h = 1
+    while (1 << (2 * h)) < max(n, 2):
+        h += 1
+    return h
+
+
+def _feistel(x: np.ndarray, half: Any, mask: Any, keys: Any) -> np.ndarray:
+    """One pass of the network over ``x`` (uint64): a bijection of ``[0, 4**half)``; ``half``,
+    ``mask`` and each key are scalars or arrays shaped as ``x``."""
+    left, right = x >> half, x & mask
+    for k in keys:
+        left, right = right, left ^ (_mix(right ^ k) & mask)
+    return (left << half) | right
+
+
+def _walk(x: np.ndarray, n: Any, step: Any) -> np.ndarray:
+    """Cycle walking: ``step(values, where)`` again on the items of ``x`` at or past ``n`` until
+    every item is below it (``where``: the boolean mask of those items in ``x``)."""
+    out = x >= n
+    while out.any():
+        x[out] = step(x[out], out)
+        out = x >= n
+    return x
+
+
 class LazyOrder:
     """A sequence of ``size`` int64 sample indices computed on demand (NOTE [ Orders too large
     to hold ]): slices and integer arrays of positions give numpy arrays."""
@@ -204,28 +231,16 @@ class LazyPermutation(LazyOrder):
 
     def __init__(self, size: int, seed: int, epoch: int) -> None:
         super().__init__(size)
-        half = 1
-        while (1 << (2 * half)) < max(self.size, 2):
-            half += 1
+        half = _half_bits(self.size)
         self._half = np.uint64(half)
         self._mask = np.uint64((1 << half) - 1)
         ss = np.random.SeedSequence([int(seed) & ((1 << 64) - 1), int(epoch), 7])
         self._keys = ss.generate_state(self.ROUNDS, np.uint64)
 
-    def _step(self, x: np.ndarray) -> np.ndarray:
-        left, right = x >> self._half, x & self._mask
-        for k in self._keys:
-            left, right = right, left ^ (_mix(right ^ k) & self._mask)
-        return (left << self._half) | right
-
     def _at(self, pos: np.ndarray) -> np.ndarray:
-        n = np.uint64(self.size)
-        x = self._step(pos.astype(np.uint64))
-        out = x >= n
-        while out.any():
-            x[out] = self._step(x[out])
-            out = x >= n
-        return x.astype(np.int64)
+        x = _feistel(pos.astype(np.uint64), self._half, self._mask, self._keys)
+        return _walk(x, np.uint64(self.size), lambda v, _where: _feistel(v, self._half, self._mask,
+                                                                         self._keys)).astype(np.int64)
 
 
 class LazyShard(LazyOrder):
@@ -257,13 +272,7 @@ class LazyBlockShuffle(LazyOrder):
         self._starts = starts[self._perm]                     # block starts, in visiting order
         self._cum = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
         self._key = np.uint64(ss.generate_state(1, np.uint64)[0])
-        half = np.ones(counts.size, np.uint64)
-        for b, n in enumerate(self._counts.tolist()):
-            h = 1
-            while (1 << (2 * h)) < max(n, 2):
-                h += 1
-            half[b] = h
-        self._half = half
+        self._half = np.array([_half_bits(n) for n in self._counts.tolist()], np.uint64)
 
     def _at(self, pos: np.ndarray) -> np.ndarray:
         j = np.searchsorted(self._cum, pos, side="right") - 1
@@ -273,16 +282,6 @@ class LazyBlockShuffle(LazyOrder):
         mask = (np.uint64(1) << half) - np.uint64(1)
         keys = [_mix(self._key ^ (j.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(r))
                 for r in range(LazyPermutation.ROUNDS)]
-
-        def step(x: np.ndarray, h: np.ndarray, m: np.ndarray, ks: list) -> np.ndarray:
-            left, right = x >> h, x & m
-            for k in ks:
-                left, right = right, left ^ (_mix(right ^ k) & m)
-            return (left << h) | right
-
-        x = step(local, half, mask, keys)
-        out = x >= n
-        while out.any():
-            x[out] = step(x[out], half[out], mask[out], [k[out] for k in keys])
-            out = x >= n
+        x = _walk(_feistel(local, half, mask, keys), n,
+                  lambda v, where: _feistel(v, half[where], mask[where], [k[where] for k in keys]))
         return self._starts[j] + x.astype(np.int64)
