@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from ... import _threads
-from ..._dataset_base import Dataset, _check_index
 from ..._ext import _tokens
 from ..._extract.source import NativeSource, SourceKind
 from ..._layout import LazyBlockShuffle, LazyPermutation
 from ..._tensor_spec import TensorSpec
 from ...batchify import TokenSample
 from ...errors import LoaderError
+from ..base import Dataset, _check_index
 from .formats import TokenFile, _map, open_sources
 from .packing import BlockPlan, ConcatPlan, Spans
 from .remote import open_remote
