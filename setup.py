@@ -240,7 +240,7 @@ def extensions() -> list:
 
 
 setup(
-    packages=["loaderlib", "loaderlib._datasets", "loaderlib._datasets.tokens", "loaderlib._engines", "loaderlib._ext", "loaderlib._extract", "loaderlib._extract.remote", "loaderlib._loader", "loaderlib._pipeline", "loaderlib.integrations",
+    packages=["loaderlib", "loaderlib._datasets", "loaderlib._datasets.tokens", "loaderlib._engines", "loaderlib._ext", "loaderlib._extract", "loaderlib._extract.remote", "loaderlib._loader", "loaderlib._observe", "loaderlib._pipeline", "loaderlib.integrations",
               "loaderlib.profiling", "loaderlib.transforms"],
     package_dir={"loaderlib.profiling": "profiling"},
     package_data={"loaderlib": ["_data/*.jpg", "_data/NOTICE", "py.typed"]},

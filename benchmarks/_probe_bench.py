@@ -16,7 +16,7 @@ Rounds are interleaved; medians are reported with ``measured / predicted`` (the 
 0.75 to 1.25).
 
 Beside the ratio, each row shows where the loader's time went, to check the probe's model
-(NOTE [ Read CPU in the ceiling ] in ``loaderlib/_probe.py``): the probe's CPU per sample
+(NOTE [ Read CPU in the ceiling ] in ``loaderlib/_observe/probe.py``): the probe's CPU per sample
 (decoding alone) and per read, and during the measured run the loader process's CPU per
 image, the storage side's processes' CPU per read (the latencyfs daemon; nginx and the delay
 proxy, which runs in this process), and the share of the timed epochs the consumer spent

@@ -22,8 +22,8 @@ from ._build import build_info
 from ._datasets.tokens.write import TokenWriteReport, write_tokens
 from ._device import DeviceLoader, to_device
 from ._loader.elastic import merge_state_dicts
-from ._probe import probe_storage
-from ._recorder import StageRecorder
+from ._observe.probe import probe_storage
+from ._observe.recorder import StageRecorder
 from ._threads import available_cpus, default_num_threads
 from ._worker_info import WorkerInfo, get_worker_info
 from .arena import BatchArena

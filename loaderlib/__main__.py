@@ -70,7 +70,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _shard_size(text: str) -> int:
-    from .records import parse_size
+    from ._datasets.records import parse_size
 
     try:
         return parse_size(text)
@@ -239,8 +239,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _pack(args: argparse.Namespace) -> int:
+    from ._datasets.records import pack
     from .errors import LoaderError
-    from .records import pack
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -288,7 +288,7 @@ def _tokenize(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from ._doctor import diagnose, format_report
+    from ._observe.doctor import diagnose, format_report
 
     if args.storage is not None:
         return _doctor_storage(args)
@@ -298,7 +298,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _doctor_storage(args: argparse.Namespace) -> int:
-    from ._probe import probe_storage
+    from ._observe.probe import probe_storage
 
     seconds = 10.0 if args.seconds is None else args.seconds
     if seconds <= 0:

@@ -62,8 +62,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import stats
 from ._extract.source import SourceKind
+from ._observe import stats
 from ._threads import default_num_threads
 from ._tree import tree_leaves
 

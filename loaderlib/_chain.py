@@ -31,9 +31,9 @@ import numpy as np
 
 from . import _threads
 from . import transforms as T
+from ._datasets.images import _read_file
 from ._ext import _chain
 from ._ext._jpeg import Status
-from .datasets import _read_file
 from .decoding import decode as _decode_image
 from .decoding import mode_code, status_message, status_tables, strict_level
 from .errors import DecodeError

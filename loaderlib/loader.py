@@ -29,13 +29,14 @@ import numpy as np
 from . import _threads
 from ._autotune import attach, batch_nbytes
 from ._checks import check_int
+from ._datasets.iterable import IterableRunState, default_rank, resume_source
+from ._datasets.mixture import source_counts
 from ._engines.base import LoaderIterator, Producer, RunState, WarmStart, _Knobs, _Run
 from ._engines.depth import depth_for
 from ._engines.handoff import HeldRecorder
 from ._engines.native import kernel_threads, native_worker_init
 from ._engines.threads import PythonPool
 from ._extract.source import announce_order
-from ._iterable import IterableRunState, default_rank, resume_source
 from ._loader.analysis import _analyze, _iterable_analysis, read_ahead_line, reads_lines
 from ._loader.options import check_options
 from ._loader.output import (
@@ -55,11 +56,10 @@ from ._loader.state import (
     state_between,
     state_of,
 )
-from ._mixture import source_counts
-from ._recorder import Recorder, StageRecorder
+from ._observe.recorder import Recorder, StageRecorder
+from ._observe.stats import Stats
 from .arena import BatchArena, HostRegistrar, pinned_allocator
 from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
-from .stats import Stats
 
 if TYPE_CHECKING:   # imported where used: the processes engine needs cloudpickle
     from ._engines.processes import WorkerPool
@@ -81,7 +81,7 @@ class DataLoader:
     dataset : Dataset, sequence or iterable
         Any object with ``__len__``/``__getitem__``, or any iterable (infinite ones included),
         which is consumed lazily, batch by batch, never materialised (NOTE [ Iterable shards ]
-        in ``_iterable.py``).
+        in ``_datasets/iterable.py``).
     batch_size : int
         Samples per batch (required unless ``batch_sampler`` is given).
     shuffle : bool
@@ -388,7 +388,8 @@ class DataLoader:
         snap = self.recorder.snapshot()
         tuner = getattr(self, "_tuner", None)
         auto = tuple(tuner.decisions) if tuner is not None and tuner.decisions else snap.autotune
-        sources = source_counts(self.dataset, self._last_state)   # NOTE [ Mixture epochs ] in _mixture.py
+        # NOTE [ Mixture epochs ] in _datasets/mixture.py
+        sources = source_counts(self.dataset, self._last_state)
         return dataclasses.replace(snap, autotune=auto, memory=self.memory(), sources=sources)
 
     def memory(self) -> dict[str, int]:

@@ -46,7 +46,9 @@ import numpy as np
 
 from ._autotune import AUTOTUNE, attach, decisions_of, profiling_seconds, tune_knob
 from ._checks import check_int
-from ._mixture import check_weights
+from ._datasets.images import ArrayDataset, ImageFolderDataset
+from ._datasets.mixture import check_weights
+from ._datasets.records import RecordFileDataset
 from ._pipeline import ops
 from ._pipeline.cache import CachedImages, CacheFill, CacheNode, CacheStore
 from ._pipeline.engine import COUNT_KEEPING, _decodes, _Engine, _Head, _Source, _top_head, _warm_caller
@@ -63,9 +65,7 @@ from ._pipeline.plan import (
 )
 from ._pipeline.spec import TensorSpec, step_spec
 from ._threads import default_num_threads
-from .datasets import ArrayDataset, ImageFolderDataset
 from .errors import StateError
-from .records import RecordFileDataset
 from .sampler import draw_seed
 
 __all__ = ["Pipeline", "PipelineIterator", "TensorSpec"]

@@ -1,7 +1,7 @@
 """Per-stage instrumentation, the infinitely-fast-model harness and notebook dashboards.
 
 Installed as ``loaderlib.profiling``. It reads the core's public API and is never imported
-by it: the recorder and the ``Stats`` snapshot live in the core (``loaderlib._recorder``,
+by it: the recorder and the ``Stats`` snapshot live in the core (``loaderlib._observe``,
 ``loaderlib.stats``) and are re-exported here. ipywidgets and matplotlib are imported lazily,
 only by the functions that draw; everything else is loaded on first use. Baselines for
 comparisons (a plain Python thread-pool loader) live in ``loaderlib.profiling.baselines``.

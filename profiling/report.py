@@ -7,7 +7,8 @@ import html
 import json
 from typing import Any
 
-from ..stats import FONT_CSS, STAGES, Stats, Window, _jsonable
+from .._observe.stats import _jsonable
+from ..stats import FONT_CSS, STAGES, Stats, Window
 from .verdict import Verdict
 
 __all__ = ["Report"]

@@ -2,7 +2,7 @@
 
 NOTE [ Verdict rules ]
 The verdict is decided from one :class:`~loaderlib.stats.Window` (NOTE [ One accounting ]
-in ``loaderlib/stats.py``) and the same window cut into ``parts`` (about half a second
+in ``loaderlib/_observe/stats.py``) and the same window cut into ``parts`` (about half a second
 each), in this order:
 
 0. Enough evidence, in proportion to the effect. Each decision below compares a measured
@@ -10,7 +10,7 @@ each), in this order:
    the lead of the largest stage's share of thread time over the next one's with 0 (rule 2).
    The quantity is measured once per batch (the consumer's wait over wait + model step from
    the harness's deliveries; each batch's stage thread time from the recorder's per-batch log,
-   NOTE [ Per-batch log ] in ``_recorder.py``), consecutive batches are grouped into at most
+   NOTE [ Per-batch log ] in ``_observe/recorder.py``), consecutive batches are grouped into at most
    ``MAX_BLOCKS`` blocks (batch means: neighbouring batches share a queue state, blocks are
    close to independent), and a one-sided Student-t interval at ``LEVEL`` (99%) is put
    around the blocks' mean, its spread never taken below ``SD_FLOOR`` (a scripted or very
@@ -44,11 +44,11 @@ each), in this order:
 1. Model or data. When a model step ran, the steady-state share of the window the consumer
    blocked in ``next()`` decides: under ``MODEL_BOUND_WAIT`` (10%) the accelerator was almost
    never idle on data and the verdict is ``model``. Waits at epoch boundaries (the refill at
-   each epoch start, NOTE [ Epoch boundaries ] in ``_recorder.py``) are not part of it: they
+   each epoch start, NOTE [ Epoch boundaries ] in ``_observe/recorder.py``) are not part of it: they
    are reported apart, never blamed on a stage. With ``model_step=0`` the consumer is
    infinitely fast, so the pipeline is the limit by construction.
 2. Which stage. Otherwise the limiting stage is the one with the largest share of *thread
-   time* in the window (NOTE [ Stage time and busy fraction ] in ``_recorder.py``):
+   time* in the window (NOTE [ Stage time and busy fraction ] in ``_observe/recorder.py``):
    ``read`` -> ``io``, ``decode``, ``transform``, ``python``, ``collate``. Thread time is what a
    stage costs the pool whatever the thread count, so the largest share is the stage whose
    speed-up raises the rate most. A loader with no per-stage timings gets no stage.
@@ -81,7 +81,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._extract.readahead import HEADROOM
-from ..stats import STAGES, Window, _jsonable
+from .._observe.stats import _jsonable
+from ..stats import STAGES, Window
 
 __all__ = ["BOTTLENECKS", "Verdict", "diagnose"]
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from .._autotune import Tuner, observe_batch
 from .._extract.readahead import ReadAhead
-from .._recorder import Recorder
+from .._observe.recorder import Recorder
 from .._threads import name_native_thread
 from ..errors import LoaderError, LoaderTimeoutError, SampleFailure, SkipWarning, _add_context
 from ..sampler import EpochOrder

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._recorder import Recorder
+from .._observe.recorder import Recorder
 from ..arena import BatchArena, BatchLayout
 from ..batchify import Pad, Stack, Tuple, default_batchify_fn
 from .base import _clock

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from .._recorder import Recorder
+from .._observe.recorder import Recorder
 from ..errors import LoaderTimeoutError
 
 _clock = time.perf_counter_ns

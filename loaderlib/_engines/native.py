@@ -19,7 +19,7 @@ from .. import _threads
 from .._ext import _arena, _tokens
 from .._extract.readahead import ReadAhead, ReadTally, read_ahead_for
 from .._extract.source import NativeSource, SourceKind, native_error
-from .._recorder import Recorder
+from .._observe.recorder import Recorder
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena, BatchLayout
 from ..batchify import finish_native

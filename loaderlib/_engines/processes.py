@@ -50,8 +50,8 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .._iterable import IterableRunState
-from .._recorder import Recorder
+from .._datasets.iterable import IterableRunState
+from .._observe.recorder import Recorder
 from .._tree import tree_map
 from ..arena import BatchArena, BatchLayout, HostRegistrar
 from ..batchify import Shards

@@ -21,13 +21,12 @@ from typing import Any
 import numpy as np
 
 from .. import _threads
-from .._dataset_base import at_epoch
+from .._datasets.base import Dataset, at_epoch
 from .._extract.readahead import ReadAhead, ReadTally, read_ahead_for
 from .._extract.source import native_source_of
-from .._recorder import Recorder
+from .._observe.recorder import Recorder
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena
-from ..datasets import Dataset
 from .base import Produced, Producer, RunState, Task, _clock, _Knobs, _Stopped, annotate
 from .collate import collate_recorded
 from .native import NativeProducer

@@ -27,10 +27,10 @@ import cloudpickle
 import numpy as np
 
 from .._chain import compile_chain
-from .._dataset_base import at_epoch
+from .._datasets.base import at_epoch
+from .._datasets.iterable import RankStride
 from .._extract.readahead import ReadAhead
 from .._extract.source import NativeSource, SourceKind, native_error
-from .._iterable import RankStride
 from .._tree import tree_map
 from .._worker_info import WorkerInfo, set_process_info, worker_seed
 from ..arena import BatchLayout
@@ -190,7 +190,7 @@ class NativePrefix:
             self._buf = np.empty((max(n, 1), *plan.sample_shape), plan.dtype)
         out = self._buf[:n]
         if self.src.epoch_map is not None and self._bound[:2] != (epoch, seed):
-            # NOTE [ Datasets that change with the epoch ] (_mixture.py): rows of this task's epoch;
+            # NOTE [ Datasets that change with the epoch ] (_datasets/mixture.py): rows of this task's epoch;
             # the read-ahead stage reads through the bound source, so it is made again.
             self._bound = (epoch, seed, self.src.at_epoch(epoch, seed))
             if self._reader is not None:

@@ -122,7 +122,7 @@ class NativeSource:
         # one iteration (``repeat``) numbers the k-th pass's sample i as ``k * wrap + i``, so
         # each pass gets its own augmentation key; the data read is sample ``v % wrap``.
         self.wrap: int | None = None
-        # NOTE [ Datasets that change with the epoch ] (_mixture.py): ``epoch_map(epoch, seed)``
+        # NOTE [ Datasets that change with the epoch ] (_datasets/mixture.py): ``epoch_map(epoch, seed)``
         # gives an epoch's ``remap`` (stream index -> row); set by ``at_epoch``, needed to read.
         self.epoch_map: Callable[[int, int], np.ndarray] | None = None
         self.remap: Any = None   # an ndarray, or a LazyOrder
@@ -158,7 +158,7 @@ class NativeSource:
 
     def at_epoch(self, epoch: int, seed: int) -> NativeSource:
         """This source as a run of ``epoch`` (seeded ``seed``) reads it: itself, unless its rows
-        change with the epoch (NOTE [ Datasets that change with the epoch ] in ``_mixture.py``)."""
+        change with the epoch (NOTE [ Datasets that change with the epoch ] in ``_datasets/mixture.py``)."""
         if self.epoch_map is None:
             return self
         out = self._copy()
@@ -279,7 +279,7 @@ def announce_order(src: NativeSource | None, stream: np.ndarray, start: int = 0)
     ``plan_epoch(indices)``; the loader calls it with the dataset indices of the stream, once
     per run, before the run's first read. Datasets without it are not asked.
     """
-    if src is None or src.epoch_map is not None:   # a mixture's sources are local (_mixture.py)
+    if src is None or src.epoch_map is not None:   # a mixture's sources are local (_datasets/mixture.py)
         return
     hook = getattr(src.dataset, "plan_epoch", None)
     if callable(hook):

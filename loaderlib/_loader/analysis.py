@@ -10,10 +10,11 @@ import numpy as np
 
 from .. import transforms as T
 from .._chain import NativePlan, compile_chain
+from .._datasets.base import Dataset, SimpleDataset
+from .._datasets.images import ArrayDataset
+from .._datasets.iterable import is_iterable_dataset
 from .._extract.source import NativeSource, SourceKind, native_source_of
-from .._iterable import is_iterable_dataset
 from ..batchify import Pad, Stack, Tuple, default_batchify_fn
-from ..datasets import ArrayDataset, Dataset, SimpleDataset
 
 
 @dataclass

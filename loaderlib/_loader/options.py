@@ -13,7 +13,7 @@ from .. import _threads
 from .. import transforms as T
 from .._autotune import AUTOTUNE
 from .._checks import check_int, parse_bytes
-from .._iterable import default_rank, is_iterable_dataset
+from .._datasets.iterable import default_rank, is_iterable_dataset
 from ..sampler import LAST_BATCH_MODES, draw_seed
 from .analysis import _as_dataset
 from .output import _output_kind, _pin_device

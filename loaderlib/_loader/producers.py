@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 
 from .._chain import compile_chain
+from .._datasets.iterable import IterableProducer, IterableRunState
 from .._engines.base import Producer, RunState
 from .._engines.native import NativeProducer
 from .._engines.threads import HybridProducer, ThreadsProducer
-from .._iterable import IterableProducer, IterableRunState
-from .._recorder import Recorder
+from .._observe.recorder import Recorder
 
 __all__ = ["make_producer"]
 

@@ -7,8 +7,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._datasets.iterable import cannot_resume, is_stateful
 from .._engines.base import RunState
-from .._iterable import cannot_resume, is_stateful
 from ..errors import StateError
 from ..sampler import BatchSampler, EpochOrder, ShardedSampler
 from .elastic import STATE_VERSION, describe_layout, localize, spread

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from .._datasets.base import Dataset
 from .._extract.source import NativeSource, SourceKind
 from .._tree import is_namedtuple, tree_leaves, tree_map
-from ..datasets import Dataset
 from ..decoding import decode_batch
 from ..errors import DecodeError
 from ..transforms import _resize

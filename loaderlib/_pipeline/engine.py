@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from .. import transforms as T
+from .._datasets.base import Dataset
 from .._engines.base import LoaderIterator, RunState, WarmStart
 from .._extract.source import NativeSource, native_source_of
 from .._tree import tree_leaves, tree_map
-from ..datasets import Dataset
 from ..loader import DataLoader
 from ..sampler import EpochOrder
 from . import mix, ops

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .._datasets.base import Dataset, _check_index
 from .._extract.source import NativeSource, SourceKind
-from ..datasets import Dataset, _check_index
 from ..decoding import decode
 from ..errors import LoaderError
 

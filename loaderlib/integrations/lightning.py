@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .._observe.stats import Stats, split_window, window_of
 from .._threads import available_cpus
 from ..loader import DataLoader
-from ..stats import Stats, split_window, window_of
 
 try:
     import lightning.pytorch as pl

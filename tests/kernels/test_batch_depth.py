@@ -15,7 +15,7 @@ from loaderlib import transforms as T
 from loaderlib._engines.base import Produced, Producer, RunState, Task, _Knobs, _Run
 from loaderlib._engines.depth import GROW_SHARE, SMALL_TEAM, WINDOW, BatchDepth, start_ahead
 from loaderlib._extract.readahead import ReadAhead
-from loaderlib._recorder import StageRecorder
+from loaderlib._observe.recorder import StageRecorder
 from loaderlib.sampler import EpochOrder
 
 from ._loader_images import make_image_folder

@@ -42,7 +42,7 @@ class SimLoader:
     Parameters
     ----------
     clock : FakeClock
-        The clock (the test installs it as ``loaderlib.stats._clock``).
+        The clock (the test installs it as ``loaderlib._observe.stats._clock``).
     n_batches : int
         Batches per epoch.
     batch_s : float or callable

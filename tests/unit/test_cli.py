@@ -16,8 +16,8 @@ import pytest
 
 import loaderlib as ll
 from benchmarks._synth import encode_jpeg, photo_like
-from loaderlib import _doctor
 from loaderlib.__main__ import main
+from loaderlib._observe import doctor as _doctor
 
 EXTRAS = {"torch": "torch", "opencv": "cv2", "matplotlib": "matplotlib", "ipywidgets": "ipywidgets",
           "webdataset": "webdataset", "datasets": "datasets", "ray": "ray", "jax": "jax",

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import pathlib
+import pkgutil
 
 import numpy as np
 import pytest
 
 import loaderlib as ll
-from loaderlib import datasets, recordio, records, webdataset
+from loaderlib import _datasets, datasets
 from loaderlib.pipeline import TensorSpec
 from tests.kernels._loader_images import make_image_folder
 
@@ -22,10 +24,12 @@ SCANNED = ["loaderlib/pipeline.py", "loaderlib/loader.py", "loaderlib/_pipeline"
 
 
 def dataset_types() -> set[str]:
-    """Names of loaderlib's dataset classes, the base class ``Dataset`` excepted (asking
-    whether an object is a loaderlib Dataset at all, to call its methods, is no type test)."""
+    """Names of loaderlib's dataset classes (those of every module of ``loaderlib/_datasets/``,
+    where each family lives), the base class ``Dataset`` excepted (asking whether an object is
+    a loaderlib Dataset at all, to call its methods, is no type test)."""
     out = set()
-    for mod in (datasets, records, webdataset, recordio):
+    families = pkgutil.walk_packages(_datasets.__path__, _datasets.__name__ + ".")
+    for mod in (importlib.import_module(m.name) for m in families):
         for name, obj in vars(mod).items():
             if inspect.isclass(obj) and issubclass(obj, datasets.Dataset) and obj is not datasets.Dataset:
                 out.add(name)
@@ -57,7 +61,8 @@ def type_tests(tree: ast.AST, types: set[str]) -> list[tuple[int, str]]:
 
 def test_the_scan_finds_type_tests():
     types = dataset_types()
-    assert {"ImageFolderDataset", "RecordFileDataset", "ArrayDataset", "TupleDataset", "_TransformDataset"} <= types
+    assert {"ImageFolderDataset", "RecordFileDataset", "ArrayDataset", "TupleDataset", "_TransformDataset",
+            "WebDataset", "ImageRecordDataset", "MixtureDataset", "TokenDataset"} <= types
     tree = ast.parse("isinstance(ds, (ImageFolderDataset, x.ImageListDataset))\nif type(d) is ArrayDataset: pass\n"
                      "isinstance(ds, Dataset)\n")
     assert type_tests(tree, types) == [(1, "ImageFolderDataset"), (1, "ImageListDataset"), (2, "ArrayDataset")]

@@ -280,8 +280,8 @@ def test_special_files_are_read_only_when_asked(tmp_path, monkeypatch):
 
     import cv2
 
-    from loaderlib import datasets as D
     from loaderlib import transforms as T
+    from loaderlib._datasets import images  # the reader reads its limit there
 
     img = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
     ok, enc = cv2.imencode(".jpg", img)
@@ -305,7 +305,7 @@ def test_special_files_are_read_only_when_asked(tmp_path, monkeypatch):
     loader = ll.DataLoader(ds.transform_first(T.Resize((8, 8))), batch_size=1)
     assert loader.engine == "threads" and "special_files=True" in loader.explain()
     # a device that never ends is cut at the size limit
-    monkeypatch.setattr(D, "MAX_FILE_BYTES", 1 << 16)
+    monkeypatch.setattr(images, "MAX_FILE_BYTES", 1 << 16)
     with pytest.raises(OSError, match="more than the 65536-byte limit"):
         ll.ImageListDataset(["/dev/zero"], special_files=True)[0]
     with pytest.raises(TypeError, match="special_files must be True or False"):

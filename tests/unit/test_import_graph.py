@@ -164,6 +164,21 @@ def _report(g: dict[str, set[str]], comps: list[list[str]]) -> str:
 PIPELINE_WING = ("loaderlib.pipeline", "loaderlib._pipeline", "loaderlib._autotune", "loaderlib._tree")
 
 
+#: The thin public modules over the private subpackages of the dataset families and of the
+#: observation tools (tests/unit/test_layout.py checks that they hold nothing else).
+THIN = ("loaderlib.datasets", "loaderlib.records", "loaderlib.webdataset", "loaderlib.recordio",
+        "loaderlib.stats")
+
+
+def test_the_implementation_never_goes_through_the_thin_public_modules():
+    g = graph()
+    for mod in THIN:
+        private = ("loaderlib._datasets", "loaderlib._observe")
+        assert g[mod] and all(m.startswith(private) for m in g[mod]), mod
+    # The package root re-exports them; every other module imports the private implementation.
+    assert {m for m, deps in g.items() if deps & set(THIN)} == {"loaderlib"}
+
+
 def test_no_import_cycle_touches_the_pipeline_wing():
     g = graph()
     mine = [c for c in components(g) if any(m.startswith(PIPELINE_WING) for m in c)]

@@ -88,7 +88,7 @@ def test_ranks_get_equal_counts_and_disjoint_union(drop_last):
 
 def test_rank_stride_model():
     # A plain-Python model of NOTE [ Iterable shards ]: rank r keeps item r of every round.
-    from loaderlib._iterable import RankStride
+    from loaderlib._datasets.iterable import RankStride
 
     for n in range(12):
         for world in (1, 2, 3, 4):

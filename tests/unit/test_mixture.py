@@ -1,5 +1,5 @@
 """MixtureDataset and the Pipeline's mixing sources against plain-Python models of their
-documented semantics (NOTE [ Mixture epochs ] in loaderlib/_mixture.py, NOTE [ Mixing
+documented semantics (NOTE [ Mixture epochs ] in loaderlib/_datasets/mixture.py, NOTE [ Mixing
 pipelines ] in loaderlib/_pipeline/mix.py)."""
 
 import os

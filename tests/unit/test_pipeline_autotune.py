@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import loaderlib as ll
-import loaderlib.stats as stats_mod
+import loaderlib._observe.stats as stats_mod
 from loaderlib import transforms as T
 from loaderlib._autotune import HillClimb, Tuner
 from loaderlib._checks import parse_bytes

@@ -251,7 +251,7 @@ def test_filling_epoch_equals_the_uncached_pipeline(photos, tmp_path, threads, o
 
 def test_filling_runs_batches_through_the_engine(photos, monkeypatch):
     """The filling pass decodes each batch in one call and never indexes the dataset per element."""
-    from loaderlib import datasets
+    from loaderlib._datasets import images
     from loaderlib._pipeline import cache as _cache
 
     calls = []
@@ -265,7 +265,7 @@ def test_filling_runs_batches_through_the_engine(photos, monkeypatch):
         raise AssertionError("the filling pass indexed the dataset one element at a time")
 
     monkeypatch.setattr(_cache.CachedImages, "_decode", counted)
-    monkeypatch.setattr(datasets._ImageFiles, "__getitem__", per_element)
+    monkeypatch.setattr(images._ImageFiles, "__getitem__", per_element)
     pipe = ll.Pipeline.from_folder(photos).cache().map(_chain()).batch(4).with_options(seed=SEED, num_threads=2)
     assert [len(y) for _, y in pipe] == [4, 4, 4, 2]
     assert calls == [(4, 2), (4, 2), (4, 2), (2, 2)]

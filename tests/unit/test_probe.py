@@ -16,9 +16,9 @@ import pytest
 
 import loaderlib as ll
 from loaderlib import __main__ as cli
-from loaderlib import _doctor
 from loaderlib._extract.readahead import HEADROOM, MAX_DEPTH
-from loaderlib._probe import (
+from loaderlib._observe import doctor as _doctor
+from loaderlib._observe.probe import (
     MIN_CPU_READS,
     CpuSample,
     LevelStats,
@@ -29,7 +29,7 @@ from loaderlib._probe import (
     predict,
     read_cpu_s,
 )
-from loaderlib._probe_text import format_storage_report, summary_line
+from loaderlib._observe.probe_text import format_storage_report, summary_line
 from tests._synth import encode_jpeg, photo_like
 
 

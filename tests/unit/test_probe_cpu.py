@@ -10,7 +10,14 @@ import sys
 
 import pytest
 
-from loaderlib._probe_cpu import CpuSample, cpu_sample, fuse_mount_of, process_cpu_s, servers_of, storage_pids
+from loaderlib._observe.probe_cpu import (
+    CpuSample,
+    cpu_sample,
+    fuse_mount_of,
+    process_cpu_s,
+    servers_of,
+    storage_pids,
+)
 
 MOUNTINFO = """\
 22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw

@@ -15,7 +15,7 @@ from loaderlib.profiling import STAGES, StageRecorder, benchmark
 from loaderlib.profiling import harness as harness_mod
 
 import loaderlib
-from loaderlib import stats as stats_mod
+from loaderlib._observe import stats as stats_mod
 from loaderlib.stats import Delivery, Window, split_window, window_of
 
 from .profiling_sim import FakeClock, FakeMonitor, SimLoader

@@ -13,8 +13,8 @@ from loaderlib.profiling import dashboard as dashboard_mod
 
 import loaderlib
 import loaderlib as ll
-from loaderlib import stats as stats_mod
 from loaderlib import transforms as T
+from loaderlib._observe import stats as stats_mod
 
 from .profiling_sim import FakeClock, SimLoader
 

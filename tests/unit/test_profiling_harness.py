@@ -22,7 +22,7 @@ from loaderlib.profiling.harness import _batch_len, replay_consumer
 
 import loaderlib
 from benchmarks._synth import base_photo
-from loaderlib import stats as stats_mod
+from loaderlib._observe import stats as stats_mod
 
 from .profiling_sim import FakeClock, FakeMonitor, SimLoader
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from loaderlib.profiling import STAGES, StageRecorder, Stats
 
-from loaderlib import stats as stats_mod
+from loaderlib._observe import stats as stats_mod
 
 from .profiling_sim import FakeClock
 

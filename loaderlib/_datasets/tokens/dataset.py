@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from ... import _threads
-from ..._dataset_base import Dataset, _check_index
 from ..._ext import _tokens
 from ..._extract.source import NativeSource, SourceKind
 from ..._layout import LazyBlockShuffle, LazyPermutation
 from ..._tensor_spec import TensorSpec
 from ...batchify import TokenSample
 from ...errors import LoaderError
+from ..base import Dataset, _check_index
 from .formats import TokenFile, TokenFormatError, _map, open_sources
 from .packing import BlockPlan, ConcatPlan, Spans
 from .remote import open_remote
@@ -316,7 +316,7 @@ class TokenDataset(Dataset):
 
     def at_epoch(self, epoch: int, seed: int) -> Dataset:
         """This dataset fixed to ``epoch`` when it shuffles (NOTE [ Datasets that change with the
-        epoch ] in loaderlib/_mixture.py); itself otherwise."""
+        epoch ] in loaderlib/_datasets/mixture.py); itself otherwise."""
         return _TokenEpoch(self, self.epoch_rows(epoch, seed)) if self.shuffle else self
 
     def _check_ids_at_open(self) -> None:

@@ -1,5 +1,5 @@
 """Token datasets side by side for a native ``MixtureDataset`` (NOTE [ Mixture epochs ] in
-loaderlib/_mixture.py): row ``d`` of the concatenation is sample ``d - starts[k]`` of source
+loaderlib/_datasets/mixture.py): row ``d`` of the concatenation is sample ``d - starts[k]`` of source
 ``k``; each source's kernel writes its own rows of the batch, and ``cu_seqlens`` is made once
 over all of them (NOTE [ Token batches ] in dataset.py)."""
 

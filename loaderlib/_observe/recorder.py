@@ -56,8 +56,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .._checks import check_int
 from . import stats as _stats
-from ._checks import check_int
 from .stats import STAGES, ExtractStats, Stats, busy_fraction
 
 __all__ = ["STAGES", "StageRecorder", "Stats"]

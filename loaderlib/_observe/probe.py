@@ -41,7 +41,7 @@ So after the decode run on warm copies the probe runs the same DataLoader for a 
 the files where they live, at the io_depth Little's law gives (no ramp to wait through; only
 when its warm-up batches fit in the time left: a batch cannot be cut), and takes per sample
 this process's CPU beyond the warm run's, plus the CPU of the storage's local processes
-(NOTE [ Finding the storage's processes ] in ``_probe_cpu.py``; where none was found and
+(NOTE [ Finding the storage's processes ] in ``probe_cpu.py``; where none was found and
 little other work ran, every other process's share of the busy time of this process's CPUs,
 ``/proc/stat``, so storage pinned to other CPUs is not counted), less what those processes used
 in a quiet window before the first level. The cores' ceiling becomes ``cpu_rate x decode / (decode + read)``: the same
@@ -74,8 +74,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._probe_cpu import CpuSample, comm, cpu_sample, storage_pids
-from ._probe_text import format_storage_report, summary_line
+from .probe_cpu import CpuSample, comm, cpu_sample, storage_pids
+from .probe_text import format_storage_report, summary_line
 
 __all__ = ["CpuSample", "LevelStats", "StorageReport", "cpu_sample", "level_stats", "loader_read_cpu_s", "predict",
            "probe_storage", "read_cpu_s"]
@@ -130,7 +130,7 @@ class LevelStats:
         ``/proc/stat`` cannot be read.
     cpu_storage_s : float or None
         The CPU time of the storage's local processes during the level (NOTE [ Finding the
-        storage's processes ] in ``_probe_cpu.py``); None when none was found.
+        storage's processes ] in ``probe_cpu.py``); None when none was found.
     """
 
     concurrency: int
@@ -220,7 +220,7 @@ def predict(levels: Sequence[LevelStats], cpu_rate: float | None, threads: int,
     sample decoding alone) and ``cpu_level`` (the concurrency whose CPU per read was used, or
     ``"loader"`` when ``read_s`` was).
     """
-    from ._extract.readahead import HEADROOM, MAX_DEPTH
+    from .._extract.readahead import HEADROOM, MAX_DEPTH
 
     out: dict[str, Any] = {"io_ceiling": None, "cpu_ceiling": None, "ceiling": None, "limit": None,
                            "latency_ms": None, "in_flight": None, "io_depth": None, "read_cpu_ms": None,
@@ -372,8 +372,8 @@ def _list_local(location: str) -> list[_Target]:
 
 
 def _list_remote(location: str, storage_options: Any) -> list[_Target]:
-    from ._extract.remote.store import expand_urls
-    from ._extract.remote.urls import has_glob, parse_url
+    from .._extract.remote.store import expand_urls
+    from .._extract.remote.urls import has_glob, parse_url
 
     u = parse_url(location)
     listed = has_glob(u.path) or location.endswith("/") or u.path == ""
@@ -401,7 +401,7 @@ class _Reader:
             known = self._sizes.get(t.path)
         if known is None:
             if self.remote:
-                from ._extract.remote.store import open_store
+                from .._extract.remote.store import open_store
 
                 known = open_store(t.path, self.storage_options).head(t.path).size
             else:
@@ -416,7 +416,7 @@ class _Reader:
             n = min(self.range_bytes, size)
             start = rng.randrange(0, size - n + 1)
             if self.remote:
-                from ._extract.remote.store import open_store
+                from .._extract.remote.store import open_store
 
                 return bytes(open_store(t.path, self.storage_options).get_ranges(t.path, [start], [start + n])[0])
             fd = os.open(t.path, os.O_RDONLY)
@@ -425,7 +425,7 @@ class _Reader:
             finally:
                 os.close(fd)
         if self.remote:
-            from ._extract.remote.store import open_store
+            from .._extract.remote.store import open_store
 
             return bytes(open_store(t.path, self.storage_options).get(t.path))
         with open(t.path, "rb") as f:
@@ -532,7 +532,7 @@ class _Level:
 
 
 def _default_chain() -> Any:
-    from . import transforms as T
+    from .. import transforms as T
 
     return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
 
@@ -557,8 +557,8 @@ def _loader_cpu(paths: list[str], storage_options: Any, seconds: float, chain: A
     """A DataLoader over ``paths`` repeated for about ``seconds`` (``io_depth`` as given): the
     samples after the warm-up batches, their wall time, and the CPU samples at their start and
     end."""
-    from .datasets import ImageListDataset
-    from .loader import DataLoader
+    from .._datasets.images import ImageListDataset
+    from ..loader import DataLoader
 
     t_end = clock() + seconds
     bs = max(1, min(batch_size, len(paths)))
@@ -602,7 +602,7 @@ def _cpu_rate(kept: list[tuple[str, bytes]], seconds: float, transform: Any, bat
     import tempfile
 
     t_end = clock() + seconds     # writing the copies, the loader's start and its warm-up count too
-    from ._threads import default_num_threads
+    from .._threads import default_num_threads
 
     threads = num_threads or default_num_threads()
     images = [(p, d) for p, d in kept if p.lower().endswith((".jpg", ".jpeg"))]
@@ -734,7 +734,7 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     >>> print(report.summary)                                 # doctest: +SKIP
     reads are 16 ms; with 34 in flight the cores, not the storage, limit the loader ...
     """
-    from ._extract.remote.urls import is_url
+    from .._extract.remote.urls import is_url
 
     if not (isinstance(seconds, (int, float)) and 0 < seconds <= 3600):
         raise ValueError(f"seconds must be in (0, 3600], got {seconds!r}")
@@ -853,7 +853,7 @@ def probe_storage(location: str | os.PathLike | Sequence[str | os.PathLike], *, 
     elif stalled:
         source = "not measured: the storage did not answer"
     if not threads:
-        from ._threads import default_num_threads
+        from .._threads import default_num_threads
 
         threads = default_num_threads()
     pred = predict(levels, rate, threads, run.cpu_s_per_sample, run.warm_read_s, background, read_s=run.read_s)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ._engines.base import Produced, Producer, RunState, Task, _clock
-from .errors import StateError
+from .._engines.base import Produced, Producer, RunState, Task, _clock
+from ..errors import StateError
 
 __all__ = ["IterableProducer", "IterableRunState", "RankStride", "default_rank", "is_iterable_dataset",
            "is_stateful"]
@@ -180,7 +180,7 @@ class IterableProducer(Producer):
         self._stateful = is_stateful(dataset)
 
     def finish(self, task: Task) -> Produced | None:
-        from ._engines.collate import collate_recorded
+        from .._engines.collate import collate_recorded
 
         st = self.state
         if self._it is None:

@@ -88,7 +88,7 @@ def _loaded_libraries() -> dict[str, str | None]:
 
 
 def _threads() -> dict[str, Any]:
-    from . import _threads as th
+    from .. import _threads as th
 
     affinity = th._affinity_cpus()
     quota = th.cgroup_cpu_limit()
@@ -125,7 +125,7 @@ def _threads() -> dict[str, Any]:
 
 
 def _fork() -> dict[str, Any]:
-    from . import _threads as th
+    from .. import _threads as th
 
     method = multiprocessing.get_start_method(allow_none=True)
     default = multiprocessing.get_context().get_start_method()
@@ -155,10 +155,10 @@ def self_check(seconds: float = 2.0, clock: Callable[[], float] = time.perf_coun
     """
     import numpy as np
 
-    from . import _threads as th
-    from ._sample import SAMPLE_NAME, sample_jpeg
-    from .decoding import decode_batch, jpeg_info
-    from .errors import LoaderError
+    from .. import _threads as th
+    from .._sample import SAMPLE_NAME, sample_jpeg
+    from ..decoding import decode_batch, jpeg_info
+    from ..errors import LoaderError
 
     data = sample_jpeg()
     out: dict[str, Any] = {"image": SAMPLE_NAME, "ok": False}
@@ -170,7 +170,7 @@ def self_check(seconds: float = 2.0, clock: Callable[[], float] = time.perf_coun
             out["problem"] = f"decoded shape {ref.shape} differs from the header's {info.width}x{info.height}"
             return out
         try:
-            from ._opencv import cv2
+            from .._opencv import cv2
 
             cvimg = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
             out["matches_opencv"] = bool(np.array_equal(ref, cvimg[:, :, ::-1]))
@@ -213,12 +213,12 @@ def diagnose(seconds: float = 2.0) -> dict[str, Any]:
     """
     import loaderlib
 
-    from ._build import build_info
+    from .._build import build_info
 
     try:
         build = dict(build_info())
     except ValueError:  # a malformed thread variable: reported under "threads", the build facts still are
-        from ._ext import _jpeg
+        from .._ext import _jpeg
 
         build = dict(_jpeg.build_facts())
         build["max_threads"] = None

@@ -1,5 +1,5 @@
 """The storage probe's report as text: the table by concurrency, the cores, the read CPU, the
-prediction and the one line (``doctor --storage``; NOTE [ Storage probe ] in ``_probe.py``)."""
+prediction and the one line (``doctor --storage``; NOTE [ Storage probe ] in ``probe.py``)."""
 
 from __future__ import annotations
 

@@ -51,10 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from ._dataset_base import Dataset, _check_index, _source_of, _TransformDataset
-from ._datasets.tokens.mixture import token_parts_of
-from ._extract.source import NativeSource, SourceKind, native_source_of
-from .errors import _add_context
+from .._extract.source import NativeSource, SourceKind, native_source_of
+from ..errors import _add_context
+from .base import Dataset, _check_index, _source_of, _TransformDataset
+from .tokens.mixture import token_parts_of
 
 __all__ = ["MixtureDataset", "largest_remainder", "source_counts"]
 
@@ -205,7 +205,7 @@ class MixtureDataset(Dataset):
     (each epoch takes the next samples of a per-source permutation, a new one when it is used
     up); a smaller one repeats. The samples of an epoch are interleaved at random, and index
     ``i`` of epoch ``e`` is a pure function of ``(seed, e, i)``, so resume is exact on any
-    engine, thread and worker count (NOTE [ Mixture epochs ] in ``loaderlib/_mixture.py``
+    engine, thread and worker count (NOTE [ Mixture epochs ] in ``loaderlib/_datasets/mixture.py``
     gives the exact rule). When every source is read natively (image folders or lists,
     record shards, WebDataset tars, numpy arrays; of one kind, without their own transforms)
     the mixture is too: a batch may hold samples of several sources and the loader stays

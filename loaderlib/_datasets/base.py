@@ -1,7 +1,7 @@
 """The base of every dataset: ``Dataset`` (``len``, ``[i]``, lazy transforms), its transform
-layers and the plain wrapper of a sequence. Kept apart from the formats in ``datasets.py`` so
-datasets built from other datasets (``_mixture.py``) can subclass it without importing the
-formats (NOTE [ Datasets that change with the epoch ] in ``_mixture.py``).
+layers and the plain wrapper of a sequence. Kept apart from the formats (``images.py``,
+``records.py``, ...) so datasets built from other datasets (``mixture.py``) can subclass it
+without importing the formats (NOTE [ Datasets that change with the epoch ] in ``mixture.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ._extract.source import NativeSource
+from .._extract.source import NativeSource
 
 __all__ = ["Dataset", "SimpleDataset", "at_epoch"]
 
@@ -161,7 +161,7 @@ class SimpleDataset(Dataset):
 
 def at_epoch(dataset: Any, epoch: int, seed: int) -> Any:
     """``dataset`` fixed to ``epoch`` when its items depend on it (NOTE [ Datasets that change
-    with the epoch ] in ``_mixture.py``); transform layers are kept over it. Other datasets are
+    with the epoch ] in ``mixture.py``); transform layers are kept over it. Other datasets are
     returned as they are."""
     base, layers = dataset.unwrap() if isinstance(dataset, _TransformDataset) else (dataset, [])
     hook = getattr(base, "at_epoch", None)

@@ -1,6 +1,6 @@
 """CPU accounting for the storage probe: this process's CPU time, the busy time of its CPUs, and
 the CPU time of the local processes that serve its reads (NOTE [ Read CPU in the ceiling ] in
-``_probe.py``).
+``probe.py``).
 
 NOTE [ Finding the storage's processes ]
 On a machine that other work keeps busy, the busy time of the CPUs cannot tell the storage's
