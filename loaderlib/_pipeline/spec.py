@@ -13,9 +13,9 @@ from typing import Any, cast
 import numpy as np
 
 from .. import transforms as T
-from ..batchify import TOKEN_KEYS
 from .._tensor_spec import TensorSpec, spec_of
 from .._tree import tree_map
+from ..batchify import TOKEN_KEYS
 from . import ops
 from .plan import PipelineLike, PipelineView, Step, step_kwargs, step_label
 

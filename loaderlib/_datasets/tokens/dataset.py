@@ -320,7 +320,9 @@ class TokenDataset(Dataset):
         return _TokenEpoch(self, self.epoch_rows(epoch, seed)) if self.shuffle else self
 
     def _check_ids_at_open(self) -> None:
-        """NOTE [ Token ids checked at open ]
+        """Raise :class:`TokenFormatError` for an id out of range, where a corpus is small enough.
+
+        NOTE [ Token ids checked at open ]
         An id at or past the limit (``vocab_size``, else what ``input_ids`` hold) or below 0
         can only be found by reading every token, and opening a corpus costs O(files) (NOTE
         [ Opening a token corpus ]). So a corpus of at most ``OPEN_CHECK_TOKENS`` (2^28) local
