@@ -147,6 +147,27 @@ def as_numpy(b: dict) -> dict:
 # Each returns (a function giving the next batch dict, notes); the batch holds B * S tokens.
 
 
+def _cycling(loader, quiet: bool = False):
+    """``next()`` over ``loader``'s epochs, one after another (``quiet``: no warnings)."""
+    import warnings
+
+    state = {"it": None}
+
+    def nxt():
+        with warnings.catch_warnings():
+            if quiet:
+                warnings.simplefilter("ignore")
+            if state["it"] is None:
+                state["it"] = iter(loader)
+            try:
+                return next(state["it"])
+            except StopIteration:
+                state["it"] = iter(loader)
+                return next(state["it"])
+
+    return nxt
+
+
 def sys_loaderlib(cfg: dict):
     import loaderlib as ll
     from loaderlib.datasets import TokenDataset
@@ -157,16 +178,7 @@ def sys_loaderlib(cfg: dict):
     ds = TokenDataset(cfg["prefix"], cfg["seq_len"], packing=packing, shuffle=packing != "concat")
     loader = ll.DataLoader(ds, batch_size=cfg["batch"], shuffle=packing == "concat", num_threads=cfg.get("threads", 1),
                            seed=0)
-    state = {"it": iter(loader)}
-
-    def nxt():
-        try:
-            return next(state["it"])
-        except StopIteration:
-            state["it"] = iter(loader)
-            return next(state["it"])
-
-    return nxt, f"loaderlib {ll.__version__}, {loader.engine} engine, {cfg.get('threads', 1)} thread(s)"
+    return _cycling(loader), f"loaderlib {ll.__version__}, {loader.engine} engine, {cfg.get('threads', 1)} thread(s)"
 
 
 def sys_loaderlib_kernel(cfg: dict):
@@ -195,27 +207,13 @@ def sys_loaderlib_kernel(cfg: dict):
 def sys_loaderlib_pack_loader_shuffle(cfg: dict):
     """``packing="pack"`` shuffled by the loader across the corpus (``DataLoader(shuffle=True)``),
     not in the dataset: what NOTE [ Shuffling in blocks ] warns against, measured."""
-    import warnings
-
     import loaderlib as ll
     from loaderlib.datasets import TokenDataset
 
     ds = TokenDataset(cfg["prefix"], cfg["seq_len"], packing="pack")
     loader = ll.DataLoader(ds, batch_size=cfg["batch"], shuffle=True, num_threads=1, seed=0)
-    state = {"it": None}
-
-    def nxt():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # the warning this system measures the reason for
-            if state["it"] is None:
-                state["it"] = iter(loader)
-            try:
-                return next(state["it"])
-            except StopIteration:
-                state["it"] = iter(loader)
-                return next(state["it"])
-
-    return nxt, f"loaderlib {ll.__version__}, packing='pack', the loader's global shuffle, 1 thread"
+    # quiet: the warning says what this system measures
+    return _cycling(loader, quiet=True), f"loaderlib {ll.__version__}, packing='pack', the loader's global shuffle, 1 thread"
 
 
 def sys_numpy(cfg: dict):
@@ -390,14 +388,7 @@ def sys_loaderlib_mix(cfg: dict):
     b = TokenDataset(cfg["prefix_b"], S)
     mix = ll.MixtureDataset([a, b], weights=list(cfg["mix_weights"]), seed=0)
     loader = ll.DataLoader(mix, batch_size=cfg["batch"], shuffle=True, num_threads=1, seed=0)
-    state = {"it": iter(loader)}
-
-    def nxt():
-        try:
-            return next(state["it"])
-        except StopIteration:
-            state["it"] = iter(loader)
-            return next(state["it"])
+    nxt = _cycling(loader)
 
     return nxt, f"loaderlib {ll.__version__}, MixtureDataset of two TokenDatasets, {loader.engine} engine, 1 thread"
 
