@@ -154,6 +154,43 @@ cdef class Corpus:
         return self.starts.base
 
 
+cdef int _check_rows(str fn, const int64_t[::1] seg_g, const int64_t[::1] seg_n, const int64_t[::1] row_ptr,
+                     const int64_t[::1] out_rows, int64_t seq_len, const int32_t[:, ::1] starts,
+                     const int32_t[::1] status, const int64_t[::1] where, Py_ssize_t room) except -1:
+    """What :func:`rows_into` and :func:`start_rows_into` (``fn``, for messages) check of their
+    rows before a kernel reads them: ``room`` output rows exist."""
+    cdef Py_ssize_t n = out_rows.shape[0], i
+    if row_ptr.shape[0] != n + 1 or status.shape[0] < n or where.shape[0] < n:
+        raise ValueError(f"{fn}: row_ptr, status and where must cover every row")
+    if starts.shape[1] < seq_len + 2:
+        raise ValueError(f"{fn}: starts needs seq_len + 2 columns")
+    if n == 0:
+        return 0
+    if row_ptr[0] < 0 or row_ptr[n] > seg_g.shape[0] or seg_n.shape[0] != seg_g.shape[0]:
+        raise ValueError(f"{fn}: row_ptr points outside the spans")
+    for i in range(n):
+        if row_ptr[i + 1] < row_ptr[i]:
+            raise ValueError(f"{fn}: row_ptr must not decrease")
+        if out_rows[i] < 0 or out_rows[i] >= room:
+            raise ValueError(f"{fn}: output row {out_rows[i]} out of range")
+    return 0
+
+
+cdef void _spec(ll_tok_spec* sp, Corpus corpus, int64_t seq_len, int64_t eos, int64_t limit, int64_t pad_id,
+                int64_t ignore, bint mask_doc_starts, int ids_type, int idx_type) noexcept:
+    sp.files = corpus.files
+    sp.nfiles = corpus.nfiles
+    sp.file_start = &corpus.starts[0]
+    sp.eos = eos
+    sp.limit = limit
+    sp.pad_id = pad_id
+    sp.ignore = ignore
+    sp.mask_doc_starts = 1 if mask_doc_starts else 0
+    sp.S = seq_len
+    sp.ids_type = ids_type
+    sp.idx_type = idx_type
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def rows_into(Corpus corpus, const int64_t[::1] seg_g not None, const int64_t[::1] seg_n not None,
@@ -177,30 +214,11 @@ def rows_into(Corpus corpus, const int64_t[::1] seg_g not None, const int64_t[::
     cdef int64_t r, a, b
     cdef int t, nt = num_threads if num_threads > 0 else 1
     cdef ll_tok_fail* fails
-    if row_ptr.shape[0] != n + 1 or status.shape[0] < n or where.shape[0] < n:
-        raise ValueError("rows_into: row_ptr, status and where must cover every row")
-    if starts.shape[1] < seq_len + 2:
-        raise ValueError("rows_into: starts needs seq_len + 2 columns")
+    _check_rows("rows_into", seg_g, seg_n, row_ptr, out_rows, seq_len, starts, status, where,
+                min(starts.shape[0], counts.shape[0]))
     if n == 0:
         return
-    if row_ptr[0] < 0 or row_ptr[n] > seg_g.shape[0] or seg_n.shape[0] != seg_g.shape[0]:
-        raise ValueError("rows_into: row_ptr points outside the spans")
-    for i in range(n):
-        if row_ptr[i + 1] < row_ptr[i]:
-            raise ValueError("rows_into: row_ptr must not decrease")
-        if out_rows[i] < 0 or out_rows[i] >= starts.shape[0] or out_rows[i] >= counts.shape[0]:
-            raise ValueError(f"rows_into: output row {out_rows[i]} out of range")
-    sp.files = corpus.files
-    sp.nfiles = corpus.nfiles
-    sp.file_start = &corpus.starts[0]
-    sp.eos = eos
-    sp.limit = limit
-    sp.pad_id = pad_id
-    sp.ignore = ignore
-    sp.mask_doc_starts = 1 if mask_doc_starts else 0
-    sp.S = seq_len
-    sp.ids_type = ids_type
-    sp.idx_type = idx_type
+    _spec(&sp, corpus, seq_len, eos, limit, pad_id, ignore, mask_doc_starts, ids_type, idx_type)
     fails = <ll_tok_fail*>malloc(nt * sizeof(ll_tok_fail))
     if fails == NULL:
         raise MemoryError()
@@ -356,11 +374,9 @@ def start_rows_into(TokenTeam team not None, Corpus corpus not None, const int64
     (``ids``, ``labels``, ``positions``: the 2-D output arrays, C-contiguous, checked by the
     owner). Status codes land in ``status``/``where``, and with ``item_ns`` each row's
     nanoseconds on its thread, once it is waited for."""
-    cdef Py_ssize_t n = out_rows.shape[0], i
-    if row_ptr.shape[0] != n + 1 or status.shape[0] < n or where.shape[0] < n:
-        raise ValueError("start_rows_into: row_ptr, status and where must cover every row")
-    if starts.shape[1] < seq_len + 2:
-        raise ValueError("start_rows_into: starts needs seq_len + 2 columns")
+    cdef Py_ssize_t n = out_rows.shape[0]
+    _check_rows("start_rows_into", seg_g, seg_n, row_ptr, out_rows, seq_len, starts, status, where,
+                min(starts.shape[0], counts.shape[0], ids.shape[0], labels.shape[0], positions.shape[0]))
     if not team.usable:
         raise RuntimeError("start_rows_into: the team belongs to another process")
     cdef PendingRows p = PendingRows.__new__(PendingRows)
@@ -371,25 +387,7 @@ def start_rows_into(TokenTeam team not None, Corpus corpus not None, const int64
         raise ValueError("start_rows_into: item_ns must cover every row")
     if n == 0:
         return p
-    if row_ptr[0] < 0 or row_ptr[n] > seg_g.shape[0] or seg_n.shape[0] != seg_g.shape[0]:
-        raise ValueError("start_rows_into: row_ptr points outside the spans")
-    cdef Py_ssize_t room = min(starts.shape[0], counts.shape[0], ids.shape[0], labels.shape[0], positions.shape[0])
-    for i in range(n):
-        if row_ptr[i + 1] < row_ptr[i]:
-            raise ValueError("start_rows_into: row_ptr must not decrease")
-        if out_rows[i] < 0 or out_rows[i] >= room:
-            raise ValueError(f"start_rows_into: output row {out_rows[i]} out of range")
-    p.ctx.sp.files = corpus.files
-    p.ctx.sp.nfiles = corpus.nfiles
-    p.ctx.sp.file_start = &corpus.starts[0]
-    p.ctx.sp.eos = eos
-    p.ctx.sp.limit = limit
-    p.ctx.sp.pad_id = pad_id
-    p.ctx.sp.ignore = ignore
-    p.ctx.sp.mask_doc_starts = 1 if mask_doc_starts else 0
-    p.ctx.sp.S = seq_len
-    p.ctx.sp.ids_type = ids_type
-    p.ctx.sp.idx_type = idx_type
+    _spec(&p.ctx.sp, corpus, seq_len, eos, limit, pad_id, ignore, mask_doc_starts, ids_type, idx_type)
     p.ctx.seg_g = &seg_g[0] if seg_g.shape[0] else NULL
     p.ctx.seg_n = &seg_n[0] if seg_n.shape[0] else NULL
     p.ctx.row_ptr = &row_ptr[0]

@@ -27,6 +27,7 @@ from .._tensor_spec import TensorSpec
 from ..decoding import decode
 from ..errors import LoaderError, SkipWarning
 from .base import Dataset, _check_index
+from .durable import fsync_dir
 from .images import _read_file
 
 __all__ = ["INDEX_EXT", "RECORD_EXT", "PackReport", "RecordFileDataset", "pack", "parse_size", "record_paths",
@@ -72,19 +73,6 @@ def _checksum(offsets: np.ndarray, sizes: np.ndarray, labels: np.ndarray, keys: 
         c = zlib.crc32(np.ascontiguousarray(meta["stored_sizes"], np.int64).tobytes(), c)
         c = zlib.crc32("\0".join(str(k) for k in meta["kinds"]).encode(), c)
     return zlib.crc32(f"{ident}:{data_size}".encode(), c)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _publish(tmp: str, final: str, overwrite: bool) -> None:
@@ -153,7 +141,7 @@ class _ShardWriter:
         except BaseException:
             os.unlink(self.data_path)   # ours, just linked: no index for it may stay behind
             raise
-        _fsync_dir(self.data_path)
+        fsync_dir(self.data_path)
         return self.data_path, self.index_path
 
     def discard(self) -> None:

@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import LoaderError
+from ..durable import fsync_dir
 from .formats import MEGATRON_DTYPES, MEGATRON_MAGIC  # one definition, shared with the reader
 
 __all__ = ["TokenWriteReport", "TokenizeError", "write_tokens"]
@@ -590,7 +591,7 @@ class _IndexedWriter:
             os.unlink(self.bin_path)   # ours, just moved: no .bin may stay beside an index not its own
             raise
         self.temps.remove(self.tmp_idx)
-        _fsync_dir(self.idx_path)
+        fsync_dir(self.idx_path)
         return size
 
     def discard(self) -> None:
@@ -606,19 +607,6 @@ class _IndexedWriter:
             except FileNotFoundError:
                 pass
         self.temps.clear()
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- the writer
