@@ -81,3 +81,14 @@ def test_the_states_of_two_processes_restore_on_two_and_on_one(tmp_path):
     assert [b.tolist() for b in one] == [left[i:i + BATCH] for i in range(0, len(left), BATCH)]
     with pytest.raises(ll.StateError, match="holds no loaderlib state"):
         orbax.LoaderCheckpointHandler(0, 1).restore(epath.Path(tmp_path), orbax.LoaderRestore(_loader(1, 0)))
+
+
+def test_an_orbax_outside_the_supported_range_is_refused_naming_the_version():
+    """NOTE [ Framework version ranges ]: a 0.x minor release may change the handler interface."""
+    orbax = _orbax()
+    assert orbax.SUPPORTED == ((0, 12), (0, 13))
+    for version in ("0.11.5", "0.13.0", "1.0.0"):
+        with pytest.raises(ImportError, match=rf"orbax needs orbax-checkpoint >= 0\.12 and < 0\.13 \(.*\), but "
+                                              rf"orbax-checkpoint {re.escape(version)} is installed"):
+            orbax._check_version(version)
+    orbax._check_version("0.12.8")
