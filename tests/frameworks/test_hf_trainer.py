@@ -7,8 +7,8 @@ The real framework on CPU: 2 processes under torchrun (gloo), each run new proce
 batches per epoch per rank) to 12 and from step 4 (an epoch boundary) to 8. Each rank's batches
 must equal run A's from the same step, and run A must follow the documented order (a
 plain-Python model: each epoch's global order, rank ``r`` taking slots ``r, r + 2, ...``).
-One-process jobs resume the same checkpoints (NOTE [ The Trainer's epoch numbers after a
-resume ]): they must deliver the positions of the state's epoch the two ranks left, in order,
+One-process jobs (marker ``long``) resume the same checkpoints (NOTE [ The Trainer's epoch
+numbers after a resume ]): they must deliver the positions of the state's epoch the two ranks left, in order,
 then the next epochs of one process.
 """
 
@@ -71,7 +71,14 @@ def runs(tmp_path_factory):
             "B": _run(root / "B", ck, "--steps", "6", "--save-steps", "2"),
             "R6": _run(root / "R6", ck, "--steps", "12", "--resume", str(ck / "checkpoint-6")),
             "R4": _run(root / "R4", ck, "--steps", "8", "--resume", str(ck / "checkpoint-4")),
-            "R6w1": _run(root / "R6w1", ck, "--steps", "20", "--resume", str(ck / "checkpoint-6"), procs=1),
+            "root": root, "ckpt": ck}
+
+
+@pytest.fixture(scope="module")
+def one_process(runs):
+    """Run B's checkpoints resumed by one-process jobs (``long``: two more jobs)."""
+    root, ck = runs["root"], runs["ckpt"]
+    return {"R6w1": _run(root / "R6w1", ck, "--steps", "20", "--resume", str(ck / "checkpoint-6"), procs=1),
             "R4w1": _run(root / "R4w1", ck, "--steps", "8", "--resume", str(ck / "checkpoint-4"), procs=1)}
 
 
@@ -93,10 +100,11 @@ def _left(epoch: int, taken: int) -> list[list[int]]:
     return [left[i:i + BATCH] for i in range(0, len(left), BATCH)]
 
 
-def test_one_process_resumes_what_two_left(runs):
+@pytest.mark.long
+def test_one_process_resumes_what_two_left(one_process):
     """Saved by 2 processes (4 batches an epoch each), resumed on 1 (8 an epoch): the Trainer
     counts 6 steps as its epoch 0, the state is in epoch 1."""
-    r6, r4 = runs["R6w1"][0], runs["R4w1"][0]
+    r6, r4 = one_process["R6w1"][0], one_process["R4w1"][0]
     assert r6["applied"] == r4["applied"] == "merged"
     rest = _left(1, 2)   # step 6: 2 batches of each rank's epoch 1
     assert len(rest) == 4 and r6["batches"][:4] == rest

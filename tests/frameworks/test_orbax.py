@@ -3,7 +3,8 @@
 The example of docs/integrations/orbax.md runs with a real ``CheckpointManager``; the handler,
 given the states of a 2-process job (as ``process_0.json`` and ``process_1.json``), restores
 each process's own state on 2 processes and the merge on 1. A real multi-process JAX job
-(``jax.distributed`` on CPU, each process new, running ``orbax_run.py``): run A takes 12
+(``jax.distributed`` on CPU, each process new, running ``orbax_run.py``; marker ``long``, six
+jobs): run A takes 12
 batches per process straight on 2 processes; run B takes 6 and saves at steps 4 (an epoch
 boundary: 4 batches an epoch per process) and 6 (mid-epoch) with a ``CheckpointManager``, one
 ``process_<i>.json`` per process; new jobs restore step 6 on 2 processes (each its own state:
@@ -162,6 +163,7 @@ def jobs(tmp_path_factory):
             "R6w3": _job(root / "R6w3", 3, "--ckpt", ck, "--steps", "12", "--resume", "6")}
 
 
+@pytest.mark.long
 def test_a_jax_job_of_two_processes_resumes_each_its_own(jobs):
     a = jobs["A"]
     for r in (0, 1):
@@ -174,6 +176,7 @@ def test_a_jax_job_of_two_processes_resumes_each_its_own(jobs):
         assert jobs["R6"][r]["applied"] == jobs["R4"][r]["applied"] == "own"
 
 
+@pytest.mark.long
 def test_the_states_of_two_processes_resume_on_one_and_on_three(jobs):
     order1 = ll.ShardedSampler(1, 0, N, shuffle=True, seed=SEED).order(1).tolist()
     left = order1[2 * 2 * BATCH:]   # step 6: each process took 2 batches of epoch 1, slots 0..15
