@@ -138,13 +138,15 @@ device-check:
 	  $$([ -d $(DEVICE_WHEELS) ] && echo --wheels $(DEVICE_WHEELS)) $(if $(OUT),--out $(OUT),)
 
 # The docs site (mkdocs.yml) into site/: warnings are errors (--strict), every link between pages
-# and every anchor is checked (htmlproofer, offline), the notebooks are executed while it builds.
+# and every anchor is checked (htmlproofer, offline), the notebooks are executed while it builds,
+# and so is the example of every framework page, which needs the frameworks $(TESTS) installs
+# over the CPU torch: NOTE [ Framework pages run their example in the docs build ] (docs/_hooks.py).
 DOCS := $(VENV)/.loaderlib-docs-deps
 $(DOCS): $(OPENCV) requirements-docs.txt requirements-notebook.txt
 	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-docs.txt
 	touch $(DOCS)
 
-docs: build $(DOCS)
+docs: build $(DOCS) $(TESTS)
 	$(BIN)/python -m mkdocs build --strict --clean
 
 # Every benchmark in benchmarks/ (several minutes). The benchmarks generate their photos from

@@ -1,11 +1,19 @@
 """mkdocs hooks: fill the architecture page's generated parts (see docs/_notes.py), keep one
-known docstring-layout message from failing the strict build, and keep the dashboard's static
-view on the notebook pages (NOTE [ Static dashboards in the docs ])."""
+known docstring-layout message from failing the strict build, keep the dashboard's static
+view on the notebook pages (NOTE [ Static dashboards in the docs ]) and run the example of
+every framework page (NOTE [ Framework pages run their example in the docs build ])."""
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -95,6 +103,130 @@ class _Tolerate(logging.Filter):
         if record.levelno == logging.WARNING and any(t in record.getMessage() for t in _TOLERATED):
             record.levelno, record.levelname = logging.INFO, "INFO"
         return True
+
+
+# NOTE [ Framework pages run their example in the docs build ]
+# Each page under docs/integrations/ shows how a framework trains on a loaderlib loader, and its
+# ```python blocks (joined, in order) form one program that must run as printed: the docs build
+# runs each in a new Python process (the frameworks pick backends and process groups at import,
+# so no two share one) in a temporary directory of its own (the examples write checkpoints
+# into the working directory), and fails naming the page and the error when one fails or
+# holds no example. The runs start when the build starts (``on_files``), at most as many at a
+# time as the machine has CPUs, and are awaited when the pages are written (``on_post_build``),
+# so they overlap the notebooks and the API pages. The environment is the build's own (the
+# same Python; PYTHONPATH passes through). LOADERLIB_DOCS_EXECUTE=false, which renders the
+# notebooks without running them, skips these runs too. tests/frameworks checks what each
+# example computes; this checks that the page as published runs.
+_log = logging.getLogger("mkdocs.hooks.loaderlib")
+EXAMPLE_PAGES = "integrations/"
+EXAMPLE_TIMEOUT_S = 900
+_PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def page_example(markdown: str) -> str:
+    """The program a page's ```python blocks form, joined in order ('' when it has none)."""
+    return "\n\n".join(block.rstrip() for block in _PYTHON_BLOCK.findall(markdown))
+
+
+def run_example(code: str, name: str, timeout: float = EXAMPLE_TIMEOUT_S,
+                running: list[subprocess.Popen] | None = None) -> str | None:
+    """Run ``code`` in a new Python process in a new temporary directory; ``None`` when it
+    exits 0, otherwise what went wrong (its exit status and the end of its output)."""
+    if not code.strip():
+        return "it has no ```python example"
+    where = tempfile.mkdtemp(prefix="loaderlib-docs-example-")
+    try:
+        with open(os.path.join(where, "output.txt"), "w+", encoding="utf-8", errors="replace") as out:
+            proc = subprocess.Popen([sys.executable, "-c", code], cwd=where, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+            if running is not None:
+                running.append(proc)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = None
+            out.seek(0)
+            text = out.read()
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    if rc == 0:
+        return None
+    what = f"it ran past {timeout:g} s" if rc is None else f"it exited with status {rc}"
+    return f"{what} in a new process ({name}); the end of its output:\n{text[-3000:]}"
+
+
+class _Examples:
+    """The example runs of one build (NOTE [ Framework pages run their example in the docs build ])."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.runs: dict[str, Future] = {}
+        self.running: list[subprocess.Popen] = []
+        self.seconds: dict[str, float] = {}   # how long each page's example ran
+
+    def start(self, pages: dict[str, str]) -> None:
+        self.stop()
+        if not pages:
+            return
+        self.seconds = {}
+        self.pool = ThreadPoolExecutor(max_workers=min(len(pages), os.cpu_count() or 1),
+                                       thread_name_prefix="docs-example")
+        self.runs = {uri: self.pool.submit(self._timed, uri, page_example(text)) for uri, text in sorted(pages.items())}
+
+    def _timed(self, uri: str, code: str) -> str | None:
+        began = time.monotonic()
+        try:
+            return run_example(code, f"docs/{uri}", EXAMPLE_TIMEOUT_S, self.running)
+        finally:
+            self.seconds[uri] = time.monotonic() - began
+
+    def failures(self) -> list[str]:
+        """Wait for every run; one line per page whose example failed, naming it."""
+        waited = time.monotonic()
+        failed = [f"docs/{uri}: its example failed: {err}" for uri, run in self.runs.items()
+                  if (err := run.result()) is not None]
+        if self.runs:
+            _log.info("ran the examples of %d framework pages (%s); the build waited %.0f s for them", len(self.runs),
+                      ", ".join(f"{Path(uri).stem} {s:.0f} s" for uri, s in sorted(self.seconds.items())),
+                      time.monotonic() - waited)
+        self.stop()
+        return failed
+
+    def check(self) -> None:
+        failed = self.failures()
+        if failed:
+            from mkdocs.exceptions import PluginError
+
+            raise PluginError("\n\n".join(failed) + "\n(NOTE [ Framework pages run their example in the docs build ] "
+                              "in docs/_hooks.py)")
+
+    def stop(self) -> None:
+        for proc in self.running:
+            if proc.poll() is None:
+                proc.kill()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool, self.runs, self.running = None, {}, []
+
+
+_EXAMPLES = _Examples()
+
+
+def on_files(files, config):
+    if _executed(config):
+        _EXAMPLES.start({f.src_uri: Path(f.abs_src_path).read_text(encoding="utf-8") for f in files
+                         if f.src_uri.startswith(EXAMPLE_PAGES) and f.src_uri.endswith(".md")})
+    return files
+
+
+def on_post_build(config) -> None:
+    _EXAMPLES.check()
+
+
+def on_build_error(error) -> None:
+    _EXAMPLES.stop()
 
 
 def on_startup(command: str, dirty: bool) -> None:

@@ -20,11 +20,27 @@ import json
 import os
 from typing import Any
 
+import torch
+
 from .._loader.elastic import merge_state_dicts
 from ..errors import StateError
 from ..loader import DataLoader
+from ._versions import check_version
 
-__all__ = ["LoaderState"]
+__all__ = ["SUPPORTED", "LoaderState"]
+
+#: torch versions this module supports: ``(lowest, first unsupported)`` (NOTE [ Framework
+#: version ranges ]): ``dcp.save``/``dcp.load`` and a reader's ``read_metadata`` as used here
+#: came with 2.2.
+SUPPORTED = ((2, 2), (3, 0))
+
+
+def _check_version(text: str) -> None:
+    check_version("dcp", "torch", "torch", text, SUPPORTED,
+                  "torch.distributed.checkpoint's save, load and metadata as used here came with 2.2; 3 is untested")
+
+
+_check_version(torch.__version__)
 
 _PREFIX = "rank_"
 

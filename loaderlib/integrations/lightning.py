@@ -25,6 +25,7 @@ from typing import Any
 from .._observe.stats import Stats, split_window, window_of
 from .._threads import available_cpus
 from ..loader import DataLoader
+from ._versions import check_version
 
 try:
     import lightning.pytorch as pl
@@ -37,21 +38,14 @@ __all__ = ["SUPPORTED", "LoaderMonitor"]
 
 _log = logging.getLogger(__name__)
 
-#: Lightning versions this module is tested with: ``(lowest, first unsupported)``.
+#: Lightning versions this module supports: ``(lowest, first unsupported)`` (NOTE [ Framework
+#: version ranges ]).
 SUPPORTED = ((2, 2), (3, 0))
 
 
-def _version(text: str) -> tuple[int, int]:
-    parts = (text.split("+")[0].split(".") + ["0"])[:2]
-    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-
-
 def _check_version(text: str) -> None:
-    v = _version(text)
-    if not SUPPORTED[0] <= v < SUPPORTED[1]:
-        raise ImportError(f"loaderlib.integrations.lightning needs Lightning >= {SUPPORTED[0][0]}.{SUPPORTED[0][1]} "
-                          f"and < {SUPPORTED[1][0]}.{SUPPORTED[1][1]} (before 2.2 Lightning saves no loader state; "
-                          f"3 is untested), but {pl.__name__} {text} is installed")
+    check_version("lightning", "Lightning", pl.__name__, text, SUPPORTED,
+                  "before 2.2 Lightning saves no loader state; 3 is untested")
 
 
 _check_version(pl.__version__)

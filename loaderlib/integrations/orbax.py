@@ -25,8 +25,22 @@ import orbax.checkpoint as ocp
 from .._loader.elastic import merge_state_dicts
 from ..errors import StateError
 from ..loader import DataLoader
+from ._versions import check_version
 
-__all__ = ["LoaderCheckpointHandler", "LoaderRestore", "LoaderSave"]
+__all__ = ["SUPPORTED", "LoaderCheckpointHandler", "LoaderRestore", "LoaderSave"]
+
+#: orbax-checkpoint versions this module supports: ``(lowest, first unsupported)`` (NOTE
+#: [ Framework version ranges ]): the 0.12 line, tested (a 0.x minor release may change the
+#: handler interface).
+SUPPORTED = ((0, 12), (0, 13))
+
+
+def _check_version(text: str) -> None:
+    check_version("orbax", "orbax-checkpoint", "orbax-checkpoint", text, SUPPORTED,
+                  "the CheckpointHandler interface as tested; a 0.x minor release may change it")
+
+
+_check_version(ocp.__version__)
 
 
 class LoaderCheckpointHandler(ocp.CheckpointHandler):

@@ -1,6 +1,6 @@
 """Keras 3 ``model.fit`` over a loaderlib loader through ``KerasView``, for test_keras.py.
 
-    KERAS_BACKEND=torch|jax python keras_run.py OUT
+    KERAS_BACKEND=torch|jax|tensorflow python keras_run.py OUT
 
 Writes ``OUT``: the labels of every batch Keras received, per epoch, as counted by a callback
 and recorded in the view.
@@ -26,7 +26,7 @@ class Recording(KerasView):
         self.epochs: list[list[list[int]]] = [[]]
 
     def __getitem__(self, index):
-        fresh = self._last is None or self._last[0] != index
+        fresh = index == self._served   # not a batch served again after Keras' look
         x, y = super().__getitem__(index)
         if fresh:
             self.epochs[-1].append(y.tolist())
@@ -34,7 +34,7 @@ class Recording(KerasView):
 
     def on_epoch_end(self):
         super().on_epoch_end()
-        if self._last is None:   # an epoch ended (not Keras' first look at batch 0)
+        if self._served == 0:   # an epoch ended (not Keras' look at the first batches)
             self.epochs.append([])
 
 

@@ -90,3 +90,17 @@ def test_the_docs_example_runs(tmp_path, monkeypatch):
     order = ll.ShardedSampler(1, 0, 64, shuffle=True, seed=3).order(0).tolist()
     assert scope["first"] == [order[i:i + 8] for i in range(0, 24, 8)]
     assert scope["rest"] == [order[i:i + 8] for i in range(24, 64, 8)]
+
+
+def test_a_torch_outside_the_supported_range_is_refused_naming_the_version():
+    """NOTE [ Framework version ranges ]: the version string as torch reports it."""
+    import re
+
+    from loaderlib.integrations import dcp
+
+    assert dcp.SUPPORTED == ((2, 2), (3, 0))
+    for version in ("2.1.2+cpu", "3.0.0", "1.13.1"):
+        with pytest.raises(ImportError, match=rf"dcp needs torch >= 2\.2 and < 3\.0 \(.*\), but torch "
+                                              rf"{re.escape(version)} is installed"):
+            dcp._check_version(version)
+    dcp._check_version("2.13.0+cpu")

@@ -7,6 +7,9 @@ The real framework on CPU: 2 processes under torchrun (gloo), each run new proce
 batches per epoch per rank) to 12 and from step 4 (an epoch boundary) to 8. Each rank's batches
 must equal run A's from the same step, and run A must follow the documented order (a
 plain-Python model: each epoch's global order, rank ``r`` taking slots ``r, r + 2, ...``).
+One-process jobs (marker ``long``) resume the same checkpoints (NOTE [ The Trainer's epoch
+numbers after a resume ]): they must deliver the positions of the state's epoch the two ranks left, in order,
+then the next epochs of one process.
 """
 
 from __future__ import annotations
@@ -67,7 +70,16 @@ def runs(tmp_path_factory):
     return {"A": _run(root / "A", root / "a-ckpt", "--steps", "12"),
             "B": _run(root / "B", ck, "--steps", "6", "--save-steps", "2"),
             "R6": _run(root / "R6", ck, "--steps", "12", "--resume", str(ck / "checkpoint-6")),
-            "R4": _run(root / "R4", ck, "--steps", "8", "--resume", str(ck / "checkpoint-4"))}
+            "R4": _run(root / "R4", ck, "--steps", "8", "--resume", str(ck / "checkpoint-4")),
+            "root": root, "ckpt": ck}
+
+
+@pytest.fixture(scope="module")
+def one_process(runs):
+    """Run B's checkpoints resumed by one-process jobs (``long``: two more jobs)."""
+    root, ck = runs["root"], runs["ckpt"]
+    return {"R6w1": _run(root / "R6w1", ck, "--steps", "20", "--resume", str(ck / "checkpoint-6"), procs=1),
+            "R4w1": _run(root / "R4w1", ck, "--steps", "8", "--resume", str(ck / "checkpoint-4"), procs=1)}
 
 
 def test_each_rank_sees_the_batches_of_a_straight_run_after_a_resume(runs):
@@ -78,6 +90,27 @@ def test_each_rank_sees_the_batches_of_a_straight_run_after_a_resume(runs):
         assert runs["R6"][r]["batches"] == a[r]["batches"][6:12], f"rank {r}: resumed mid-epoch at step 6"
         assert runs["R4"][r]["batches"] == a[r]["batches"][4:8], f"rank {r}: resumed at the epoch boundary"
         assert runs["R6"][r]["applied"] == runs["R4"][r]["applied"] == "own"
+
+
+def _left(epoch: int, taken: int) -> list[list[int]]:
+    """What one process delivers of ``epoch`` after 2 ranks took ``taken`` batches each."""
+    order = ll.ShardedSampler(1, 0, N, shuffle=True, seed=ORDER_SEED).order(epoch).tolist()
+    gone = {r + 2 * j for r in (0, 1) for j in range(taken * BATCH)}
+    left = [order[p] for p in range(N) if p not in gone]
+    return [left[i:i + BATCH] for i in range(0, len(left), BATCH)]
+
+
+@pytest.mark.long
+def test_one_process_resumes_what_two_left(one_process):
+    """Saved by 2 processes (4 batches an epoch each), resumed on 1 (8 an epoch): the Trainer
+    counts 6 steps as its epoch 0, the state is in epoch 1."""
+    r6, r4 = one_process["R6w1"][0], one_process["R4w1"][0]
+    assert r6["applied"] == r4["applied"] == "merged"
+    rest = _left(1, 2)   # step 6: 2 batches of each rank's epoch 1
+    assert len(rest) == 4 and r6["batches"][:4] == rest
+    assert r6["batches"][4:] == _model(0, 1, 4)[16:26], "the epochs after the resumed one: one process's"
+    assert len(r6["batches"]) == 14
+    assert r4["batches"] == _left(1, 0)[:4] == _model(0, 1, 2)[8:12], "step 4: epoch 1 from its start"
 
 
 def test_the_callback_refuses_what_would_resume_wrongly(tmp_path):
@@ -95,12 +128,12 @@ def test_the_callback_refuses_what_would_resume_wrongly(tmp_path):
     folder.mkdir()
     with pytest.raises(ll.StateError, match="holds no loaderlib state"):
         cb.restore(str(folder), 0, 2)
-    for r in range(2):
+    for r in range(3):   # 3 of the 4 ranks of a job saved their state
         (folder / f"loaderlib-state-rank{r}.json").write_text(json.dumps(ll.DataLoader(
             ll.ArrayDataset(np.arange(N)), batch_size=BATCH, seed=0,
-            sampler=ll.ShardedSampler(2, r, shuffle=True, seed=ORDER_SEED)).state_dict()))
-    with pytest.raises(ll.StateError, match="saved by 2 processes, this job has 3"):
-        cb.restore(str(folder), 0, 3)
+            sampler=ll.ShardedSampler(4, r, shuffle=True, seed=ORDER_SEED)).state_dict()))
+    with pytest.raises(ll.StateError, match=r"the states of ranks \[3\] are missing"):
+        cb.restore(str(folder), 0, 2)   # another number of processes needs every rank's state
     with pytest.raises(TypeError, match="loaderlib DataLoader"):
         LoaderCheckpointCallback(object())
 
@@ -118,3 +151,19 @@ def test_the_docs_example_runs(tmp_path, monkeypatch):
     for step in (3, 6):
         state = json.loads((tmp_path / "out" / f"checkpoint-{step}" / "loaderlib-state-rank0.json").read_text())
         assert (state["epoch"], state["delivered"]) == (0, step)   # 8 batches an epoch
+
+
+def test_a_transformers_outside_the_supported_range_is_refused_naming_the_version():
+    """NOTE [ Framework version ranges ]."""
+    import re
+
+    _require_transformers()
+    from loaderlib.integrations import hf_trainer
+
+    assert hf_trainer.SUPPORTED == ((5, 0), (6, 0))
+    for version in ("4.57.1", "6.0.0", "3.5.1"):
+        with pytest.raises(ImportError, match=rf"hf_trainer needs transformers >= 5\.0 and < 6\.0 \(.*\), but "
+                                              rf"transformers {re.escape(version)} is installed"):
+            hf_trainer._check_version(version)
+    hf_trainer._check_version("5.23.0")
+    hf_trainer._check_version("5.0.0rc1")
