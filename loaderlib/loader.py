@@ -48,6 +48,7 @@ from ._loader.output import (
     to_torch,  # noqa: F401 - public: loaderlib.loader.to_torch
 )
 from ._loader.producers import make_producer
+from ._loader.sharding import own_batches
 from ._loader.state import (
     STATE_VERSION,  # noqa: F401 - what state_dict()'s "version" is
     check_state,
@@ -59,7 +60,7 @@ from ._loader.state import (
 from ._observe.recorder import Recorder, StageRecorder
 from ._observe.stats import Stats
 from .arena import BatchArena, HostRegistrar, pinned_allocator
-from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, SequentialSampler, ShardedSampler
+from .sampler import BatchSampler, EpochOrder, RandomSampler, Sampler, ShardedSampler
 
 if TYPE_CHECKING:   # imported where used: the processes engine needs cloudpickle
     from ._engines.processes import WorkerPool
@@ -122,8 +123,7 @@ class DataLoader:
         Without torch with CUDA it warns once, naming the keyword, and loads unpinned, as
         PyTorch's DataLoader does (NOTE [ pin_memory without CUDA ]).
     timeout : float
-        Seconds any wait for a batch may take before :class:`LoaderTimeoutError` (None or 0:
-        wait forever).
+        Seconds a wait for a batch may take before :class:`LoaderTimeoutError` (None, 0: forever).
     seed : int, optional
         Seeds shuffling and augmentation (drawn once when None). Output is identical for any
         thread count.
@@ -148,16 +148,18 @@ class DataLoader:
     generator : torch.Generator or numpy.random.Generator, optional
         Seeds shuffling and augmentation from the generator's stream (excludes ``seed``).
     multiprocessing_context : {None, "spawn", "forkserver"} or a context
-        Accepted for PyTorch compatibility: workers are always fresh interpreters; "fork"
-        raises ``ValueError``.
+        Accepted for PyTorch compatibility: workers are fresh interpreters ("fork" raises).
     in_order : bool
-        PyTorch's keyword. ``False`` permits out-of-order batches; loaderlib always delivers
-        in order (exact resume depends on it), which satisfies both settings.
+        PyTorch's keyword; batches always come in order (exact resume needs it).
     pin_memory_device : str
         Device the pinned memory is for (requires ``pin_memory=True``): slots are allocated or
         registered with it current.
     load_balance : {"round_robin", "least_loaded"}
         Processes engine: which worker gets the next batch.
+    rank, world_size : int, optional
+        This process's place in a job: the loader's own order (no ``sampler=``) and iterable
+        datasets are sharded by them; default from ``torch.distributed`` (else torchrun's
+        ``RANK``/``WORLD_SIZE``) until the first epoch (NOTE [ Map-style loaders shard under torch.distributed ]).
     max_in_flight : int, optional
         Processes engine: batches sent to workers and not yet collected (default
         ``prefetch_factor * num_workers``, i.e. 2 per worker).
@@ -241,7 +243,9 @@ class DataLoader:
         if self._iterable:
             assert o.rank is not None and o.world_size is not None   # check_options sets both for an iterable
             self.rank, self.world_size = o.rank, o.world_size
-        self._rank_auto = self._iterable and rank is None and world_size is None   # NOTE [ Rank at the first iter() ]
+        # NOTE [ Rank at the first iter() ]; map-style: NOTE [ Map-style loaders shard under torch.distributed ]
+        own = self._iterable or (sampler is None and batch_sampler is None)
+        self._rank_auto = own and rank is None and world_size is None
         n = 0 if self._iterable else len(self.dataset)
         self.multiprocessing_context = o.multiprocessing_context
         self.output = o.output
@@ -279,11 +283,13 @@ class DataLoader:
             assert o.batch_size is not None
             self._batch_size = o.batch_size
             self._own_sampler = sampler is None
-            if sampler is None:
-                sampler = RandomSampler(n, seed=self.seed) if o.shuffle else SequentialSampler(n)
-            elif isinstance(sampler, ShardedSampler) and sampler._length is None:
+            self._shuffle = o.shuffle
+            self.rank, self.world_size = (o.rank or 0, o.world_size or 1)   # both or neither (check_options)
+            if isinstance(sampler, ShardedSampler) and sampler._length is None:
                 sampler._length = n   # bound in place: the caller's set_epoch keeps acting on it
-            self._batch_sampler = BatchSampler(sampler, self._batch_size, last_batch or "keep")
+            self._batch_sampler = (BatchSampler(sampler, self._batch_size, last_batch or "keep") if sampler is not None
+                                   else own_batches(n, self._batch_size, last_batch or "keep", o.shuffle, self.seed,
+                                                    self._seed_given, self.rank, self.world_size))
         self._last_batch = (last_batch or "keep") if self._iterable else getattr(self._batch_sampler, "last_batch",
                                                                                 "keep")
         self._analysis = (_iterable_analysis(self.dataset, self.rank, self.world_size, num_workers)
@@ -628,7 +634,12 @@ class DataLoader:
             r, w = default_rank()
             if (r, w) != (self.rank, self.world_size):
                 self.rank, self.world_size = r, w
-                self._analysis = _iterable_analysis(self.dataset, r, w, self.num_workers)
+                if self._iterable:
+                    self._analysis = _iterable_analysis(self.dataset, r, w, self.num_workers)
+                else:
+                    bs = self._batch_sampler
+                    self._batch_sampler = own_batches(len(self.dataset), bs.batch_size, bs.last_batch, self._shuffle,
+                                                      self.seed, self._seed_given, r, w)
 
     def _start_run(self, it: LoaderIterator) -> _Run:
         """The run of iterator ``it``, at its first ``next()`` (NOTE [ Lazy iter ])."""

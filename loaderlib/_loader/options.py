@@ -139,8 +139,15 @@ def check_options(dataset: Any, batch_size: int | None, shuffle: bool, sampler: 
     if iterable:
         rank, world_size = _check_iterable(batch_size, shuffle, sampler, batch_sampler, rank, world_size)
     elif rank is not None or world_size is not None:
-        raise ValueError("rank and world_size shard iterable datasets; a map-style dataset is sharded by "
-                         "sampler=ShardedSampler(world_size, rank)")
+        # NOTE [ Map-style loaders shard under torch.distributed ] (_loader/sharding.py)
+        if sampler is not None or batch_sampler is not None:
+            raise ValueError("rank and world_size shard the loader's own order; they conflict with "
+                             f"{'sampler' if sampler is not None else 'batch_sampler'} (give a ShardedSampler "
+                             "or rank and world_size)")
+        if rank is None or world_size is None:
+            raise ValueError("give both rank and world_size, or neither (they come from torch.distributed then)")
+        world_size = check_int(world_size, "world_size", minimum=1)
+        rank = check_int(rank, "rank", maximum=world_size - 1)
     # -- argument conflicts, PyTorch aliases ---------------------------------------
     if collate_fn is not None:
         if batchify_fn is not None and batchify_fn is not collate_fn:

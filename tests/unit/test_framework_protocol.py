@@ -144,3 +144,62 @@ def test_an_iterables_rank_comes_from_the_job_at_the_first_iter(monkeypatch):
     assert [b.tolist() for b in ld] == [[1, 4], [7, 10]]
     given = ll.DataLoader(_Count(12), batch_size=2, num_threads=1, seed=0, rank=0, world_size=1)
     assert len(list(given)) == 6                           # given: kept
+
+
+def test_a_map_style_loaders_own_order_is_sharded_by_the_job(monkeypatch):
+    """NOTE [ Map-style loaders shard under torch.distributed ]: a loader without sampler= built
+    before the job's rank is known shards as a ShardedSampler(world, rank, shuffle=True, seed=)
+    does once it runs (the documented order, _shard_batches), len() included; the ranks'
+    shards cover the dataset; rank= and world_size= given shard by them; a sampler of one's own
+    is left alone."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ds = ll.ArrayDataset(np.arange(N, dtype=np.int64))
+    loaders = [ll.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=ORDER_SEED, num_threads=1) for _ in range(3)]
+    seen = []
+    for rank, ld in enumerate(loaders):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        assert len(ld) == len(_shard_batches(0, 3, rank)) == 3
+        got = [b.tolist() for b in ld]
+        assert got == _shard_batches(0, 3, rank)
+        seen += [v for b in got for v in b]
+        monkeypatch.setenv("WORLD_SIZE", "1")    # fixed once its first epoch ran
+        ld.set_epoch(1)
+        assert [b.tolist() for b in ld] == _shard_batches(1, 3, rank)
+    assert sorted(seen) == list(range(N))
+    given = ll.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=ORDER_SEED, num_threads=1, rank=1, world_size=2)
+    assert [b.tolist() for b in given] == _shard_batches(0, 2, 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    own = ll.DataLoader(ds, batch_size=BATCH, num_threads=1, sampler=ll.SequentialSampler(N))
+    assert [v for b in own for v in b.tolist()] == list(range(N))
+    unseeded = [ll.DataLoader(ds, batch_size=BATCH, shuffle=True, num_threads=1) for _ in range(2)]
+    for rank, ld in enumerate(unseeded):       # without seed= the ranks still agree (seed 0)
+        monkeypatch.setenv("RANK", str(rank))
+        assert [v for b in ld for v in b.tolist()] == [v for b in _seed0_shard(2, rank) for v in b]
+    with pytest.raises(ValueError, match=r"rank and world_size shard the loader's own order; they conflict "
+                                         r"with sampler"):
+        ll.DataLoader(ds, batch_size=BATCH, sampler=ll.SequentialSampler(N), rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"give both rank and world_size, or neither"):
+        ll.DataLoader(ds, batch_size=BATCH, rank=0)
+
+
+def _seed0_shard(world: int, rank: int) -> list[list[int]]:
+    order = ll.ShardedSampler(1, 0, N, shuffle=True, seed=0).order(0).tolist()
+    per = -(-N // world)
+    return [[order[(rank + j * world) % N] for j in range(per)]]
+
+
+def test_the_scale_out_guides_snippets_run(monkeypatch):
+    """docs/guide/scale-out.md: its two loader examples, the second one's assertion included (the
+    third starts a Ray runtime: not run here)."""
+    import os
+    import re
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "guide", "scale-out.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    for k, code in enumerate(blocks[:2]):
+        exec(compile(code, f"scale-out.md[{k}]", "exec"), {"__name__": "__doc_snippet__"})  # noqa: S102

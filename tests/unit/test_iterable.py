@@ -129,8 +129,8 @@ def test_iterable_arguments_checked():
         ll.DataLoader(iter(range(3)), batch_size=2, shuffle=True)
     with pytest.raises(ValueError, match=r"rank must be a non-negative integer <= 1, got 3"):
         ll.DataLoader(iter(range(3)), batch_size=2, rank=3, world_size=2)
-    with pytest.raises(ValueError, match="rank and world_size shard iterable datasets"):
-        ll.DataLoader(list(range(3)), batch_size=2, rank=0, world_size=2)
+    # a map-style dataset: rank= and world_size= shard the loader's own order (test_framework_protocol.py)
+    assert [b.tolist() for b in ll.DataLoader(list(range(3)), batch_size=2, rank=1, world_size=2)] == [[1, 0]]
     with pytest.raises(TypeError, match="without __len__"):
         len(ll.DataLoader(iter(range(3)), batch_size=2))
 
