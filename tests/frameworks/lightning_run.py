@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import loaderlib as ll
 from loaderlib.integrations.lightning import LoaderMonitor
@@ -66,6 +66,7 @@ def main() -> None:
     p.add_argument("--ckpt-dir")
     p.add_argument("--every", type=int, default=2)
     p.add_argument("--resume")
+    p.add_argument("--logger", choices=("csv", "tensorboard"), default="csv")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     callbacks: list = [LoaderMonitor(every_n_steps=2)]
@@ -73,7 +74,8 @@ def main() -> None:
         callbacks.append(ModelCheckpoint(dirpath=a.ckpt_dir, filename="{step}", every_n_train_steps=a.every,
                                          save_top_k=-1))
     trainer = Trainer(accelerator="cpu", devices=a.devices, strategy="ddp" if a.devices > 1 else "auto",
-                      max_steps=a.steps, logger=CSVLogger(a.out, name="logs", version=0), callbacks=callbacks,
+                      max_steps=a.steps, logger=(CSVLogger if a.logger == "csv" else TensorBoardLogger)(a.out, name="logs", version=0),
+                      callbacks=callbacks,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0, log_every_n_steps=1)
     trainer.fit(Model(a.out), ckpt_path=a.resume)

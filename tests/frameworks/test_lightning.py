@@ -117,6 +117,28 @@ def test_loader_monitor_logs_to_the_trainers_logger(runs):
         assert 0 <= float(row["loader/busy"]) <= 1
 
 
+def test_loader_monitor_logs_scalars_and_the_verdict_to_tensorboard(tmp_path):
+    """LoaderMonitor through Lightning's TensorBoardLogger: the scalars every 2 steps and the
+    verdict's sentence as text (add_text), read back from the event file with TensorBoard's own
+    reader."""
+    _require_lightning()
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError as e:   # a test dependency: fail saying why, never skip
+        pytest.fail(f"tensorboard does not import ({e}); `make test` installs it from requirements-frameworks.txt")
+    _run(tmp_path, "--steps", "6", "--devices", "1", "--logger", "tensorboard")
+    (events,) = (tmp_path / "logs" / "version_0").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    rates = acc.Scalars("loader/samples_per_s")
+    assert [e.step for e in rates] == [2, 4, 6] and all(e.value > 0 for e in rates)
+    assert all(0 <= e.value <= 1 for e in acc.Scalars("loader/wait_share"))
+    texts = [t for t in acc.Tags()["tensors"] if "verdict" in t]
+    assert texts, acc.Tags()
+    sentence = acc.Tensors(texts[0])[-1].tensor_proto.string_val[0].decode()
+    assert sentence.strip(), "an empty verdict"
+
+
 def test_the_docs_example_runs(tmp_path, monkeypatch):
     """docs/integrations/lightning.md: its example trains, checkpoints, resumes and logs."""
     _require_lightning()
