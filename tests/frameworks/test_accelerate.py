@@ -87,6 +87,7 @@ def test_a_resume_on_one_process_delivers_what_the_two_ranks_left(runs):
     assert got[len(rest):] == _model(0, 1, 3)[16:16 + len(got) - len(rest)]   # epoch 2 (8 batches an epoch)
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_the_docs_example_runs(tmp_path, monkeypatch):
     """docs/integrations/accelerate.md: its example saves the loader's state and resumes."""
     import re

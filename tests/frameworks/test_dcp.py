@@ -77,6 +77,7 @@ def test_on_another_size_the_rest_of_the_epoch_is_split_again(runs):
         assert runs["R3"][r]["applied"] == "merged"
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_the_docs_example_runs(tmp_path, monkeypatch):
     """docs/integrations/dcp.md: one process, no process group."""
     import re

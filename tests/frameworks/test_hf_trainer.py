@@ -82,6 +82,7 @@ def one_process(runs):
             "R4w1": _run(root / "R4w1", ck, "--steps", "8", "--resume", str(ck / "checkpoint-4"), procs=1)}
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_each_rank_sees_the_batches_of_a_straight_run_after_a_resume(runs):
     a = runs["A"]
     for r in (0, 1):
@@ -138,6 +139,7 @@ def test_the_callback_refuses_what_would_resume_wrongly(tmp_path):
         LoaderCheckpointCallback(object())
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_the_docs_example_runs(tmp_path, monkeypatch):
     """docs/integrations/hf-trainer.md: one process; the resumed run trains steps 4..6."""
     import re

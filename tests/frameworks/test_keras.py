@@ -114,6 +114,7 @@ def test_a_keras_outside_the_supported_range_is_refused_naming_the_version(monke
     keras._check_version("3.15.1")
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_the_docs_example_runs(tmp_path):
     """docs/integrations/keras.md, in a new process (the backend is chosen at import)."""
     import re

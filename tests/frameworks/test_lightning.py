@@ -79,11 +79,13 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_a_straight_run_follows_the_documented_order(runs):
     for r in (0, 1):
         assert runs["A"][r] == _model(r, 2, 3)[:12], f"rank {r}"
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_each_rank_sees_the_batches_of_a_straight_run_after_a_resume(runs):
     a, b = runs["A"], runs["B"]
     for r in (0, 1):
@@ -92,6 +94,7 @@ def test_each_rank_sees_the_batches_of_a_straight_run_after_a_resume(runs):
         assert runs["R4"][r] == a[r][4:8], f"rank {r}: resumed at the epoch boundary (step 4)"
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_a_resume_on_one_device_delivers_what_the_two_ranks_left(runs):
     """Rank 0's state of a 2-device run resumes a 1-device run: the rest of epoch 1 (the
     samples neither rank took), then epoch 2 in full order."""
@@ -104,6 +107,7 @@ def test_a_resume_on_one_device_delivers_what_the_two_ranks_left(runs):
     assert got[len(rest):] == _model(0, 1, 3)[16:16 + len(got) - len(rest)]   # epoch 2 (8 batches an epoch)
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_loader_monitor_logs_to_the_trainers_logger(runs):
     path = runs["root"] / "A" / "logs" / "version_0" / "metrics.csv"
     lines = path.read_text().splitlines()
@@ -139,6 +143,7 @@ def test_loader_monitor_logs_scalars_and_the_verdict_to_tensorboard(tmp_path):
     assert sentence.strip(), "an empty verdict"
 
 
+@pytest.mark.long   # NOTE [ The slowest framework runs ] (tests/frameworks/__init__.py)
 def test_the_docs_example_runs(tmp_path, monkeypatch):
     """docs/integrations/lightning.md: its example trains, checkpoints, resumes and logs."""
     _require_lightning()
