@@ -344,8 +344,9 @@ static void ll_cmyk_row(const unsigned char *src, unsigned char *dst, int n, int
  * with a short scan script, or a truncated one decoded with strict=False) is decoded with
  * libjpeg's inter-block smoothing (do_block_smoothing, on as in OpenCV): each block's
  * missing coefficients are estimated from the DC values of a 5x5 window of blocks around it
- * (libjpeg-turbo 2.1+; 3x3 before). After jpeg_crop_scanline, decompress_smooth_data
- * starts its window at the crop's first block column and replicates that block's DC for
+ * (in the libjpeg-turbo 2.1.5 and 3.1.3 sources). After jpeg_crop_scanline,
+ * decompress_smooth_data starts its window at the crop's first block column and replicates
+ * that block's DC for
  * the two columns left of it, where a full decode has the real neighbours: the first two
  * block columns of every component are smoothed differently, up to 2 * 8 / denom pixels of
  * the coarsest component (two iMCUs) from the crop's left edge, a few levels in the pixels

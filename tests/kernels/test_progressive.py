@@ -302,6 +302,22 @@ def test_crop_of_a_smoothed_progressive_file_is_the_slice_of_opencvs_decode(writ
     assert checked > 1000
 
 
+def test_crop_of_a_truncated_progressive_file_kept_with_strict_false_is_the_slice_of_its_decode():
+    """A progressive file cut before its last scans (a partial download) is smoothed too: with
+    strict=False every crop must still be the slice of the full decode of the same bytes (41 of
+    60 left-edge offsets differed with the file cut at half, before NOTE [ Block smoothing needs
+    two iMCUs on the left ])."""
+    data = _opencv(photo_like(150, 118, seed=41), 90)
+    for frac in (0.5, 0.7):
+        cut = data[:int(len(data) * frac)]
+        with pytest.warns(DecodeWarning, match="Premature end of JPEG file"):
+            full = decode(cut, strict=False)
+        for x in range(0, 60):
+            with pytest.warns(DecodeWarning, match="Premature end of JPEG file"):
+                got = decode(cut, strict=False, crop=(x, 9, 60, 40))
+            assert np.array_equal(got, full[9:49, x:x + 60]), (frac, x)
+
+
 @pytest.mark.parametrize("num_threads", [1, 2])
 def test_fused_chain_on_a_smoothed_progressive_file_equals_opencvs_pixels(writer, num_threads):
     """The fuzzing finding's path: a fused chain decodes only the region its taps read. A
