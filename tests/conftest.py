@@ -35,9 +35,10 @@ def encode_cmyk_jpeg(img_bgr: np.ndarray, quality: int = 90) -> bytes:
 # decode, and valgrind marks some of OpenCV's own output bytes undefined (its reduced-scale
 # decodes: the last pixels of a row, from a block allocated inside cv2), as it did loaderlib's
 # before NOTE [ Sample rows are cleared ] (pyx/include/ll_jpeg.h). They are not: OpenCV's
-# decodes of every test image and fuzzing seed, at full and reduced scales, gave the same
-# bytes with JSIMD_FORCENONE=1 and JSIMD_FORCESSE2=1 and with glibc's MALLOC_PERTURB_ filling
-# fresh blocks with 85, 170 and 3. OpenCV is the reference here, not the code under test, and
+# decodes of the fast-decode test images and the fuzzing seeds, at full and reduced scales,
+# gave the same bytes with glibc's MALLOC_PERTURB_ filling fresh blocks with 85, 170 and 3
+# (JSIMD_FORCENONE=1 changes nothing in OpenCV's own libjpeg under valgrind). OpenCV is the
+# reference here, not the code under test, and
 # a comparison with it would fail memcheck on OpenCV's bytes (or a suppression broad enough to
 # hide that would hide loaderlib's too). So under memcheck (LOADERLIB_MEMCHECK=1, set by the
 # Makefile target) the reference is decoded in a child process, which valgrind does not trace

@@ -340,25 +340,25 @@ static void ll_cmyk_row(const unsigned char *src, unsigned char *dst, int n, int
  * memory pass over the region. CMYK rows need converting, so they are cut as before
  * (column 0, stride w * channels). */
 /* NOTE [ Block smoothing needs two iMCUs on the left ]
- * A progressive JPEG whose scans leave some low AC coefficients unrefined (a valid file
- * with a short scan script, or a truncated one decoded with strict=False) is decoded with
- * libjpeg's inter-block smoothing (do_block_smoothing, on as in OpenCV): each block's
- * missing coefficients are estimated from the DC values of a 5x5 window of blocks around it
- * (in the libjpeg-turbo 2.1.5 and 3.1.3 sources). After jpeg_crop_scanline,
- * decompress_smooth_data starts its window at the crop's first block column and replicates
- * that block's DC for
- * the two columns left of it, where a full decode has the real neighbours: the first two
- * block columns of every component are smoothed differently, up to 2 * 8 / denom pixels of
- * the coarsest component (two iMCUs) from the crop's left edge, a few levels in the pixels
- * (the fuzzing finding fuzz/corpus/native-chain3-fused-differs.jpg: a fused chain on a
- * 32x24 4:2:0 progressive image differed from the same chain on its full decode by up to 3
- * levels). The right edge, the rows above and below read the real neighbours from the
- * whole-image coefficient array. So on a progressive image the crop starts two iMCUs
- * (2 * max_h_samp_factor * 8 / denom pixels) further left than LL_CROP_CONTEXT alone asks,
- * and those columns are dropped with the margin: the crop stays the slice of a full decode
- * (tests/kernels/test_decode.py, the progressive sweep). A baseline image has every
- * coefficient and is never smoothed; the wider margin costs a progressive crop little, since
- * its entropy decoding covers the whole image anyway. */
+ * A progressive JPEG whose scans leave some low AC coefficients unrefined (a valid file with a
+ * short scan script, or a truncated one decoded with strict=False) is decoded with libjpeg's
+ * inter-block smoothing (do_block_smoothing, on as in OpenCV): each block's missing
+ * coefficients are estimated from the DC values of a 5x5 window of blocks around it (in the
+ * libjpeg-turbo 2.1.5 and 3.1.3 sources). After jpeg_crop_scanline, decompress_smooth_data
+ * starts its window at the crop's first block column and replicates that block's DC for the
+ * two columns left of it, where a full decode has the real neighbours: the first two block
+ * columns of every component are smoothed differently, up to 2 * 8 / denom pixels of the
+ * coarsest component (two iMCUs) from the crop's left edge, a few levels in the pixels (the
+ * fuzzing finding fuzz/corpus/native-chain3-fused-differs.jpg: a fused chain on a 32x24 4:2:0
+ * progressive image differed from the same chain on its full decode by up to 3 levels). The
+ * right edge, the rows above and below read the real neighbours from the whole-image
+ * coefficient array. So on a progressive image the crop starts two iMCUs (2 *
+ * max_h_samp_factor * 8 / denom pixels) further left than LL_CROP_CONTEXT alone asks, and
+ * those columns are dropped with the margin: the crop stays the slice of a full decode
+ * (tests/kernels/test_progressive.py: files whose AC scans are never refined, against OpenCV,
+ * and a truncated file kept with strict=False). A baseline image has every coefficient and is
+ * never smoothed; the wider margin costs a progressive crop little, since its entropy decoding
+ * covers the whole image anyway. */
 #define LL_CROP_CONTEXT 2 /* NOTE [ Exact crop decode ] */
 #define LL_HUFF_BAILED (-1000) /* internal: decode again with libjpeg's Huffman decoder */
 
