@@ -357,11 +357,13 @@ sanitize: $(TESTS)
 
 # valgrind (memcheck, origins tracked) over the decode and chain tests, on the in-place build with
 # the system libjpeg: what libjpeg reads and writes is checked without rebuilding anything. Long.
+# OpenCV's reference decodes run in untraced child processes (NOTE [ OpenCV references under
+# memcheck ] in tests/conftest.py).
 MEMCHECK_TESTS ?= tests/kernels/test_fast_decode.py tests/kernels/test_decode.py tests/kernels/test_transforms.py
 memcheck: build $(TESTS)
 	@command -v valgrind >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get install -y -q valgrind || \
 	  { apt-get update -q && apt-get install -y -q valgrind; }; fi; } || true
-	PYTHONMALLOC=malloc OMP_WAIT_POLICY=passive valgrind -q --tool=memcheck --error-exitcode=99 --leak-check=no \
+	PYTHONMALLOC=malloc OMP_WAIT_POLICY=passive LOADERLIB_MEMCHECK=1 valgrind -q --tool=memcheck --error-exitcode=99 --leak-check=no \
 	  --track-origins=yes --num-callers=30 --suppressions=fuzz/valgrind-python.supp $(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing" \
 	  $(MEMCHECK_TESTS)
 

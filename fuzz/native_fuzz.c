@@ -46,16 +46,25 @@
 #define LL_FUZZ_MSAN 1
 #endif
 #endif
+#if defined(LL_FUZZ_VALGRIND) && !defined(LL_FUZZ_MSAN)
+#include <valgrind/memcheck.h>
+#endif
 
 /* NOTE [ Uninitialised bytes in outputs ]
  * Built with MemorySanitizer (fuzz/build_libjpeg.sh msan: libjpeg instrumented too), every
  * output a kernel reports as written (status >= 0) must be initialised to its last byte:
  * MemorySanitizer itself reports an uninitialised value only where it decides a branch, an
  * address (a resize tap, a gather index) or a system call, and a pixel copied from a row
- * libjpeg never wrote would pass unseen. A byte that is not is reported with its origin. */
+ * libjpeg never wrote would pass unseen. A byte that is not is reported with its origin.
+ * The MSan libjpeg runs without SIMD (assembly is not instrumented), so the harness also
+ * builds with -DLL_FUZZ_VALGRIND against the system libjpeg, SIMD on, and runs under valgrind
+ * (docs/reliability.md): the same check is then valgrind's client request, reported as a
+ * memcheck error (--error-exitcode makes it fail the run). */
 static void check_written(const void *p, size_t n) {
 #ifdef LL_FUZZ_MSAN
     __msan_check_mem_is_initialized(p, n);
+#elif defined(LL_FUZZ_VALGRIND)
+    (void)VALGRIND_CHECK_MEM_IS_DEFINED(p, n);
 #else
     (void)p;
     (void)n;

@@ -61,6 +61,8 @@ typedef struct {
     size_t src_size;
     ll_huff *huff; /* NOTE [ Our Huffman decoder ]; allocated on first use */
     int headers;   /* headers read since the decompressor was created (NOTE [ Tables end with their image ]) */
+    /* libjpeg's own alloc_sarray, which ll_jpeg_alloc_sarray wraps (NOTE [ Sample rows are cleared ]) */
+    JSAMPARRAY (*lib_alloc_sarray)(j_common_ptr, int, JDIMENSION, JDIMENSION);
 } ll_jpeg_dec;
 
 /* Header facts. subsampling: 444, 422, 420, 440, 411, 410, 0 (grayscale), -1 (other). */
@@ -112,6 +114,50 @@ static void ll_jpeg_destroy(ll_jpeg_dec *d) {
     d->huff = NULL;
 }
 
+/* NOTE [ Sample rows are cleared ]
+ * libjpeg-turbo's SIMD kernels (colour conversion, upsampling, merged upsampling) work on
+ * whole vectors: at the end of a row they read the samples past the last one the IDCT wrote,
+ * in the padding to which alloc_sarray rounds every row (64 samples with SIMD), and, in a
+ * cropped decode, past the columns of the crop. Those lanes are computed and never stored:
+ * decoding every 333x251 and 640x480 image of tests/kernels/test_fast_decode.py (fast, at each
+ * scale, whole and with the test's four crops) gave the same bytes with SIMD off
+ * (JSIMD_FORCENONE=1), at SSE2 and at AVX2, and with glibc's MALLOC_PERTURB_ filling
+ * libjpeg's fresh blocks with 85, 170, 1 (AVX2) and 17 (SSE2). But valgrind's definedness
+ * tracking of those vector instructions is coarser than one lane: it marked the green channel
+ * of the last two pixels of every row undefined (a 42-pixel row at 1/8 scale, 4:4:4 and
+ * 4:2:0 alike, in fast decodes), so `make memcheck` failed on pixels that were never in doubt,
+ * and would have hidden one that was. So every sample array libjpeg allocates for a decode
+ * comes cleared, padding included: the uninitialised reads are gone at their source, whatever
+ * a SIMD kernel or a later libjpeg does with them, and a decode's pixels cannot depend on what
+ * the previous image left in reused memory. The cost is one memset of the main and upsampling
+ * buffers per image (a few row groups: 137,728 bytes in 5 arrays for a 4000x3000 4:2:0 image,
+ * 21,760 for 640x480); decodes timed alternately with and without it differed by less than
+ * the noise (19.49 against 19.51 ms, 0.656 against 0.664 ms). The row pitch is read from the
+ * rows' addresses (alloc_sarray lays the rows of a chunk one after another), so a single row
+ * is allocated as two: at 1/8 scale the main buffer of a 4:4:4 image has one row per
+ * component, and its padding was what valgrind still saw when only the requested width was
+ * cleared. */
+static JSAMPARRAY ll_jpeg_alloc_sarray(j_common_ptr cinfo, int pool_id, JDIMENSION samplesperrow,
+                                       JDIMENSION numrows) {
+    ll_jpeg_dec *d = (ll_jpeg_dec *)cinfo; /* cinfo is the first member of ll_jpeg_dec */
+    /* two rows at least, so that the pitch can be read (one unused row for a single-row array) */
+    JSAMPARRAY rows = d->lib_alloc_sarray(cinfo, pool_id, samplesperrow, numrows < 2 ? 2 : numrows);
+    size_t span = (size_t)samplesperrow * sizeof(JSAMPLE);
+    if (rows[1] > rows[0]) {
+        size_t pitch = (size_t)(rows[1] - rows[0]) * sizeof(JSAMPLE);
+        if (pitch >= span && pitch - span < 256) span = pitch; /* libjpeg-turbo's rounding, never more */
+    }
+    for (JDIMENSION r = 0; r < numrows; r++) memset(rows[r], 0, span);
+    return rows;
+}
+
+/* jpeg_create_decompress, with the sample arrays of NOTE [ Sample rows are cleared ]. */
+static void ll_jpeg_new(ll_jpeg_dec *d) {
+    jpeg_create_decompress(&d->cinfo);
+    d->lib_alloc_sarray = d->cinfo.mem->alloc_sarray;
+    d->cinfo.mem->alloc_sarray = ll_jpeg_alloc_sarray;
+}
+
 /* Returns LL_OK, or LL_ERR_NOMEM when libjpeg could not allocate its state. */
 static int ll_jpeg_create(ll_jpeg_dec *d) {
     memset(d, 0, sizeof(*d));
@@ -120,7 +166,7 @@ static int ll_jpeg_create(ll_jpeg_dec *d) {
     d->err.pub.emit_message = ll_jpeg_emit_message;
     d->err.pub.output_message = ll_jpeg_output_message;
     if (setjmp(d->err.jb)) return LL_ERR_NOMEM;
-    jpeg_create_decompress(&d->cinfo);
+    ll_jpeg_new(d);
     d->created = 1;
     return LL_OK;
 }
@@ -165,7 +211,7 @@ static void ll_jpeg_forget_tables(ll_jpeg_dec *d) {
         d->headers = 0;
         jpeg_destroy_decompress(c); /* keeps c->err and c->client_data */
         d->created = 0;
-        jpeg_create_decompress(c);
+        ll_jpeg_new(d);
         d->created = 1;
         return; /* a new decompressor has no tables */
     }
@@ -293,6 +339,26 @@ static void ll_cmyk_row(const unsigned char *src, unsigned char *dst, int n, int
  * resampling) then skips the copy of every row out of libjpeg's buffer, which cost a
  * memory pass over the region. CMYK rows need converting, so they are cut as before
  * (column 0, stride w * channels). */
+/* NOTE [ Block smoothing needs two iMCUs on the left ]
+ * A progressive JPEG whose scans leave some low AC coefficients unrefined (a valid file with a
+ * short scan script, or a truncated one decoded with strict=False) is decoded with libjpeg's
+ * inter-block smoothing (do_block_smoothing, on as in OpenCV): each block's missing
+ * coefficients are estimated from the DC values of a 5x5 window of blocks around it (in the
+ * libjpeg-turbo 2.1.5 and 3.1.3 sources). After jpeg_crop_scanline, decompress_smooth_data
+ * starts its window at the crop's first block column and replicates that block's DC for the
+ * two columns left of it, where a full decode has the real neighbours: the first two block
+ * columns of every component are smoothed differently, up to 2 * 8 / denom pixels of the
+ * coarsest component (two iMCUs) from the crop's left edge, a few levels in the pixels (the
+ * fuzzing finding fuzz/corpus/native-chain3-fused-differs.jpg: a fused chain on a 32x24 4:2:0
+ * progressive image differed from the same chain on its full decode by up to 3 levels). The
+ * right edge, the rows above and below read the real neighbours from the whole-image
+ * coefficient array. So on a progressive image the crop starts two iMCUs (2 *
+ * max_h_samp_factor * 8 / denom pixels) further left than LL_CROP_CONTEXT alone asks, and
+ * those columns are dropped with the margin: the crop stays the slice of a full decode
+ * (tests/kernels/test_progressive.py: files whose AC scans are never refined, against OpenCV,
+ * and a truncated file kept with strict=False). A baseline image has every coefficient and is
+ * never smoothed; the wider margin costs a progressive crop little, since its entropy decoding
+ * covers the whole image anyway. */
 #define LL_CROP_CONTEXT 2 /* NOTE [ Exact crop decode ] */
 #define LL_HUFF_BAILED (-1000) /* internal: decode again with libjpeg's Huffman decoder */
 
@@ -359,7 +425,10 @@ static int ll_jpeg_decode_pass(ll_jpeg_dec *d, int mode, int denom, int x0, int 
 
     JDIMENSION xoff = 0, xw = (JDIMENSION)full_w;
     if (w < full_w) {
-        int xs = x0 - LL_CROP_CONTEXT < 0 ? 0 : x0 - LL_CROP_CONTEXT;
+        int left = LL_CROP_CONTEXT;
+        /* NOTE [ Block smoothing needs two iMCUs on the left ] */
+        if (c->progressive_mode && c->do_block_smoothing) left += 2 * c->max_h_samp_factor * (DCTSIZE / denom);
+        int xs = x0 - left < 0 ? 0 : x0 - left;
         int xe = x0 + w + LL_CROP_CONTEXT > full_w ? full_w : x0 + w + LL_CROP_CONTEXT;
         xoff = (JDIMENSION)xs;
         xw = (JDIMENSION)(xe - xs);

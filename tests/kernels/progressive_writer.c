@@ -8,7 +8,10 @@
  *
  * Usage: progressive_writer IN.pnm OUT.jpg SCRIPT QUALITY RESTART SAMPLING
  *   IN.pnm: binary PGM (P5) or PPM (P6), maxval 255
- *   SCRIPT: simple | spectral | deep | dc-split
+ *   SCRIPT: simple | spectral | deep | dc-split | unrefined
+ *     unrefined: every coefficient sent once, the AC ones at Al=1 and never refined: a valid
+ *     file that libjpeg decodes with inter-block smoothing (NOTE [ Block smoothing needs two
+ *     iMCUs on the left ] in pyx/include/ll_jpeg.h)
  *   RESTART: restart interval in MCUs (0: none)
  *   SAMPLING: 444 | 422 | 420 (ignored for gray) */
 #include <stdio.h>
@@ -68,6 +71,8 @@ static void ac_scans(const char *script, int c, int luma) {
         scan(1, c, 0, 0, 1, luma ? 5 : 63, 0, 3);
         if (luma) scan(1, c, 0, 0, 6, 63, 0, 3);
         for (int al = 2; al >= 0; al--) scan(1, c, 0, 0, 1, 63, al + 1, al);
+    } else if (strcmp(script, "unrefined") == 0) { /* the low bit of every AC coefficient is never sent */
+        scan(1, c, 0, 0, 1, 63, 0, 1);
     } else { /* dc-split: one first scan, one refinement */
         scan(1, c, 0, 0, 1, 63, 0, 1);
         scan(1, c, 0, 0, 1, 63, 1, 0);

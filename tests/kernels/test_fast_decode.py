@@ -92,6 +92,51 @@ def test_fast_crop_and_scale_equal_slicing_a_full_fast_decode(images):
                 assert np.array_equal(got, ref), f"{name} 1/{denom} crop {(x, y, w, h)}"
 
 
+def test_fast_decodes_depend_on_no_byte_libjpeg_left_unwritten(images):
+    """NOTE [ Sample rows are cleared ] (pyx/include/ll_jpeg.h): libjpeg-turbo's SIMD kernels
+    read past the samples its IDCT wrote, to the end of each padded row and past a crop's
+    columns. `make memcheck` runs this file under valgrind, which reports any byte of an output
+    that was never written; here, with any SIMD level, the same fast decode must give the same
+    pixels whichever image its thread decoded before (noise or a flat one, whose freed blocks
+    libjpeg's next allocations reuse) and in batches on one and two threads: whole images at
+    every scale (rows whose last vector runs into the padding), crops whose edges fall inside a
+    vector, and a truncated file kept with strict=False."""
+    by_name = {name: (mode, data) for name, mode, data in images}
+    cases = []   # (data, mode, denom, crop)
+    for name in ("333x251-444-q90", "333x251-420-q90", "333x251-422-q90", "333x251-gray-q90", "640x480-420-prog-q90"):
+        mode, data = by_name[name]
+        for denom in (1, 2, 4, 8):
+            for crop in (None, (37, 21, 101, 77), (150, 100, 183, 151)):
+                cases.append((data, mode, denom, crop))
+    mode, data = by_name["640x480-420-q90"]
+    for denom in (1, 8):
+        cases.append((data[:len(data) * 2 // 3], mode, denom, (5, 200, 300, 51)))
+        cases.append((data[:len(data) * 2 // 3], mode, denom, None))
+    rng = np.random.default_rng(5)
+    noise = encode_jpeg(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8), 100, "444")
+    flat = encode_jpeg(np.full((480, 640, 3), 200, np.uint8), 90, "420")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DecodeWarning)   # the truncated file, kept with strict=False
+        first = []
+        for data, mode, denom, crop in cases:
+            outs = []
+            for before in (noise, flat, noise):
+                ll.decode(before, scale=1 / denom, fast=True)
+                outs.append(ll.decode(data, mode=mode, scale=1 / denom, crop=crop, fast=True, strict=False))
+            assert all(np.array_equal(outs[0], o) for o in outs[1:]), (mode, denom, crop)
+            first.append(outs[0])
+        for denom in (1, 2, 4, 8):
+            for mode in ("RGB", "GRAY"):
+                ks = [k for k, c in enumerate(cases) if c[1] == mode and c[2] == denom]
+                bufs = [b for k in ks for b in (cases[k][0], noise)]
+                crops = [c for k in ks for c in (cases[k][3], None)]
+                for nt in (1, 2):
+                    res = decode_batch(bufs, mode=mode, scale=1 / denom, crop=crops, num_threads=nt, fast=True,
+                                       strict=False)
+                    for j, k in enumerate(ks):
+                        assert np.array_equal(res.images[2 * j], first[k]), (mode, denom, cases[k][3], nt)
+
+
 def test_fast_batch_identical_for_one_and_two_threads(images):
     datas = [d for _, m, d in images if m == "RGB"]
     r1 = decode_batch(datas, num_threads=1, fast=True)

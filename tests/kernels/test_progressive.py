@@ -20,9 +20,12 @@ import pytest
 
 from benchmarks._synth import photo_like
 from loaderlib import jpeg_info
+from loaderlib import transforms as T
+from loaderlib._chain import compile_chain
 from loaderlib._ext import _jpeg
 from loaderlib.decoding import decode
 from loaderlib.errors import DecodeError, DecodeWarning
+from tests.conftest import cv2_reference
 from tests.kernels._cprog import build_c, libjpeg_flags
 from tests.kernels._huffman_checks import (
     assert_batch_equal_on_one_and_two_threads,
@@ -256,3 +259,96 @@ def test_mutated_progressive_files_give_libjpegsoutcome(decoders):
         assert ours[0] == theirs[0] and ours[-1] == theirs[-1], f"mutation {i} {kw}: {ours[0]} vs {theirs[0]}"
         assert ours == theirs, f"mutation {i} {kw}: different pixels"
     assert finished > 100 and handed_back > 100, (finished, handed_back)
+
+
+# NOTE [ Block smoothing needs two iMCUs on the left ] (pyx/include/ll_jpeg.h): files whose low
+# AC coefficients are never refined are decoded with libjpeg's inter-block smoothing; the
+# fuzzing finding is one (a 32x24 4:2:0 file from the native harness, chain 3).
+FINDING = os.path.join(ROOT, "fuzz", "corpus", "native-chain3-fused-differs.jpg")
+_REDUCED = {("RGB", 2): cv2.IMREAD_REDUCED_COLOR_2, ("RGB", 4): cv2.IMREAD_REDUCED_COLOR_4,
+            ("RGB", 8): cv2.IMREAD_REDUCED_COLOR_8, ("GRAY", 2): cv2.IMREAD_REDUCED_GRAYSCALE_2,
+            ("GRAY", 4): cv2.IMREAD_REDUCED_GRAYSCALE_4, ("GRAY", 8): cv2.IMREAD_REDUCED_GRAYSCALE_8}
+
+
+def _smoothed(write) -> list[tuple[str, bytes]]:
+    img = photo_like(150, 118, seed=41)
+    files = [(f"unrefined-{s}", write(img, "unrefined", 90, 0, s)) for s in ("420", "422", "444")]
+    files.append(("unrefined-gray", write(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY), "unrefined", 90, 0)))
+    return files
+
+
+def test_crop_of_a_smoothed_progressive_file_is_the_slice_of_opencvs_decode(writer, decoders):
+    """The crop box's left edge sweeps three iMCUs of offsets, at every DCT scale, RGB and GRAY,
+    with either Huffman decoder: each crop must be the slice of OpenCV's decode of the whole file
+    at that scale. With LL_CROP_CONTEXT alone as the left margin, the two block columns of every
+    component at the crop's left edge were smoothed as if they were the image's edge: up to
+    several levels off for offsets past the first iMCU."""
+    checked = 0
+    for name, data in _smoothed(writer):
+        W, H = 150, 118
+        for mode in ("RGB", "GRAY"):
+            for denom in (1, 2, 4, 8):
+                ref = cv2_reference(data, mode, _REDUCED.get((mode, denom)))
+                for ours in (True, False):
+                    decoders(ours)
+                    assert np.array_equal(decode(data, mode=mode, scale=1 / denom), ref), (name, mode, denom)
+                    boxes = [(x, 9, max(1, (W - x) // 2), 40) for x in range(0, min(50 * denom, W - 1), denom)]
+                    boxes += [(13, y, 70, max(1, (H - y) // 2)) for y in range(0, min(34 * denom, H - 1), 3 * denom)]
+                    for x, y, w, h in boxes:
+                        got = decode(data, mode=mode, scale=1 / denom, crop=(x, y, w, h))
+                        want = ref[y // denom:-(-(y + h) // denom), x // denom:-(-(x + w) // denom)]
+                        assert np.array_equal(got, want), (name, mode, denom, ours, (x, y, w, h))
+                        checked += 1
+    assert checked > 1000
+
+
+def test_crop_of_a_truncated_progressive_file_kept_with_strict_false_is_the_slice_of_its_decode():
+    """A progressive file cut before its last scans (a partial download) is smoothed too: with
+    strict=False every crop must still be the slice of the full decode of the same bytes (41 of
+    60 left-edge offsets differed with the file cut at half, before NOTE [ Block smoothing needs
+    two iMCUs on the left ])."""
+    data = _opencv(photo_like(150, 118, seed=41), 90)
+    for frac in (0.5, 0.7):
+        cut = data[:int(len(data) * frac)]
+        with pytest.warns(DecodeWarning, match="Premature end of JPEG file"):
+            full = decode(cut, strict=False)
+        for x in range(0, 60):
+            with pytest.warns(DecodeWarning, match="Premature end of JPEG file"):
+                got = decode(cut, strict=False, crop=(x, 9, 60, 40))
+            assert np.array_equal(got, full[9:49, x:x + 60]), (frac, x)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_fused_chain_on_a_smoothed_progressive_file_equals_opencvs_pixels(writer, num_threads):
+    """The fuzzing finding's path: a fused chain decodes only the region its taps read. A
+    CenterCrop chain must give the slice of OpenCV's decode, for every phase of the crop's left
+    edge against the iMCU grid; a RandomResizedCrop chain (no DCT scaling) must give what the
+    same chain gives on OpenCV's decoded pixels of the smoothed files, and on the finding itself
+    what it gives on loaderlib's full decode (the harness's check: OpenCV refuses the finding,
+    whose libjpeg warns of an inconsistent progression that libjpeg-turbo 2.1.5 and 3.1.3 accept
+    without a word). The batch holds each file several times, on one and two threads."""
+    files = [d for name, d in _smoothed(writer) if name != "unrefined-gray"]
+    with open(FINDING, "rb") as f:
+        finding = f.read()
+    assert jpeg_info(finding).progressive
+    for off in range(0, 48, 3):
+        plan = compile_chain(T.Compose([T.Decode(dct_scaling=False), T.CenterCrop((40, 150 - 2 * off))]))
+        out = np.zeros((2 * len(files), *plan.sample_shape), np.uint8)
+        st = plan.run_buffers_into(files * 2, out, np.arange(len(out)), seed=3, epoch=0, num_threads=num_threads)
+        assert not st.errors
+        for k, data in enumerate(files * 2):
+            ref = cv2_reference(data)
+            assert np.array_equal(out[k], ref[39:79, off:150 - off]), (k, off)
+    chain = T.Compose([T.Decode(dct_scaling=False), T.RandomResizedCrop(24), T.ToCHW()])
+    plan = compile_chain(chain)
+    bufs = [finding] * 32 + files * 4   # 4 of the finding's 32 boxes start past its first iMCU
+    idx = np.arange(100, 100 + len(bufs))
+    fused = np.zeros((len(bufs), *plan.sample_shape), np.uint8)
+    st = plan.run_buffers_into(bufs, fused, idx, seed=1, epoch=1, num_threads=num_threads)
+    assert not st.errors
+    ref = np.zeros_like(fused)
+    pixels = [decode(b, strict=True) if b is finding else cv2_reference(b) for b in bufs]
+    st = plan.run_pixels_into(pixels, ref, idx, seed=1, epoch=1, num_threads=num_threads)
+    assert not st.errors
+    for k in range(len(bufs)):
+        assert np.array_equal(fused[k], ref[k]), f"item {k}"
