@@ -312,7 +312,7 @@ def test_crop_of_a_truncated_progressive_file_kept_with_strict_false_is_the_slic
         cut = data[:int(len(data) * frac)]
         with pytest.warns(DecodeWarning, match="Premature end of JPEG file"):
             full = decode(cut, strict=False)
-        for x in range(0, 60):
+        for x in range(60):
             with pytest.warns(DecodeWarning, match="Premature end of JPEG file"):
                 got = decode(cut, strict=False, crop=(x, 9, 60, 40))
             assert np.array_equal(got, full[9:49, x:x + 60]), (frac, x)
