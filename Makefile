@@ -22,10 +22,15 @@ all: build
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Dependencies change rarely: reinstall only when the packaging files change.
+# Dependencies change rarely: reinstall only when the packaging files change. The editable
+# install leaves the extensions to `make build` (LOADERLIB_SKIP_EXT=1, setup.py), which compiles
+# them in parallel; pip skips compiling the installed packages' bytecode (PIP_NO_COMPILE: Python
+# compiles what it imports, once): the installs of `make test` on a fresh clone took 298 s,
+# of which byte-compiling torch alone was 11 s of its 15.
+export PIP_NO_COMPILE := 1
 $(BASE): $(BIN)/python pyproject.toml setup.py
 	$(BIN)/python -m pip install --upgrade "setuptools>=77" wheel "cython>=3.0" "numpy>=1.24"
-	$(BIN)/python -m pip install --no-build-isolation -e .
+	LOADERLIB_SKIP_EXT=1 $(BIN)/python -m pip install --no-build-isolation -e .
 	touch $(BASE)
 
 # OpenCV is an extra (NOTE [ Optional OpenCV ] in loaderlib/_opencv.py): the benchmark and the
@@ -37,7 +42,7 @@ $(OPENCV): $(BASE) requirements-opencv.txt
 # Test-only dependencies. PyTorch is optional: the benchmarks compare against its
 # DataLoader and a few tests check zero-copy conversion. It is installed only from a local
 # CPU wheel (never a multi-GB CUDA download); WITH_TORCH=0 skips it.
-$(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements-remote.txt requirements-tokens.txt requirements-frameworks.txt
+$(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements-remote.txt requirements-tokens.txt
 	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-test.txt -r requirements-remote.txt -r requirements-tokens.txt
 	@# tests/remote serves files with nginx (Debian's nginx-light), started by the tests on 127.0.0.1.
 	@if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then \
@@ -51,18 +56,24 @@ $(TESTS): $(OPENCV) requirements-test.txt requirements-notebook.txt requirements
 	elif [ -n "$$whl" ]; then $(BIN)/python -m pip install "$$whl" && { $(BIN)/python -m pip install "megatron-core==0.16.1" \
 	  || echo "megatron-core not installed: the Megatron reader check of tests/unit/test_tokenize.py is skipped"; }; \
 	else echo "no local PyTorch CPU wheel in $(TORCH_WHEELS): PyTorch tests and comparisons are skipped"; fi
-	@# The training frameworks of tests/frameworks (Lightning, Accelerate) go over the local CPU torch,
-	@# pinned as a constraint: pip must never swap in a CUDA build, and the check after says so if it did.
-	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
-	  $(BIN)/python -m pip install -r requirements-frameworks.txt -c requirements-torch.txt && \
-	  $(BIN)/python -c "import sys, torch; sys.exit(f'a CUDA torch {torch.__version__} replaced the CPU wheel' if torch.version.cuda else 0)"; \
-	else echo "PyTorch is not installed: nor are the frameworks, and tests/frameworks fail saying so"; fi
 	@# MXNet 1.9.1 (an independent RecordIO writer for tests/unit/test_recordio.py) needs numpy < 1.24:
 	@# it lives in a side environment; if it cannot be installed, that one test is skipped.
 	@if [ ! -x $(MXNET_VENV)/bin/python ] || ! $(MXNET_VENV)/bin/python -c "import mxnet" 2>/dev/null; then \
 	  ($(PYTHON) -m venv $(MXNET_VENV) && $(MXNET_VENV)/bin/pip install -q "numpy<1.24" mxnet==1.9.1) \
 	  || echo "mxnet side environment not available: the RecordIO interop test is skipped"; fi
 	touch $(TESTS)
+
+# The training frameworks of tests/frameworks (Lightning, Accelerate, Keras on TensorFlow, ...),
+# for `make test-long` and `make docs` (NOTE [ The slowest framework runs ] in
+# tests/frameworks/__init__.py). They go over the local CPU torch, pinned as a constraint: pip
+# must never swap in a CUDA build, and the check after says so if it did.
+FRAMEWORKS := $(VENV)/.loaderlib-frameworks
+$(FRAMEWORKS): $(TESTS) requirements-frameworks.txt
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+	  $(BIN)/python -m pip install -r requirements-frameworks.txt -c requirements-torch.txt && \
+	  $(BIN)/python -c "import sys, torch; sys.exit(f'a CUDA torch {torch.__version__} replaced the CPU wheel' if torch.version.cuda else 0)"; \
+	else echo "PyTorch is not installed: nor are the frameworks, and tests/frameworks fail saying so"; fi
+	touch $(FRAMEWORKS)
 
 install: $(BASE)
 
@@ -74,17 +85,17 @@ build: $(BASE)
 	  name=$${name%%.*}; [ -f "pyx/$$name.pyx" ] || { echo "removing $$f (no pyx/$$name.pyx)"; rm -f "$$f"; }; done
 	$(BIN)/python setup.py -q build_ext --inplace -j $$(nproc 2>/dev/null || echo 2)
 
-# The slowest tests (marker `long`: pinned processes, notebooks, torchrun) run in `make test-long`;
-# .ci/run runs both.
+# The slowest tests (markers `long`: pinned processes, notebooks, torchrun; and `frameworks`: the
+# training frameworks, which `make test-long` installs) run in `make test-long`; .ci/run runs both.
 test: build $(TESTS)
-	$(BIN)/python -m pytest -q tests -m "not timing and not long"
+	$(BIN)/python -m pytest -q tests -m "not timing and not long and not frameworks"
 	@$(BIN)/python -m pytest -q tests -m timing || echo "WARNING: the timing checks (pytest -m timing) failed; they read real clocks, so a loaded machine can fail them: not a CI failure"
 
 test-fast: build $(TESTS)
-	$(BIN)/python -m pytest -q tests -m "not slow and not timing and not long"
+	$(BIN)/python -m pytest -q tests -m "not slow and not timing and not long and not frameworks"
 
-test-long: build $(TESTS)
-	$(BIN)/python -m pytest -q tests -m "long and not timing"
+test-long: build $(FRAMEWORKS)
+	$(BIN)/python -m pytest -q tests -m "(long or frameworks) and not timing"
 
 # mypy (pinned in requirements-test.txt) on the modules listed in pyproject.toml's [tool.mypy]
 # files; tests/unit/test_typecheck.py runs the same check in `make test`.
@@ -139,14 +150,14 @@ device-check:
 
 # The docs site (mkdocs.yml) into site/: warnings are errors (--strict), every link between pages
 # and every anchor is checked (htmlproofer, offline), the notebooks are executed while it builds,
-# and so is the example of every framework page, which needs the frameworks $(TESTS) installs
+# and so is the example of every framework page, which needs the frameworks $(FRAMEWORKS) installs
 # over the CPU torch: NOTE [ Framework pages run their example in the docs build ] (docs/_hooks.py).
 DOCS := $(VENV)/.loaderlib-docs-deps
 $(DOCS): $(OPENCV) requirements-docs.txt requirements-notebook.txt
 	$(BIN)/python -m pip install -r requirements-notebook.txt -r requirements-docs.txt
 	touch $(DOCS)
 
-docs: build $(DOCS) $(TESTS)
+docs: build $(DOCS) $(FRAMEWORKS)
 	$(BIN)/python -m mkdocs build --strict --clean
 
 # Every benchmark in benchmarks/ (several minutes). The benchmarks generate their photos from

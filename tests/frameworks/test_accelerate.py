@@ -56,7 +56,7 @@ def runs(tmp_path_factory):
     try:
         import accelerate
     except ImportError as e:   # a test dependency: fail saying why, never skip
-        pytest.fail(f"Accelerate does not import ({e}); it is a test dependency: `make test` installs "
+        pytest.fail(f"Accelerate does not import ({e}); it is a test dependency: `make test-long` installs "
                     "requirements-frameworks.txt over the local CPU torch")
     assert accelerate.__version__.startswith("1."), accelerate.__version__
     root = tmp_path_factory.mktemp("accelerate")

@@ -34,7 +34,7 @@ def _require_transformers():
     try:
         import transformers
     except ImportError as e:   # a test dependency: fail saying why, never skip
-        pytest.fail(f"transformers does not import ({e}); it is a test dependency: `make test` installs "
+        pytest.fail(f"transformers does not import ({e}); it is a test dependency: `make test-long` installs "
                     "requirements-frameworks.txt over the local CPU torch")
     return transformers
 

@@ -39,7 +39,7 @@ def test_keras_fit_runs_the_loaders_epochs(backend, tmp_path):
     for module in ("keras", BACKEND_MODULE[backend]):   # test dependencies: fail saying why, never skip
         if f"No module named '{module}'" in p.stderr:
             pytest.fail(f"{module} does not import, so Keras' {backend} backend cannot run; it is a test dependency: "
-                        "`make test` installs requirements-frameworks.txt")
+                        "`make test-long` installs requirements-frameworks.txt")
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     got = json.loads(out.read_text())
     assert got["backend"] == backend and got["keras"].startswith("3.")

@@ -34,7 +34,7 @@ def _require_lightning() -> str:
     try:
         import lightning
     except ImportError as e:   # a test dependency: fail saying why, never skip
-        pytest.fail(f"PyTorch Lightning does not import ({e}); it is a test dependency: `make test` installs "
+        pytest.fail(f"PyTorch Lightning does not import ({e}); it is a test dependency: `make test-long` installs "
                     "requirements-frameworks.txt over the local CPU torch")
     return lightning.__version__
 
@@ -129,7 +129,7 @@ def test_loader_monitor_logs_scalars_and_the_verdict_to_tensorboard(tmp_path):
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError as e:   # a test dependency: fail saying why, never skip
-        pytest.fail(f"tensorboard does not import ({e}); `make test` installs it from requirements-frameworks.txt")
+        pytest.fail(f"tensorboard does not import ({e}); `make test-long` installs it from requirements-frameworks.txt")
     _run(tmp_path, "--steps", "6", "--devices", "1", "--logger", "tensorboard")
     (events,) = (tmp_path / "logs" / "version_0").glob("events.out.tfevents.*")
     acc = EventAccumulator(str(events), size_guidance={"scalars": 0, "tensors": 0})

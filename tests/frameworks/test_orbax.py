@@ -39,7 +39,7 @@ def _orbax():
     try:
         from loaderlib.integrations import orbax
     except ImportError as e:   # a test dependency: fail saying why, never skip
-        pytest.fail(f"orbax-checkpoint does not import ({e}); it is a test dependency: `make test` installs "
+        pytest.fail(f"orbax-checkpoint does not import ({e}); it is a test dependency: `make test-long` installs "
                     "requirements-frameworks.txt")
     return orbax
 
