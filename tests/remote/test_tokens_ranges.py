@@ -257,3 +257,62 @@ def test_whole_files_stay_available(big_root, nginx, tmp_path):
     with pytest.raises(ValueError, match=r"remote_reads must be one of \('ranges', 'files'\), got 'bytes'"):
         ll.TokenDataset(f"{base}/m-0.bin", S, storage_options=so, cache_dir=str(tmp_path / "c2"),
                         remote_reads="bytes")
+
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_python_engines_read_ranges_too(big_root, nginx, tmp_path, engine):
+    base, so = _base("http", nginx, None)
+    local = ll.TokenDataset([os.path.join(big_root, f"m-{k}") for k in range(NFILES)], S, eos_id=EOS)
+    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
+                         cache_dir=str(tmp_path / "cache"), cache_limit=1 << 30)
+    try:
+        batches = _order(len(ds), seed=8)[:12]
+        kw = {"num_workers": 2} if engine == "processes" else {"num_threads": 2}
+        loader = ll.DataLoader(ds.transform(lambda s: s), batch_sampler=batches, **kw)
+        assert loader.engine == engine
+        got = list(loader)
+        loader.close()
+        _same(_run(local, batches, 1), got)
+    finally:
+        ds.close()
+
+
+def test_batches_planned_from_several_threads_at_once(big_root, nginx, tmp_path):
+    # Three threads plan and gather batches of one dataset while a fourth reads ahead, under a
+    # cache_limit of a few batches: every batch equals numpy's windows of the local files.
+    base, so = _base("http", nginx, None)
+    idx = sum(os.path.getsize(os.path.join(big_root, f"m-{k}.idx")) for k in range(NFILES))
+    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
+                         cache_dir=str(tmp_path / "cache"), cache_limit=idx + 4 * 2 * B * CHUNK)
+    tokens = _local_tokens(big_root)
+    errors: list[BaseException] = []
+
+    def gather(seed: int) -> None:
+        try:
+            for rows in _order(len(ds), seed=seed)[:60]:
+                rows = np.asarray(rows, np.int64)
+                views = [np.empty(shape, dt) for shape, dt in ds.token_parts(rows.size)]
+                ds.gather_into(rows, views, num_threads=1)
+                want = np.stack([tokens[r * S:r * S + S] for r in rows.tolist()])
+                np.testing.assert_array_equal(views[0], want)
+        except BaseException as e:   # handed to the test's thread
+            errors.append(e)
+
+    def ahead() -> None:
+        try:
+            for rows in _order(len(ds), seed=99)[:60]:
+                ds.read_ahead(np.asarray(rows, np.int64))
+        except BaseException as e:
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=gather, args=(s,)) for s in (21, 22, 23)]
+        threads.append(threading.Thread(target=ahead))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert ds._ranges.evicted > 0
+    finally:
+        ds.close()

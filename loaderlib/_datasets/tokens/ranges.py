@@ -199,6 +199,7 @@ class TokenRanges:
         self._seq = 0
         self._warned = False
         self._generation = 0   # +1 at close(): pins of batches planned before are void
+        self._pid = os.getpid()
         #: Bytes and requests fetched (whole-run counters; requests before coalescing).
         self.fetched_bytes = 0
         self.fetched_chunks = 0
@@ -319,6 +320,8 @@ class TokenRanges:
         """Make the chunks of the spans ``sp`` present, pinned until the returned
         :class:`Fetch` is released (``pin``); ``then()`` runs once they are."""
         gids = self.chunks(sp)
+        if self._pid != os.getpid():
+            self._after_fork()
         with self._lock:
             if not self._paths and self.which:
                 self._open_files()   # read again after close()
@@ -514,13 +517,32 @@ class TokenRanges:
         if self.budget is not None and self.held + self.reserved > self.budget:
             self._make_room(0)
 
+    def _after_fork(self) -> None:
+        """In a child process forked from the one that made the files: its own files and fetch
+        threads (the parent's threads did not come along, and its files are the parent's)."""
+        self._lock = threading.Lock()
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._pool = None
+            self._paths = {}
+            self._reset()
+            self._generation += 1
+
     def close(self) -> None:
         """Wait for the fetches under way, end the fetch threads and remove the sparse files
         (the mappings the corpus holds then read zeros; a batch planned after this opens new files)."""
+        if self._pid != os.getpid():   # a forked child: the threads and files are the parent's
+            self._after_fork()
+            return
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True)
+            try:
+                pool.shutdown(wait=True)
+            except RuntimeError:   # closed from a fetch thread (the dataset's last reference went there)
+                pool.shutdown(wait=False)
         with self._lock:
             for path in self._paths.values():
                 try:
