@@ -316,3 +316,31 @@ def test_batches_planned_from_several_threads_at_once(big_root, nginx, tmp_path)
         assert ds._ranges.evicted > 0
     finally:
         ds.close()
+
+
+def test_resume_reads_the_same_rows(big_root, nginx, tmp_path):
+    # The chunks are no part of the state: a loader resumed from a state saved mid-epoch (on a
+    # fresh dataset, its cache empty) delivers what the uninterrupted run delivered.
+    base, so = _base("http", nginx, None)
+
+    def dataset(name):
+        return ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
+                               cache_dir=str(tmp_path / name), cache_limit=1 << 30)
+
+    a, b = dataset("a"), dataset("b")
+    try:
+        full = [y["input_ids"].copy() for _, y in zip(range(12), ll.DataLoader(a, batch_size=B, shuffle=True, seed=4))]
+        first = ll.DataLoader(a, batch_size=B, shuffle=True, seed=4)
+        it = iter(first)
+        head = [next(it)["input_ids"].copy() for _ in range(5)]
+        state = first.state_dict()
+        first.close()
+        second = ll.DataLoader(b, batch_size=B, shuffle=True, seed=4)
+        second.load_state_dict(state)
+        tail = [y["input_ids"].copy() for _, y in zip(range(7), second)]
+        second.close()
+        for x, y in zip(full, head + tail):
+            np.testing.assert_array_equal(x, y)
+    finally:
+        a.close()
+        b.close()
