@@ -136,7 +136,10 @@ def test_a_first_batch_fetches_only_the_chunks_its_rows_touch(big_root, nginx, p
         for _p, r in bins:
             a, b = r[len("bytes="):].split("-")
             asked += int(b) - int(a) + 1
-        assert asked <= len(want) * CHUNK
+        # Requests for chunks one chunk apart may share a request that reads the one between
+        # (NOTE [ Ranges that share a request ]): nothing else beyond the rows' chunks.
+        between = sum(1 for f, c in want if (f, c + 2) in want and (f, c + 1) not in want)
+        assert asked <= (len(want) + between) * CHUNK
         assert asked < NFILES * CHUNK * 8    # far less than the corpus (NFILES x ~19 chunks)
         assert ds._ranges.fetched_chunks == len(want)
         tokens = _local_tokens(big_root)
