@@ -347,3 +347,33 @@ def test_resume_reads_the_same_rows(big_root, nginx, tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_two_datasets_of_one_url_in_one_folder(big_root, nginx, tmp_path):
+    # Each has sparse files of its own: opening or reading one never changes what the other
+    # holds (a's chunks, fetched before b opens, are read again from a's file afterwards).
+    base, so = _base("http", nginx, None)
+    url = f"{base}/m-{{0..{NFILES - 1}}}.bin"
+    tokens = _local_tokens(big_root)
+    rows = np.asarray(_order(len(tokens) // S - 1, seed=31)[0], np.int64)
+    want = np.stack([tokens[r * S:r * S + S] for r in rows.tolist()])
+
+    def read(ds):
+        views = [np.empty(shape, dt) for shape, dt in ds.token_parts(rows.size)]
+        ds.gather_into(rows, views)
+        np.testing.assert_array_equal(views[0], want)
+
+    a = ll.TokenDataset(url, S, eos_id=EOS, storage_options=so, cache_dir=str(tmp_path / "c"))
+    b = None
+    try:
+        read(a)
+        fetched = a._ranges.fetched_chunks
+        b = ll.TokenDataset(url, S, eos_id=EOS, storage_options=so, cache_dir=str(tmp_path / "c"))
+        assert not set(a._ranges.paths()) & set(b._ranges.paths())
+        read(a)
+        assert a._ranges.fetched_chunks == fetched   # read from a's chunks, not fetched again
+        read(b)
+    finally:
+        a.close()
+        if b is not None:
+            b.close()

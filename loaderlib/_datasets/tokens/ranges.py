@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import itertools
 import logging
 import os
 import re
@@ -84,6 +85,7 @@ FETCHES = 4
 _SPARSE = re.compile(r"\.chunks-(\d+)-\d+$")
 _PUNCH = 0x01 | 0x02   # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 _LIBC: Any = None
+_NUMBERS = itertools.count(1)
 
 
 def _fallocate() -> Any:
@@ -196,7 +198,6 @@ class TokenRanges:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._paths: dict[int, str] = {}
-        self._seq = 0
         self._warned = False
         self._generation = 0   # +1 at close(): pins of batches planned before are void
         self._pid = os.getpid()
@@ -241,10 +242,10 @@ class TokenRanges:
             tf = self.files[f]
             url = tf.url or tf.path
             base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
-            self._seq += 1
+            # numbered per process (datasets of one process may read one URL into one folder)
             path = os.path.join(self.folder, hashlib.sha256(url.encode()).hexdigest()[:20] + "-" + base
-                                + f".chunks-{os.getpid()}-{self._seq}")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+                                + f".chunks-{os.getpid()}-{next(_NUMBERS)}")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
             try:
                 os.ftruncate(fd, int(self.size[f]))
             finally:
