@@ -377,3 +377,19 @@ def test_two_datasets_of_one_url_in_one_folder(big_root, nginx, tmp_path):
         a.close()
         if b is not None:
             b.close()
+
+
+def test_the_fetches_are_in_the_loaders_extract_stats(big_root, nginx, tmp_path):
+    base, so = _base("http", nginx, None)
+    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
+                         cache_dir=str(tmp_path / "cache"))
+    try:
+        loader = ll.DataLoader(ds, batch_sampler=_order(len(ds), seed=12)[:30], num_threads=2, profile=True)
+        list(loader)
+        ex = loader.stats.extract
+        loader.close()
+        assert ex is not None and 0 < ex.reads <= 30
+        assert ex.bytes == ds._ranges.fetched_bytes
+        assert ex.latency_p50_ms > 0
+    finally:
+        ds.close()

@@ -545,12 +545,14 @@ class Gather:
         self.dataset, self.rows, self.sp = dataset, rows, sp
         self.status, self.where, self.pending, self.item_ns = status, where, pending, item_ns
         self.fetch = fetch
+        self.fetch_read: tuple[int, int] | None = None
 
     def wait(self) -> int:
         fetch = self.fetch
         try:
             if fetch is not None:   # the chunks first, then the rows queued once they came
                 self.pending = fetch.wait()
+                self.fetch_read = fetch.read
                 self.fetch = None
             if self.pending is not None:
                 self.pending.wait()
@@ -569,6 +571,12 @@ class Gather:
         filled = np.zeros(n, np.int64)
         np.add.at(filled, np.repeat(np.arange(n), np.diff(sp.ptr)), sp.n)
         return int(np.minimum(filled, seq_len).sum())
+
+    @property
+    def read(self) -> tuple[int, int] | None:
+        """``(bytes, nanoseconds)`` this batch fetched from the store by range once waited for
+        (NOTE [ Token files read by range ]), None when it fetched nothing."""
+        return self.fetch_read
 
     @property
     def thread_ns(self) -> int:

@@ -62,6 +62,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -128,10 +129,12 @@ class Fetch:
         self.owner, self.gids, self.pinned, self.generation = owner, gids, pinned, generation
         self.future: Future | None = None
         self.value: Any = None
+        #: ``(bytes, nanoseconds)`` of this batch's own fetch once waited for (None: nothing fetched).
+        self.read: tuple[int, int] | None = None
 
     def wait(self) -> Any:
         if self.future is not None:
-            self.value = self.future.result()
+            self.value, self.read = self.future.result()
             self.future = None
         return self.value
 
@@ -444,9 +447,12 @@ class TokenRanges:
 
     def _run(self, mine: np.ndarray, need: int, claim: _Claim, waits: list[_Claim],
              then: Callable[[], Any] | None) -> Any:
+        read = None
         try:
             if mine.size:
+                t0 = time.perf_counter_ns()
                 self._fetch(mine)
+                read = (self.bytes_of(mine), time.perf_counter_ns() - t0)
         except BaseException as e:
             self._finish(mine, need, claim, e)
             raise
@@ -455,7 +461,7 @@ class TokenRanges:
             c.done.wait()
             if c.error is not None:
                 raise c.error
-        return then() if then is not None else None
+        return (then() if then is not None else None), read
 
     def _fetch(self, gids: np.ndarray) -> None:
         f, lo, hi = self._where(gids)
