@@ -172,6 +172,7 @@ def test_cache_limit_bounds_the_chunks_on_disk(big_root, nginx, moto, tmp_path, 
         assert worst <= budget + 2 * B * CHUNK
         assert ds._ranges.peak <= budget + 2 * B * CHUNK
         assert ds._ranges.evicted > 0
+        assert ds._ranges.held == int(ds._ranges.present.sum()) * CHUNK
         assert ds._ranges.disk_bytes() <= budget
         _same(_run(local, batches, 2), got)
     finally:
@@ -317,6 +318,7 @@ def test_batches_planned_from_several_threads_at_once(big_root, nginx, tmp_path)
             t.join()
         assert not errors, errors[0]
         assert ds._ranges.evicted > 0
+        assert ds._ranges.held == int(ds._ranges.present.sum()) * CHUNK and not ds._ranges.pins
     finally:
         ds.close()
 

@@ -116,7 +116,7 @@ class TokenDataset(Dataset):
     remote_reads : {"ranges", "files"}
         How token files behind URLs are read. ``"ranges"`` (default): a batch fetches only the
         64 KiB chunks its rows touch, by byte range, before its rows are gathered, into local
-        sparse files of which ``cache_limit`` bounds the chunks held (least recently used
+        sparse files of which ``cache_limit`` bounds the chunks held (those not used lately
         freed first): the first batch of a shuffled corpus of any size waits for its own bytes
         only, and the cache may be far smaller than the corpus (NOTE [ Token files read by
         range ]). ``"files"``: every token file is downloaded whole into the shard cache, in
