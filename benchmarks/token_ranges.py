@@ -13,6 +13,7 @@ loaderlib/_datasets/tokens/ranges.py).
 Usage::
 
     python benchmarks/token_ranges.py [--files 8] [--mb 64] [--limit-rate 25m] [--rounds 2] [--batches 50] [--s3]
+        [--cache-limit 32MB]
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ def _disk(folder: str) -> int:
     return total
 
 
-def one(url: str, mode: str, batches: int, seed: int, so: dict | None) -> tuple[float, float, int, int]:
+def one(url: str, mode: str, batches: int, seed: int, so: dict | None,
+        limit: str | None = None) -> tuple[float, float, int, int]:
     import loaderlib as ll
 
     cache = tempfile.mkdtemp(prefix="ll-tokr-cache-")
     try:
         t0 = time.perf_counter()
-        ds = ll.TokenDataset(url, 2048, eos_id=1, cache_dir=cache, remote_reads=mode, storage_options=so)
+        ds = ll.TokenDataset(url, 2048, eos_id=1, cache_dir=cache, remote_reads=mode, storage_options=so,
+                             cache_limit=limit if mode == "ranges" else None)
         loader = ll.DataLoader(ds, batch_size=64, shuffle=True, seed=seed, num_threads=2)
         it = iter(loader)
         next(it)
@@ -68,6 +71,7 @@ def main() -> None:
     ap.add_argument("--limit-rate", default="25m")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--batches", type=int, default=50)
+    ap.add_argument("--cache-limit", default=None, help="cache_limit of the ranges runs (e.g. 32MB)")
     ap.add_argument("--s3", action="store_true", help="moto's S3 server instead of nginx (no rate limit; it "
                     "reads a whole object for every ranged GET, so keep --mb small)")
     args = ap.parse_args()
@@ -88,7 +92,7 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for mode in ("ranges", "files"):
-                rows[mode].append(one(url, mode, args.batches, seed=r, so=so))
+                rows[mode].append(one(url, mode, args.batches, seed=r, so=so, limit=args.cache_limit))
                 f, last, got, total = rows[mode][-1]
                 print(f"round {r} {mode:6s}: first batch {f:7.3f} s ({got / 1e6:8.1f} MB), "
                       f"{args.batches} batches {last:7.3f} s ({total / 1e6:8.1f} MB)", flush=True)
