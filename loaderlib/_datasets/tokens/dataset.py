@@ -225,8 +225,8 @@ class TokenDataset(Dataset):
     def _ensure(self, files: Any) -> None:
         """Map the token files ``files`` (indices) that are behind URLs and not mapped yet,
         waiting for their download (NOTE [ Token files behind URLs ])."""
-        ranged = self._ranges.which if self._ranges is not None else ()
-        want = [int(f) for f in files if self.files[int(f)].tokens is None and int(f) not in ranged]
+        ranged = self._ranges.ranged if self._ranges is not None else None
+        want = [int(f) for f in files if self.files[int(f)].tokens is None and not (ranged is not None and ranged[f])]
         if not want or self._remote is None:
             return
         with self._ensure_lock:

@@ -198,8 +198,9 @@ class TokenRanges:
             self.chunk0[f] = total
             total += -(-int(self.size[f]) // CHUNK)
         self.nchunks = total
-        self._ranged = np.zeros(nf, bool)
-        self._ranged[self.which] = True
+        #: Per file of the corpus: read by range here.
+        self.ranged = np.zeros(nf, bool)
+        self.ranged[self.which] = True
         self._firsts = self.chunk0[self.which]        # sorted: chunk ids are given in file order
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -296,7 +297,7 @@ class TokenRanges:
                     lo.append(np.array([fs[f]]))
                     hi.append(np.array([min(int(g[k] + n[k]), int(fs[f + 1]))]))
             pf, lo, hi = np.concatenate(pf), np.concatenate(lo), np.concatenate(hi)
-        sel = self._ranged[pf] & (hi > lo)
+        sel = self.ranged[pf] & (hi > lo)
         pf, lo, hi = pf[sel], lo[sel], hi[sel]
         if pf.size == 0:
             return np.zeros(0, np.int64)
