@@ -36,7 +36,8 @@ of it hold the object's bytes is kept here (``present``).
   lately that no batch has pinned, picked by the clock algorithm (``_make_room``), with
   ``fallocate(PUNCH_HOLE)``: the blocks go back to the file system and the range reads as a
   hole again. Pinned chunks of batches in flight may carry the total past the limit by what
-  those batches hold; when they are waited for, the excess is freed. A batch whose own chunks exceed the limit is a ``ValueError`` naming the numbers.
+  those batches hold; when they are waited for, the excess is freed. A batch whose own
+  chunks exceed the limit is a ``ValueError`` naming the numbers.
 - Measured with ``python benchmarks/token_ranges.py`` (8 flat files of 64 MB from nginx on
   loopback, each connection capped at 25 MB/s, a shuffled loader of 64 x 2048-token rows, 2
   threads, medians of 2 rounds, 2 shared cores): the first batch came after 0.075 s with
