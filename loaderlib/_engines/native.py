@@ -227,6 +227,11 @@ class NativeProducer(Producer):
         idx = b.task.indices
         real = b.gather.wait()
         batch = self.src.dataset.token_batch(b.views, idx.size)
+        read = getattr(b.gather, "read", None)   # chunks fetched by range (NOTE [ Token files read by range ])
+        if read is not None:
+            self.tally.add(*read)
+            if self.rec.enabled:
+                self.rec.extract(self.tally.merged(None))
         if self.rec.enabled:
             now = _clock()
             wall = batch_wall(b.t_start, self._prev_end, now)

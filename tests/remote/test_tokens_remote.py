@@ -64,3 +64,22 @@ def test_urls_need_the_shard_cache(tok_root, nginx):
 def test_a_missing_remote_file_is_named(tok_root, nginx, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"token file not found: .*tok/nope\.bin"):
         ll.TokenDataset(f"{nginx.url}/tok/nope.bin", 20, storage_options=dict(FAST), cache_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("server", ["http", "s3"])
+def test_a_corpus_read_partly_by_range_and_partly_whole(tok_root, nginx, moto, tmp_path, server):
+    # pack mode: the Megatron file is read by range, the flat file (scanned for EOS at open)
+    # whole (NOTE [ Token files behind URLs ]); together they give the local files' batches.
+    base, so = _url(server, nginx, moto)
+    local = ll.TokenDataset([os.path.join(tok_root, "meg-0"), os.path.join(tok_root, "flat.bin")], 20,
+                            packing="pack", eos_id=EOS)
+    remote = ll.TokenDataset([f"{base}/meg-0.idx", f"{base}/flat.bin"], 20, packing="pack", eos_id=EOS,
+                             storage_options=so, cache_dir=str(tmp_path / "cache"))
+    try:
+        assert remote._ranges is not None and remote._ranges.which == [0]
+        assert remote.files[1].tokens is not None   # downloaded whole to be scanned
+        for x, y in zip(_batches(local), _batches(remote)):
+            for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+                np.testing.assert_array_equal(x[key], y[key])
+    finally:
+        remote.close()

@@ -40,11 +40,13 @@ from ...errors import LoaderError
 from ..base import Dataset, _check_index
 from .formats import TokenFile, TokenFormatError, _map, open_sources
 from .packing import BlockPlan, ConcatPlan, Spans
-from .remote import open_remote
+from .ranges import Fetch, TokenRanges
+from .remote import open_ranges, open_remote
 
 __all__ = ["TokenDataset"]
 
 PACKINGS = ("concat", "pack", "pad")
+REMOTE_READS = ("ranges", "files")
 OPEN_CHECK_TOKENS = 1 << 28   # NOTE [ Token ids checked at open ]
 _INT_MAX = {"uint16": 1 << 16, "int32": 1 << 31, "int64": 1 << 62}
 
@@ -109,9 +111,21 @@ class TokenDataset(Dataset):
         The dataset's shuffle seed; None takes the seed of the loader reading it.
     storage_options, cache_dir, cache_limit
         For sources behind URLs (``s3://``, ``gs://``, ``http(s)://``, brace ranges, globs
-        and prefixes in object stores): the store's options (boto3's names) and the shard
-        cache the files are downloaded into (``cache_dir`` is needed; NOTE [ Token files
-        behind URLs ]).
+        and prefixes in object stores): the store's options (boto3's names) and the local
+        cache (``cache_dir`` is needed; ``cache_limit`` bounds it).
+    remote_reads : {"ranges", "files"}
+        How token files behind URLs are read. ``"ranges"`` (default): a batch fetches only the
+        64 KiB chunks its rows touch, by byte range, before its rows are gathered, into local
+        sparse files of which ``cache_limit`` bounds the chunks held (those not used lately
+        freed first): the first batch of a shuffled corpus of any size waits for its own bytes
+        only, and the cache may be far smaller than the corpus (NOTE [ Token files read by
+        range ]). ``"files"``: every token file is downloaded whole into the shard cache, in
+        file order in the background, and a batch waits for the files its rows lie in; the
+        cache must hold every file a run reads (NOTE [ Token files behind URLs ]). Files are
+        better for a corpus read in order or read many times from a cache that holds it
+        (fewer, larger requests). Indexes (``.idx``, ``.ds.index``), ``.npy``, Arrow and
+        Parquet files, and in ``pack``/``pad`` mode flat files without an index (scanned for
+        ``eos_id`` at open) are downloaded whole either way.
     """
 
     def __init__(self, sources: Any, seq_len: int, *, packing: str = "concat", eos_id: int | None = None,
@@ -119,13 +133,16 @@ class TokenDataset(Dataset):
                  mask_document_starts: bool = False, dtype: str = "int32", ids_dtype: str | None = None,
                  token_dtype: Any = None, column: str = "input_ids", block: int = 16384,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: Any = None,
-                 cache_limit: Any = None, shuffle: bool = False, seed: int | None = None) -> None:
+                 cache_limit: Any = None, shuffle: bool = False, seed: int | None = None,
+                 remote_reads: str = "ranges") -> None:
         self._args = (sources, seq_len, {
             "packing": packing, "eos_id": eos_id, "vocab_size": vocab_size, "pad_id": pad_id,
             "ignore_index": ignore_index, "mask_document_starts": mask_document_starts, "dtype": dtype,
             "ids_dtype": ids_dtype, "token_dtype": token_dtype, "column": column, "block": block,
             "storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit,
-            "shuffle": shuffle, "seed": seed})
+            "shuffle": shuffle, "seed": seed, "remote_reads": remote_reads})
+        if remote_reads not in REMOTE_READS:
+            raise ValueError(f"remote_reads must be one of {REMOTE_READS}, got {remote_reads!r}")
         self.shuffle = bool(shuffle)
         self.seed = None if seed is None else _int(seed, "seed", 0)
         self.seq_len = _int(seq_len, "seq_len", 1)
@@ -149,6 +166,7 @@ class TokenDataset(Dataset):
         remote = open_remote(sources, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
                              dtype=token_dtype, column=column)
         self._remote = remote[1] if remote is not None else None
+        self._ranges: TokenRanges | None = None
         self._parts_of: dict[int, list] = {}
         self._first_rows: dict[int, np.ndarray] = {}
         self._ra = [-1, 0, 64]   # major faults seen, batches planned, advise up to this batch
@@ -185,6 +203,8 @@ class TokenDataset(Dataset):
             [int(tf.divisor) for tf in self.files],
             [bool(tf.eos_split) for tf in self.files])
         self.file_start = np.asarray(self._corpus.file_start, np.int64)
+        if self._remote is not None:
+            self._ranges = open_ranges(self._remote, self.files, self.file_start, self._corpus, packing, remote_reads)
         total = int(self.file_start[-1])
         names = ", ".join(tf.path for tf in self.files[:3]) + (", ..." if len(self.files) > 3 else "")
         if total == 0:
@@ -205,7 +225,8 @@ class TokenDataset(Dataset):
     def _ensure(self, files: Any) -> None:
         """Map the token files ``files`` (indices) that are behind URLs and not mapped yet,
         waiting for their download (NOTE [ Token files behind URLs ])."""
-        want = [int(f) for f in files if self.files[int(f)].tokens is None]
+        ranged = self._ranges.ranged if self._ranges is not None else None
+        want = [int(f) for f in files if self.files[int(f)].tokens is None and not (ranged is not None and ranged[f])]
         if not want or self._remote is None:
             return
         with self._ensure_lock:
@@ -234,8 +255,12 @@ class TokenDataset(Dataset):
         return np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
 
     def close(self) -> None:
-        """Let go of the shard cache's copies this dataset holds (datasets behind URLs)."""
-        if self._remote is not None:
+        """Let go of the shard cache's copies this dataset holds and of its chunks of token files
+        read by range (datasets behind URLs): their fetch threads end and their files go."""
+        ranges = getattr(self, "_ranges", None)
+        if ranges is not None:
+            ranges.close()
+        if getattr(self, "_remote", None) is not None:
             self._remote.close()
 
     # -- pickling: the files are opened again where the dataset lands (worker processes) --
@@ -390,7 +415,10 @@ class TokenDataset(Dataset):
         (``NativeProducer.submit``): MADV_WILLNEED on exactly the pages of the batch's spans
         starts their reads in the background, as the Extract stage's read-ahead does for
         files, so a cold corpus is read while the batches before are gathered and consumed.
-        Files behind URLs not downloaded yet are skipped (their download is ahead already).
+        Files behind URLs not downloaded yet are skipped (their download is ahead already); for
+        files read by range this starts the fetch of the rows' chunks in the background instead
+        (not pinned: NOTE [ Token files read by range ] in ranges.py), and a batch planned with
+        ``start_gather`` is gathered only once its chunks are here.
         On a 1.2 GB uint16 file evicted from the page cache (posix_fadvise DONTNEED), shuffled
         concat rows of 2,048, batches of 64, 2 threads, prefetch 4: 14.5-18.6 M tokens/s
         without it and 49.3-67.9 M with it (two rounds, local virtio disk). On a corpus in the
@@ -400,6 +428,9 @@ class TokenDataset(Dataset):
         (``_reading_ahead``; one ``getrusage`` every 8 batches).
         """
         sp = self.spans(np.asarray(rows, np.int64))
+        if self._ranges is not None:   # their chunks are fetched in the background (NOTE [ Token files read by range ])
+            fetch = self._ranges.start(sp, pin=False)
+            return self._ranges.bytes_of(fetch.gids)
         return int(_tokens.will_need(self._corpus, sp.g, sp.n))
 
     def _reading_ahead(self) -> bool:
@@ -448,7 +479,7 @@ class TokenDataset(Dataset):
         sp = self.spans(rows)
         if self._remote is not None:
             self._ensure(self._spans_files(sp))
-        if read_ahead and self._reading_ahead():   # NOTE [ Token read-ahead ]
+        if read_ahead and self._ranges is None and self._reading_ahead():   # NOTE [ Token read-ahead ]
             _tokens.will_need(self._corpus, sp.g, sp.n)
         n = rows.size
         status = np.zeros(n, np.int32)
@@ -459,17 +490,23 @@ class TokenDataset(Dataset):
                 -1 if self.eos_id is None else self.eos_id, self.limit, self.pad_id, self.ignore_index,
                 self.mask_document_starts, *self._out_types)
         item_ns = np.zeros(n, np.int64) if timed else None
-        pending = None
-        if team is not None and n:
-            pending = _tokens.start_rows_into(team, *args, ids, lab, pos, starts, counts, status, where,
-                                              max(1, min(threads, n)), item_ns)
-        else:
+
+        def run() -> Any:
+            if team is not None and n:
+                return _tokens.start_rows_into(team, *args, ids, lab, pos, starts, counts, status, where,
+                                               max(1, min(threads, n)), item_ns)
             t0 = time.perf_counter_ns()
             _tokens.rows_into(*args, ids.ctypes.data, lab.ctypes.data, pos.ctypes.data, ids.strides[0],
                               lab.strides[0], starts, counts, status, where, max(1, min(threads, n)))
             if item_ns is not None and n:
                 item_ns[:] = (time.perf_counter_ns() - t0) * min(threads, n) // n
-        return Gather(self, rows, sp, status, where, pending, item_ns)
+            return None
+
+        if self._ranges is not None and n:
+            # the rows are gathered once their chunks are here (NOTE [ Token files read by range ])
+            fetch = self._ranges.start(sp, then=run)
+            return Gather(self, rows, sp, status, where, None, item_ns, fetch)
+        return Gather(self, rows, sp, status, where, run(), item_ns)
 
     def _raise(self, row: int, status: int, where: int) -> None:
         at = self._where(where) if where >= 0 else "an unknown position"
@@ -504,14 +541,25 @@ class Gather:
     row, naming its file and token."""
 
     def __init__(self, dataset: TokenDataset, rows: np.ndarray, sp: Spans, status: np.ndarray, where: np.ndarray,
-                 pending: Any, item_ns: np.ndarray | None) -> None:
+                 pending: Any, item_ns: np.ndarray | None, fetch: Fetch | None = None) -> None:
         self.dataset, self.rows, self.sp = dataset, rows, sp
         self.status, self.where, self.pending, self.item_ns = status, where, pending, item_ns
+        self.fetch = fetch
+        self.fetch_read: tuple[int, int] | None = None
 
     def wait(self) -> int:
-        if self.pending is not None:
-            self.pending.wait()
-            self.pending = None
+        fetch = self.fetch
+        try:
+            if fetch is not None:   # the chunks first, then the rows queued once they came
+                self.pending = fetch.wait()
+                self.fetch_read = fetch.read
+                self.fetch = None
+            if self.pending is not None:
+                self.pending.wait()
+                self.pending = None
+        finally:
+            if fetch is not None:
+                fetch.release()   # the rows are written (or failed): the chunks may go
         if self.status.any():   # OK is 0 (include/ll_tokens.h): one pass when no row failed
             bad = np.flatnonzero(self.status != _tokens.OK)
             if bad.size:
@@ -523,6 +571,12 @@ class Gather:
         filled = np.zeros(n, np.int64)
         np.add.at(filled, np.repeat(np.arange(n), np.diff(sp.ptr)), sp.n)
         return int(np.minimum(filled, seq_len).sum())
+
+    @property
+    def read(self) -> tuple[int, int] | None:
+        """``(bytes, nanoseconds)`` this batch fetched from the store by range once waited for
+        (NOTE [ Token files read by range ]), None when it fetched nothing."""
+        return self.fetch_read
 
     @property
     def thread_ns(self) -> int:

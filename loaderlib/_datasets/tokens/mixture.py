@@ -82,3 +82,11 @@ class _Gathers:
     @property
     def thread_ns(self) -> int:
         return sum(g.thread_ns for g in self.parts)
+
+    @property
+    def read(self) -> tuple[int, int] | None:
+        """The parts' fetches by range, summed (None: none fetched)."""
+        reads = [g.read for g in self.parts if g.read is not None]
+        if not reads:
+            return None
+        return sum(r[0] for r in reads), max(r[1] for r in reads)

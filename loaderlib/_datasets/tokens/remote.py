@@ -1,19 +1,26 @@
 """Token files behind URLs (``s3://``, ``gs://``, ``http(s)://``), read through the Extract
-stage's shard cache.
+stage: by range into sparse files, or whole through the shard cache.
 
 NOTE [ Token files behind URLs ]
 A token dataset opens a corpus in O(files) (NOTE [ Opening a token corpus ] in formats.py);
 behind URLs that stays so: each file's index (``.idx``, ``.ds.index``) is downloaded into the
-shard cache when the dataset opens, its token file is only asked its size (one HEAD), and the
-token files are then downloaded in the background, in file order, by the cache
-(``RemoteFiles.prefetch``). A batch whose rows lie in files not yet local waits for exactly
-those (``TokenDataset._ensure``), maps them and hands them to the kernel's corpus
-(``Corpus.set_tokens``); a file without its tokens is never read (the kernel answers an error
-for it, not a read of memory). Mapped files stay leased in the cache until the dataset is
-closed, so the cache must have room for the files a run reads. Files whose content must be
-read to open them (``.npy`` headers, Arrow and Parquet) are downloaded when the dataset
-opens. Without ``cache_dir`` a token dataset cannot read URLs: the kernel reads spans of
-whole files at random, and range requests per row would cost a round trip per sample.
+shard cache when the dataset opens, and its token file is only asked its size (one HEAD).
+Files whose content must be read to open them (``.npy`` headers, Arrow and Parquet) are
+downloaded when the dataset opens. The token files are then read one of two ways
+(``remote_reads``):
+- ``"ranges"`` (default): a batch fetches the chunks its rows touch into sparse local files
+  before its rows are gathered (NOTE [ Token files read by range ] in ranges.py); flat files
+  without an index in ``pack``/``pad`` mode, which are scanned for EOS at open, are read whole
+  as below.
+- ``"files"``: downloaded whole in the background, in file order, by the cache
+  (``RemoteFiles.prefetch``). A batch whose rows lie in files not yet local waits for exactly
+  those (``TokenDataset._ensure``), maps them and hands them to the kernel's corpus
+  (``Corpus.set_tokens``); a file without its tokens is never read (the kernel answers an error
+  for it, not a read of memory). Mapped files stay leased in the cache until the dataset is
+  closed, so the cache must have room for the files a run reads.
+Without ``cache_dir`` a token dataset cannot read URLs: both ways keep the bytes in a local
+folder (the kernel reads spans of files at random, and a range request per row and epoch with
+nothing kept would cost a round trip per sample).
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from typing import Any
 from ..._extract.remote.files import RemoteFiles, remote_files
 from ..._extract.remote.store import expand_urls
 from .formats import TokenFile, TokenFormatError, open_arrow, open_datatrove, open_flat, open_megatron
+from .ranges import CHUNK, TokenRanges
 
-__all__ = ["open_remote"]
+__all__ = ["open_ranges", "open_remote"]
 
 SUFFIXES = (".idx", ".bin", ".npy", ".ds", ".parquet", ".arrow")
 
@@ -90,10 +98,33 @@ def open_remote(sources: Any, *, storage_options: Mapping[str, Any] | None, cach
                                    "datatrove .ds, .parquet, .arrow)")
     if not out:
         raise FileNotFoundError(f"no token files at {sources!r}")
-    waiting = [tf.url for tf in out if tf.url is not None]
-    if waiting:
-        remote.prefetch(waiting)   # in file order, in the background
     return out, remote
+
+
+def open_ranges(remote: RemoteFiles, files: list[TokenFile], file_start: Any, corpus: Any, packing: str,
+                remote_reads: str) -> TokenRanges | None:
+    """Start reading the token files of ``files`` behind URLs: by range into sparse files
+    (``remote_reads="ranges"``, NOTE [ Token files read by range ] in ranges.py), or whole,
+    downloaded in file order in the background (``"files"``, and the flat files a ``pack`` or
+    ``pad`` dataset scans for EOS at open); the :class:`TokenRanges` of the first kind."""
+    ranged = [f for f, tf in enumerate(files) if tf.url is not None and remote_reads == "ranges"
+              and not (packing != "concat" and tf.bounds is None)]
+    whole = [tf.url for f, tf in enumerate(files) if tf.url is not None and f not in ranged]
+    if whole:
+        remote.prefetch(whole)   # in file order, in the background
+    if not ranged:
+        return None
+    cache = remote.cache
+    budget = None
+    if cache.limit is not None:
+        held = remote.held_bytes() + sum(files[f].num_tokens * files[f].token_dtype.itemsize
+                                         for f, tf in enumerate(files) if tf.url is not None and f not in ranged)
+        budget = cache.limit - held
+        if budget < CHUNK:
+            raise ValueError(f"cache_limit={cache.limit} bytes leaves {budget} for chunks of token files read by "
+                             f"range: the dataset's whole files (indexes, files read whole) take {held}; raise "
+                             "cache_limit (NOTE [ Token files read by range ] in ranges.py)")
+    return TokenRanges(files, ranged, file_start, cache.dir, remote.options, budget, corpus)
 
 
 def _megatron(idx_local: str, prefix: str, bin_size: int) -> TokenFile:

@@ -200,6 +200,18 @@ class RemoteFiles:
             out.append(lease.path)
         return out
 
+    def held_bytes(self) -> int:
+        """Bytes of the local copies :meth:`local` holds."""
+        with self._lock:
+            leases = list(self._leases.values())
+        total = 0
+        for lease in leases:
+            try:
+                total += os.fstat(lease.fd).st_size
+            except OSError:
+                pass
+        return total
+
     def prefetch(self, urls: Sequence[str]) -> list[str]:
         """Start downloading ``urls`` into the cache in this order; returns the paths their
         copies will have (:meth:`local` waits for one and holds it)."""
