@@ -35,6 +35,7 @@ cdef extern from "ll_tokens.h":
         const int64_t* bounds
         int64_t nbounds
         int64_t bdiv
+        int bshift
         int eos_split
 
     ctypedef struct ll_tok_spec:
@@ -78,6 +79,7 @@ cdef extern from "ll_tokens.h":
         int64_t* where
         int64_t* item_ns
     void ll_tok_job_item(void* ctx, int64_t i, int tid) noexcept nogil
+    int ll_tok_log2(int64_t d) noexcept nogil
     int64_t ll_tok_will_need(const ll_tok_spec* sp, const int64_t* seg_g, const int64_t* seg_n,
                              int64_t nseg) noexcept nogil
     int64_t ll_tok_best_fit(const int64_t* lens, int64_t n, int64_t cap, int64_t* row_of,
@@ -120,6 +122,7 @@ cdef class Corpus:
             self.files[i].ntok = sizes[i]
             self.files[i].dtype = types[i]
             self.files[i].bdiv = divisors[i]
+            self.files[i].bshift = ll_tok_log2(divisors[i])
             self.files[i].eos_split = 1 if eos_split[i] else 0
             if tokens[i] is not None:
                 self.set_tokens(i, tokens[i])

@@ -17,3 +17,17 @@ def threads() -> dict[int, str]:
         except OSError:   # the thread ended while listing
             pass
     return out
+
+
+def still_running(tids, timeout: float = 30.0) -> set[int]:
+    """Those of ``tids`` still listed after waiting up to ``timeout`` seconds for them to go.
+    A joined thread's system task can outlive its join by a moment on a loaded machine (its
+    exit is the kernel's last step, after the wake that ends the join)."""
+    import time
+
+    left = set(tids) & set(threads())
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left &= set(threads())
+    return left

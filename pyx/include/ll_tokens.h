@@ -54,6 +54,7 @@ typedef struct {
     const int64_t *bounds;   /* sorted document starts, in units of 1 / bdiv tokens; NULL: none */
     int64_t nbounds;
     int64_t bdiv;
+    int bshift;              /* log2(bdiv) when bdiv is a power of two, else -1 */
     int eos_split;           /* no index: documents end at the EOS id */
 } ll_tok_file;
 
@@ -100,12 +101,29 @@ static int64_t ll_tok_load(const ll_tok_file *f, int64_t i) {
     }
 }
 
+/* Document start b of file f in tokens: bounds[b] / bdiv, a shift when bdiv is a power of two
+ * (Megatron's byte pointers over 1, 2, 4 or 8-byte tokens): a row's search in
+ * ll_tok_bound_after made about 20 64-bit divisions. The row kernel alone on 64 x 2,048 rows
+ * measured 1,116 against 1,052 M tokens/s (best of 4 alternating runs each), within this
+ * machine's noise. Negative bounds (a corrupt index) round differently under the shift; they
+ * only give wrong starts either way. */
+static inline int64_t ll_tok_bound(const ll_tok_file *f, int64_t b) {
+    return f->bshift >= 0 ? f->bounds[b] >> f->bshift : f->bounds[b] / f->bdiv;
+}
+
+static int ll_tok_log2(int64_t d) {
+    if (d <= 0 || (d & (d - 1)) != 0) return -1;
+    int k = 0;
+    while ((d >> k) != 1) k++;
+    return k;
+}
+
 /* First k with bounds[k] / bdiv > x (bounds sorted; a corrupt index only gives wrong starts). */
 static int64_t ll_tok_bound_after(const ll_tok_file *f, int64_t x) {
     int64_t lo = 0, hi = f->nbounds;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
-        if (f->bounds[mid] / f->bdiv > x) hi = mid; else lo = mid + 1;
+        if (ll_tok_bound(f, mid) > x) hi = mid; else lo = mid + 1;
     }
     return lo;
 }

@@ -86,7 +86,7 @@ LL_TOK_ATTR static int LL_TOK_FN(ll_tok_span)(const ll_tok_spec *sp, int64_t g, 
             if (lo == 0) ll_tok_push(starts, ns, cap, p0);   /* a file's first token starts a document */
             if (f->bounds != NULL) {
                 for (int64_t b = ll_tok_bound_after(f, lo); b < f->nbounds; b++) {
-                    int64_t v = f->bounds[b] / f->bdiv;
+                    int64_t v = ll_tok_bound(f, b);
                     if (v >= lo + k) break;
                     ll_tok_push(starts, ns, cap, p0 + (v - lo));
                 }

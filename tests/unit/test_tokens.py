@@ -451,6 +451,7 @@ def test_to_device_and_the_harness_on_tokens(corpus):
     assert "tokens/s" in str(report)
 
 
+@pytest.mark.frameworks   # transformers: `make test-long` installs it (NOTE [ The slowest framework runs ])
 def test_the_language_model_guide_runs():
     """docs/guide/language-models.md: its Python example (a packed corpus handed to a
     Llama-style model from transformers, trained a few steps on CPU)."""
@@ -576,7 +577,7 @@ def test_corrupt_indexes_give_errors_naming_the_file(tmp_path):
 
 
 def test_token_batches_run_on_a_kernel_team_that_close_stops(corpus):
-    from tests._threads import threads
+    from tests._threads import still_running, threads
 
     paths, files = corpus["megatron"]
     before = set(threads())
@@ -586,7 +587,7 @@ def test_token_batches_run_on_a_kernel_team_that_close_stops(corpus):
     team = {tid: name for tid, name in threads().items() if tid not in before and name.startswith("ll-")}
     assert team, "no named kernel threads ran the batch"
     loader.close()
-    assert not set(team) & set(threads()), team   # every thread of the run's team is gone
+    assert not still_running(team), team   # every thread of the run's team is gone
     _check_loader(ll.TokenDataset(paths, 16, packing="pack", eos_id=EOS), model_rows(files, 16, "pack", EOS), 16, 4,
                   num_threads=2)
 
