@@ -258,8 +258,9 @@ def test_ctrl_c_stops_cleanly():
     loader = DataLoader(ArrayDataset(*_xy(40)).transform(slow), batch_size=2, num_threads=1, timeout=30)
     it = iter(loader)
     next(it)   # the pipeline is running: the interrupt cannot land inside iter() itself
-    # An interrupt that lands in a finaliser (a slot's release run by the garbage collector) is
-    # printed and dropped by Python, as a user's first Ctrl-C can be: press again until one lands.
+    # A press that lands in a slot's release is raised again (NOTE [ Ctrl-C inside a slot's
+    # release ]); one that lands in another finaliser is printed and dropped by Python, as a
+    # user's first Ctrl-C can be: press again until one lands.
     stopped = threading.Event()
 
     def press():
