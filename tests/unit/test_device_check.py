@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks import _topology as topo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,6 +62,7 @@ def test_orders_without_smt_or_topology(tmp_path):
     assert sorted(topo.physical_first(cs)) == [0, 1, 2] == sorted(topo.siblings_packed(cs))
 
 
+@pytest.mark.long   # among the slowest tests: `make test` leaves it to `make test-long` (.ci/run runs both)
 def test_dry_run_report(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -192,6 +192,7 @@ def _collected(cwd: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long   # among the slowest tests: `make test` leaves it to `make test-long` (.ci/run runs both)
 def test_the_sdist_holds_what_its_tests_need(tmp_path):
     """Build the sdist from the tracked files, unpack it, collect the test suite there: the same tests
     as in the source tree, and every file the tests open from the tree is in it."""

@@ -563,6 +563,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.long   # among the slowest tests: `make test` leaves it to `make test-long` (.ci/run runs both)
 def test_megatron_core_reads_the_output_identically(tmp_path, corpus, tok_path):
     import importlib.util
 

@@ -38,6 +38,7 @@ def test_mypy_is_the_pinned_version():
         f"{out.stdout.strip()} is not the pinned mypy {_pinned_version()}: pip install -r requirements-test.txt")
 
 
+@pytest.mark.long   # among the slowest tests: `make test` leaves it to `make test-long` (.ci/run runs both)
 def test_mypy_clean():
     # No arguments: the files and options are pyproject.toml's [tool.mypy].
     out = _mypy()
