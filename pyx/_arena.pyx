@@ -413,10 +413,10 @@ cdef class SlotRing:
                     # The callback is Python code, and a Ctrl-C pending when it starts is
                     # handled there, in a dealloc, where no exception can propagate. The
                     # lease usually ends as the user's loop rebinds its batch variable, so
-                    # that is where a press landed: swallowed here, a user's Ctrl-C did
-                    # nothing (and CI saw 25 presses in 8 s lost). It is raised again: the
-                    # interrupt is set pending once more and the user's code meets it at its
-                    # next check, one bytecode later.
+                    # that is where a press can land: swallowed here, that Ctrl-C did nothing
+                    # (tests/unit/test_loader_api.py makes it land there). It is raised
+                    # again: the interrupt is set pending once more and the user's code meets
+                    # it at its next check.
                     PyErr_SetInterrupt()
                 except BaseException:
                     pass

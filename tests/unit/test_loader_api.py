@@ -213,6 +213,19 @@ def test_stopped_run_cannot_restart_the_python_pool():
     assert _wait_threads(before) == []
 
 
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler for the test: ``_thread.interrupt_main`` does nothing while
+    SIGINT is ignored, which is how a process started in the background by a
+    non-interactive shell (a CI step's ``cmd &``) inherits it; Python then keeps it ignored."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.usefixtures("python_sigint")
 def test_a_ctrl_c_that_lands_in_a_batch_release_is_not_lost():
     """Dropping a batch ends its slot lease, whose release wakes the driver from Python (the
     arena's ``on_release``), inside a dealloc, where an exception cannot propagate. A Ctrl-C
@@ -247,6 +260,7 @@ def test_a_ctrl_c_that_lands_in_a_batch_release_is_not_lost():
     loader.close()
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_stops_cleanly():
     # Where the interrupt lands (the loader's wait, or between two batches) varies from run to
     # run; either way no thread may outlive the dropped iterator.
