@@ -193,6 +193,18 @@ def ll_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(loaderlib.__file__)))
 
 
+def _commit(root: str) -> str:
+    """`` (git COMMIT)`` of the checkout at ``root`` (``+`` when it has changes), or nothing."""
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f" (git {head}{'+' if dirty else ''})"
+
+
 class Child:
     """One system in a child process (benchmarks/_token_peers.py serve)."""
 
@@ -547,7 +559,7 @@ def main() -> int:
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
     systems = [s for s in args.systems.split(",") if s]
     print(machine_summary())
-    print(f"loaderlib imported from {ll_root()}")
+    print(f"loaderlib imported from {ll_root()}{_commit(ll_root())}")
     print(f"cores shared with other users while measuring: load average {os.getloadavg()[0]:.2f} at start")
     results: dict[int, dict] = {}
     copy_rates: list[float] = []
