@@ -486,7 +486,10 @@ static void run_step(ll_fuzz_input *in, int s) {
  * results makes both (the crop step decodes the full image too, the chain without DCT
  * scaling runs on the decoded pixels as well). Each step's count of runs is printed at exit
  * ("native_fuzz: steps run: ..."), so a replay of the corpus with -runs=0 shows how many of
- * its inputs reach each. */
+ * its inputs reach each. Measured on the 2-core VM: 2,019 inputs/s over a 60 s run seeded with
+ * the 2,103-input corpus of the all-steps runs (which ran 32); the 10^7 executions of
+ * docs/reliability.md averaged 1,485-1,597 inputs/s at nice 10 beside other work, about 1,750
+ * per CPU-second. */
 static unsigned long g_step_runs[N_STEPS];
 
 static const char *step_name(int s, char *buf, size_t n) {
