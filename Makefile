@@ -253,13 +253,20 @@ bench-io: build $(TESTS)
 
 # Fuzzing of the decoders and the fused chain, three passes of FUZZ_RUNS inputs each:
 # 1. native: fuzz/native_fuzz.c, a libFuzzer harness built by clang with AddressSanitizer +
-#    UBSan straight from pyx/include and the system libjpeg, drives the C functions the
-#    kernels call (decode, DCT scale, crop, GRAY strict, decode_batch, every fused chain of
-#    fuzz/gen_native_plans.py, file and record reads, the pixels path); the coverage that
-#    guides it is the native code's own. New inputs go to $(FUZZ_NATIVE)/corpus, a crash
-#    input to $(FUZZ_NATIVE)/crash-*; prints libFuzzer's cov: (edges of how many) and ft:.
-#    The kernels run at the CPU's best SIMD level (NOTE [ SIMD switch ]); the corpus is then
-#    replayed under LOADERLIB_SIMD=avx2, =sse2 and =scalar, so the other levels' code is checked too.
+#    UBSan straight from pyx/include and an instrumented libjpeg-turbo (FUZZ_LIBJPEG below),
+#    drives the C functions the kernels call (decode, DCT scale, crop, GRAY strict,
+#    decode_batch, every fused chain of fuzz/gen_native_plans.py, file and record reads, the
+#    pixels path); the coverage that guides it is the native code's and libjpeg's own. The
+#    fuzzing runs the one-step build $(FUZZ_NATIVE)/native_fuzz_one (-DLL_FUZZ_ONE_STEP: each
+#    input runs one step of the harness, picked by its own bytes, at a 64K pixel budget;
+#    NOTE [ One step per input ] in fuzz/native_fuzz.c), about 60 times as many inputs a second
+#    as the all-steps build. New inputs go to $(FUZZ_NATIVE)/corpus, a crash input to
+#    $(FUZZ_NATIVE)/crash-*; prints libFuzzer's cov: (edges of how many), ft: and how many
+#    inputs ran each step. The corpus is then replayed (-runs=0) through the all-steps build
+#    $(FUZZ_NATIVE)/native_fuzz (every step and check on every input, 1 MP budget) at the CPU's
+#    best SIMD level (NOTE [ SIMD switch ]) and under LOADERLIB_SIMD=avx2, =sse2 and =scalar,
+#    so the other levels' code is checked too. FUZZ_SECONDS=N makes the one-step run N seconds
+#    long (the long runs of docs/reliability.md).
 # 2. coverage-guided (atheris/libFuzzer) on the normal build over the Python API; new inputs
 #    go to build/fuzz-corpus (seed corpus: fuzz/corpus); prints libFuzzer's cov: figure.
 # 3. the extensions built with AddressSanitizer + UBSan into $(ASAN_DIR) (a side build: the
@@ -393,21 +400,26 @@ fuzz-native: build
 	set -e; mkdir -p $(FUZZ_NATIVE)/corpus; \
 	$(BIN)/python fuzz/gen_native_plans.py $(FUZZ_NATIVE)/fuzz_plans.h; \
 	lj=$$(fuzz/build_libjpeg.sh fuzz $(FUZZ_LIBJPEG) | tail -n 1); \
+	$(CLANG) $(NATIVE_FUZZ_CFLAGS) -DLL_FUZZ_ONE_STEP -I$$lj/include fuzz/native_fuzz.c -o $(FUZZ_NATIVE)/native_fuzz_one \
+	  $$lj/lib/libjpeg.a -lm; \
 	$(CLANG) $(NATIVE_FUZZ_CFLAGS) -I$$lj/include fuzz/native_fuzz.c -o $(FUZZ_NATIVE)/native_fuzz $$lj/lib/libjpeg.a -lm; \
-	rc=0; UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz $(FUZZ_LIMIT) -timeout=60 \
+	rc=0; UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz_one $(FUZZ_LIMIT) -timeout=60 \
 	  -print_final_stats=1 -artifact_prefix=$(FUZZ_NATIVE)/ $(FUZZ_NATIVE)/corpus fuzz/corpus \
 	  > $(FUZZ_NATIVE)/fuzz.log 2>&1 || rc=$$?; \
 	if [ $$rc -ne 0 ]; then grep -E -A 30 'ERROR|runtime error|check failed' $(FUZZ_NATIVE)/fuzz.log | head -n 60; \
 	  echo "native fuzzing FAILED (exit $$rc): the input is $(FUZZ_NATIVE)/crash-* (or timeout-*, oom-*)," \
-	    "replay it with $(FUZZ_NATIVE)/native_fuzz FILE"; exit 1; fi; \
+	    "replay it with $(FUZZ_NATIVE)/native_fuzz_one FILE (that step) or $(FUZZ_NATIVE)/native_fuzz FILE (all steps)"; \
+	  exit 1; fi; \
 	edges=$$(sed -n 's/.*Loaded 1 modules *(\([0-9]*\) inline 8-bit counters).*/\1/p' $(FUZZ_NATIVE)/fuzz.log); \
-	grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' $(FUZZ_NATIVE)/fuzz.log; \
-	for lv in avx2 sse2 scalar; do \
-	  LOADERLIB_SIMD=$$lv UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz -runs=0 -timeout=60 \
-	    $(FUZZ_NATIVE)/corpus fuzz/corpus > $(FUZZ_NATIVE)/replay-$$lv.log 2>&1 || { \
+	grep -E '^#[0-9]+[[:space:]]+DONE|^stat::|^native_fuzz: steps run' $(FUZZ_NATIVE)/fuzz.log; \
+	for lv in best avx2 sse2 scalar; do \
+	  env $$([ $$lv = best ] || echo LOADERLIB_SIMD=$$lv) UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_NATIVE)/native_fuzz \
+	    -runs=0 -timeout=60 -artifact_prefix=$(FUZZ_NATIVE)/replay-$$lv- $(FUZZ_NATIVE)/corpus fuzz/corpus \
+	    > $(FUZZ_NATIVE)/replay-$$lv.log 2>&1 || { \
 	    grep -E -A 30 'ERROR|runtime error|check failed' $(FUZZ_NATIVE)/replay-$$lv.log | head -n 60; \
-	    echo "native replay at LOADERLIB_SIMD=$$lv FAILED (log: $(FUZZ_NATIVE)/replay-$$lv.log)"; exit 1; }; \
-	  echo "native replay of the corpus at LOADERLIB_SIMD=$$lv (the kernels' other SIMD levels): 0 crashes"; done; \
+	    echo "native all-steps replay at SIMD level $$lv FAILED (log: $(FUZZ_NATIVE)/replay-$$lv.log)"; exit 1; }; \
+	  echo "native all-steps replay of the corpus at SIMD level $$lv: $$(grep -o 'Done [0-9]* runs' \
+	    $(FUZZ_NATIVE)/replay-$$lv.log), 0 findings"; done; \
 	sed -n "s|^#\([0-9]*\)[[:space:]]*DONE *cov: \([0-9]*\) ft: \([0-9]*\).*exec/s: \([0-9]*\).*|native pass: \1 inputs, 0 crashes, cov: \2 of $$edges edges, ft: \3, \4 exec/s (log: $(FUZZ_NATIVE)/fuzz.log)|p" \
 	  $(FUZZ_NATIVE)/fuzz.log; \
 	cov=$$($(CLANG) -print-prog-name=llvm-cov); prof=$$($(CLANG) -print-prog-name=llvm-profdata); \
