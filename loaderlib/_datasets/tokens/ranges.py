@@ -71,6 +71,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._extract.remote.shard_cache import _alive
 from ..._extract.remote.store import read_ranges
 from ..._threads import name_native_thread
 from ...errors import RemoteReadError
@@ -105,16 +106,6 @@ def _fallocate() -> Any:
         except (OSError, AttributeError):   # not Linux: chunks are forgotten, not freed
             _LIBC = False
     return _LIBC
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Claim:
