@@ -94,6 +94,68 @@ def test_lru_eviction_within_limit_never_evicts_a_held_shard(proxy, served, tmp_
         assert cache.cached(urls[2]) and not cache.cached(urls[3])
 
 
+def test_no_room_decision_runs_while_a_shard_is_published(proxy, served, tmp_path, monkeypatch):
+    # NOTE [ Publishing under the room lock ]: between the rename of a finished download and
+    # its sidecar, the shard is neither a part nor an entry; a room decision then would count
+    # its bytes nowhere. At that moment (the sidecar being written) the room lock is taken, and
+    # afterwards what the cache counts is what is on disk.
+    import fcntl
+
+    urls = _urls(proxy.url)
+    free_at_publish = []
+    real_dump = json.dump
+
+    def dump(obj, f):
+        fd = os.open(os.path.join(tmp_path, ".cache.lock"), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free_at_publish.append(obj["url"])
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+        real_dump(obj, f)
+
+    monkeypatch.setattr(json, "dump", dump)
+    with ShardCache(tmp_path, cache_limit=2 * SIZE + 10, storage_options=FAST) as cache:
+        for u in urls[:4]:
+            cache.acquire(u).release()
+            on_disk = sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)
+                          if not n.endswith((".json", ".lock")))
+            assert on_disk == cache.used() <= 2 * SIZE + 10
+    assert free_at_publish == []
+
+
+def test_a_stale_copy_is_gone_while_its_new_download_runs(nginx, served, tmp_path, monkeypatch):
+    # A copy whose object changed is deleted when its download starts: the part, reserved at
+    # full size, is then the only count of that shard's bytes and the only bytes on disk.
+    from loaderlib._extract.remote import shard_cache as sc
+
+    os.makedirs(os.path.join(served, "stale"), exist_ok=True)
+    path = os.path.join(served, "stale", "x.bin")
+    with open(path, "wb") as f:
+        f.write(b"a" * 1000)
+    url = f"{nginx.url}/stale/x.bin"
+    with ShardCache(tmp_path / "c", storage_options=FAST) as cache:
+        cache.path(url)
+        old = cache.path_of(url)
+    with open(path, "wb") as f:
+        f.write(b"b" * 1200)
+    during = []
+    cls = type(sc.open_store(url, sc.StoreOptions.resolve(FAST)))
+    real = cls.download
+
+    def download(self, *a, **k):
+        during.append(os.path.exists(old))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(cls, "download", download)
+    with ShardCache(tmp_path / "c", storage_options=FAST) as cache:
+        assert not cache.cached(url)
+        assert _bytes(cache.path(url)) == b"b" * 1200
+    assert during == [False]
+
+
 def test_cache_limit_accepts_sizes(tmp_path):
     assert ShardCache(tmp_path, cache_limit="20GB").limit == 20 * 10**9
     assert ShardCache(tmp_path, cache_limit="20GiB").limit == 20 << 30

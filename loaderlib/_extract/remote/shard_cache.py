@@ -15,7 +15,8 @@ For each shard ``<key>`` (a hash of its URL plus its file name) the folder holds
                      removed at start and whenever room is made.
 A process that needs an entry another is downloading waits for the lock shared (not
 exclusive: readers hold it shared for as long as they read, so an exclusive wait could last
-for ever) and then finds it published. ``.cache.lock`` serialises eviction decisions. Eviction takes an entry's lock without
+for ever) and then finds it published. ``.cache.lock`` serialises room decisions and
+publishing (NOTE [ Publishing under the room lock ]). Eviction takes an entry's lock without
 waiting and skips the entry when it cannot (held by a reader or being downloaded), so
 a shard is never removed under a reader; a reader that opened the file keeps its bytes even
 if it is removed later (POSIX unlink). LRU order is the sidecar's mtime, touched on each
@@ -212,19 +213,28 @@ class ShardCache:
                 time.sleep(0.005)       # taken between the two locks: look again
 
     def _download(self, url: str, info: ObjectInfo, key: str, index: int | None, part: str) -> None:
-        _unlink(self._p(key, ".json"))      # the entry stops existing before its data changes
+        # The entry stops existing before its data changes, and an older copy's bytes go
+        # with it: only the part, reserved at full size, is counted from here on.
+        _unlink(self._p(key, ".json"))
+        _unlink(self._p(key))
         try:
             with open(part, "r+b") as f:
                 open_store(url, self.options).download(url, f, info.size, index)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(part, self._p(key))
-            side = {"url": url, "size": info.size, "etag": info.etag}
-            tmp = part + ".json"
-            with open(tmp, "w") as f:
-                json.dump(side, f)
-            self._touch(tmp)
-            os.replace(tmp, self._p(key, ".json"))
+            # NOTE [ Publishing under the room lock ]
+            # Between the rename and the sidecar the shard is neither a part nor an entry, so
+            # a room decision made then counts its bytes nowhere and lets one more shard in
+            # (a CI run saw 3 shards on disk under a limit of 2). Publishing holds the lock
+            # every room decision holds, so none sees that moment.
+            with _Flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
+                os.replace(part, self._p(key))
+                side = {"url": url, "size": info.size, "etag": info.etag}
+                tmp = part + ".json"
+                with open(tmp, "w") as f:
+                    json.dump(side, f)
+                self._touch(tmp)
+                os.replace(tmp, self._p(key, ".json"))
         finally:
             _unlink(part)
             _unlink(part + ".json")
