@@ -37,7 +37,7 @@ from ._engines.handoff import HeldRecorder
 from ._engines.native import kernel_threads, native_worker_init
 from ._engines.threads import PythonPool
 from ._extract.source import announce_order
-from ._loader.analysis import _analyze, _iterable_analysis, read_ahead_line, reads_lines
+from ._loader.analysis import _analyze, _iterable_analysis, driver_lines, read_ahead_line, reads_lines
 from ._loader.options import check_options
 from ._loader.output import (
     BatchTransformStep,
@@ -478,9 +478,7 @@ class DataLoader:
     def explain(self) -> str:
         """Which engine runs, why, and what each stage runs as."""
         a = self._analysis
-        lines = [f"engine: {a.engine} ({a.reason})"]
-        if self._knobs.num_threads == 0:
-            lines.append("  num_threads=0: every stage runs in the calling thread, one batch per next()")
+        lines = [f"engine: {a.engine} ({a.reason})", *driver_lines(a, self._knobs.num_threads, self._knobs.prefetch)]
         for stage, kind, detail in a.stages:
             if stage == "read" and kind == "native":
                 extract = read_ahead_line(self._analysis, self._knobs.io_depth, self._current_run())
@@ -696,7 +694,7 @@ class DataLoader:
         announce_order(self._analysis.native_source, state.order.stream, state.cursor)   # NOTE [ Epoch order to the dataset ]
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
-                   threaded=self._knobs.num_threads != 0)
+                   threaded=self._knobs.num_threads != 0 and not getattr(producer, "inline", False))   # tokens: none
         if warm:   # the epoch after the one being consumed
             run.after_epoch(getattr(self._current and self._current(), "_run", None), self._arena_ring)
         if self.worker_init_fn is not None and self.engine == "native" and not self._native_init_done:

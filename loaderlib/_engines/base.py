@@ -371,8 +371,7 @@ class WarmStart:
 
     def drop_at_exit(self) -> None:
         """:meth:`drop` for the interpreter's exit and a collected loader (NOTE [ Threads at
-        interpreter exit ]): the driver is joined for at most ``EXIT_JOIN_S`` (it may be inside
-        user code)."""
+        interpreter exit ]): the driver is joined for at most ``EXIT_JOIN_S`` (maybe in user code)."""
         self.drop(EXIT_JOIN_S)
 
 
@@ -801,8 +800,11 @@ class LoaderIterator:
         if run.closed:
             raise StopIteration
         if run.queue is None:
+            t0 = _clock()
             try:
                 item = run.step()
+                if run.recorder.enabled:   # next() made (or finished) the batch: the user waited for it
+                    run.recorder.consumer_waited(_clock() - t0)
             except BaseException:
                 run.failed = True
                 self.close()

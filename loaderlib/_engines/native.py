@@ -23,7 +23,7 @@ from .._observe.recorder import Recorder
 from .._worker_info import WorkerInfo, set_thread_info, worker_seed
 from ..arena import BatchArena, BatchLayout
 from ..batchify import finish_native
-from ..errors import DecodeWarning, LoaderError
+from ..errors import DecodeWarning, LoaderTimeoutError
 from .base import Produced, Producer, RunState, Task, _clock, _Knobs, batch_wall
 
 
@@ -87,7 +87,7 @@ class NativeProducer(Producer):
     and scratch buffers) for the run; nothing is lent out or handed back.
     """
 
-    lookahead = 2
+    lookahead = 2            # batches in production: the next one is queued while this one runs
     team_handed_on = False   # a warm next epoch runs on this run's kernel team (NOTE [ One team across epochs ])
 
     def __init__(self, *, src: NativeSource, plan: Any, shards: tuple, state: RunState, arena: BatchArena,
@@ -100,6 +100,23 @@ class NativeProducer(Producer):
         # start() leases (images; tokens queued on the team, NOTE [ Token rows on the kernel team ]);
         # arrays are taken at finish
         self.leases_at_submit = src.kind is not SourceKind.ARRAYS
+        # NOTE [ Token batches driven by the consumer ]
+        # A token batch is a few hundred microseconds of kernel work (64 x 2,048 rows: about
+        # 0.12 ms on one core), so a driver thread's hand-over (its wake-up, the queue, the GIL
+        # passed between it and the consumer twice a batch) cost as much as the batch: a
+        # DataLoader made 0.5-0.7 of its kernel's tokens/s and spent 20-40% more CPU a token
+        # (benchmarks/token_slots.py). Token runs therefore have no driver thread: the
+        # consumer's next() finishes the oldest batch in production and queues new ones on the
+        # kernel team, which writes them while the user's step runs; ``prefetch`` batches stay
+        # in production beyond the one next() returns. What a driver thread did besides is not
+        # needed here: a token batch is never short (the kernel fails a bad row, naming it, and
+        # has no skip to refill), waits on no Python code, and a batch fetched by range waits
+        # for its chunks with the loader's ``timeout``. The batch cap of NOTE [ Batches in
+        # memory ] does not apply either (depth_for): a batch is 1.5 MiB at 64 x 2,048.
+        self.inline = src.kind is SourceKind.TOKENS
+        if self.inline:   # the batch next() returns and ``prefetch`` more (the run's value)
+            self.lookahead = 1 + max(1, int(knobs.prefetch))
+        self.timeout = timeout
         self._team: Any = None   # the token rows' kernel team (created at the first token batch)
         self.plan = plan
         # NOTE [ Read-ahead ] (include/ll_readahead.h): reads apart from the kernel threads.
@@ -225,7 +242,12 @@ class NativeProducer(Producer):
     def _finish_tokens(self, b: _TokenBatch) -> Produced:
         """Wait for a token batch and hand it on (NOTE [ Token batches ])."""
         idx = b.task.indices
-        real = b.gather.wait()
+        try:
+            real = b.gather.wait(self.timeout)
+        except TimeoutError:
+            raise LoaderTimeoutError(f"no batch within timeout={self.timeout} s while batch {b.task.number} of epoch "
+                                     f"{self.state.epoch} waited for its token chunks from the store (raise "
+                                     "DataLoader(timeout=...) if the store is just slow)") from None
         batch = self.src.dataset.token_batch(b.views, idx.size)
         read = getattr(b.gather, "read", None)   # chunks fetched by range (NOTE [ Token files read by range ])
         if read is not None:
@@ -305,10 +327,9 @@ class NativeProducer(Producer):
 
     def cancel(self, handle: Any) -> None:
         if isinstance(handle, _TokenBatch):
-            try:
-                handle.gather.wait()   # its slot goes back only once the kernels are done with it
-            except LoaderError:
-                pass
+            # Its slot goes back only once the kernels are done with it; rows still waiting for
+            # chunks from the store are given up, not waited for.
+            handle.gather.abandon()
             return
         if isinstance(handle, _NativeBatch) and handle.pending is not None:
             if handle.gated and handle.pending.withdraw():

@@ -273,6 +273,18 @@ def reads_lines(recorder: Any) -> list[str]:
     return [f"  {'reads this epoch':<17} {'':<7} {ex.line()}"] if ex is not None and ex.reads else []
 
 
+def driver_lines(a: _Analysis, num_threads: int | None, prefetch: int) -> list[str]:
+    """What ``explain()`` says of the thread that makes the batches, when it is not a driver
+    thread of the loader's own: the caller's (``num_threads=0``), or for token batches the
+    consumer's (NOTE [ Token batches driven by the consumer ] in _engines/native.py)."""
+    if num_threads == 0:
+        return ["  num_threads=0: every stage runs in the calling thread, one batch per next()"]
+    if a.engine == "native" and a.native_source is not None and a.native_source.kind is SourceKind.TOKENS:
+        return [f"  no driver thread: next() queues token batches on the kernel team, which writes {prefetch} "
+                "ahead of the one it returns"]
+    return []
+
+
 def read_ahead_line(a: _Analysis, depth: int | None, run: Any) -> str | None:
     """What ``explain()`` says of the read-ahead stage (NOTE [ Read-ahead ]) of a loader with
     analysis ``a``, ``io_depth`` ``depth`` and current run ``run`` (or None); None when it has

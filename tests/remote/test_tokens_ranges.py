@@ -209,6 +209,59 @@ def test_a_failing_range_names_the_url(big_root, nginx, proxy, tmp_path):
         ds.close()
 
 
+def test_a_stalled_range_read_times_out_naming_the_batch(big_root, nginx, proxy, tmp_path):
+    # NOTE [ Token batches driven by the consumer ]: no driver thread, so the loader's timeout
+    # is the wait for a batch's chunks; past it the error names the batch, nothing hangs, and
+    # the dataset reads on once the store answers.
+    base, so = _base("proxy", nginx, None, proxy)
+    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options={**so, "timeout": 60},
+                         cache_dir=str(tmp_path / "cache"))
+    try:
+        proxy.add("stall", match="m-2.bin", method="GET", ranged=True, times=1 << 20)
+        rows = np.arange(len(ds), dtype=np.int64)
+        loader = ll.DataLoader(ds, batch_size=64, num_threads=1, sampler=rows.tolist(), timeout=1)
+        with pytest.raises(ll.LoaderTimeoutError,
+                           match=r"no batch within timeout=1 s while batch \d+ of epoch 0 waited for its token chunks"):
+            list(loader)
+        assert not [t for t in threading.enumerate() if t.name == "loaderlib-driver"]
+        loader.close()
+        proxy.reset()
+        proxy.released.set()
+        y = next(iter(ll.DataLoader(ds, batch_size=2, num_threads=1)))
+        np.testing.assert_array_equal(y["input_ids"][0], _local_tokens(big_root)[:S])
+    finally:
+        proxy.released.set()
+        ds.close()
+
+
+def test_a_batch_given_up_is_never_written_late(big_root, nginx, proxy, tmp_path):
+    # A batch whose chunks did not come in time is given up: when they come, its rows are not
+    # queued, so nothing writes into the slot it had (which may hold another batch by then).
+    base, so = _base("proxy", nginx, None, proxy)
+    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options={**so, "timeout": 60},
+                         cache_dir=str(tmp_path / "cache"))
+    try:
+        proxy.add("stall", match=".bin", method="GET", ranged=True, times=1 << 20)
+        rows = np.asarray(_order(len(ds), seed=3)[0], np.int64)
+        views = [np.full(shape, 7, dt) for shape, dt in ds.token_parts(rows.size)]
+        gather = ds.start_gather(rows, views, num_threads=1)
+        fetch = gather.fetch
+        with pytest.raises(TimeoutError):
+            gather.wait(0.2)
+        proxy.reset()
+        proxy.released.set()
+        rows_job, _read = fetch.future.result(60)   # the chunks came...
+        assert rows_job is None                      # ...and no rows were queued
+        assert all((v == 7).all() for v in views)
+        gather.abandon()   # a given-up batch lets go at once
+        want = [np.zeros(shape, dt) for shape, dt in ds.token_parts(rows.size)]
+        ds.gather_into(rows, want, num_threads=1)   # the chunks are here now: the same rows read
+        np.testing.assert_array_equal(want[0][0], _local_tokens(big_root)[rows[0] * S:rows[0] * S + S])
+    finally:
+        proxy.released.set()
+        ds.close()
+
+
 def test_an_object_deleted_mid_run_is_named(big_root, moto, tmp_path):
     moto.upload_folder(BUCKET, big_root, prefix="tokdel/")
     so = {**moto.storage_options, **FAST}
@@ -226,18 +279,22 @@ def test_an_object_deleted_mid_run_is_named(big_root, moto, tmp_path):
 
 
 def _fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+    """This process's descriptors but sockets and event descriptors: the process-wide fetch
+    pool keeps connections (as many as reads were in flight at once) open by design."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:   # closed while listing (the listing's own descriptor)
+            continue
+        if not target.startswith(("socket:", "anon_inode:")):
+            out.add(f"{fd} {target}")
+    return out
 
 
 def test_close_leaves_no_thread_descriptor_or_file(big_root, nginx, tmp_path):
     base, so = _base("http", nginx, None)
     cache = tmp_path / "cache"
-    # The process-wide fetch pool (its event loop and kept-alive connections) stays open by
-    # design; a first run starts it, so the count below is of what this dataset opens.
-    first = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                            cache_dir=str(tmp_path / "warm"), cache_limit=1 << 30)
-    list(ll.DataLoader(first, batch_sampler=_order(len(first), seed=9)[:20], num_threads=2))
-    first.close()
     before = _fds()
     # Threads an earlier test left (a failed test's traceback keeps its dataset alive) are
     # not this dataset's: only threads started here must be gone.

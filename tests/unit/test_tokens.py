@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -399,6 +400,36 @@ def test_stats_count_tokens_and_padding(corpus):
     assert 0 < stats.padding_tokens
     assert stats.padding_share == pytest.approx(ds.padding_share)
     assert "tokens/s" in repr(stats) and stats.to_dict()["padding_share"] == stats.padding_share
+
+
+def test_token_batches_are_driven_by_the_consumer(corpus):
+    # NOTE [ Token batches driven by the consumer ]: no driver thread; next() keeps
+    # ``prefetch`` batches in production on the kernel team beyond the one it returns, the
+    # user's waits are what the stats count, and the batches are the model's at 1 and 2 threads.
+    paths, files = corpus["megatron"]
+    S = 16
+    expected = model_rows(files, S, "concat", EOS)
+    for threads in (1, 2):
+        loader = ll.DataLoader(ll.TokenDataset(paths, S, eos_id=EOS), batch_size=4, num_threads=threads, prefetch=3)
+        loader.recorder.enabled = True
+        earlier = set(threading.enumerate())   # another test's loader may still be winding down
+        it = iter(loader)
+        got = [next(it)]
+        assert not [t for t in threading.enumerate() if t not in earlier and t.name == "loaderlib-driver"]
+        assert len(it._run.pending) == 3                     # prefetch batches beyond the one returned
+        got += list(it)
+        k = 0
+        for batch in got:
+            n = batch["input_ids"].shape[0]
+            ids, lab, pos, cu, _longest = model_batch(expected[k:k + n], S)
+            for key, want in (("input_ids", ids), ("labels", lab), ("position_ids", pos), ("cu_seqlens", cu)):
+                np.testing.assert_array_equal(batch[key], want)
+            k += n
+        assert k == len(expected)
+        assert loader.stats.consumer_waits == len(got) + 1     # every next(), the last one's StopIteration too
+        assert loader._knobs.depth is None
+        assert "no driver thread: next() queues token batches on the kernel team" in loader.explain()
+        loader.close()
 
 
 def test_read_ahead_asks_for_the_pages_of_the_rows(corpus):

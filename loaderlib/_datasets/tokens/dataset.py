@@ -504,8 +504,9 @@ class TokenDataset(Dataset):
 
         if self._ranges is not None and n:
             # the rows are gathered once their chunks are here (NOTE [ Token files read by range ])
-            fetch = self._ranges.start(sp, then=run)
-            return Gather(self, rows, sp, status, where, None, item_ns, fetch)
+            once = _RowsOnce(run)
+            fetch = self._ranges.start(sp, then=once)
+            return Gather(self, rows, sp, status, where, None, item_ns, fetch, once)
         return Gather(self, rows, sp, status, where, run(), item_ns)
 
     def _raise(self, row: int, status: int, where: int) -> None:
@@ -541,17 +542,28 @@ class Gather:
     row, naming its file and token."""
 
     def __init__(self, dataset: TokenDataset, rows: np.ndarray, sp: Spans, status: np.ndarray, where: np.ndarray,
-                 pending: Any, item_ns: np.ndarray | None, fetch: Fetch | None = None) -> None:
+                 pending: Any, item_ns: np.ndarray | None, fetch: Fetch | None = None,
+                 once: _RowsOnce | None = None) -> None:
         self.dataset, self.rows, self.sp = dataset, rows, sp
         self.status, self.where, self.pending, self.item_ns = status, where, pending, item_ns
         self.fetch = fetch
+        self.once = once
         self.fetch_read: tuple[int, int] | None = None
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> int:
+        """The input positions holding a token, once the rows are written. ``timeout``: seconds
+        to wait for the chunks of a batch read by range; past it, if the rows were not queued
+        yet, they never will be (the batch is given up) and ``TimeoutError`` is raised. The
+        rows themselves are memory work and always waited for."""
         fetch = self.fetch
         try:
             if fetch is not None:   # the chunks first, then the rows queued once they came
-                self.pending = fetch.wait()
+                try:
+                    self.pending = fetch.wait(timeout or None)
+                except TimeoutError:
+                    if self._give_up():
+                        raise
+                    self.pending = fetch.wait()   # the chunks came just now: the rows are queued
                 self.fetch_read = fetch.read
                 self.fetch = None
             if self.pending is not None:
@@ -572,6 +584,26 @@ class Gather:
         np.add.at(filled, np.repeat(np.arange(n), np.diff(sp.ptr)), sp.n)
         return int(np.minimum(filled, seq_len).sum())
 
+    def _give_up(self) -> bool:
+        """Stop the rows from being queued when their chunks come (True), unless they already
+        are (False: then they are waited for)."""
+        if self.once is None or not self.once.give_up():
+            return False
+        self.fetch = None
+        return True
+
+    def abandon(self) -> None:
+        """Let the batch go without waiting for the store: rows not queued yet never will be
+        (their slot may be reused at once), rows already queued are waited for."""
+        fetch = self.fetch
+        if fetch is not None and self._give_up():
+            fetch.release()
+            return
+        try:
+            self.wait()
+        except LoaderError:
+            pass
+
     @property
     def read(self) -> tuple[int, int] | None:
         """``(bytes, nanoseconds)`` this batch fetched from the store by range once waited for
@@ -582,6 +614,32 @@ class Gather:
     def thread_ns(self) -> int:
         """The rows' time on their threads (when timed)."""
         return int(self.item_ns.sum()) if self.item_ns is not None else 0
+
+
+class _RowsOnce:
+    """The rows of a batch read by range, queued by the fetch thread once the chunks are here,
+    unless the batch was given up first (a timeout, a closed run): then never, so no late
+    write lands in a slot that went back to the ring."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.lock = threading.Lock()
+        self.started = False
+        self.given_up = False
+
+    def __call__(self) -> Any:
+        with self.lock:
+            if self.given_up:
+                return None
+            self.started = True
+        return self.run()
+
+    def give_up(self) -> bool:
+        with self.lock:
+            if self.started:
+                return False
+            self.given_up = True
+            return True
 
 
 class _TokenEpoch(Dataset):

@@ -5,6 +5,7 @@ over all of them (NOTE [ Token batches ] in dataset.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,8 +77,16 @@ class _Gathers:
     def __init__(self, parts: list) -> None:
         self.parts = parts
 
-    def wait(self) -> int:
-        return sum(g.wait() for g in self.parts)
+    def wait(self, timeout: float | None = None) -> int:
+        """The parts' :meth:`~.dataset.Gather.wait`, within one ``timeout`` for them all."""
+        if not timeout:
+            return sum(g.wait() for g in self.parts)
+        deadline = time.monotonic() + timeout
+        return sum(g.wait(max(1e-3, deadline - time.monotonic())) for g in self.parts)
+
+    def abandon(self) -> None:
+        for g in self.parts:
+            g.abandon()
 
     @property
     def thread_ns(self) -> int:

@@ -127,9 +127,9 @@ class Fetch:
         #: ``(bytes, nanoseconds)`` of this batch's own fetch once waited for (None: nothing fetched).
         self.read: tuple[int, int] | None = None
 
-    def wait(self) -> Any:
+    def wait(self, timeout: float | None = None) -> Any:
         if self.future is not None:
-            self.value, self.read = self.future.result()
+            self.value, self.read = self.future.result(timeout)
             self.future = None
         return self.value
 
