@@ -187,7 +187,8 @@ class BatchDepth:
 def depth_for(loader: Any) -> BatchDepth | None:
     """The batch cap of a DataLoader with the default prefetch (None otherwise): native engine
     only (the Python engines take a batch's slot when it is assembled, not when it starts),
-    at most the default queue's depth ahead, within ``ram_budget``."""
+    not token batches (small, and made on the consumer's thread), at most the default queue's
+    depth ahead, within ``ram_budget``."""
     if not loader._adaptive_depth or loader.engine != "native" or loader._iterable:
         return None
     from .._autotune import batch_nbytes

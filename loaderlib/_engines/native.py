@@ -101,17 +101,21 @@ class NativeProducer(Producer):
         # arrays are taken at finish
         self.leases_at_submit = src.kind is not SourceKind.ARRAYS
         # NOTE [ Token batches driven by the consumer ]
-        # A token batch is a few hundred microseconds of kernel work (64 x 2,048 rows: about
-        # 0.12 ms on one core), so a driver thread's hand-over (its wake-up, the queue, the GIL
-        # passed between it and the consumer twice a batch) cost as much as the batch: a
-        # DataLoader made 0.5-0.7 of its kernel's tokens/s and spent 20-40% more CPU a token
-        # (benchmarks/token_slots.py). Token runs therefore have no driver thread: the
+        # A token batch is about a tenth of a millisecond of kernel work (64 x 2,048 rows on
+        # one core), so a driver thread's hand-over (its wake-up, the queue, the GIL passed
+        # between it and the consumer each way) cost as much as the batch: with one, a
+        # DataLoader made about half its kernel loop's tokens/s at the default prefetch
+        # (benchmarks/token_slots.py) and took 0.0014 / 0.0013 CPU s per M tokens at 2,048 /
+        # 8,192 where it now takes 0.0012 / 0.0009 (benchmarks/tokens.py; both runs are in
+        # docs/tokens-benchmark.md). Token runs therefore have no driver thread: the
         # consumer's next() finishes the oldest batch in production and queues new ones on the
         # kernel team, which writes them while the user's step runs; ``prefetch`` batches stay
         # in production beyond the one next() returns. What a driver thread did besides is not
         # needed here: a token batch is never short (the kernel fails a bad row, naming it, and
-        # has no skip to refill), waits on no Python code, and a batch fetched by range waits
-        # for its chunks with the loader's ``timeout``. The batch cap of NOTE [ Batches in
+        # has no skip to refill) and runs no user code; a batch fetched by range waits for its
+        # chunks within the loader's ``timeout``, one whose files are downloaded whole
+        # (``remote_reads="files"``) for the shard cache, whose requests have the store's
+        # timeouts and retries. The batch cap of NOTE [ Batches in
         # memory ] does not apply either (depth_for): a batch is 1.5 MiB at 64 x 2,048.
         self.inline = src.kind is SourceKind.TOKENS
         if self.inline:   # the batch next() returns and ``prefetch`` more (the run's value)
