@@ -65,6 +65,12 @@ def _needs_chromium() -> str | None:
     return None if _has_module("nbconvert") else "nbconvert"
 
 
+def _needs_valgrind() -> str | None:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
+        return "valgrind (apt-get install valgrind)"
+    return None
+
+
 def _needs_objpeers() -> str | None:
     exe = os.path.join(ROOT, ".venv-objpeers", "bin", "python")
     return None if os.path.exists(exe) else "the object-store peers' venv (make bench-storage-peers builds .venv-objpeers)"
@@ -89,18 +95,22 @@ RUNS: dict[str, tuple[list[str], object]] = {
     "decode.py": (["--images", "6", "--rounds", "1"], None),
     "device.py": (["--batch", "8", "--size", "32", "--batches", "2", "--repeat", "1"], None),
     "device_check.py": (["--dry-run", "--out", os.path.join(HERE, "out", "device-check-smoke")], None),
+    "elastic.py": (["--rounds", "1", "--steps", "2", "--ranks", "4", "--new-ranks", "3"], None),
     "distributed.py": (["--images", "32", "--batch-size", "8", "--epochs", "1", "--size", "32", "--data", DATA + "-dist"],
                        _needs_torchrun),
     "epochs.py": (["--data", DATA, "--rounds", "1", "--threads", "1"], None),
     "fast_decode.py": (["--images", "6", "--rounds", "1"], None),
     "io_mechanism.py": (["--data", DATA, "--latency", "1", "--depths", "1,4", "--repeat", "1"], None),
     "hybrid.py": (["--data", DATA, "--images", "64", "--threads", "1", "--step-ms", "0.1", "--repeat", "1"], None),
+    "instructions.py": (["--data", DATA, "--items", "32"], _needs_valgrind),
     "instrumentation.py": (["--data", DATA, "--rounds", "1", "--threads", "1", "--epochs-per-round", "1"], None),
     "loader.py": (["--data", DATA, "--images", "64", "--threads", "1", "--workers", "1", "--repeat", "1"], None),
+    "mixture.py": (["--data", DATA, "--rounds", "1", "--epochs", "1", "--threads", "1"], None),
     "objstore_peers.py": (["--data", DATA, "--repeat", "1", "--workers", "2", "--shard-mb", "1"], _needs_objpeers),
     "pipeline.py": (["--data", DATA, "--images", "64", "--rounds", "1", "--epochs", "2"], None),
     "pack.py": (["--data", DATA, "--rounds", "1", "--epochs", "1", "--threads", "1"], None),
     "ray_map_batches.py": (["--images", "32", "--rounds", "1", "--batch-size", "16"], _needs("ray", "ray[data]")),
+    "ranges_while_caching.py": (["--images", "64", "--rounds", "1", "--shard-mb", "1", "--limit-rate", "0"], None),
     "remote_loader.py": (["--images", "32", "--rounds", "1", "--epochs", "1", "--threads", "1"], None),
     "remote_protocols.py": (["--shards", "2", "--shard-mb", "1", "--ranges", "16", "--rounds", "1", "--conc", "1,4"],
                             _needs("s3fs", "fsspec and s3fs (pip install s3fs)")),
@@ -111,6 +121,7 @@ RUNS: dict[str, tuple[list[str], object]] = {
     "shards.py": (["--data", DATA, "--rounds", "1", "--threads", "1"], None),
     "storage.py": (["--data", DATA, "--latencies", "1", "--repeat", "1", "--epochs", "1", "--torch-workers", "2",
                     "--io-depths", "4", "--no-cold"], None),
+    "slot_pages.py": (["--data", DATA, "--rounds", "1", "--epochs", "2"], None),
     "soak.py": (["--data", DATA, "--epochs", "2", "--abandon", "3", "--images", "64"], None),
     "token_ranges.py": (["--files", "2", "--mb", "2", "--rounds", "1", "--batches", "4", "--limit-rate", "0"], None),
     "token_slots.py": (["--data", DATA + "-tokens", "--tokens", "4000000", "--seq-lens", "2048", "--repeats", "1",
@@ -125,8 +136,8 @@ MODES = {
                                            "--repeat", "1", "--epochs", "1", "--torch-workers", "2", "--shards", "2",
                                            "--io-conc", "8"], None),
 }
-HELPERS = {"_latencyfs.py", "_photos.py", "_remote_bench.py", "_report.py", "_servers.py", "_synth.py", "_token_peers.py",
-           "_topology.py", "smoke.py"}
+HELPERS = {"_epochs.py", "_latencyfs.py", "_photos.py", "_probe_bench.py", "_remote_bench.py", "_report.py",
+           "_servers.py", "_synth.py", "_token_peers.py", "_topology.py", "_torchvision.py", "smoke.py"}
 
 
 def make_folder(root: str, n: int = 192) -> None:
