@@ -275,9 +275,7 @@ class RunState:
         """The part of a loader state that belongs to this run (JSON-serialisable)."""
         with self.lock:
             return {
-                "epoch": int(self.epoch),
-                "delivered": int(self.delivered),
-                "position": int(self.position),
+                "epoch": int(self.epoch), "delivered": int(self.delivered), "position": int(self.position),
                 "carry": self.order.carry_in.tolist(),
                 "order_key": self.order.key,
                 "finished": bool(self.position >= self.order.stream.size or self.delivered >= self.total),
@@ -805,6 +803,7 @@ class LoaderIterator:
                 item = run.step()
                 if run.recorder.enabled:   # next() made (or finished) the batch: the user waited for it
                     run.recorder.consumer_waited(_clock() - t0)
+                    run.recorder.queue_depth(len(run.pending), max(1, run.producer.lookahead - 1))   # in production
             except BaseException:
                 run.failed = True
                 self.close()

@@ -417,6 +417,7 @@ def test_token_batches_are_driven_by_the_consumer(corpus):
         got = [next(it)]
         assert not [t for t in threading.enumerate() if t not in earlier and t.name == "loaderlib-driver"]
         assert len(it._run.pending) == 3                     # prefetch batches beyond the one returned
+        assert (loader.stats.queue_depth, loader.stats.queue_capacity) == (3, 3)   # what the dashboard shows
         got += list(it)
         k = 0
         for batch in got:
