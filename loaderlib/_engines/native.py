@@ -115,8 +115,8 @@ class NativeProducer(Producer):
         # has no skip to refill) and runs no user code; a batch fetched by range waits for its
         # chunks within the loader's ``timeout``, one whose files are downloaded whole
         # (``remote_reads="files"``) for the shard cache, whose requests have the store's
-        # timeouts and retries. The batch cap of NOTE [ Batches in
-        # memory ] does not apply either (depth_for): a batch is 1.5 MiB at 64 x 2,048.
+        # timeouts and retries. The batch cap of NOTE [ Batches in memory ] does not apply
+        # either (depth_for): a batch is 1.5 MiB at 64 x 2,048.
         self.inline = src.kind is SourceKind.TOKENS
         if self.inline:   # the batch next() returns and ``prefetch`` more (the run's value)
             self.lookahead = 1 + max(1, int(knobs.prefetch))
@@ -248,9 +248,9 @@ class NativeProducer(Producer):
         idx = b.task.indices
         try:
             real = b.gather.wait(self.timeout)
-        except TimeoutError:
+        except LoaderTimeoutError as e:   # the wait's own timeout (Gather.wait)
             raise LoaderTimeoutError(f"no batch within timeout={self.timeout} s while batch {b.task.number} of epoch "
-                                     f"{self.state.epoch} waited for its token chunks from the store (raise "
+                                     f"{self.state.epoch} waited for its token chunks from the store ({e}; raise "
                                      "DataLoader(timeout=...) if the store is just slow)") from None
         batch = self.src.dataset.token_batch(b.views, idx.size)
         read = getattr(b.gather, "read", None)   # chunks fetched by range (NOTE [ Token files read by range ])

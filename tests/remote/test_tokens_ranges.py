@@ -246,7 +246,7 @@ def test_a_batch_given_up_is_never_written_late(big_root, nginx, proxy, tmp_path
         views = [np.full(shape, 7, dt) for shape, dt in ds.token_parts(rows.size)]
         gather = ds.start_gather(rows, views, num_threads=1)
         fetch = gather.fetch
-        with pytest.raises(TimeoutError):
+        with pytest.raises(ll.LoaderTimeoutError, match=r"the token chunks of 4 rows did not come within 0\.2 s"):
             gather.wait(0.2)
         proxy.reset()
         proxy.released.set()

@@ -36,7 +36,7 @@ from ..._extract.source import NativeSource, SourceKind
 from ..._layout import LazyBlockShuffle, LazyPermutation
 from ..._tensor_spec import TensorSpec
 from ...batchify import TokenSample
-from ...errors import LoaderError
+from ...errors import LoaderError, LoaderTimeoutError
 from ..base import Dataset, _check_index
 from .formats import TokenFile, TokenFormatError, _map, open_sources
 from .packing import BlockPlan, ConcatPlan, Spans
@@ -553,7 +553,7 @@ class Gather:
     def wait(self, timeout: float | None = None) -> int:
         """The input positions holding a token, once the rows are written. ``timeout``: seconds
         to wait for the chunks of a batch read by range; past it, if the rows were not queued
-        yet, they never will be (the batch is given up) and ``TimeoutError`` is raised. The
+        yet, they never will be (the batch is given up) and ``LoaderTimeoutError`` is raised. The
         rows themselves are memory work and always waited for."""
         fetch = self.fetch
         try:
@@ -561,8 +561,11 @@ class Gather:
                 try:
                     self.pending = fetch.wait(timeout or None)
                 except TimeoutError:
+                    if fetch.done():
+                        raise             # the fetch's own error, not the wait's
                     if self._give_up():
-                        raise
+                        raise LoaderTimeoutError(f"the token chunks of {self.rows.size} rows did not come within "
+                                                 f"{timeout} s") from None
                     self.pending = fetch.wait()   # the chunks came just now: the rows are queued
                 self.fetch_read = fetch.read
                 self.fetch = None

@@ -127,6 +127,10 @@ class Fetch:
         #: ``(bytes, nanoseconds)`` of this batch's own fetch once waited for (None: nothing fetched).
         self.read: tuple[int, int] | None = None
 
+    def done(self) -> bool:
+        """Whether the chunks came (or their fetch failed)."""
+        return self.future is None or self.future.done()
+
     def wait(self, timeout: float | None = None) -> Any:
         if self.future is not None:
             self.value, self.read = self.future.result(timeout)
