@@ -58,7 +58,11 @@ def test_download_publish_and_reuse_across_runs(proxy, served, tmp_path):
     assert proxy.count("/blobs/", "GET") == 0 and proxy.count("/blobs/", "HEAD") == 3
 
 
-def test_changed_object_is_downloaded_again(nginx, served, tmp_path):
+def test_changed_object_is_downloaded_again(nginx, served, tmp_path, monkeypatch):
+    # The stale copy is deleted when its new download starts: the part, reserved at full size,
+    # is then the only count of that shard's bytes and the only bytes on disk.
+    from loaderlib._extract.remote import shard_cache as sc
+
     os.makedirs(os.path.join(served, "changing"), exist_ok=True)
     path = os.path.join(served, "changing", "x.bin")
     with open(path, "wb") as f:
@@ -66,11 +70,22 @@ def test_changed_object_is_downloaded_again(nginx, served, tmp_path):
     url = f"{nginx.url}/changing/x.bin"
     with ShardCache(tmp_path / "c", storage_options=FAST) as cache:
         assert _bytes(cache.path(url)) == b"a" * 1000
+        old = cache.path_of(url)
     with open(path, "wb") as f:
         f.write(b"b" * 1200)            # another size, so another ETag (nginx: mtime-size)
+    during = []
+    cls = type(sc.open_store(url, sc.StoreOptions.resolve(FAST)))
+    real = cls.download
+
+    def download(self, *a, **k):
+        during.append(os.path.exists(old))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(cls, "download", download)
     with ShardCache(tmp_path / "c", storage_options=FAST) as cache:
         assert not cache.cached(url)
         assert _bytes(cache.path(url)) == b"b" * 1200
+    assert during == [False]            # the stale copy was gone while the new one downloaded
 
 
 def test_lru_eviction_within_limit_never_evicts_a_held_shard(proxy, served, tmp_path):
@@ -124,36 +139,6 @@ def test_no_room_decision_runs_while_a_shard_is_published(proxy, served, tmp_pat
                           if not n.endswith((".json", ".lock")))
             assert on_disk == cache.used() <= 2 * SIZE + 10
     assert free_at_publish == []
-
-
-def test_a_stale_copy_is_gone_while_its_new_download_runs(nginx, served, tmp_path, monkeypatch):
-    # A copy whose object changed is deleted when its download starts: the part, reserved at
-    # full size, is then the only count of that shard's bytes and the only bytes on disk.
-    from loaderlib._extract.remote import shard_cache as sc
-
-    os.makedirs(os.path.join(served, "stale"), exist_ok=True)
-    path = os.path.join(served, "stale", "x.bin")
-    with open(path, "wb") as f:
-        f.write(b"a" * 1000)
-    url = f"{nginx.url}/stale/x.bin"
-    with ShardCache(tmp_path / "c", storage_options=FAST) as cache:
-        cache.path(url)
-        old = cache.path_of(url)
-    with open(path, "wb") as f:
-        f.write(b"b" * 1200)
-    during = []
-    cls = type(sc.open_store(url, sc.StoreOptions.resolve(FAST)))
-    real = cls.download
-
-    def download(self, *a, **k):
-        during.append(os.path.exists(old))
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(cls, "download", download)
-    with ShardCache(tmp_path / "c", storage_options=FAST) as cache:
-        assert not cache.cached(url)
-        assert _bytes(cache.path(url)) == b"b" * 1200
-    assert during == [False]
 
 
 def test_cache_limit_accepts_sizes(tmp_path):

@@ -56,6 +56,12 @@ def _base(server, nginx, moto, proxy=None):
     return f"s3://{BUCKET}/tokr", {**moto.storage_options, **FAST}
 
 
+def _remote(base, so, cache, **kw):
+    """The NFILES Megatron pairs of ``big_root`` behind ``base``, read into the cache folder ``cache``."""
+    return ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so, cache_dir=str(cache),
+                           **kw)
+
+
 def _local_tokens(root: str) -> np.ndarray:
     return np.fromfile(os.path.join(root, "all.bin"), np.uint16)
 
@@ -98,8 +104,7 @@ def _chunks_of_rows(root: str, rows, seq_len: int) -> set[tuple[int, int]]:
 def test_ranged_batches_equal_local(big_root, nginx, moto, tmp_path, server, packing, threads):
     base, so = _base(server, nginx, moto)
     local = ll.TokenDataset([os.path.join(big_root, f"m-{k}") for k in range(NFILES)], S, packing=packing, eos_id=EOS)
-    remote = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, packing=packing, eos_id=EOS, storage_options=so,
-                             cache_dir=str(tmp_path / "cache"))
+    remote = _remote(base, so, tmp_path / "cache", packing=packing)
     try:
         assert remote._ranges is not None and len(remote._ranges.which) == NFILES
         batches = _order(len(local))[:40]
@@ -120,8 +125,7 @@ def test_ranged_batches_equal_local(big_root, nginx, moto, tmp_path, server, pac
 
 def test_a_first_batch_fetches_only_the_chunks_its_rows_touch(big_root, nginx, proxy, tmp_path):
     base, so = _base("proxy", nginx, None, proxy)
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(tmp_path / "cache"))
+    ds = _remote(base, so, tmp_path / "cache")
     try:
         proxy.reset()
         rows = np.asarray(_order(len(ds), seed=11)[0], np.int64)
@@ -155,8 +159,7 @@ def test_cache_limit_bounds_the_chunks_on_disk(big_root, nginx, moto, tmp_path, 
     idx = sum(os.path.getsize(os.path.join(big_root, f"m-{k}.idx")) for k in range(NFILES))
     limit = idx + 12 * CHUNK
     local = ll.TokenDataset([os.path.join(big_root, f"m-{k}") for k in range(NFILES)], S, eos_id=EOS)
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(tmp_path / "cache"), cache_limit=limit)
+    ds = _remote(base, so, tmp_path / "cache", cache_limit=limit)
     try:
         budget = ds._ranges.budget
         assert budget == 12 * CHUNK
@@ -182,8 +185,7 @@ def test_cache_limit_bounds_the_chunks_on_disk(big_root, nginx, moto, tmp_path, 
 def test_a_cache_limit_below_one_batch_is_an_error(big_root, nginx, tmp_path):
     base, so = _base("http", nginx, None)
     idx = sum(os.path.getsize(os.path.join(big_root, f"m-{k}.idx")) for k in range(NFILES))
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(tmp_path / "cache"), cache_limit=idx + 2 * CHUNK)
+    ds = _remote(base, so, tmp_path / "cache", cache_limit=idx + 2 * CHUNK)
     try:
         rows = np.asarray(_order(len(ds), seed=1)[0], np.int64)
         views = [np.empty(shape, dt) for shape, dt in ds.token_parts(rows.size)]
@@ -195,8 +197,7 @@ def test_a_cache_limit_below_one_batch_is_an_error(big_root, nginx, tmp_path):
 
 def test_a_failing_range_names_the_url(big_root, nginx, proxy, tmp_path):
     base, so = _base("proxy", nginx, None, proxy)
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(tmp_path / "cache"))
+    ds = _remote(base, so, tmp_path / "cache")
     try:
         proxy.add("status", match="m-2.bin", method="GET", ranged=True, status=500, times=1 << 20)
         rows = np.arange(len(ds), dtype=np.int64)
@@ -214,8 +215,7 @@ def test_a_stalled_range_read_times_out_naming_the_batch(big_root, nginx, proxy,
     # is the wait for a batch's chunks; past it the error names the batch, nothing hangs, and
     # the dataset reads on once the store answers.
     base, so = _base("proxy", nginx, None, proxy)
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options={**so, "timeout": 60},
-                         cache_dir=str(tmp_path / "cache"))
+    ds = _remote(base, {**so, "timeout": 60}, tmp_path / "cache")
     try:
         proxy.add("stall", match="m-2.bin", method="GET", ranged=True, times=1 << 20)
         rows = np.arange(len(ds), dtype=np.int64)
@@ -238,8 +238,7 @@ def test_a_batch_given_up_is_never_written_late(big_root, nginx, proxy, tmp_path
     # A batch whose chunks did not come in time is given up: when they come, its rows are not
     # queued, so nothing writes into the slot it had (which may hold another batch by then).
     base, so = _base("proxy", nginx, None, proxy)
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options={**so, "timeout": 60},
-                         cache_dir=str(tmp_path / "cache"))
+    ds = _remote(base, {**so, "timeout": 60}, tmp_path / "cache")
     try:
         proxy.add("stall", match=".bin", method="GET", ranged=True, times=1 << 20)
         rows = np.asarray(_order(len(ds), seed=3)[0], np.int64)
@@ -299,8 +298,7 @@ def test_close_leaves_no_thread_descriptor_or_file(big_root, nginx, tmp_path):
     # Threads an earlier test left (a failed test's traceback keeps its dataset alive) are
     # not this dataset's: only threads started here must be gone.
     earlier = set(threading.enumerate())
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(cache), cache_limit=1 << 30)
+    ds = _remote(base, so, cache, cache_limit=1 << 30)
     batches = _order(len(ds), seed=9)[:20]
     list(ll.DataLoader(ds, batch_sampler=batches, num_threads=2))
     assert [t for t in threading.enumerate() if t.name.startswith("ll-token-fetch")]
@@ -317,8 +315,7 @@ def test_close_leaves_no_thread_descriptor_or_file(big_root, nginx, tmp_path):
 def test_whole_files_stay_available(big_root, nginx, tmp_path):
     base, so = _base("http", nginx, None)
     local = ll.TokenDataset([os.path.join(big_root, f"m-{k}") for k in range(NFILES)], S, eos_id=EOS)
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(tmp_path / "cache"), remote_reads="files")
+    ds = _remote(base, so, tmp_path / "cache", remote_reads="files")
     try:
         assert ds._ranges is None
         batches = _order(len(ds), seed=4)[:10]
@@ -334,8 +331,7 @@ def test_whole_files_stay_available(big_root, nginx, tmp_path):
 def test_python_engines_read_ranges_too(big_root, nginx, tmp_path, engine):
     base, so = _base("http", nginx, None)
     local = ll.TokenDataset([os.path.join(big_root, f"m-{k}") for k in range(NFILES)], S, eos_id=EOS)
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(tmp_path / "cache"), cache_limit=1 << 30)
+    ds = _remote(base, so, tmp_path / "cache", cache_limit=1 << 30)
     try:
         batches = _order(len(ds), seed=8)[:12]
         kw = {"num_workers": 2} if engine == "processes" else {"num_threads": 2}
@@ -353,8 +349,7 @@ def test_batches_planned_from_several_threads_at_once(big_root, nginx, tmp_path)
     # cache_limit of a few batches: every batch equals numpy's windows of the local files.
     base, so = _base("http", nginx, None)
     idx = sum(os.path.getsize(os.path.join(big_root, f"m-{k}.idx")) for k in range(NFILES))
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(tmp_path / "cache"), cache_limit=idx + 4 * 2 * B * CHUNK)
+    ds = _remote(base, so, tmp_path / "cache", cache_limit=idx + 4 * 2 * B * CHUNK)
     tokens = _local_tokens(big_root)
     errors: list[BaseException] = []
 
@@ -396,8 +391,7 @@ def test_resume_reads_the_same_rows(big_root, nginx, tmp_path):
     base, so = _base("http", nginx, None)
 
     def dataset(name):
-        return ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                               cache_dir=str(tmp_path / name), cache_limit=1 << 30)
+        return _remote(base, so, tmp_path / name, cache_limit=1 << 30)
 
     a, b = dataset("a"), dataset("b")
     try:
@@ -450,8 +444,7 @@ def test_two_datasets_of_one_url_in_one_folder(big_root, nginx, tmp_path):
 
 def test_the_fetches_are_in_the_loaders_extract_stats(big_root, nginx, tmp_path):
     base, so = _base("http", nginx, None)
-    ds = ll.TokenDataset(f"{base}/m-{{0..{NFILES - 1}}}.bin", S, eos_id=EOS, storage_options=so,
-                         cache_dir=str(tmp_path / "cache"))
+    ds = _remote(base, so, tmp_path / "cache")
     try:
         loader = ll.DataLoader(ds, batch_sampler=_order(len(ds), seed=12)[:30], num_threads=2, profile=True)
         list(loader)
