@@ -694,7 +694,7 @@ class DataLoader:
         announce_order(self._analysis.native_source, state.order.stream, state.cursor)   # NOTE [ Epoch order to the dataset ]
         producer = self._make_producer(state, recorder)
         run = _Run(state=state, producer=producer, knobs=self._knobs, recorder=recorder, timeout=self.timeout,
-                   threaded=self._knobs.num_threads != 0 and not getattr(producer, "inline", False))   # tokens: none
+                   threaded=self._knobs.num_threads != 0 and not self._analysis.token_batches)   # no driver thread
         if warm:   # the epoch after the one being consumed
             run.after_epoch(getattr(self._current and self._current(), "_run", None), self._arena_ring)
         if self.worker_init_fn is not None and self.engine == "native" and not self._native_init_done:

@@ -191,12 +191,9 @@ def depth_for(loader: Any) -> BatchDepth | None:
     depth ahead, within ``ram_budget``."""
     if not loader._adaptive_depth or loader.engine != "native" or loader._iterable:
         return None
-    from .._autotune import batch_nbytes
-    from .._extract.source import SourceKind
-
-    src = loader._analysis.native_source
-    if src is not None and src.kind is SourceKind.TOKENS:
+    if loader._analysis.token_batches:
         return None   # small batches, no driver (NOTE [ Token batches driven by the consumer ] in native.py)
+    from .._autotune import batch_nbytes
 
     most = loader._knobs.prefetch
     per_batch = batch_nbytes(loader)

@@ -28,6 +28,13 @@ class _Analysis:
     hybrid: dict | None = None                     # threads engine after a native prefix
     plan: NativePlan | None = None                 # the compiled plan (lent to the first iterator)
 
+    @property
+    def token_batches(self) -> bool:
+        """Token batches on the native engine, made on the consumer's thread (NOTE [ Token
+        batches driven by the consumer ] in _engines/native.py)."""
+        return self.engine == "native" and self.native_source is not None and \
+            self.native_source.kind is SourceKind.TOKENS
+
 
 # NOTE [ Naming Python steps ]
 # explain() names every step the engine cannot fuse by its qualified name (module.qualname for
@@ -279,7 +286,7 @@ def driver_lines(a: _Analysis, num_threads: int | None, prefetch: int) -> list[s
     consumer's (NOTE [ Token batches driven by the consumer ] in _engines/native.py)."""
     if num_threads == 0:
         return ["  num_threads=0: every stage runs in the calling thread, one batch per next()"]
-    if a.engine == "native" and a.native_source is not None and a.native_source.kind is SourceKind.TOKENS:
+    if a.token_batches:
         return [f"  no driver thread: next() queues token batches on the kernel team, which writes {prefetch} "
                 "ahead of the one it returns"]
     return []

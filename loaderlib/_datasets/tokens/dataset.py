@@ -504,9 +504,8 @@ class TokenDataset(Dataset):
 
         if self._ranges is not None and n:
             # the rows are gathered once their chunks are here (NOTE [ Token files read by range ])
-            once = _RowsOnce(run)
-            fetch = self._ranges.start(sp, then=once)
-            return Gather(self, rows, sp, status, where, None, item_ns, fetch, once)
+            fetch = self._ranges.start(sp, then=run)
+            return Gather(self, rows, sp, status, where, None, item_ns, fetch)
         return Gather(self, rows, sp, status, where, run(), item_ns)
 
     def _raise(self, row: int, status: int, where: int) -> None:
@@ -542,12 +541,10 @@ class Gather:
     row, naming its file and token."""
 
     def __init__(self, dataset: TokenDataset, rows: np.ndarray, sp: Spans, status: np.ndarray, where: np.ndarray,
-                 pending: Any, item_ns: np.ndarray | None, fetch: Fetch | None = None,
-                 once: _RowsOnce | None = None) -> None:
+                 pending: Any, item_ns: np.ndarray | None, fetch: Fetch | None = None) -> None:
         self.dataset, self.rows, self.sp = dataset, rows, sp
         self.status, self.where, self.pending, self.item_ns = status, where, pending, item_ns
         self.fetch = fetch
-        self.once = once
         self.fetch_read: tuple[int, int] | None = None
 
     def wait(self, timeout: float | None = None) -> int:
@@ -590,7 +587,7 @@ class Gather:
     def _give_up(self) -> bool:
         """Stop the rows from being queued when their chunks come (True), unless they already
         are (False: then they are waited for)."""
-        if self.once is None or not self.once.give_up():
+        if self.fetch is None or not self.fetch.give_up():
             return False
         self.fetch = None
         return True
@@ -617,32 +614,6 @@ class Gather:
     def thread_ns(self) -> int:
         """The rows' time on their threads (when timed)."""
         return int(self.item_ns.sum()) if self.item_ns is not None else 0
-
-
-class _RowsOnce:
-    """The rows of a batch read by range, queued by the fetch thread once the chunks are here,
-    unless the batch was given up first (a timeout, a closed run): then never, so no late
-    write lands in a slot that went back to the ring."""
-
-    def __init__(self, run: Any) -> None:
-        self.run = run
-        self.lock = threading.Lock()
-        self.started = False
-        self.given_up = False
-
-    def __call__(self) -> Any:
-        with self.lock:
-            if self.given_up:
-                return None
-            self.started = True
-        return self.run()
-
-    def give_up(self) -> bool:
-        with self.lock:
-            if self.started:
-                return False
-            self.given_up = True
-            return True
 
 
 class _TokenEpoch(Dataset):

@@ -118,7 +118,8 @@ class _Claim:
 
 class Fetch:
     """The chunks of one batch being made present; :meth:`wait` returns what ``then`` returned
-    once they are (``then`` runs on the fetch thread, or at once when nothing was missing)."""
+    once they are (``then`` runs on the fetch thread, or at once when nothing was missing),
+    unless :meth:`give_up` came first."""
 
     def __init__(self, owner: TokenRanges, gids: np.ndarray, pinned: bool, generation: int) -> None:
         self.owner, self.gids, self.pinned, self.generation = owner, gids, pinned, generation
@@ -126,6 +127,25 @@ class Fetch:
         self.value: Any = None
         #: ``(bytes, nanoseconds)`` of this batch's own fetch once waited for (None: nothing fetched).
         self.read: tuple[int, int] | None = None
+        self._then_lock = threading.Lock()
+        self._then_started = False
+        self._given_up = False
+
+    def _then(self, then: Callable[[], Any] | None) -> Any:
+        with self._then_lock:
+            if self._given_up:
+                return None
+            self._then_started = True
+        return then() if then is not None else None
+
+    def give_up(self) -> bool:
+        """Never run ``then`` from now on (True: the batch is given up, so no late write lands
+        in a slot that went back to the ring), unless it already started (False)."""
+        with self._then_lock:
+            if self._then_started:
+                return False
+            self._given_up = True
+            return True
 
     def done(self) -> bool:
         """Whether the chunks came (or their fetch failed)."""
@@ -378,7 +398,7 @@ class TokenRanges:
                         pool = self._pool = ThreadPoolExecutor(FETCHES, thread_name_prefix="ll-token-fetch",
                                                                initializer=name_native_thread,
                                                                initargs=("ll-token-fetch",))
-                    fetch.future = pool.submit(self._run, mine_ids, need, claim, waits, then)
+                    fetch.future = pool.submit(self._run, mine_ids, need, claim, waits, fetch, then)
                 except BaseException as e:
                     self._undo(mine_ids, need, claim, e)
                     if fetch.pinned:
@@ -386,7 +406,7 @@ class TokenRanges:
                         self._unpin(gids)
                     raise
                 return fetch
-        fetch.value = then() if then is not None else None
+        fetch.value = fetch._then(then)
         return fetch
 
     def _make_room(self, need: int) -> None:
@@ -461,7 +481,7 @@ class TokenRanges:
             for fd in fds.values():
                 os.close(fd)
 
-    def _run(self, mine: np.ndarray, need: int, claim: _Claim, waits: list[_Claim],
+    def _run(self, mine: np.ndarray, need: int, claim: _Claim, waits: list[_Claim], fetch: Fetch,
              then: Callable[[], Any] | None) -> Any:
         read = None
         try:
@@ -477,7 +497,7 @@ class TokenRanges:
             c.done.wait()
             if c.error is not None:
                 raise c.error
-        return (then() if then is not None else None), read
+        return fetch._then(then), read
 
     def _fetch(self, gids: np.ndarray) -> None:
         f, lo, hi = self._where(gids)
